@@ -1,0 +1,204 @@
+"""`agents <command>`: serve | api | worker | migrate | check | keys — argument parsing and dispatch only."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import uvicorn
+
+from app import catalog as catalog_mod
+from app import crypto, db, errors, events, keys
+from app.catalog import Catalog
+from app.settings import Settings, plain_url
+
+log = logging.getLogger("app")
+
+
+@contextlib.contextmanager
+def database(settings: Settings) -> Iterator[Settings]:
+    """Settings pointing at `DATABASE_URL`, or at an embedded Postgres started for the block."""
+    if settings.database_url:
+        yield settings
+        return
+    with db.embedded_postgres(settings) as url:
+        embedded = settings.model_copy(update={"database_url": url})
+        asyncio.run(_migrate(embedded))  # the embedded database is ours: keep it current
+        yield embedded
+
+
+def load_catalog(settings: Settings) -> Catalog:
+    """The catalog, or exit with every problem listed."""
+    try:
+        loaded = catalog_mod.load(settings.agents_dir)
+    except catalog_mod.CatalogError as exc:
+        for problem in exc.problems:
+            print(problem, file=sys.stderr)
+        raise SystemExit(f"refusing to start: {len(exc.problems)} problem(s) in {settings.agents_dir}") from exc
+    for warning in loaded.warnings:
+        log.warning("%s", warning)
+    return loaded
+
+
+async def _migrate(settings: Settings) -> None:
+    assert settings.database_url
+    engine = db.create_engine(settings.database_url, 1)
+    try:
+        await db.migrate(engine)
+    finally:
+        await engine.dispose()
+
+
+async def _refuse_open_bind(settings: Settings) -> None:
+    """Bound beyond loopback, the API needs at least one key (and a real `SECRET_KEY`)."""
+    crypto.server_key(settings)
+    if settings.loopback:
+        return
+    assert settings.database_url
+    engine = db.create_engine(settings.database_url, 1)
+    try:
+        async with db.sessionmaker(engine)() as session:
+            count = await keys.active_count(session)
+    finally:
+        await engine.dispose()
+    if count == 0:
+        raise SystemExit(
+            f"refusing to serve on {settings.host} without an API key: run `agents keys create --user <id>` "
+            "or bind to 127.0.0.1"
+        )
+
+
+def _serve(settings: Settings, with_worker: bool, migrate: bool) -> None:
+    from app.api.app import create_app
+
+    catalog = load_catalog(settings)
+    with database(settings) as settings:
+        if migrate and settings.migrate_on_start:
+            asyncio.run(_migrate(settings))
+        asyncio.run(_refuse_open_bind(settings))
+        app = create_app(settings, catalog, with_worker=with_worker)
+        config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="info",
+                                timeout_graceful_shutdown=5)
+        uvicorn.Server(config).run()
+
+
+async def _worker(settings: Settings) -> None:
+    from app.engine.run import Engine
+    from app.worker import Worker
+
+    catalog = load_catalog(settings)
+    assert settings.database_url
+    engine = db.create_engine(settings.database_url, settings.db_pool_size)
+    publisher = events.Publisher(plain_url(settings.database_url))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    sessions = db.sessionmaker(engine)
+    runner = Engine(settings, sessions, catalog, publisher, crypto.server_key(settings))
+    try:
+        await Worker(settings, engine, sessions, runner).run(stop)
+    finally:
+        await publisher.close()
+        await engine.dispose()
+
+
+async def _keys(settings: Settings, args: argparse.Namespace) -> None:
+    assert settings.database_url
+    engine = db.create_engine(settings.database_url, 1)
+    try:
+        async with db.sessionmaker(engine)() as session, session.begin():
+            if args.keys_command == "create":
+                row, key = await keys.create(session, args.user, args.admin)
+                print(f"created {'admin ' if row.admin else ''}key {row.prefix}… for user {row.user_id}")
+                print(key)
+            elif args.keys_command == "list":
+                for row in await keys.list_all(session):
+                    state = f"revoked {row.revoked_at:%Y-%m-%d}" if row.revoked_at else "active"
+                    print(f"{row.id}  {row.prefix}…  user={row.user_id}  admin={row.admin}  {state}")
+            else:
+                count = await keys.revoke(session, args.key)
+                if count == 0:
+                    raise SystemExit(f"no active key matches {args.key!r}")
+                print(f"revoked {count} key(s)")
+    finally:
+        await engine.dispose()
+
+
+def _check(settings: Settings) -> int:
+    problems = catalog_mod.check(settings.agents_dir)
+    for problem in problems:
+        print(problem)
+    errors_found = [p for p in problems if p.severity == "error"]
+    if errors_found:
+        print(f"\n{len(errors_found)} error(s) in {settings.agents_dir}", file=sys.stderr)
+        return 1
+    print(f"{settings.agents_dir}: ok ({len(problems)} warning(s))")
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="agents", description="The Standard Agents runtime.")
+    p.add_argument("--agents-dir", type=Path, help="agents folder (default: AGENTS_DIR or ./agents)")
+    sub = p.add_subparsers(dest="command", required=True)
+    for name, text in (("serve", "API and a worker pool in one process"), ("api", "the API alone")):
+        s = sub.add_parser(name, help=text)
+        s.add_argument("--host")
+        s.add_argument("--port", type=int)
+        if name == "serve":
+            s.add_argument("--concurrency", type=int, help="concurrent thread executions")
+            s.add_argument("--no-migrate", action="store_true", help="do not migrate at start")
+    w = sub.add_parser("worker", help="a worker pool alone")
+    w.add_argument("--concurrency", type=int)
+    sub.add_parser("migrate", help="upgrade the database to the latest migration")
+    sub.add_parser("check", help="validate the agents folder")
+    k = sub.add_parser("keys", help="API keys")
+    ks = k.add_subparsers(dest="keys_command", required=True)
+    kc = ks.add_parser("create", help="print a new key (alone on the last line)")
+    kc.add_argument("--user", required=True)
+    kc.add_argument("--admin", action="store_true")
+    ks.add_parser("list", help="list keys")
+    kr = ks.add_parser("revoke", help="revoke a key by id or prefix")
+    kr.add_argument("key")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    overrides: dict[str, object] = {}
+    for field, attr in (("agents_dir", "agents_dir"), ("host", "host"), ("port", "port"),
+                        ("worker_concurrency", "concurrency")):
+        value = getattr(args, attr, None)
+        if value is not None:
+            overrides[field] = value
+    if getattr(args, "no_migrate", False):
+        overrides["migrate_on_start"] = False
+    settings = Settings().model_copy(update=overrides)
+    try:
+        if args.command == "check":
+            return _check(settings)
+        if args.command in ("serve", "api"):
+            _serve(settings, with_worker=args.command == "serve", migrate=args.command == "serve")
+            return 0
+        with database(settings) as settings:
+            if args.command == "migrate":
+                asyncio.run(_migrate(settings))
+                print("database is at the latest migration")
+            elif args.command == "worker":
+                asyncio.run(_worker(settings))
+            elif args.command == "keys":
+                asyncio.run(_keys(settings, args))
+    except errors.AgentsError as exc:
+        raise SystemExit(f"error: {exc.message}") from exc
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

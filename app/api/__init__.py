@@ -1,0 +1,1 @@
+"""The HTTP edge: routers, auth, request validation; no business logic."""

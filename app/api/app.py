@@ -1,0 +1,72 @@
+"""The FastAPI application: routers, error handlers, and the lifespan that owns the process's resources."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+from fastapi import FastAPI
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app import crypto, db, events, keys
+from app.api import errors
+from app.api.routes import agents, health, messages, threads
+from app.api.routes import events as event_routes
+from app.catalog import Catalog
+from app.engine.run import Engine
+from app.settings import Settings, plain_url
+from app.worker import Worker
+
+log = logging.getLogger(__name__)
+
+
+def create_app(settings: Settings, catalog: Catalog, *, with_worker: bool = False) -> FastAPI:
+    """The API (and, with `with_worker`, a worker pool in the same process) on `settings.database_url`."""
+    if settings.database_url is None:
+        raise ValueError("create_app needs settings.database_url (the CLI starts the embedded Postgres)")
+    url = settings.database_url
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        engine: AsyncEngine = db.create_engine(url, settings.db_pool_size)
+        sessions = db.sessionmaker(engine)
+        hub = events.Hub(plain_url(url))
+        await hub.start()
+        publisher = events.Publisher(plain_url(url))
+        fernet = crypto.server_key(settings)
+        async with sessions() as session:
+            app.state.open_mode = settings.loopback and await keys.active_count(session) == 0
+        if app.state.open_mode:
+            log.warning("no API key configured: serving OPEN on loopback %s (create one with `agents keys create`)",
+                        settings.host)
+        app.state.engine, app.state.sessions, app.state.hub, app.state.fernet = engine, sessions, hub, fernet
+        stop = asyncio.Event()
+        worker_task: asyncio.Task[None] | None = None
+        if with_worker:
+            runner = Engine(settings, sessions, catalog, publisher, fernet)
+            worker_task = asyncio.create_task(Worker(settings, engine, sessions, runner).run(stop))
+        try:
+            yield
+        finally:
+            stop.set()
+            if worker_task is not None:
+                await worker_task
+            await hub.stop()
+            await publisher.close()
+            await engine.dispose()
+
+    app = FastAPI(
+        title="Standard Agents runtime",
+        version="0.1.0",
+        description="Agent threads as HTTP resources: create threads, post messages, follow them over SSE.",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.catalog = catalog
+    app.state.open_mode = False
+    errors.install(app)
+    for router in (health.router, agents.router, threads.router, messages.router, event_routes.router):
+        app.include_router(router)
+    return app

@@ -1,0 +1,53 @@
+"""Dependencies routes declare: a session (the route commits), the caller, the catalog, the settings."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Annotated
+
+from fastapi import Depends, Header, Request
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from app import errors, keys
+from app.catalog import Catalog
+from app.keys import Principal
+from app.settings import Settings
+
+
+def sessions(request: Request) -> async_sessionmaker[AsyncSession]:
+    factory: async_sessionmaker[AsyncSession] = request.app.state.sessions
+    return factory
+
+
+async def session(request: Request) -> AsyncIterator[AsyncSession]:
+    async with sessions(request)() as s:
+        yield s
+
+
+async def principal(request: Request, authorization: Annotated[str | None, Header()] = None) -> Principal:
+    """The caller: a valid Bearer key, or anyone in open mode (loopback bind and no key configured)."""
+    async with sessions(request)() as s:
+        if authorization:
+            scheme, _, key = authorization.partition(" ")
+            if scheme.lower() != "bearer" or not key.strip():
+                raise errors.Unauthorized("Send the key as `Authorization: Bearer <key>`.")
+            return await keys.verify(s, key.strip())
+        if request.app.state.open_mode and await keys.active_count(s) == 0:
+            return keys.OPEN
+    raise errors.Unauthorized()
+
+
+def catalog(request: Request) -> Catalog:
+    value: Catalog = request.app.state.catalog
+    return value
+
+
+def settings(request: Request) -> Settings:
+    value: Settings = request.app.state.settings
+    return value
+
+
+SessionDep = Annotated[AsyncSession, Depends(session)]
+CurrentUser = Annotated[Principal, Depends(principal)]
+CatalogDep = Annotated[Catalog, Depends(catalog)]
+SettingsDep = Annotated[Settings, Depends(settings)]

@@ -1,0 +1,80 @@
+"""The one table from domain errors to HTTP statuses, and the error envelope every failure uses."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
+from app import errors
+
+log = logging.getLogger(__name__)
+
+STATUS: dict[type[errors.AgentsError], int] = {
+    errors.Invalid: 400,
+    errors.Unauthorized: 401,
+    errors.NotFound: 404,
+    errors.Conflict: 409,
+    errors.MissingVariables: 422,
+    errors.NotReady: 503,
+    errors.LeaseLost: 503,
+    errors.ConfigError: 500,
+}
+
+HTTP_CODES = {400: "bad_request", 401: "unauthorized", 404: "not_found", 405: "method_not_allowed",
+              406: "not_acceptable", 413: "too_large", 415: "unsupported_media_type", 422: "invalid_request"}
+
+
+def envelope(status: int, code: str, message: str, details: dict[str, Any] | None = None) -> JSONResponse:
+    body: dict[str, Any] = {"code": code, "message": message}
+    if details:
+        body["details"] = details
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    return JSONResponse({"error": body}, status_code=status, headers=headers)
+
+
+def status_of(exc: errors.AgentsError) -> int:
+    for cls in type(exc).__mro__:
+        if cls in STATUS:
+            return STATUS[cls]
+    return 500
+
+
+async def _domain(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, errors.AgentsError)
+    return envelope(status_of(exc), exc.code, exc.message, exc.details or None)
+
+
+async def _validation(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    problems = [
+        {"field": ".".join(str(p) for p in e["loc"] if p != "body"), "message": e["msg"], "type": e["type"]}
+        for e in exc.errors()
+    ]
+    if any(p["type"] == "json_invalid" for p in problems):
+        return envelope(400, "malformed_json", "The request body is not valid JSON.", {"problems": problems})
+    summary = "; ".join(f"{p['field'] or 'body'}: {p['message']}" for p in problems)
+    return envelope(422, "invalid_request", f"Invalid request: {summary}", {"problems": problems})
+
+
+async def _http(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, HTTPException)
+    code = HTTP_CODES.get(exc.status_code, "error")
+    return envelope(exc.status_code, code, str(exc.detail))
+
+
+async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+    log.exception("unexpected error", exc_info=exc)
+    return envelope(500, "internal_error", "Something went wrong on our side; the error has been logged.")
+
+
+def install(app: FastAPI) -> None:
+    """Register the handlers on an app."""
+    app.add_exception_handler(errors.AgentsError, _domain)
+    app.add_exception_handler(RequestValidationError, _validation)
+    app.add_exception_handler(HTTPException, _http)
+    app.add_exception_handler(Exception, _unexpected)

@@ -1,0 +1,30 @@
+"""Liveness and readiness."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from app import db
+from app.api import schemas
+from app.api.errors import envelope
+
+router = APIRouter(tags=["service"])
+
+
+@router.get("/health")
+async def health() -> schemas.Status:
+    """The process is up."""
+    return schemas.Status(status="ok")
+
+
+@router.get("/ready", response_model=schemas.Status, responses={503: {"model": schemas.Error}})
+async def ready(request: Request) -> JSONResponse:
+    """The database answers and its migrations are current."""
+    try:
+        current = await db.is_current(request.app.state.engine)
+    except Exception:
+        return envelope(503, "not_ready", "The database does not answer.")
+    if not current:
+        return envelope(503, "not_ready", "The database is not at the latest migration: run `agents migrate`.")
+    return JSONResponse({"status": "ready"})

@@ -1,0 +1,111 @@
+"""Threads: create, list, read."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Query, Request
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from app import env, errors, tables, threads
+from app.api import schemas
+from app.api.deps import CatalogDep, CurrentUser, SessionDep
+from app.api.routes.messages import enqueue_message
+from app.catalog import Catalog
+
+router = APIRouter(tags=["threads"])
+
+ERRORS = {401: {"model": schemas.Error}, 404: {"model": schemas.Error}}
+
+
+async def view(session: AsyncSession, row: tables.Thread, children: int | None = None) -> schemas.Thread:
+    """The API's `Thread` for a row."""
+    values, types = await env.public_view(session, row.id)
+    if children is None:
+        children = (await threads.children_counts(session, [row.id])).get(row.id, 0)
+    return schemas.Thread(
+        id=row.id, agent=row.agent, origin_agent=row.origin_agent, type=row.type, parent_id=row.parent_id,
+        user_id=row.user_id, name=row.name, tags=row.tags, status=row.status, side=row.side,
+        session=schemas.Session(
+            number=row.session_number, turns=row.session_turns, status=row.session_status,
+            reason=row.session_reason, result=row.session_result,
+        ),
+        env=values, env_types=types, created_at=row.created_at, updated_at=row.updated_at,
+        last_message_at=row.last_message_at, terminated_at=row.terminated_at, children_count=children,
+    )
+
+
+def missing_variables(catalog: Catalog, agent: str, provided: set[str]) -> list[str]:
+    """Required, non-scoped variables of the agent's graph that nothing defines (§8)."""
+    definition = catalog.agent(agent)
+    defined = set(provided) | set(definition.env)
+    for side in (definition.side_a, definition.side_b):
+        if side is None:
+            continue
+        prompt = catalog.prompts[side.prompt]
+        defined |= set(prompt.env)
+        for entry in prompt.tool_entries():
+            defined |= set(entry.env)
+    return sorted(
+        {v.name for v in catalog.variables_of_agent(agent) if v.required and not v.scoped and v.name not in defined}
+    )
+
+
+@router.post("/threads", status_code=201, responses={**ERRORS, 422: {"model": schemas.Error}})
+async def create_thread(
+    body: schemas.ThreadIn, request: Request, session: SessionDep, who: CurrentUser, catalog: CatalogDep
+) -> schemas.Thread:
+    """Create a thread of an agent; `messages` are queued in order."""
+    agent = catalog.agent(body.agent)
+    unknown_secrets = sorted(set(body.secrets) - set(body.env))
+    if unknown_secrets:
+        raise errors.Invalid(f"`secrets` names variables not in `env`: {', '.join(unknown_secrets)}")
+    missing = missing_variables(catalog, agent.name, set(body.env))
+    if missing:
+        raise errors.MissingVariables(f"Missing required variables: {', '.join(missing)}", missing=missing)
+    declared_secret = {v.name for v in catalog.variables_of_agent(agent.name) if v.type == "secret"}
+    row = await threads.create(session, agent, who, name=body.name, tags=body.tags)
+    await env.set_thread(session, request.app.state.fernet, row.id, body.env, set(body.secrets) | declared_secret)
+    for message in body.messages:
+        await enqueue_message(session, row, message)
+    result = await view(session, row, 0)
+    await session.commit()
+    return result
+
+
+@router.get("/threads", responses={401: {"model": schemas.Error}})
+async def list_threads(
+    session: SessionDep,
+    who: CurrentUser,
+    agent: str | None = None,
+    tag: str | None = None,
+    parent_id: Annotated[str | None, Query(description="a thread id, or `none` for top-level threads")] = None,
+    status: Literal["idle", "queued", "running", "waiting", "stopped", "terminated"] | None = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    cursor: str | None = None,
+) -> schemas.ThreadList:
+    """The caller's threads, newest first."""
+    parent: uuid.UUID | str | None = None
+    if parent_id == "none":
+        parent = "none"
+    elif parent_id is not None:
+        try:
+            parent = uuid.UUID(parent_id)
+        except ValueError as exc:
+            raise errors.Invalid("`parent_id` must be a thread id or `none`") from exc
+    rows, next_cursor = await threads.list_(
+        session, who, agent=agent, tag=tag, parent_id=parent, status=status, limit=limit, cursor=cursor
+    )
+    counts = await threads.children_counts(session, [r.id for r in rows])
+    return schemas.ThreadList(
+        threads=[await view(session, r, counts.get(r.id, 0)) for r in rows], next_cursor=next_cursor
+    )
+
+
+@router.get("/threads/{thread_id}", responses=ERRORS)
+async def get_thread(thread_id: uuid.UUID, session: SessionDep, who: CurrentUser) -> schemas.Thread:
+    """One thread."""
+    return await view(session, await threads.get(session, thread_id, who))
+
+

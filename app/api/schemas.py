@@ -1,0 +1,158 @@
+"""Request and response bodies of the HTTP contract (`http-api.md`)."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field
+
+
+class In(BaseModel):
+    """Request bodies: unknown fields are errors."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class AttachmentIn(In):
+    name: str = Field(min_length=1, max_length=255)
+    mime_type: str = Field(min_length=1, max_length=255)
+    data: str = Field(description="base64 content")
+
+
+class MessageIn(In):
+    content: str | None = Field(default=None, max_length=1_000_000)
+    role: Literal["user", "assistant", "system"] = "user"
+    attachments: list[AttachmentIn] = Field(default_factory=list)
+    silent: bool = False
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class ThreadIn(In):
+    agent: str = Field(validation_alias=AliasChoices("agent", "agent_id"), min_length=1, max_length=200)
+    env: dict[str, str] = Field(default_factory=dict)
+    secrets: list[str] = Field(default_factory=list)
+    tags: list[str] = Field(default_factory=list, max_length=100)
+    name: str | None = Field(default=None, max_length=500)
+    messages: list[MessageIn] = Field(default_factory=list, max_length=100)
+
+
+class Session(BaseModel):
+    number: int
+    turns: int
+    status: str | None
+    reason: str | None = None
+    result: dict[str, Any] | None = None
+
+
+class Thread(BaseModel):
+    id: uuid.UUID
+    agent: str
+    origin_agent: str | None
+    type: str
+    parent_id: uuid.UUID | None
+    user_id: str
+    name: str | None
+    tags: list[str]
+    status: str
+    side: str | None
+    session: Session
+    env: dict[str, str | None]
+    env_types: dict[str, str]
+    created_at: datetime
+    updated_at: datetime
+    last_message_at: datetime | None
+    terminated_at: datetime | None
+    children_count: int
+
+
+class ThreadList(BaseModel):
+    threads: list[Thread]
+    next_cursor: str | None
+
+
+class ToolCallFunction(BaseModel):
+    name: str
+    arguments: str
+
+
+class ToolCall(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
+class Message(BaseModel):
+    id: uuid.UUID
+    role: str
+    side: str | None
+    content: str | None
+    name: str | None
+    tool_calls: list[ToolCall] | None
+    tool_call_id: str | None
+    tool_status: str | None
+    status: str
+    silent: bool
+    depth: int
+    parent_id: uuid.UUID | None
+    attachments: list[dict[str, Any]]
+    reasoning_content: str | None
+    metadata: dict[str, Any]
+    subagent_id: uuid.UUID | None
+    model: str | None
+    usage: dict[str, Any] | None
+    created_at: datetime
+
+
+class MessageList(BaseModel):
+    messages: list[Message]
+    next_cursor: str | None
+
+
+class Queued(BaseModel):
+    message_id: uuid.UUID
+    status: Literal["queued"] = "queued"
+
+
+class Variable(BaseModel):
+    name: str
+    type: str
+    required: bool
+    scoped: bool
+    description: str | None
+
+
+class Agent(BaseModel):
+    name: str
+    type: str
+    title: str | None
+    description: str | None
+    icon: str | None
+    expose_as_tool: bool
+    variables: list[Variable]
+
+
+class Side(BaseModel):
+    label: str | None
+    prompt: str
+
+
+class AgentDetail(Agent):
+    side_a: Side
+    side_b: Side | None
+    prompts: list[str]
+
+
+class Status(BaseModel):
+    status: str
+
+
+class ErrorBody(BaseModel):
+    code: str
+    message: str
+    details: dict[str, Any] | None = None
+
+
+class Error(BaseModel):
+    error: ErrorBody

@@ -1,0 +1,181 @@
+"""Context assembly: the system prompt, the history a side sees, and the tools it is offered (§4)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from app import env as env_store
+from app import tables
+from app.catalog import Catalog
+from app.llm.base import LLMMessage, LLMRequest, LLMTool, ToolCall
+from app.spec.definitions import PromptDefinition, PromptEnvPart, PromptIncludePart, SideConfig, ToolEntry
+
+
+class MissingVariable(LookupError):
+    """A variable nothing defines."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"Variable `{name}` is not set: define it on the thread, the agent or the prompt")
+        self.name = name
+
+
+@dataclass(frozen=True)
+class Env:
+    """Variable resolution, highest first: thread → agent → tool config → prompt (§8)."""
+
+    thread: dict[str, env_store.Value]
+    agent: dict[str, str]
+    prompt: dict[str, str]
+
+    def get(self, name: str, tool_env: dict[str, str] | None = None) -> str:
+        if name in self.thread:
+            return self.thread[name].value
+        for layer in (self.agent, tool_env or {}, self.prompt):
+            if name in layer:
+                return layer[name]
+        raise MissingVariable(name)
+
+    def secrets(self) -> list[str]:
+        """Known secret values, for scrubbing."""
+        return [v.value for v in self.thread.values() if v.type == "secret" and v.value]
+
+
+def render_prompt(catalog: Catalog, prompt: PromptDefinition, env: Env) -> str:
+    """The prompt's text with includes expanded and env parts resolved (cycles are refused at load)."""
+    if isinstance(prompt.prompt, str):
+        return prompt.prompt
+    out: list[str] = []
+    for part in prompt.prompt:
+        if isinstance(part, PromptIncludePart):
+            out.append(render_prompt(catalog, catalog.prompts[part.prompt], env))
+        elif isinstance(part, PromptEnvPart):
+            out.append(env.get(part.property))
+        else:
+            out.append(part.content)
+    return "".join(out)
+
+
+@dataclass(frozen=True)
+class OfferedTool:
+    """A tool the acting side may call, and what backs it."""
+
+    name: str
+    kind: str  # "callable" | "session"
+    entry: ToolEntry
+    description: str
+    parameters: dict[str, Any]
+
+
+def session_tool_schema(side: SideConfig, name: str) -> dict[str, Any]:
+    """Arguments of a runtime-provided session tool: the properties its binding maps (§5)."""
+    props: dict[str, Any] = {}
+    for which in ("stop", "fail", "status"):
+        binding = side.binding(which)  # type: ignore[arg-type]
+        if binding is None or binding.name != name:
+            continue
+        if binding.message_property:
+            props[binding.message_property] = {"type": "string"}
+        if binding.attachments_property:
+            props[binding.attachments_property] = {"type": "array", "items": {"type": "string"}}
+    return {"type": "object", "properties": props, "required": sorted(props), "additionalProperties": False}
+
+
+def offered_tools(catalog: Catalog, prompt: PromptDefinition, side: SideConfig) -> list[OfferedTool]:
+    """Callables of the prompt plus the side's session tools (built in when no callable has the name)."""
+    offered: dict[str, OfferedTool] = {}
+    for entry in prompt.tool_entries():
+        tool = catalog.tools.get(entry.name)
+        if tool is not None:
+            offered[entry.name] = OfferedTool(entry.name, "callable", entry, tool.description, tool.parameters())
+    for name in side.session_tool_names():
+        if name in offered:
+            continue
+        tool = catalog.tools.get(name)
+        if tool is not None:
+            offered[name] = OfferedTool(name, "callable", ToolEntry(name=name), tool.description, tool.parameters())
+        else:
+            offered[name] = OfferedTool(
+                name, "session", ToolEntry(name=name), f"Call `{name}` to end or report on the session.",
+                session_tool_schema(side, name),
+            )
+    return list(offered.values())
+
+
+def _visible(
+    rows: list[tables.Message], side: str, prompt: PromptDefinition, turn_start: int
+) -> list[tables.Message]:
+    """The rows a side's prompt may see: completed ones of its chat window (§4)."""
+    out = []
+    for row in rows:
+        if row.status not in ("completed",) or row.depth != 0:
+            continue
+        current = row.position >= turn_start
+        if not current and not prompt.include_chat:
+            continue
+        if row.role == "tool" and row.side != side:
+            continue
+        out.append(row)
+    return out
+
+
+def history(
+    rows: list[tables.Message], side: str, prompt: PromptDefinition, turn_start: int
+) -> list[LLMMessage]:
+    """The history in the acting side's perspective: its own messages as `assistant`, the other side's as
+    `user`, the other side's tool traffic left out, and only complete call/result pairs."""
+    visible = _visible(rows, side, prompt, turn_start)
+    answered = {r.tool_call_id for r in visible if r.role == "tool"}
+    out: list[LLMMessage] = []
+    kept_calls: set[str] = set()
+    for row in visible:
+        current = row.position >= turn_start
+        with_tools = current or prompt.include_past_tools
+        if row.role == "system":
+            out.append(LLMMessage("system", row.content or ""))
+        elif row.role == "tool":
+            if with_tools and row.tool_call_id in kept_calls:
+                out.append(LLMMessage("tool", row.content or "", tool_call_id=row.tool_call_id, name=row.name))
+        elif row.side == side:
+            calls: list[ToolCall] = []
+            if with_tools:
+                calls = [c for c in row.tool_calls or [] if c["id"] in answered]
+                kept_calls.update(c["id"] for c in calls)
+            if row.content or calls:
+                out.append(LLMMessage("assistant", row.content or None, tool_calls=calls or None))
+        elif row.content:
+            out.append(LLMMessage("user", row.content))
+    return out
+
+
+def build_request(
+    catalog: Catalog,
+    prompt: PromptDefinition,
+    side: SideConfig,
+    acting: str,
+    rows: list[tables.Message],
+    turn_start: int,
+    env: Env,
+) -> LLMRequest:
+    """Everything the model of `prompt` is sent for the acting side's next step."""
+    model = catalog.models[prompt.model]
+    messages = [LLMMessage("system", render_prompt(catalog, prompt, env)), *history(rows, acting, prompt, turn_start)]
+    tools = [LLMTool(t.name, t.description, t.parameters) for t in offered_tools(catalog, prompt, side)]
+    return LLMRequest(
+        model=model.model or model.name,
+        messages=messages,
+        tools=tools,
+        tool_choice=prompt.tool_choice,
+        parallel_tool_calls=prompt.parallel_tool_calls,
+        reasoning=prompt.reasoning.model_dump(exclude_none=True) if prompt.reasoning else None,
+        provider_options={**model.provider_options, **prompt.provider_options},
+    )
+
+
+def parse_arguments(raw: str) -> dict[str, Any]:
+    """A tool call's JSON arguments as an object (anything else is an error the model sees)."""
+    value = json.loads(raw or "{}")
+    if not isinstance(value, dict):
+        raise ValueError("tool arguments must be a JSON object")
+    return value

@@ -1,0 +1,428 @@
+"""The step loop: deliver input, call the model, run the tools, evaluate stops (`semantics.md` §2–§5).
+
+Each execution holds the thread's lease; every transaction it commits is fenced by the lease token, and no
+transaction spans an LLM call or a tool call.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from cryptography.fernet import Fernet
+from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from app import env as env_store
+from app import errors, events, llm, messages, queue, tables, threads
+from app.catalog import Catalog
+from app.engine import context, stops, tools
+from app.engine.state import RunState
+from app.events import Publisher
+from app.llm.base import CallContext, Done, LLMResponse, Model, ProviderError, ReasoningDelta, TextDelta, ToolCall
+from app.settings import Settings
+from app.spec.definitions import AgentDefinition, ModelDefinition, PromptDefinition, SideConfig
+from app.spec.state import ExecutionState
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Step:
+    """What the opening transaction of a step decided."""
+
+    side: str
+    number: int
+    message_id: uuid.UUID | None = None  # the pending assistant message an LLM call streams into
+    request: Any = None
+    call_index: int = 0
+    calls: list[ToolCall] = field(default_factory=list)  # tool calls still to run
+    response: LLMResponse | None = None
+    env: context.Env | None = None
+
+
+class Engine:
+    """Runs claimed threads."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        sessions: async_sessionmaker[AsyncSession],
+        catalog: Catalog,
+        publisher: Publisher,
+        fernet: Fernet,
+    ) -> None:
+        self._settings = settings
+        self._sessions = sessions
+        self._catalog = catalog
+        self._publisher = publisher
+        self._fernet = fernet
+        self._models: dict[str, Model] = {}
+
+    @asynccontextmanager
+    async def _tx(self, claim: queue.Claim) -> AsyncIterator[tuple[AsyncSession, tables.Thread]]:
+        """A transaction on the thread row, fenced by the claim's lease token."""
+        async with self._sessions() as session, session.begin():
+            yield session, await queue.fence(session, claim)
+
+    async def execute(self, claim: queue.Claim) -> None:
+        """Run a claimed thread until it has nothing left to do, then release it."""
+        try:
+            try:
+                await self._run(claim)
+            except errors.LeaseLost:
+                raise
+            except Exception as exc:
+                log.exception("execution of thread %s failed", claim.thread_id)
+                await self._fail(claim, "internal_error", f"{type(exc).__name__}: {exc}")
+            async with self._sessions() as session, session.begin():
+                await queue.release(session, claim)
+        except errors.LeaseLost:
+            log.warning("lost the lease of thread %s; stopping without writing", claim.thread_id)
+
+    # -- one execution -------------------------------------------------------------------------------------
+
+    async def _run(self, claim: queue.Claim) -> None:
+        async with self._tx(claim) as (session, thread):
+            if thread.terminated_at is not None:
+                return
+            agent = self._catalog.agent(thread.agent)
+            acting = await self._deliver(session, thread, agent, mid_turn=False)
+            if acting is None and thread.status != "running":
+                await threads.set_status(session, thread, "idle")
+                return
+            if acting is not None:
+                await self._start_turn(session, thread, acting)
+            await threads.set_status(session, thread, "running")
+        while await self._step(claim, agent):
+            pass
+
+    async def _deliver(
+        self, session: AsyncSession, thread: tables.Thread, agent: AgentDefinition, *, mid_turn: bool
+    ) -> str | None:
+        """Move the inbox into history; between turns, return the side the input makes act (§2)."""
+        acting: str | None = None
+        first: int | None = None
+        for row in await queue.take_inbox(session, thread.id):
+            if row.kind == queue.Kind.MESSAGE:
+                p = row.payload
+                msg = await messages.add(
+                    session, thread.id, p["role"], id=uuid.UUID(p["id"]), content=p.get("content"),
+                    silent=bool(p.get("silent")), metadata_=p.get("metadata") or {},
+                    attachments=p.get("attachments") or [], session_number=thread.session_number,
+                )
+                first = msg.position if first is None else first
+                thread.last_message_at = msg.created_at
+                if p["role"] == "user":
+                    acting = "a"
+                elif p["role"] == "assistant":
+                    acting = "b" if agent.type == "dual_ai" else None
+            elif row.kind == queue.Kind.CONTINUE:
+                acting = row.payload.get("side", "a")
+        if mid_turn or acting is None:
+            return None
+        thread.turn_start = first if first is not None else await _next_position(session, thread.id)
+        return acting
+
+    async def _start_turn(self, session: AsyncSession, thread: tables.Thread, acting: str) -> None:
+        """Begin the acting side's turn, and a new session if none is running."""
+        if thread.session_number == 0 or thread.session_status != "running":
+            thread.session_number += 1
+            thread.session_turns = 0
+            thread.session_steps = 0
+            thread.session_status = "running"
+            thread.session_reason = None
+            thread.session_result = None
+        thread.side = acting
+        thread.turn_steps = 0
+
+    # -- one step ------------------------------------------------------------------------------------------
+
+    def _prompt_of(self, agent: AgentDefinition, side: str) -> tuple[SideConfig, PromptDefinition]:
+        config = agent.side(side)  # type: ignore[arg-type]
+        assert config is not None, f"agent {agent.name} has no side {side}"
+        return config, self._catalog.prompts[config.prompt]
+
+    async def _step(self, claim: queue.Claim, agent: AgentDefinition) -> bool:
+        """One LLM call and the tools it asked for; returns whether the turn goes on."""
+        step = await self._open_step(claim, agent)
+        if step is None:
+            return False
+        side_config, prompt = self._prompt_of(agent, step.side)
+        if step.response is None:
+            response = await self._call(claim, step, prompt, side_config)
+            if response is None:
+                return False
+            step.response, step.calls = response, list(response.tool_calls)
+        offered = {t.name: t for t in context.offered_tools(self._catalog, prompt, side_config)}
+        outcomes = []
+        for call in step.calls:
+            outcomes.append(await self._run_tool(claim, step, offered, call))
+        async with self._tx(claim) as (session, thread):
+            if not step.response.text.strip() and not step.response.tool_calls:
+                verdict = stops.Verdict("turn", "empty_response")
+            else:
+                verdict = stops.evaluate(agent, side_config, step.response, outcomes, thread.turn_steps)
+            await events.append(
+                session, thread.id, "step_completed",
+                {"step": step.number, "side": step.side, "stopped": verdict.ends != "nothing"},
+            )
+            if verdict.ends == "turn":
+                await events.append(session, thread.id, "turn_ended", {"side": step.side, "reason": verdict.reason})
+                thread.session_turns += 1
+                verdict = stops.session_cap(agent, thread.session_turns)
+                if verdict.ends == "nothing":
+                    return await self._after_turn(session, thread, agent, step.side)
+            if verdict.ends == "session":
+                await self._end_session(session, thread, verdict)
+                return False
+        return True
+
+    async def _after_turn(
+        self, session: AsyncSession, thread: tables.Thread, agent: AgentDefinition, side: str
+    ) -> bool:
+        """`ai_human`: wait for the human. `dual_ai`: the other side acts next, in this execution."""
+        if agent.type == "dual_ai":
+            await self._start_turn(session, thread, "b" if side == "a" else "a")
+            thread.turn_start = await _next_position(session, thread.id)
+            return True
+        thread.side = None
+        await threads.set_status(session, thread, "idle")
+        return False
+
+    async def _end_session(self, session: AsyncSession, thread: tables.Thread, verdict: stops.Verdict) -> None:
+        thread.session_status = verdict.status
+        thread.session_reason = verdict.reason
+        thread.session_result = verdict.result
+        thread.side = None
+        data: dict[str, Any] = {"status": verdict.status, "reason": verdict.reason}
+        if verdict.result is not None:
+            data["result"] = verdict.result
+        await events.append(session, thread.id, "session_ended", data)
+        await threads.set_status(session, thread, "idle")
+
+    async def _open_step(self, claim: queue.Claim, agent: AgentDefinition) -> Step | None:
+        """Deliver input, then either resume unanswered tool calls or open a new LLM call into a pending message."""
+        async with self._tx(claim) as (session, thread):
+            await self._deliver(session, thread, agent, mid_turn=True)
+            side = thread.side or "a"
+            side_config, prompt = self._prompt_of(agent, side)
+            rows = await messages.history(session, thread.id)
+            turn_start = thread.turn_start or 0
+            last = next(
+                (r for r in reversed(rows) if r.role == "assistant" and r.side == side and r.position >= turn_start),
+                None,
+            )
+            if last is not None and last.status == "completed" and last.tool_calls:
+                answered = {r.tool_call_id for r in rows if r.role == "tool"}
+                missing = [c for c in last.tool_calls if c["id"] not in answered]
+                if missing:  # a crash between the model's answer and its tool results: run what is left
+                    response = LLMResponse(text=last.content or "", tool_calls=list(last.tool_calls))
+                    return Step(side, thread.session_steps, calls=missing, response=response)
+            if thread.session_steps >= self._settings.max_session_steps:
+                await self._end_session(
+                    session, thread, stops.Verdict("session", "max_total_steps", "failure")
+                )
+                return None
+            thread.turn_steps += 1
+            thread.session_steps += 1
+            env = context.Env(
+                await env_store.thread_values(session, self._fernet, thread.id), dict(agent.env), dict(prompt.env)
+            )
+            try:
+                request = context.build_request(self._catalog, prompt, side_config, side, rows, turn_start, env)
+            except context.MissingVariable as exc:
+                await self._end_session(session, thread, stops.Verdict("session", "llm_error", "failure"))
+                await events.append(session, thread.id, "error", {"code": "missing_variable", "message": str(exc)})
+                return None
+            if last is not None and last.status == "pending":  # redo an interrupted call into the same row
+                await messages.save(session, last, content=None, tool_calls=None, reasoning_content=None)
+                message = last
+            else:
+                message = await messages.add(
+                    session, thread.id, "assistant", side=side, status="pending", prompt=prompt.name,
+                    model=prompt.model, session_number=thread.session_number,
+                )
+            await events.append(session, thread.id, "step_started", {"step": thread.session_steps, "side": side})
+            call_index = await _calls_made(session, thread.id, prompt.model)
+            await events.append(session, thread.id, "llm_request", {"model": prompt.model, "attempt": 1})
+            return Step(side, thread.session_steps, message.id, request, call_index, env=env)
+
+    # -- the model -----------------------------------------------------------------------------------------
+
+    def _model(self, definition: ModelDefinition) -> Model:
+        if definition.name not in self._models:
+            self._models[definition.name] = llm.build(definition)
+        return self._models[definition.name]
+
+    async def _call(
+        self, claim: queue.Claim, step: Step, prompt: PromptDefinition, side: SideConfig
+    ) -> LLMResponse | None:
+        """Stream the model's answer into the pending message; an empty answer is asked again once."""
+        definition = self._catalog.models[prompt.model]
+        assert step.message_id is not None
+        response: LLMResponse | ProviderError = ProviderError("no call made")
+        for attempt in (1, 2):
+            started = time.monotonic()
+            response, ttft = await self._stream(claim.thread_id, step, definition)
+            latency = (time.monotonic() - started) * 1000
+            empty = isinstance(response, LLMResponse) and not response.text.strip() and not response.tool_calls
+            async with self._tx(claim) as (session, thread):
+                await self._log_call(session, thread.id, step, definition, response, latency, ttft, attempt)
+                if empty and attempt == 1:
+                    step.call_index += 1
+                    continue
+                message = await messages.get(session, thread.id, step.message_id)
+                if isinstance(response, ProviderError):
+                    await messages.save(session, message, status="failed")
+                    await events.append(
+                        session, thread.id, "error", {"code": "llm_error", "message": response.message}
+                    )
+                    await events.append(
+                        session, thread.id, "step_completed", {"step": step.number, "side": step.side, "stopped": True}
+                    )
+                    await self._end_session(session, thread, stops.Verdict("session", "llm_error", "failure"))
+                    return None
+                await messages.save(
+                    session, message, status="completed", content=self._content(response, side),
+                    tool_calls=list(response.tool_calls) or None, reasoning_content=response.reasoning,
+                    usage=response.usage.as_dict(),
+                )
+                thread.last_message_at = datetime.now(UTC)
+                await events.append(
+                    session, thread.id, "llm_response",
+                    {"model": definition.name, "tokens": response.usage.as_dict(), "latency_ms": round(latency, 2),
+                     "ttft_ms": None if ttft is None else round(ttft, 2)},
+                )
+                return response
+        return None  # pragma: no cover - the loop always returns
+
+    @staticmethod
+    def _content(response: LLMResponse, side: SideConfig) -> str | None:
+        """The stored text; a `stopTool` call's `stopToolResponseProperty` argument replaces it (§3.6)."""
+        if side.stop_tool and side.stop_tool_response_property:
+            for call in response.tool_calls:
+                if call["function"]["name"] != side.stop_tool:
+                    continue
+                try:
+                    value = context.parse_arguments(call["function"]["arguments"]).get(
+                        side.stop_tool_response_property
+                    )
+                except ValueError:
+                    continue
+                if isinstance(value, str):
+                    return value
+        return response.text or None
+
+    async def _stream(
+        self, thread_id: uuid.UUID, step: Step, definition: ModelDefinition
+    ) -> tuple[LLMResponse | ProviderError, float | None]:
+        assert step.message_id is not None
+        model = self._model(definition)
+        started = time.monotonic()
+        ttft: float | None = None
+        offsets = {"message_chunk": 0, "reasoning_chunk": 0}
+        try:
+            async for event in model.stream(step.request, CallContext(str(thread_id), step.call_index)):
+                if isinstance(event, Done):
+                    return event.response, ttft
+                kind = "message_chunk" if isinstance(event, TextDelta) else "reasoning_chunk"
+                assert isinstance(event, TextDelta | ReasoningDelta)
+                if ttft is None:
+                    ttft = (time.monotonic() - started) * 1000
+                await self._publisher.publish(
+                    thread_id, kind,
+                    {"message_id": str(step.message_id), "depth": 0, "offset": offsets[kind], "chunk": event.text},
+                )
+                offsets[kind] += len(event.text)
+        except ProviderError as exc:
+            return exc, ttft
+        return ProviderError("the model's stream ended without a final response", retriable=True), ttft
+
+    async def _log_call(
+        self,
+        session: AsyncSession,
+        thread_id: uuid.UUID,
+        step: Step,
+        definition: ModelDefinition,
+        response: LLMResponse | ProviderError,
+        latency: float,
+        ttft: float | None,
+        attempt: int,
+    ) -> None:
+        row = tables.Log(
+            id=uuid.uuid4(), thread_id=thread_id, kind="llm", message_id=step.message_id, model=definition.name,
+            provider=definition.provider, attempt=attempt, latency_ms=latency, ttft_ms=ttft,
+        )
+        if isinstance(response, ProviderError):
+            row.status, row.error = "error", response.message
+        else:
+            usage = response.usage
+            row.status, row.finish_reason = "success", response.finish_reason
+            row.input_tokens, row.output_tokens = usage.input_tokens, usage.output_tokens
+            row.cached_tokens, row.reasoning_tokens = usage.cached_tokens, usage.reasoning_tokens
+            row.cost = (
+                usage.input_tokens * (definition.input_price or 0) + usage.output_tokens * (definition.output_price or 0)
+            ) / 1_000_000
+            row.response = {"text": response.text[:500], "tool_calls": [c["function"]["name"] for c in response.tool_calls]}
+        session.add(row)
+
+    # -- tools ---------------------------------------------------------------------------------------------
+
+    async def _run_tool(
+        self, claim: queue.Claim, step: Step, offered: dict[str, context.OfferedTool], call: ToolCall
+    ) -> tools.Outcome:
+        name = call["function"]["name"]
+        async with self._tx(claim) as (session, thread):
+            await events.append(session, thread.id, "tool_started", {"tool": name, "tool_call_id": call["id"]})
+            env = step.env or context.Env(
+                await env_store.thread_values(session, self._fernet, thread.id), {}, {}
+            )
+            execution = ExecutionState(
+                side=step.side, step=step.number, session=thread.session_number, attempt=claim.attempt  # type: ignore[arg-type]
+            )
+            state = RunState(thread, env, lambda: self._tx(claim), execution, {})
+        outcome = await tools.execute(self._catalog, offered, call, state)
+        async with self._tx(claim) as (session, thread):
+            await messages.add(
+                session, thread.id, "tool", side=step.side, name=name, tool_call_id=call["id"],
+                content=outcome.result.text, tool_status=outcome.result.status,
+                session_number=thread.session_number,
+            )
+            await events.append(
+                session, thread.id, "tool_completed",
+                {"tool": name, "tool_call_id": call["id"], "status": outcome.result.status},
+            )
+        return outcome
+
+    async def _fail(self, claim: queue.Claim, code: str, message: str) -> None:
+        """End the session after an unexpected error, so no thread is left `running`."""
+        async with self._tx(claim) as (session, thread):
+            for row in await messages.history(session, thread.id):
+                if row.status == "pending":
+                    await messages.save(session, row, status="failed")
+            await events.append(session, thread.id, "error", {"code": code, "message": message})
+            await self._end_session(session, thread, stops.Verdict("session", "crashed", "failure"))
+
+
+async def _calls_made(session: AsyncSession, thread_id: uuid.UUID, model: str) -> int:
+    """Completed LLM requests of a model in a thread: the `test` provider's durable script position."""
+    query = select(func.count()).where(
+        tables.Log.thread_id == thread_id, tables.Log.kind == "llm", tables.Log.model == model
+    )
+    return int((await session.execute(query)).scalar_one())
+
+
+async def _next_position(session: AsyncSession, thread_id: uuid.UUID) -> int:
+    """A position after every message of the thread (a turn that starts without new input)."""
+    value = await session.execute(
+        select(func.coalesce(func.max(tables.Message.position), 0) + 1).where(tables.Message.thread_id == thread_id)
+    )
+    return int(value.scalar_one())
+

@@ -1,0 +1,77 @@
+"""Stop evaluation after a step's tools ran, in the order of `semantics.md` §5."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from app.engine.tools import Outcome
+from app.llm.base import LLMResponse
+from app.spec.definitions import AgentDefinition, SessionToolConfig, SideConfig
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the step decided: go on, end the side's turn, or end the session."""
+
+    ends: Literal["nothing", "turn", "session"]
+    reason: str | None = None
+    status: Literal["success", "failure"] | None = None
+    result: dict[str, Any] | None = None
+
+
+GO_ON = Verdict("nothing")
+
+
+def payload(binding: SessionToolConfig, outcome: Outcome) -> dict[str, Any]:
+    """The canonical payload of a session tool call: the mapped message and attachments, or the result text."""
+    args = outcome.arguments or {}
+    if binding.message_property is None and binding.attachments_property is None:
+        return {"content": outcome.result.text, "attachments": []}
+    content: Any = args.get(binding.message_property) if binding.message_property else outcome.result.text
+    if content is not None and not isinstance(content, str):
+        content = json.dumps(content)
+    attachments: Any = args.get(binding.attachments_property, []) if binding.attachments_property else []
+    if isinstance(attachments, str):
+        attachments = [attachments]
+    return {"content": content or "", "attachments": list(attachments)}
+
+
+def _successful(binding: SessionToolConfig | None, outcomes: list[Outcome]) -> Outcome | None:
+    if binding is None:
+        return None
+    for outcome in outcomes:
+        if outcome.call["function"]["name"] == binding.name and outcome.result.status == "success":
+            return outcome
+    return None
+
+
+def evaluate(
+    agent: AgentDefinition,
+    side: SideConfig,
+    response: LLMResponse,
+    outcomes: list[Outcome],
+    turn_steps: int,
+) -> Verdict:
+    """Session tools first, then the side's turn rules (stop tool, stop on response, max steps)."""
+    for which, status in (("fail", "failure"), ("stop", "success")):
+        binding = side.binding(which)  # type: ignore[arg-type]
+        outcome = _successful(binding, outcomes)
+        if binding is not None and outcome is not None:
+            return Verdict("session", f"session_{which}", status, payload(binding, outcome))  # type: ignore[arg-type]
+    called = {o.call["function"]["name"] for o in outcomes}
+    if side.stop_tool is not None and side.stop_tool in called:
+        return Verdict("turn", "stop_tool")
+    if side.stop_on_response and response.text.strip() and not response.tool_calls:
+        return Verdict("turn", "stop_on_response")
+    if side.max_steps is not None and turn_steps >= side.max_steps:
+        return Verdict("turn", "max_steps")
+    return GO_ON
+
+
+def session_cap(agent: AgentDefinition, session_turns: int) -> Verdict:
+    """After a turn ends: `maxSessionTurns` counts both sides' turns together (`dual_ai` only)."""
+    if agent.type == "dual_ai" and agent.max_session_turns is not None and session_turns >= agent.max_session_turns:
+        return Verdict("session", "max_session_turns", "success")
+    return GO_ON

@@ -1,0 +1,78 @@
+"""Tool execution (§7.1): validate the arguments, call the function, turn anything raised into an error result."""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from app.catalog import Catalog
+from app.engine.context import OfferedTool, parse_arguments
+from app.engine.state import RunState
+from app.llm.base import ToolCall
+from app.spec.results import ToolResult
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one tool call produced."""
+
+    call: ToolCall
+    result: ToolResult
+    arguments: dict[str, Any] | None
+
+
+def _error(text: str) -> ToolResult:
+    return ToolResult(status="error", error=text)
+
+
+def _validation_text(name: str, exc: ValidationError) -> str:
+    problems = "; ".join(f"`{'.'.join(str(p) for p in e['loc']) or 'arguments'}`: {e['msg']}" for e in exc.errors())
+    return f"Invalid arguments for tool `{name}`: {problems}"
+
+
+def normalise(value: Any) -> ToolResult:
+    """A tool's return value as a `ToolResult`: strings as they are, anything else as JSON."""
+    if isinstance(value, ToolResult):
+        return value
+    if value is None:
+        return ToolResult(status="success", result="")
+    if isinstance(value, str):
+        return ToolResult(status="success", result=value)
+    if isinstance(value, BaseModel):
+        return ToolResult(status="success", result=value.model_dump_json())
+    return ToolResult(status="success", result=json.dumps(value, default=str))
+
+
+async def execute(catalog: Catalog, offered: dict[str, OfferedTool], call: ToolCall, state: RunState) -> Outcome:
+    """Run one tool call; never raises for a bad call or a failing tool."""
+    name = call["function"]["name"]
+    tool = offered.get(name)
+    if tool is None:
+        known = ", ".join(sorted(offered)) or "none"
+        return Outcome(call, _error(f"Unknown tool `{name}`. Available tools: {known}"), None)
+    try:
+        arguments = parse_arguments(call["function"]["arguments"])
+    except ValueError as exc:
+        return Outcome(call, _error(f"Invalid arguments for tool `{name}`: {exc}"), None)
+    if tool.kind == "session":
+        return Outcome(call, ToolResult(status="success", result="ok"), arguments)
+    definition = catalog.tools[name]
+    tool_state = state.with_tool(call["id"], tool.entry.options, tool.entry.env)
+    args: BaseModel | None = None
+    if definition.args_model is not None:
+        try:
+            args = definition.args_model.model_validate(arguments)
+        except ValidationError as exc:
+            return Outcome(call, _error(_validation_text(name, exc)), arguments)
+    try:
+        value = await (definition.fn(tool_state) if args is None else definition.fn(tool_state, args))
+    except Exception as exc:
+        log.info("tool %s raised %r", name, exc)
+        return Outcome(call, _error(f"Tool `{name}` failed: {type(exc).__name__}: {exc}"), arguments)
+    return Outcome(call, normalise(value), arguments)

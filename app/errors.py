@@ -1,0 +1,97 @@
+"""The domain error tree: no HTTP here; `api/errors.py` maps classes to statuses.
+
+Each class's docstring is its default message; `code` is the machine-readable name clients see.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+
+class AgentsError(Exception):
+    """Something went wrong."""
+
+    code: ClassVar[str] = "error"
+
+    def __init__(self, message: str | None = None, **details: Any) -> None:
+        self.message = message or (self.__doc__ or self.code).strip()
+        self.details = details
+        super().__init__(self.message)
+
+
+class NotFound(AgentsError):
+    """Not found."""
+
+    code = "not_found"
+
+
+class ThreadNotFound(NotFound):
+    """Thread not found."""
+
+    code = "thread_not_found"
+
+
+class MessageNotFound(NotFound):
+    """Message not found."""
+
+    code = "message_not_found"
+
+
+class AgentNotFound(NotFound):
+    """Agent not found."""
+
+    code = "agent_not_found"
+
+
+class Invalid(AgentsError):
+    """The request is not valid."""
+
+    code = "invalid_request"
+
+
+class BadCursor(Invalid):
+    """The cursor is not one this server gave out."""
+
+    code = "bad_cursor"
+
+
+class MissingVariables(AgentsError):
+    """Required variables are missing."""
+
+    code = "missing_variables"
+
+
+class Conflict(AgentsError):
+    """The request conflicts with the current state."""
+
+    code = "conflict"
+
+
+class ThreadTerminated(Conflict):
+    """Thread is terminated"""
+
+    code = "thread_terminated"
+
+
+class Unauthorized(AgentsError):
+    """A valid API key is required: send `Authorization: Bearer <key>`."""
+
+    code = "unauthorized"
+
+
+class NotReady(AgentsError):
+    """The service is not ready."""
+
+    code = "not_ready"
+
+
+class LeaseLost(AgentsError):
+    """This execution no longer holds the thread's lease; it must stop without writing."""
+
+    code = "lease_lost"
+
+
+class ConfigError(AgentsError):
+    """The server configuration is not usable."""
+
+    code = "config_error"

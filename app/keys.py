@@ -1,0 +1,74 @@
+"""API keys: created by the CLI, stored as SHA-256, each belonging to a user (admins see every thread)."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import uuid
+from dataclasses import dataclass
+
+from sqlalchemy import func, select, update
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from app import errors, tables
+
+PREFIX = "sa_"
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who is calling."""
+
+    user_id: str
+    admin: bool = False
+
+
+OPEN = Principal(user_id="local", admin=True)  # the caller in open mode (loopback bind, no key configured)
+
+
+def _hash(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+async def create(session: AsyncSession, user_id: str, admin: bool = False) -> tuple[tables.ApiKey, str]:
+    """Make a key; the plain key is returned once and never stored."""
+    if not user_id.strip():
+        raise errors.Invalid("a key needs a user id")
+    key = PREFIX + secrets.token_urlsafe(32)
+    row = tables.ApiKey(id=uuid.uuid4(), user_id=user_id, key_hash=_hash(key), prefix=key[:10], admin=admin)
+    session.add(row)
+    await session.flush()
+    return row, key
+
+
+async def verify(session: AsyncSession, key: str) -> Principal:
+    """The principal a presented key belongs to, or `Unauthorized`."""
+    row = (
+        await session.execute(
+            select(tables.ApiKey).where(tables.ApiKey.key_hash == _hash(key), tables.ApiKey.revoked_at.is_(None))
+        )
+    ).scalar_one_or_none()
+    if row is None:
+        raise errors.Unauthorized("The API key is not valid.")
+    return Principal(user_id=row.user_id, admin=row.admin)
+
+
+async def active_count(session: AsyncSession) -> int:
+    return int((await session.execute(select(func.count()).where(tables.ApiKey.revoked_at.is_(None)))).scalar_one())
+
+
+async def list_all(session: AsyncSession) -> list[tables.ApiKey]:
+    return list((await session.execute(select(tables.ApiKey).order_by(tables.ApiKey.created_at))).scalars())
+
+
+async def revoke(session: AsyncSession, key_id_or_prefix: str) -> int:
+    """Revoke keys by id or by their printed prefix; returns how many."""
+    cond = tables.ApiKey.prefix == key_id_or_prefix
+    try:
+        cond = cond | (tables.ApiKey.id == uuid.UUID(key_id_or_prefix))
+    except ValueError:
+        pass
+    result = await session.execute(
+        update(tables.ApiKey).where(cond, tables.ApiKey.revoked_at.is_(None)).values(revoked_at=func.now())
+    )
+    return int(result.rowcount)  # type: ignore[attr-defined]

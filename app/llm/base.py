@@ -1,0 +1,124 @@
+"""The one `Model` contract every provider implements, and the request/response shapes it speaks.
+
+Messages are already in the acting side's perspective (`semantics.md` §1): the engine flips, the provider
+adapter only translates to its wire format.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, TypedDict
+
+
+class FunctionCall(TypedDict):
+    name: str
+    arguments: str
+
+
+class ToolCall(TypedDict):
+    """A tool call in the OpenAI shape the spec's `Message.tool_calls` uses."""
+
+    id: str
+    type: Literal["function"]
+    function: FunctionCall
+
+
+@dataclass
+class LLMMessage:
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str | None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
+
+
+@dataclass
+class LLMTool:
+    name: str
+    description: str
+    parameters: dict[str, Any]
+
+
+@dataclass
+class LLMRequest:
+    """What a provider is asked; `respond` functions of the `test` provider receive exactly this."""
+
+    model: str
+    messages: list[LLMMessage]
+    tools: list[LLMTool] = field(default_factory=list)
+    tool_choice: str | None = None
+    parallel_tool_calls: bool | None = None
+    reasoning: dict[str, Any] | None = None
+    provider_options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Usage:
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_tokens: int = 0
+    reasoning_tokens: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {
+            "input_tokens": self.input_tokens,
+            "output_tokens": self.output_tokens,
+            "cached_tokens": self.cached_tokens,
+            "reasoning_tokens": self.reasoning_tokens,
+        }
+
+
+@dataclass
+class LLMResponse:
+    text: str = ""
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    reasoning: str | None = None
+    usage: Usage = field(default_factory=Usage)
+    finish_reason: str = "stop"
+
+
+@dataclass
+class TextDelta:
+    text: str
+
+
+@dataclass
+class ReasoningDelta:
+    text: str
+
+
+@dataclass
+class Done:
+    response: LLMResponse
+
+
+StreamEvent = TextDelta | ReasoningDelta | Done
+
+
+@dataclass(frozen=True)
+class CallContext:
+    """Where a call is made from: the `test` provider's durable script position is `call_index`."""
+
+    thread_id: str
+    call_index: int
+
+
+class ProviderError(Exception):
+    """A provider call failed; `retriable` ones may be tried again or fall back."""
+
+    def __init__(self, message: str, *, status: int | None = None, retriable: bool = False) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.retriable = retriable
+
+
+class Model(Protocol):
+    """A configured model of one provider."""
+
+    provider: str
+
+    def stream(self, request: LLMRequest, ctx: CallContext) -> AsyncIterator[StreamEvent]:
+        """Answer `request`, yielding deltas and finally one `Done`."""
+        ...

@@ -1,0 +1,94 @@
+"""The `test` provider: deterministic and offline, from a script or a `respond` function (`authoring.md`)."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from pydantic import ValidationError
+
+from app.llm.base import (
+    CallContext,
+    Done,
+    LLMRequest,
+    LLMResponse,
+    ProviderError,
+    ReasoningDelta,
+    StreamEvent,
+    TextDelta,
+    ToolCall,
+    Usage,
+)
+from app.spec.definitions import ModelDefinition, TestReply
+
+RETRIABLE = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
+
+
+class TestModel:
+    """Answers the n-th call of a thread with script entry n, or with `respond(request)`."""
+
+    provider = "test"
+    __test__ = False  # not a pytest test class
+
+    def __init__(self, definition: ModelDefinition) -> None:
+        self.definition = definition
+
+    async def _reply(self, request: LLMRequest, ctx: CallContext) -> TestReply:
+        d = self.definition
+        if d.respond is not None:
+            raw: Any = d.respond(request)
+            if inspect.isawaitable(raw):
+                raw = await raw
+        elif d.script is not None and ctx.call_index < len(d.script):
+            raw = d.script[ctx.call_index]
+        else:
+            raise ProviderError("test script exhausted", status=400)
+        if isinstance(raw, TestReply):
+            return raw
+        if isinstance(raw, str):
+            return TestReply(text=raw)
+        try:
+            return TestReply.model_validate(raw)
+        except ValidationError as exc:
+            raise ProviderError(f"test model `{d.name}` gave an invalid reply: {exc}", status=400) from exc
+
+    async def stream(self, request: LLMRequest, ctx: CallContext) -> AsyncIterator[StreamEvent]:
+        d = self.definition
+        if d.delay_ms:
+            await asyncio.sleep(d.delay_ms / 1000)
+        reply = await self._reply(request, ctx)
+        if reply.error is not None:
+            status = reply.status or 500
+            raise ProviderError(reply.error, status=status, retriable=status in RETRIABLE)
+        text = reply.text or ""
+        size = d.chunk_size or max(len(text), 1)
+        if reply.reasoning:
+            yield ReasoningDelta(reply.reasoning)
+        for start in range(0, len(text), size):
+            yield TextDelta(text[start : start + size])
+        calls: list[ToolCall] = [
+            {
+                "id": c.id or f"call_{ctx.call_index}_{i}",
+                "type": "function",
+                "function": {"name": c.name, "arguments": json.dumps(c.arguments)},
+            }
+            for i, c in enumerate(reply.tool_calls)
+        ]
+        usage = reply.usage or {}
+        yield Done(
+            LLMResponse(
+                text=text,
+                tool_calls=calls,
+                reasoning=reply.reasoning,
+                usage=Usage(
+                    input_tokens=usage.get("input_tokens", sum(len(m.content or "") for m in request.messages) // 4),
+                    output_tokens=usage.get("output_tokens", len(text) // 4),
+                    cached_tokens=usage.get("cached_tokens", 0),
+                    reasoning_tokens=usage.get("reasoning_tokens", 0),
+                ),
+                finish_reason="tool_calls" if calls else "stop",
+            )
+        )

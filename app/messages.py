@@ -1,0 +1,134 @@
+"""Messages: the spec's `Message` rows of a thread, each insert and update announced as `message_data`."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import Select, select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from app import errors, events, tables
+
+
+def side_of(role: str, tool_side: str | None = None) -> str | None:
+    """The derived side: A writes `assistant`, B writes `user`, tool results follow their call."""
+    if role == "assistant":
+        return "a"
+    if role == "user":
+        return "b"
+    if role == "tool":
+        return tool_side
+    return None
+
+
+def to_dict(row: tables.Message) -> dict[str, Any]:
+    """The API's `Message`."""
+    return {
+        "id": str(row.id),
+        "role": row.role,
+        "side": row.side,
+        "content": row.content,
+        "name": row.name,
+        "tool_calls": row.tool_calls,
+        "tool_call_id": row.tool_call_id,
+        "tool_status": row.tool_status,
+        "status": row.status,
+        "silent": row.silent,
+        "depth": row.depth,
+        "parent_id": str(row.parent_id) if row.parent_id else None,
+        "attachments": row.attachments,
+        "reasoning_content": row.reasoning_content,
+        "metadata": row.metadata_,
+        "subagent_id": str(row.subagent_id) if row.subagent_id else None,
+        "model": row.model,
+        "usage": row.usage,
+        "created_at": row.created_at.isoformat(),
+    }
+
+
+async def announce(session: AsyncSession, row: tables.Message) -> None:
+    """Emit `message_data` for the row as it is now."""
+    await events.append(
+        session, row.thread_id, "message_data", {"message_id": str(row.id), "depth": row.depth, "data": to_dict(row)}
+    )
+
+
+async def add(session: AsyncSession, thread_id: uuid.UUID, role: str, **fields: Any) -> tables.Message:
+    """Insert a message and announce it."""
+    now = datetime.now(UTC)
+    row = tables.Message(
+        id=fields.pop("id", None) or uuid.uuid4(), thread_id=thread_id, role=role, created_at=now, updated_at=now,
+        side=fields.pop("side", side_of(role)), **fields,
+    )
+    session.add(row)
+    await session.flush()
+    await announce(session, row)
+    return row
+
+
+async def save(session: AsyncSession, row: tables.Message, **fields: Any) -> tables.Message:
+    """Update a message and announce it."""
+    for key, value in fields.items():
+        setattr(row, key, value)
+    row.updated_at = datetime.now(UTC)
+    await session.flush()
+    await announce(session, row)
+    return row
+
+
+async def get(session: AsyncSession, thread_id: uuid.UUID, message_id: uuid.UUID) -> tables.Message:
+    row = (
+        await session.execute(
+            select(tables.Message).where(tables.Message.thread_id == thread_id, tables.Message.id == message_id)
+        )
+    ).scalar_one_or_none()
+    if row is None:
+        raise errors.MessageNotFound(f"Message {message_id} not found")
+    return row
+
+
+async def history(session: AsyncSession, thread_id: uuid.UUID) -> list[tables.Message]:
+    """The whole history of a thread in order (the engine's view)."""
+    query = select(tables.Message).where(tables.Message.thread_id == thread_id).order_by(tables.Message.position)
+    return list((await session.execute(query)).scalars())
+
+
+async def page(
+    session: AsyncSession,
+    thread_id: uuid.UUID,
+    *,
+    limit: int = 50,
+    cursor: str | None = None,
+    order: str = "asc",
+    include_silent: bool = False,
+    depth: int = 0,
+    since_id: uuid.UUID | None = None,
+) -> tuple[list[tables.Message], str | None]:
+    """A page of messages. Without `since_id` it is the newest `limit` (older ones through `cursor`);
+    with `since_id`, the ones after that message. Rows come back in `order`."""
+    query: Select[tuple[tables.Message]] = select(tables.Message).where(
+        tables.Message.thread_id == thread_id, tables.Message.depth <= depth
+    )
+    if not include_silent:
+        query = query.where(tables.Message.silent.is_(False))
+    if since_id is not None:
+        anchor = await get(session, thread_id, since_id)
+        query = query.where(tables.Message.position > anchor.position).order_by(tables.Message.position)
+    else:
+        if cursor is not None:
+            try:
+                before = int(cursor)
+            except ValueError as exc:
+                raise errors.BadCursor() from exc
+            query = query.where(tables.Message.position < before)
+        query = query.order_by(tables.Message.position.desc())
+    rows = list((await session.execute(query.limit(limit + 1))).scalars())
+    more = len(rows) > limit
+    rows = rows[:limit]
+    next_cursor = None
+    if more and since_id is None:
+        next_cursor = str(rows[-1].position)
+    rows.sort(key=lambda r: r.position, reverse=order == "desc")
+    return rows, next_cursor

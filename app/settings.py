@@ -1,0 +1,63 @@
+"""Settings, read once from the environment (and `.env`), then passed explicitly."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from pathlib import Path
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """Every knob of the runtime; the only reader of `os.environ`."""
+
+    model_config = SettingsConfigDict(env_file=".env", extra="ignore")
+
+    database_url: str | None = Field(default=None, description="Postgres URL; unset = embedded Postgres")
+    agents_dir: Path = Field(default=Path("agents"), description="folder of agents, prompts, models, tools")
+    data_dir: Path = Field(default=Path(".data"), description="embedded Postgres data and the generated key")
+    secret_key: str | None = Field(default=None, description="encrypts secrets at rest")
+    host: str = "127.0.0.1"
+    port: int = 8000
+    worker_concurrency: int = Field(default=50, ge=1)
+    lease_seconds: float = Field(default=10.0, gt=0)
+    poll_interval: float = Field(default=1.0, gt=0)
+    max_session_steps: int = Field(default=250, ge=1)
+    db_pool_size: int = Field(default=10, ge=1)
+    migrate_on_start: bool = True
+    process_env: dict[str, str] = Field(default_factory=lambda: dict(os.environ), exclude=True)
+
+    @field_validator("database_url")
+    @classmethod
+    def _asyncpg_driver(cls, value: str | None) -> str | None:
+        return normalise_url(value) if value else None
+
+    @property
+    def loopback(self) -> bool:
+        """Whether the API binds only to this machine."""
+        return is_loopback(self.host)
+
+
+def normalise_url(url: str) -> str:
+    """Point any `postgres://` / `postgresql://` URL at the asyncpg driver."""
+    for prefix in ("postgres://", "postgresql://", "postgresql+psycopg2://", "postgresql+psycopg://"):
+        if url.startswith(prefix):
+            return "postgresql+asyncpg://" + url[len(prefix) :]
+    return url
+
+
+def plain_url(url: str) -> str:
+    """The libpq spelling of a SQLAlchemy URL, for raw asyncpg connections."""
+    return url.replace("postgresql+asyncpg://", "postgresql://", 1)
+
+
+def is_loopback(host: str) -> bool:
+    """True for `localhost` and loopback addresses."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

@@ -1,0 +1,35 @@
+"""The authoring surface: everything code under `agents/` imports from `app`."""
+
+from app.spec.define import ToolDefinition, define_agent, define_model, define_prompt, define_tool
+from app.spec.definitions import (
+    AgentDefinition,
+    ModelDefinition,
+    PromptDefinition,
+    SessionToolConfig,
+    SideConfig,
+    ToolEntry,
+    VariableDefinition,
+)
+from app.spec.results import ToolAttachment, ToolResult
+from app.spec.state import ExecutionState, MessagesResult, StateMessage, ThreadState
+
+__all__ = [
+    "AgentDefinition",
+    "ExecutionState",
+    "MessagesResult",
+    "ModelDefinition",
+    "PromptDefinition",
+    "SessionToolConfig",
+    "SideConfig",
+    "StateMessage",
+    "ThreadState",
+    "ToolAttachment",
+    "ToolDefinition",
+    "ToolEntry",
+    "ToolResult",
+    "VariableDefinition",
+    "define_agent",
+    "define_model",
+    "define_prompt",
+    "define_tool",
+]

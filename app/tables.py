@@ -1,0 +1,205 @@
+"""Every ORM table: columns and indexes, no behaviour. Schema changes go through `migrations/`."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Identity,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+    func,
+    text,
+)
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class Base(DeclarativeBase):
+    """Declarative base of every table."""
+
+    type_annotation_map = {dict[str, Any]: JSONB, list[Any]: JSONB, uuid.UUID: UUID(as_uuid=True)}
+
+
+def _now() -> Mapped[datetime]:
+    return mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class Thread(Base):
+    """A running instance of an agent, with its scheduling fields (`storage-and-queue.md`)."""
+
+    __tablename__ = "threads"
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True)
+    agent: Mapped[str] = mapped_column(String(200))
+    origin_agent: Mapped[str | None] = mapped_column(String(200))
+    type: Mapped[str] = mapped_column(String(20))
+    parent_id: Mapped[uuid.UUID | None] = mapped_column(ForeignKey("threads.id", ondelete="CASCADE"))
+    root_id: Mapped[uuid.UUID | None]
+    owner_side: Mapped[str | None] = mapped_column(String(1))
+    user_id: Mapped[str] = mapped_column(String(200))
+    name: Mapped[str | None] = mapped_column(Text)
+    tags: Mapped[list[str]] = mapped_column(ARRAY(Text), server_default="{}")
+    status: Mapped[str] = mapped_column(String(20), server_default="idle")
+    side: Mapped[str | None] = mapped_column(String(1))
+    session_number: Mapped[int] = mapped_column(Integer, server_default="0")
+    session_turns: Mapped[int] = mapped_column(Integer, server_default="0")
+    session_status: Mapped[str | None] = mapped_column(String(20))
+    session_reason: Mapped[str | None] = mapped_column(String(40))
+    session_result: Mapped[dict[str, Any] | None]
+    turn_steps: Mapped[int] = mapped_column(Integer, server_default="0")
+    session_steps: Mapped[int] = mapped_column(Integer, server_default="0")
+    turn_start: Mapped[int | None] = mapped_column(BigInteger)  # position of the input the current turn answers
+    stopped: Mapped[bool] = mapped_column(Boolean, server_default="false")
+    terminated_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    created_at: Mapped[datetime] = _now()
+    updated_at: Mapped[datetime] = _now()
+    last_message_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # scheduling
+    runnable_since: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    lease_token: Mapped[uuid.UUID | None]
+    lease_owner: Mapped[str | None] = mapped_column(String(200))
+    lease_expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    attempt: Mapped[int] = mapped_column(Integer, server_default="0")
+    event_seq: Mapped[int] = mapped_column(BigInteger, server_default="0")
+
+    __table_args__ = (
+        Index("threads_runnable", "runnable_since", postgresql_where=text("runnable_since IS NOT NULL")),
+        Index("threads_user_created", "user_id", "created_at"),
+        Index("threads_parent", "parent_id"),
+    )
+
+
+class Message(Base):
+    """The spec's `Message`; `position` orders a thread's history."""
+
+    __tablename__ = "messages"
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True)
+    thread_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("threads.id", ondelete="CASCADE"))
+    position: Mapped[int] = mapped_column(BigInteger, Identity(always=False))
+    role: Mapped[str] = mapped_column(String(20))
+    side: Mapped[str | None] = mapped_column(String(1))
+    content: Mapped[str | None] = mapped_column(Text)
+    name: Mapped[str | None] = mapped_column(Text)
+    tool_calls: Mapped[list[Any] | None]
+    tool_call_id: Mapped[str | None] = mapped_column(String(200))
+    tool_status: Mapped[str | None] = mapped_column(String(20))
+    status: Mapped[str] = mapped_column(String(20), server_default="completed")
+    silent: Mapped[bool] = mapped_column(Boolean, server_default="false")
+    depth: Mapped[int] = mapped_column(Integer, server_default="0")
+    parent_id: Mapped[uuid.UUID | None]
+    attachments: Mapped[list[Any]] = mapped_column(JSONB, server_default="[]")
+    reasoning_content: Mapped[str | None] = mapped_column(Text)
+    reasoning_details: Mapped[list[Any] | None]
+    metadata_: Mapped[dict[str, Any]] = mapped_column("metadata", JSONB, server_default="{}")
+    subagent_id: Mapped[uuid.UUID | None]
+    prompt: Mapped[str | None] = mapped_column(String(200))
+    model: Mapped[str | None] = mapped_column(String(200))
+    usage: Mapped[dict[str, Any] | None]
+    session_number: Mapped[int] = mapped_column(Integer, server_default="0")
+    turn: Mapped[int] = mapped_column(Integer, server_default="0")
+    created_at: Mapped[datetime] = _now()
+    updated_at: Mapped[datetime] = _now()
+
+    __table_args__ = (Index("messages_thread_position", "thread_id", "position"),)
+
+
+class Inbox(Base):
+    """A thread's durable ordered input, drained in id order by the lease holder."""
+
+    __tablename__ = "inbox"
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(always=False), primary_key=True)
+    thread_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("threads.id", ondelete="CASCADE"))
+    kind: Mapped[str] = mapped_column(String(20))
+    payload: Mapped[dict[str, Any]]
+    created_at: Mapped[datetime] = _now()
+
+    __table_args__ = (Index("inbox_thread", "thread_id", "id"),)
+
+
+class Event(Base):
+    """The per-thread event log; `seq` comes from `threads.event_seq` under the row lock."""
+
+    __tablename__ = "events"
+
+    thread_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("threads.id", ondelete="CASCADE"), primary_key=True)
+    seq: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    type: Mapped[str] = mapped_column(String(40))
+    data: Mapped[dict[str, Any]]
+    created_at: Mapped[datetime] = _now()
+
+
+class Log(Base):
+    """One LLM request, tool call or hook error."""
+
+    __tablename__ = "logs"
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True)
+    thread_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("threads.id", ondelete="CASCADE"))
+    kind: Mapped[str] = mapped_column(String(20))
+    message_id: Mapped[uuid.UUID | None]
+    model: Mapped[str | None] = mapped_column(String(200))
+    provider: Mapped[str | None] = mapped_column(String(40))
+    tool: Mapped[str | None] = mapped_column(String(200))
+    attempt: Mapped[int] = mapped_column(Integer, server_default="1")
+    status: Mapped[str] = mapped_column(String(20))
+    error: Mapped[str | None] = mapped_column(Text)
+    input_tokens: Mapped[int | None]
+    output_tokens: Mapped[int | None]
+    cached_tokens: Mapped[int | None]
+    reasoning_tokens: Mapped[int | None]
+    cost: Mapped[float | None] = mapped_column(Float)
+    latency_ms: Mapped[float | None] = mapped_column(Float)
+    ttft_ms: Mapped[float | None] = mapped_column(Float)
+    finish_reason: Mapped[str | None] = mapped_column(String(40))
+    retry_of: Mapped[uuid.UUID | None]
+    fallback_of: Mapped[uuid.UUID | None]
+    request: Mapped[dict[str, Any] | None]
+    response: Mapped[dict[str, Any] | None]
+    created_at: Mapped[datetime] = _now()
+
+    __table_args__ = (Index("logs_thread_created", "thread_id", "created_at"),)
+
+
+class EnvValue(Base):
+    """A variable value at thread, user or instance scope (secrets encrypted with the server key)."""
+
+    __tablename__ = "env_values"
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(always=False), primary_key=True)
+    scope: Mapped[str] = mapped_column(String(20))
+    owner: Mapped[str] = mapped_column(String(200))
+    name: Mapped[str] = mapped_column(String(200))
+    type: Mapped[str] = mapped_column(String(10))
+    value: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = _now()
+    updated_at: Mapped[datetime] = _now()
+
+    __table_args__ = (UniqueConstraint("scope", "owner", "name", name="env_values_scope_owner_name"),)
+
+
+class ApiKey(Base):
+    """An API key, stored as its SHA-256."""
+
+    __tablename__ = "api_keys"
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True)
+    user_id: Mapped[str] = mapped_column(String(200))
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    prefix: Mapped[str] = mapped_column(String(16))
+    admin: Mapped[bool] = mapped_column(Boolean, server_default="false")
+    created_at: Mapped[datetime] = _now()
+    last_used_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))

@@ -1,0 +1,117 @@
+"""Threads: create, find (owner-checked), list, and the status changes clients see."""
+
+from __future__ import annotations
+
+import base64
+import uuid
+from datetime import UTC, datetime
+
+from sqlalchemy import Select, and_, func, or_, select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from app import errors, events, tables
+from app.keys import Principal
+from app.spec import AgentDefinition
+
+
+async def create(
+    session: AsyncSession,
+    agent: AgentDefinition,
+    owner: Principal,
+    *,
+    name: str | None = None,
+    tags: list[str] | None = None,
+) -> tables.Thread:
+    """Insert a new top-level thread."""
+    thread_id = uuid.uuid4()
+    row = tables.Thread(
+        id=thread_id, agent=agent.name, type=agent.type, user_id=owner.user_id, name=name, tags=tags or [],
+        root_id=thread_id, status="idle", session_number=0,
+    )
+    session.add(row)
+    await session.flush()
+    await session.refresh(row)
+    return row
+
+
+async def get(session: AsyncSession, thread_id: uuid.UUID, who: Principal, *, lock: bool = False) -> tables.Thread:
+    """A thread the caller may see (another user's thread is not found)."""
+    query = select(tables.Thread).where(tables.Thread.id == thread_id)
+    if not who.admin:
+        query = query.where(tables.Thread.user_id == who.user_id)
+    if lock:
+        query = query.with_for_update()
+    row = (await session.execute(query)).scalar_one_or_none()
+    if row is None:
+        raise errors.ThreadNotFound(f"Thread {thread_id} not found")
+    return row
+
+
+def _encode_cursor(created_at: datetime, thread_id: uuid.UUID) -> str:
+    return base64.urlsafe_b64encode(f"{created_at.isoformat()}|{thread_id}".encode()).decode()
+
+
+def _decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
+    try:
+        stamp, tid = base64.urlsafe_b64decode(cursor.encode()).decode().split("|")
+        return datetime.fromisoformat(stamp), uuid.UUID(tid)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise errors.BadCursor() from exc
+
+
+async def list_(
+    session: AsyncSession,
+    who: Principal,
+    *,
+    agent: str | None = None,
+    tag: str | None = None,
+    parent_id: uuid.UUID | None | str = None,
+    status: str | None = None,
+    limit: int = 50,
+    cursor: str | None = None,
+) -> tuple[list[tables.Thread], str | None]:
+    """Threads the caller may see, newest first, with the cursor of the next page."""
+    query: Select[tuple[tables.Thread]] = select(tables.Thread)
+    if not who.admin:
+        query = query.where(tables.Thread.user_id == who.user_id)
+    if agent is not None:
+        query = query.where(tables.Thread.agent == agent)
+    if tag is not None:
+        query = query.where(tables.Thread.tags.any(tag))
+    if parent_id == "none":
+        query = query.where(tables.Thread.parent_id.is_(None))
+    elif isinstance(parent_id, uuid.UUID):
+        query = query.where(tables.Thread.parent_id == parent_id)
+    if status is not None:
+        query = query.where(tables.Thread.status == status)
+    if cursor is not None:
+        stamp, tid = _decode_cursor(cursor)
+        query = query.where(
+            or_(tables.Thread.created_at < stamp, and_(tables.Thread.created_at == stamp, tables.Thread.id < tid))
+        )
+    query = query.order_by(tables.Thread.created_at.desc(), tables.Thread.id.desc()).limit(limit + 1)
+    rows = list((await session.execute(query)).scalars())
+    next_cursor = _encode_cursor(rows[limit - 1].created_at, rows[limit - 1].id) if len(rows) > limit else None
+    return rows[:limit], next_cursor
+
+
+async def children_counts(session: AsyncSession, ids: list[uuid.UUID]) -> dict[uuid.UUID, int]:
+    """How many children each thread has."""
+    if not ids:
+        return {}
+    rows = await session.execute(
+        select(tables.Thread.parent_id, func.count())
+        .where(tables.Thread.parent_id.in_(ids))
+        .group_by(tables.Thread.parent_id)
+    )
+    return {r[0]: int(r[1]) for r in rows}
+
+
+async def set_status(session: AsyncSession, thread: tables.Thread, status: str) -> None:
+    """Change the thread's status; a change emits `thread_status` in the same transaction."""
+    if thread.status == status:
+        return
+    thread.status = status
+    thread.updated_at = datetime.now(UTC)
+    await session.flush()
+    await events.append(session, thread.id, "thread_status", {"status": status})

@@ -1,0 +1,119 @@
+"""The worker: claims runnable threads into a bounded set of slots and drives the engine on each.
+
+Wake-up policy: a NOTIFY on the wake-up channel, the poll interval, or a slot freeing up — whichever comes first.
+Leases are renewed by one heartbeat task on its own connection; a lease that is lost cancels its execution.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import uuid
+
+import asyncpg
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+
+from app import queue
+from app.engine.run import Engine
+from app.settings import Settings, plain_url
+
+log = logging.getLogger(__name__)
+
+
+class Worker:
+    """A pool of `worker_concurrency` concurrent thread executions in this process."""
+
+    def __init__(
+        self, settings: Settings, db: AsyncEngine, sessions: async_sessionmaker[AsyncSession], engine: Engine
+    ) -> None:
+        self._settings = settings
+        self._db = db
+        self._sessions = sessions
+        self._engine = engine
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self._running: dict[uuid.UUID, tuple[queue.Claim, asyncio.Task[None]]] = {}
+        self._wake = asyncio.Event()
+
+    @property
+    def active(self) -> int:
+        return len(self._running)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Claim and execute until `stop` is set; then cancel what runs and hand its leases back."""
+        assert self._settings.database_url is not None
+        listener = await asyncpg.connect(plain_url(self._settings.database_url))
+        await listener.add_listener(queue.WAKEUP_CHANNEL, lambda *_: self._wake.set())
+        heartbeat = asyncio.create_task(self._heartbeat(stop), name="heartbeat")
+        log.info("worker %s started with %d slots", self.owner, self._settings.worker_concurrency)
+        try:
+            while not stop.is_set():
+                self._wake.clear()
+                await self._fill()
+                await self._sleep(stop)
+        finally:
+            heartbeat.cancel()
+            await self._drain()
+            with contextlib.suppress(Exception):
+                await listener.close()
+            log.info("worker %s stopped", self.owner)
+
+    async def _fill(self) -> None:
+        """Claim runnable threads until the slots are full or nothing is runnable."""
+        while len(self._running) < self._settings.worker_concurrency:
+            async with self._sessions() as session, session.begin():
+                claim = await queue.claim(session, self.owner, self._settings.lease_seconds)
+            if claim is None:
+                return
+            task = asyncio.create_task(self._execute(claim), name=f"thread-{claim.thread_id}")
+            self._running[claim.thread_id] = (claim, task)
+
+    async def _execute(self, claim: queue.Claim) -> None:
+        try:
+            await self._engine.execute(claim)
+        except Exception:
+            log.exception("execution of thread %s ended abnormally; its lease will expire", claim.thread_id)
+        finally:
+            self._running.pop(claim.thread_id, None)
+            self._wake.set()  # a slot is free
+
+    async def _sleep(self, stop: asyncio.Event) -> None:
+        waiters = [asyncio.create_task(self._wake.wait()), asyncio.create_task(stop.wait())]
+        try:
+            await asyncio.wait(waiters, timeout=self._settings.poll_interval, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waiters:
+                w.cancel()
+
+    async def _heartbeat(self, stop: asyncio.Event) -> None:
+        """Renew every lease this worker holds; cancel executions whose lease is gone."""
+        interval = self._settings.lease_seconds / 3
+        while not stop.is_set():
+            await asyncio.sleep(interval)
+            claims = [c for c, _ in self._running.values()]
+            try:
+                async with self._db.begin() as conn:
+                    lost = await queue.heartbeat(conn, claims, self._settings.lease_seconds)
+            except Exception:
+                log.exception("heartbeat failed; retrying")
+                continue
+            for thread_id in lost:
+                entry = self._running.get(thread_id)
+                if entry is not None:
+                    log.warning("lease of thread %s lost; cancelling its execution", thread_id)
+                    entry[1].cancel()
+
+    async def _drain(self) -> None:
+        """Cancel running executions and give their leases back without spending their attempt."""
+        entries = list(self._running.values())
+        for _, task in entries:
+            task.cancel()
+        await asyncio.gather(*(t for _, t in entries), return_exceptions=True)
+        for claim, _ in entries:
+            try:
+                async with self._sessions() as session, session.begin():
+                    await queue.release(session, claim, again=True, keep_attempt=True)
+            except Exception:
+                log.exception("could not release thread %s; its lease will expire", claim.thread_id)

@@ -1,0 +1,37 @@
+"""Alembic environment: runs on the connection `app.db.migrate` hands over, or on `DATABASE_URL`."""
+
+from __future__ import annotations
+
+import asyncio
+
+from alembic import context
+from sqlalchemy import Connection
+from sqlalchemy.ext.asyncio import create_async_engine
+
+from app.settings import Settings
+from app.tables import Base
+
+target_metadata = Base.metadata
+
+
+def _run(connection: Connection) -> None:
+    context.configure(connection=connection, target_metadata=target_metadata, compare_type=True)
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+async def _run_from_url(url: str) -> None:
+    engine = create_async_engine(url)
+    async with engine.begin() as conn:
+        await conn.run_sync(_run)
+    await engine.dispose()
+
+
+connection = context.config.attributes.get("connection")
+if connection is not None:
+    _run(connection)
+else:
+    url = Settings().database_url
+    if not url:
+        raise SystemExit("set DATABASE_URL, or use `agents migrate`, which starts the embedded Postgres")
+    asyncio.run(_run_from_url(url))
