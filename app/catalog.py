@@ -43,15 +43,13 @@ _KINDS: dict[str, tuple[type, str, str]] = {  # folder → (class, noun, how to 
     "tools": (ToolDefinition, "tool", "@define_tool(...) on an async function"),
 }
 _FOLDERS = {cls: folder for folder, (cls, _, _) in _KINDS.items()}
-_FIELDS_OF = {"subprompts": SUBPROMPT_FIELDS, "callables": CALLABLE_FIELDS, "subagents": SUBAGENT_FIELDS}
-_ENTRY_KINDS = {
-    "tool": (CALLABLE_FIELDS, "callable"),
-    "prompt": (SUBPROMPT_FIELDS, "subprompt"),
-    "agent": (HANDOFF_FIELDS, "handoff"),
+_ENTRY_FIELDS = {  # what a `tools` entry is → the object-form fields that fit it
+    "callable": CALLABLE_FIELDS,
+    "subprompt": SUBPROMPT_FIELDS,
+    "subagent": SUBAGENT_FIELDS,
+    "handoff": HANDOFF_FIELDS,
 }
-_ROOT_MODELS = {
-    c.__name__: c for c in (ModelDefinition, PromptDefinition, AgentDefinition, VariableDefinition)
-}
+_ROOTS = {m.__name__: m for m in (ModelDefinition, PromptDefinition, AgentDefinition, VariableDefinition)}
 
 
 @dataclass(frozen=True)
@@ -81,7 +79,7 @@ class CatalogError(AgentsError):
         super().__init__(f"{count} in {root}", problems=[str(p) for p in problems])
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # compared and hashed by identity: the mappings are not hashable
 class Catalog:
     """Every definition of an agents folder, validated and cross-checked."""
 
@@ -243,7 +241,7 @@ def _execute(path: Path, module_name: str, rel: str) -> tuple[list[object], list
 
 def _validation_problems(rel: str, exc: ValidationError) -> list[Problem]:
     """One problem per error; union branches that did not apply are left out."""
-    located = [(*_walk(_ROOT_MODELS.get(exc.title), err["loc"]), err) for err in exc.errors()]
+    located = [(*_walk(_ROOTS.get(exc.title), err["loc"]), err) for err in exc.errors()]
     problems: list[Problem] = []
     for path, owner, err in located:
         deeper = any(
@@ -267,7 +265,7 @@ def _explain(path: str, owner: type[BaseModel] | None, err: Any) -> tuple[str, s
     if kind == "missing":
         return path, f"`{key}` is required", f"add `{key}`"
     if kind == "literal_error":
-        return path, msg, f"use one of: {ctx.get('expected')}"
+        return path, msg, f"use one of: {str(ctx.get('expected')).replace(' or ', ', ')}"
     if kind == "union_tag_invalid":
         return path, msg, f"use a `type` of: {ctx.get('expected_tags')}"
     if kind == "value_error":  # a rule of a definition's validator, e.g. "a `dual_ai` agent needs `side_b`"
@@ -397,19 +395,17 @@ def _check_entry(c: Catalog, where: str, entry: ToolEntry) -> Iterator[Problem]:
         fix = "rename one: tools, prompts and agents offered as tools share one namespace"
         yield Problem("", where, f"`{name}` is defined as both a {' and a '.join(kinds)}", fix)
         return
-    allowed, what = _ENTRY_KINDS[kinds[0]]
     agent = c.agents.get(name)
     if agent and not agent.expose_as_tool:
         fix = f"set `expose_as_tool=True` and a `tool_description` on agent `{name}`"
         yield Problem("", where, f"agent `{name}` is not exposed as a tool", fix)
         return
-    if agent and agent.type == "dual_ai":
-        allowed, what = SUBAGENT_FIELDS, "subagent"
-    for field in sorted(entry.fields_set - allowed):
-        fits = [k for k, s in _FIELDS_OF.items() if field in s]
-        message = f"`{field}` does not fit `{name}`, which is a {what}"
-        fix = f"remove it: `{field}` applies to {' and '.join(fits)} only"
-        yield Problem("", f"{where}.{field}", message, fix)
+    what = {"tool": "callable", "prompt": "subprompt"}.get(kinds[0], "handoff")
+    what = "subagent" if agent and agent.type == "dual_ai" else what
+    for field in sorted(entry.fields_set - _ENTRY_FIELDS[what]):
+        fits = " and ".join(f"{k}s" for k, allowed in _ENTRY_FIELDS.items() if field in allowed)
+        fix = f"remove it: `{field}` applies to {fits} only"
+        yield Problem("", f"{where}.{field}", f"`{field}` does not fit `{name}`, which is a {what}", fix)
 
 
 def _check_agent(c: Catalog, agent: AgentDefinition) -> Iterator[Problem]:

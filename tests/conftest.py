@@ -1,0 +1,126 @@
+"""Test fixtures: a real Postgres (DATABASE_URL when set, else an embedded one), a migrated template
+database, and a fresh database per test cloned from it (fast, and isolated even across connections)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+import warnings
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import httpx
+import pytest
+from fastapi import FastAPI
+from sqlalchemy.engine import make_url
+
+from app import db
+from app.api.app import create_app
+from app.catalog import Catalog
+from app.settings import Settings, normalise_url, plain_url
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _server_url(tmp: Path) -> Iterator[str]:
+    if os.environ.get("DATABASE_URL"):
+        yield normalise_url(os.environ["DATABASE_URL"])
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import pgserver
+
+        server: Any = pgserver.get_server(tmp / "pg", cleanup_mode="stop")
+    try:
+        yield f"postgresql+asyncpg://postgres@/postgres?host={tmp / 'pg'}"
+    finally:
+        server.cleanup()
+
+
+@pytest.fixture(scope="session")
+def server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The Postgres server the suite uses (any database on it; tests make their own)."""
+    yield from _server_url(tmp_path_factory.mktemp("pgserver"))
+
+
+def _with_database(url: str, name: str) -> str:
+    return make_url(url).set(database=name).render_as_string(hide_password=False)
+
+
+async def _admin(url: str) -> asyncpg.Connection:
+    return await asyncpg.connect(plain_url(url))
+
+
+@pytest.fixture(scope="session")
+async def template_url(server_url: str) -> AsyncIterator[str]:
+    """A database migrated once, cloned by every test that needs one."""
+    name = f"agents_tpl_{os.getpid()}"
+    conn = await _admin(server_url)
+    await conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
+    await conn.execute(f'CREATE DATABASE "{name}"')
+    url = _with_database(server_url, name)
+    engine = db.create_engine(url, 1)
+    await db.migrate(engine)
+    await engine.dispose()
+    yield url
+    await conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
+    await conn.close()
+
+
+@pytest.fixture
+async def database_url(server_url: str, template_url: str) -> AsyncIterator[str]:
+    """A fresh, migrated database for one test."""
+    name = f"agents_t_{uuid.uuid4().hex[:12]}"
+    template = make_url(template_url).database
+    conn = await _admin(server_url)
+    try:
+        await conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+        yield _with_database(server_url, name)
+        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await conn.close()
+
+
+@pytest.fixture
+def settings(database_url: str, tmp_path: Path) -> Settings:
+    return Settings(
+        database_url=database_url, agents_dir=ROOT / "agents", data_dir=tmp_path / "data", secret_key="test-" + "k" * 40,
+        lease_seconds=5, poll_interval=0.2, worker_concurrency=4,
+    )
+
+
+@pytest.fixture
+async def app_factory(settings: Settings) -> AsyncIterator[Any]:
+    """Start apps (with their lifespan) on the test database; stopped at teardown."""
+    stacks: list[Any] = []
+
+    async def start(catalog: Catalog, *, with_worker: bool = False, **overrides: Any) -> FastAPI:
+        app = create_app(settings.model_copy(update=overrides), catalog, with_worker=with_worker)
+        ctx = app.router.lifespan_context(app)
+        await ctx.__aenter__()
+        stacks.append(ctx)
+        return app
+
+    yield start
+    for ctx in reversed(stacks):
+        await ctx.__aexit__(None, None, None)
+
+
+def client_for(app: FastAPI, key: str | None = None) -> httpx.AsyncClient:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test", headers=headers)
+
+
+async def wait_for(predicate: Any, timeout: float = 10.0, interval: float = 0.05) -> Any:
+    """Poll an async predicate until it returns something truthy."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        value = await predicate()
+        if value:
+            return value
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(interval)

@@ -1,0 +1,235 @@
+"""Scripted runs of the `ai_human` engine: stored messages, events and session fields per scenario."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from pydantic import BaseModel
+
+from app import events
+from app.catalog import Catalog
+from app.spec import ThreadState, ToolResult, define_agent, define_model, define_prompt, define_tool
+from tests.conftest import client_for, wait_for
+
+
+class AddArgs(BaseModel):
+    a: int
+    b: int
+
+
+@define_tool(description="Add two integers.")
+async def add(state: ThreadState, args: AddArgs) -> str:
+    assert state.execution is not None and state.execution.tool_call_id
+    return str(args.a + args.b)
+
+
+@define_tool(description="Always fails.")
+async def explode(state: ThreadState) -> str:
+    raise RuntimeError("kaboom")
+
+
+@define_tool(description="Returns a structured error.")
+async def refuse(state: ThreadState) -> ToolResult:
+    return ToolResult(status="error", error="not allowed")
+
+
+@define_tool(description="Reads a variable.")
+async def whoami(state: ThreadState) -> dict[str, str]:
+    return {"thread": state.thread_id, "greeting": await state.env("GREETING")}
+
+
+def catalog(script: list[Any], side: dict[str, Any] | None = None, **prompt: Any) -> Catalog:
+    tools = {t.name: t for t in (add, explode, refuse, whoami)}
+    model = define_model(name="m", provider="test", script=script, chunk_size=3)
+    p = define_prompt(
+        name="p", tool_description="t", model="m", prompt="You are terse.", include_chat=True,
+        include_past_tools=True, tools=list(tools), **prompt,
+    )
+    agent = define_agent(name="agent", side_a={"prompt": "p", **(side or {})}, env={"GREETING": "hi"})
+    return Catalog(root=Path("."), models={"m": model}, prompts={"p": p}, agents={"agent": agent}, tools=tools)
+
+
+async def run(app_factory: Any, cat: Catalog, *messages: str) -> tuple[httpx.AsyncClient, str]:
+    app = await app_factory(cat, with_worker=True)
+    client = client_for(app)
+    created = (await client.post("/threads", json={"agent": "agent"})).json()
+    for text in messages:
+        assert (await client.post(f"/threads/{created['id']}/messages", json={"content": text})).status_code == 202
+    await settle(client, created["id"])
+    return client, created["id"]
+
+
+async def settle(client: httpx.AsyncClient, thread_id: str) -> dict[str, Any]:
+    async def idle() -> dict[str, Any] | None:
+        thread: dict[str, Any] = (await client.get(f"/threads/{thread_id}")).json()
+        return thread if thread["status"] == "idle" and thread["session"]["number"] > 0 else None
+
+    result: dict[str, Any] = await wait_for(idle)
+    return result
+
+
+async def stored(client: httpx.AsyncClient, thread_id: str) -> list[dict[str, Any]]:
+    body = (await client.get(f"/threads/{thread_id}/messages", params={"include_silent": True})).json()
+    return list(body["messages"])
+
+
+async def event_types(client: httpx.AsyncClient, thread_id: str) -> list[tuple[str, dict[str, Any]]]:
+    """The thread's stored events (the SSE route streams these; `test_api.py` covers the stream)."""
+    app: Any = client._transport.app  # type: ignore[attr-defined]
+    async with app.state.sessions() as session:
+        rows = await events.read(session, uuid.UUID(thread_id), 0)
+    return [(r.type, r.data) for r in rows]
+
+
+async def test_tool_call_then_reply(app_factory: Any) -> None:
+    cat = catalog([{"tool_calls": [{"name": "add", "arguments": {"a": 2, "b": 3}}]}, "It is 5."])
+    client, tid = await run(app_factory, cat, "2+3?")
+    rows = await stored(client, tid)
+    assert [(m["role"], m["side"], m["status"]) for m in rows] == [
+        ("user", "b", "completed"), ("assistant", "a", "completed"), ("tool", "a", "completed"),
+        ("assistant", "a", "completed"),
+    ]
+    assert rows[1]["tool_calls"][0]["function"]["name"] == "add"
+    assert rows[2]["content"] == "5" and rows[2]["tool_status"] == "success"
+    assert rows[2]["tool_call_id"] == rows[1]["tool_calls"][0]["id"]
+    assert rows[3]["content"] == "It is 5."
+    thread = (await client.get(f"/threads/{tid}")).json()
+    assert thread["session"] == {"number": 1, "turns": 1, "status": "running", "reason": None, "result": None}
+    events = await event_types(client, tid)
+    names = [e for e, _ in events]
+    assert names.index("step_started") < names.index("tool_started") < names.index("tool_completed")
+    assert ("turn_ended", {"side": "a", "reason": "stop_on_response"}) in events
+
+
+async def test_bad_arguments_and_raising_tools_become_error_results(app_factory: Any) -> None:
+    cat = catalog([
+        {"tool_calls": [{"name": "add", "arguments": {"a": "x"}}, {"name": "explode"}, {"name": "refuse"},
+                        {"name": "nope"}]},
+        "Sorry.",
+    ])
+    client, tid = await run(app_factory, cat, "go")
+    tools = [m for m in await stored(client, tid) if m["role"] == "tool"]
+    assert [t["tool_status"] for t in tools] == ["error"] * 4
+    assert "Invalid arguments for tool `add`" in tools[0]["content"] and "`a`" in tools[0]["content"]
+    assert "`b`" in tools[0]["content"]
+    assert tools[1]["content"] == "Tool `explode` failed: RuntimeError: kaboom"
+    assert tools[2]["content"] == "not allowed"
+    assert tools[3]["content"].startswith("Unknown tool `nope`")
+
+
+async def test_tools_see_env_and_identity(app_factory: Any) -> None:
+    cat = catalog([{"tool_calls": [{"name": "whoami"}]}, "ok"])
+    client, tid = await run(app_factory, cat, "who?")
+    tool = next(m for m in await stored(client, tid) if m["role"] == "tool")
+    assert tool["content"] == f'{{"thread": "{tid}", "greeting": "hi"}}'
+
+
+async def test_stop_tool_ends_the_turn_with_its_response_property(app_factory: Any) -> None:
+    cat = catalog(
+        [{"text": "thinking", "tool_calls": [{"name": "add", "arguments": {"a": 1, "b": 1}}]}],
+        side={"stop_tool": "add", "stop_tool_response_property": "a", "stop_on_response": False},
+    )
+    client, tid = await run(app_factory, cat, "go")
+    rows = await stored(client, tid)
+    assert [m["role"] for m in rows] == ["user", "assistant", "tool"]
+    events = await event_types(client, tid)
+    assert ("turn_ended", {"side": "a", "reason": "stop_tool"}) in events
+
+
+async def test_max_steps_ends_the_turn(app_factory: Any) -> None:
+    call = {"tool_calls": [{"name": "add", "arguments": {"a": 1, "b": 1}}]}
+    client, tid = await run(app_factory, catalog([call, call, call], side={"max_steps": 2}), "loop")
+    assert [m["role"] for m in await stored(client, tid)] == ["user", "assistant", "tool", "assistant", "tool"]
+    assert ("turn_ended", {"side": "a", "reason": "max_steps"}) in await event_types(client, tid)
+
+
+async def test_session_stop_tool_ends_the_session_with_its_payload(app_factory: Any) -> None:
+    done = {"tool_calls": [{"name": "finish", "arguments": {"summary": "all good"}}]}
+    side = {"session_stop": {"name": "finish", "message_property": "summary"}, "stop_on_response": False}
+    client, tid = await run(app_factory, catalog([done], side=side), "do it")
+    thread = (await client.get(f"/threads/{tid}")).json()
+    assert thread["session"]["status"] == "success"
+    assert thread["session"]["reason"] == "session_stop"
+    assert thread["session"]["result"] == {"content": "all good", "attachments": []}
+
+
+async def test_provider_error_fails_the_session_and_marks_the_message(app_factory: Any) -> None:
+    client, tid = await run(app_factory, catalog([{"error": "bad request", "status": 400}]), "hi")
+    rows = await stored(client, tid)
+    assert rows[-1]["role"] == "assistant" and rows[-1]["status"] == "failed"
+    thread = (await client.get(f"/threads/{tid}")).json()
+    assert thread["session"]["status"] == "failure" and thread["session"]["reason"] == "llm_error"
+    assert ("error", {"code": "llm_error", "message": "bad request"}) in await event_types(client, tid)
+
+
+async def test_empty_response_is_asked_again_once(app_factory: Any) -> None:
+    client, tid = await run(app_factory, catalog(["", "second try"]), "hi")
+    assert (await stored(client, tid))[-1]["content"] == "second try"
+
+
+async def test_twice_empty_response_ends_the_turn(app_factory: Any) -> None:
+    client, tid = await run(app_factory, catalog(["", ""]), "hi")
+    assert ("turn_ended", {"side": "a", "reason": "empty_response"}) in await event_types(client, tid)
+
+
+async def test_global_step_cap_fails_the_session(app_factory: Any, settings: Any) -> None:
+    call = {"tool_calls": [{"name": "add", "arguments": {"a": 1, "b": 1}}]}
+    cat = catalog([call] * 5, side={"stop_on_response": False})
+    app = await app_factory(cat, with_worker=True, max_session_steps=3)
+    client = client_for(app)
+    tid = (await client.post("/threads", json={"agent": "agent"})).json()["id"]
+    await client.post(f"/threads/{tid}/messages", json={"content": "go"})
+    thread = await settle(client, tid)
+    assert thread["session"]["reason"] == "max_total_steps" and thread["session"]["status"] == "failure"
+    assert len([m for m in await stored(client, tid) if m["role"] == "assistant"]) == 3
+
+
+async def test_the_model_sees_history_in_order(app_factory: Any) -> None:
+    seen: list[list[tuple[str, str | None]]] = []
+
+    def respond(request: Any) -> str:
+        seen.append([(m.role, m.content) for m in request.messages])
+        return f"reply {len(seen)}"
+
+    model = define_model(name="m", provider="test", respond=respond)
+    prompt = define_prompt(name="p", tool_description="t", model="m", prompt="sys", include_chat=True)
+    agent = define_agent(name="agent", side_a={"prompt": "p"})
+    cat = Catalog(root=Path("."), models={"m": model}, prompts={"p": prompt}, agents={"agent": agent}, tools={})
+    app = await app_factory(cat, with_worker=True)
+    client = client_for(app)
+    tid = (await client.post("/threads", json={"agent": "agent"})).json()["id"]
+    await client.post(f"/threads/{tid}/messages", json={"content": "one"})
+    await settle(client, tid)
+    await client.post(f"/threads/{tid}/messages", json={"content": "two"})
+
+    async def two_replies() -> bool:
+        return len(seen) == 2 and (await client.get(f"/threads/{tid}")).json()["status"] == "idle"
+
+    await wait_for(two_replies)
+    assert seen[1] == [("system", "sys"), ("user", "one"), ("assistant", "reply 1"), ("user", "two")]
+
+
+@pytest.mark.parametrize("include_chat", [False])
+async def test_without_include_chat_a_turn_sees_only_itself(app_factory: Any, include_chat: bool) -> None:
+    seen: list[list[str | None]] = []
+
+    def respond(request: Any) -> str:
+        seen.append([m.content for m in request.messages])
+        return "ok"
+
+    model = define_model(name="m", provider="test", respond=respond)
+    prompt = define_prompt(name="p", tool_description="t", model="m", prompt="sys", include_chat=include_chat)
+    agent = define_agent(name="agent", side_a={"prompt": "p"})
+    cat = Catalog(root=Path("."), models={"m": model}, prompts={"p": prompt}, agents={"agent": agent}, tools={})
+    client, tid = await run(app_factory, cat, "one")
+    await client.post(f"/threads/{tid}/messages", json={"content": "two"})
+    await wait_for(lambda: _ready(len(seen) == 2))
+    assert seen[1] == ["sys", "two"]
+
+
+async def _ready(value: bool) -> bool:
+    return value

@@ -1,0 +1,157 @@
+"""The durable queue on real Postgres: claim, lease, fence, heartbeat, release."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+
+from app import db, errors, keys, queue, threads
+from app.spec import define_agent
+
+AGENT = define_agent(name="a", side_a={"prompt": "p"})
+
+
+@pytest.fixture
+async def engine(database_url: str) -> AsyncIterator[AsyncEngine]:
+    e = db.create_engine(database_url, 20)
+    yield e
+    await e.dispose()
+
+
+@pytest.fixture
+def sessions(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
+    return db.sessionmaker(engine)
+
+
+async def _runnable(sessions: async_sessionmaker[AsyncSession], n: int) -> list[uuid.UUID]:
+    ids = []
+    async with sessions() as s, s.begin():
+        for _ in range(n):
+            row = await threads.create(s, AGENT, keys.OPEN)
+            await queue.enqueue(s, row.id, queue.Kind.MESSAGE, {"id": str(uuid.uuid4()), "role": "user"})
+            ids.append(row.id)
+    return ids
+
+
+async def _claim(sessions: async_sessionmaker[AsyncSession], owner: str = "w", lease: float = 30) -> queue.Claim | None:
+    async with sessions() as s, s.begin():
+        return await queue.claim(s, owner, lease)
+
+
+async def test_claim_takes_the_oldest_runnable_thread_once(sessions: async_sessionmaker[AsyncSession]) -> None:
+    ids = await _runnable(sessions, 2)
+    first = await _claim(sessions)
+    second = await _claim(sessions)
+    assert first is not None and second is not None
+    assert [first.thread_id, second.thread_id] == ids
+    assert first.attempt == 1
+    assert await _claim(sessions) is None  # both leased
+
+
+async def test_nothing_runnable_claims_nothing(sessions: async_sessionmaker[AsyncSession]) -> None:
+    async with sessions() as s, s.begin():
+        await threads.create(s, AGENT, keys.OPEN)
+    assert await _claim(sessions) is None
+
+
+async def test_release_clears_runnable_unless_input_waits(sessions: async_sessionmaker[AsyncSession]) -> None:
+    [tid] = await _runnable(sessions, 1)
+    claim = await _claim(sessions)
+    assert claim is not None
+    async with sessions() as s, s.begin():
+        assert await queue.take_inbox(s, tid)
+        assert await queue.release(s, claim) is False
+    assert await _claim(sessions) is None
+    # input arriving during the run keeps the thread runnable after release
+    claim2_ids = await _runnable(sessions, 1)
+    claim2 = await _claim(sessions)
+    assert claim2 is not None and claim2.thread_id == claim2_ids[0]
+    async with sessions() as s, s.begin():
+        await queue.enqueue(s, claim2.thread_id, queue.Kind.MESSAGE, {"id": str(uuid.uuid4()), "role": "user"})
+    async with sessions() as s, s.begin():
+        assert await queue.release(s, claim2) is True
+    again = await _claim(sessions)
+    assert again is not None and again.thread_id == claim2.thread_id
+
+
+async def test_expired_lease_is_claimable_and_fences_the_old_holder(
+    sessions: async_sessionmaker[AsyncSession],
+) -> None:
+    await _runnable(sessions, 1)
+    old = await _claim(sessions, "old", lease=0.05)
+    assert old is not None
+    await asyncio.sleep(0.1)
+    new = await _claim(sessions, "new")
+    assert new is not None and new.thread_id == old.thread_id and new.attempt == 2
+    async with sessions() as s, s.begin():
+        with pytest.raises(errors.LeaseLost):
+            await queue.fence(s, old)
+        with pytest.raises(errors.LeaseLost):
+            await queue.release(s, old)
+        assert (await queue.fence(s, new)).id == new.thread_id
+
+
+async def test_heartbeat_renews_held_leases_and_reports_lost_ones(
+    sessions: async_sessionmaker[AsyncSession], engine: AsyncEngine
+) -> None:
+    await _runnable(sessions, 2)
+    kept = await _claim(sessions, lease=0.2)
+    stolen = await _claim(sessions, lease=0.05)
+    assert kept is not None and stolen is not None
+    await asyncio.sleep(0.1)
+    thief = await _claim(sessions, "thief")
+    assert thief is not None and thief.thread_id == stolen.thread_id
+    async with engine.begin() as conn:
+        lost = await queue.heartbeat(conn, [kept, stolen], 30)
+    assert lost == {stolen.thread_id}
+    async with sessions() as s:
+        expires = (await s.execute(text("SELECT lease_expires_at > now() + interval '20 seconds' FROM threads "
+                                        "WHERE id = :id"), {"id": kept.thread_id})).scalar_one()
+    assert expires
+
+
+async def test_concurrent_claimers_never_share_a_thread(sessions: async_sessionmaker[AsyncSession]) -> None:
+    ids = await _runnable(sessions, 40)
+
+    async def claimer(n: int) -> list[uuid.UUID]:
+        got = []
+        while (claim := await _claim(sessions, f"w{n}")) is not None:
+            got.append(claim.thread_id)
+        return got
+
+    results = await asyncio.gather(*(claimer(n) for n in range(8)))
+    claimed = [tid for r in results for tid in r]
+    assert sorted(claimed) == sorted(ids)
+    assert len(set(claimed)) == len(claimed)
+
+
+async def test_waiting_and_terminated_threads_are_not_claimed(sessions: async_sessionmaker[AsyncSession]) -> None:
+    waiting, terminated = await _runnable(sessions, 2)
+    async with sessions() as s, s.begin():
+        await s.execute(text("UPDATE threads SET status = 'waiting' WHERE id = :id"), {"id": waiting})
+        await s.execute(text("UPDATE threads SET terminated_at = now() WHERE id = :id"), {"id": terminated})
+    assert await _claim(sessions) is None
+
+
+async def test_enqueue_notifies_listeners_at_commit(sessions: async_sessionmaker[AsyncSession], database_url: str) -> None:
+    import asyncpg
+
+    from app.settings import plain_url
+
+    got = asyncio.Event()
+    conn = await asyncpg.connect(plain_url(database_url))
+    await conn.add_listener(queue.WAKEUP_CHANNEL, lambda *_: got.set())
+    try:
+        async with sessions() as s, s.begin():
+            row = await threads.create(s, AGENT, keys.OPEN)
+            await queue.enqueue(s, row.id, queue.Kind.MESSAGE, {"id": str(uuid.uuid4()), "role": "user"})
+            await asyncio.sleep(0.05)
+            assert not got.is_set()  # nothing before commit
+        await asyncio.wait_for(got.wait(), 5)
+    finally:
+        await conn.close()

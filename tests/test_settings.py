@@ -1,0 +1,28 @@
+from __future__ import annotations
+
+import pytest
+
+from app.settings import Settings, is_loopback, normalise_url, plain_url
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("postgres://u:p@h:5432/d", "postgresql+asyncpg://u:p@h:5432/d"),
+        ("postgresql://u@h/d", "postgresql+asyncpg://u@h/d"),
+        ("postgresql+asyncpg://u@h/d", "postgresql+asyncpg://u@h/d"),
+    ],
+)
+def test_urls_are_normalised_to_asyncpg(url: str, expected: str) -> None:
+    assert normalise_url(url) == expected
+    assert Settings(database_url=url).database_url == expected
+
+
+def test_plain_url_is_libpq_spelling() -> None:
+    assert plain_url("postgresql+asyncpg://u@h/d") == "postgresql://u@h/d"
+
+
+@pytest.mark.parametrize(("host", "loop"), [("127.0.0.1", True), ("localhost", True), ("::1", True),
+                                            ("0.0.0.0", False), ("10.1.2.3", False), ("example.org", False)])
+def test_loopback(host: str, loop: bool) -> None:
+    assert is_loopback(host) is loop
