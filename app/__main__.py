@@ -85,7 +85,20 @@ def _serve(settings: Settings, with_worker: bool, migrate: bool) -> None:
         app = create_app(settings, catalog, with_worker=with_worker)
         config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="info",
                                 timeout_graceful_shutdown=5)
-        uvicorn.Server(config).run()
+        _Server(config).run()
+
+
+class _Server(uvicorn.Server):
+    """uvicorn, but a SIGTERM/SIGINT ends `run()` normally so the embedded Postgres is stopped after it."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        handlers = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
 
 
 async def _worker(settings: Settings) -> None:

@@ -77,7 +77,7 @@ async def list_(
     if agent is not None:
         query = query.where(tables.Thread.agent == agent)
     if tag is not None:
-        query = query.where(tables.Thread.tags.any(tag))
+        query = query.where(tables.Thread.tags.contains([tag]))
     if parent_id == "none":
         query = query.where(tables.Thread.parent_id.is_(None))
     elif isinstance(parent_id, uuid.UUID):

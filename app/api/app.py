@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request, Response
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app import crypto, db, events, keys
@@ -67,6 +67,18 @@ def create_app(settings: Settings, catalog: Catalog, *, with_worker: bool = Fals
     app.state.catalog = catalog
     app.state.open_mode = False
     errors.install(app)
+
+    @app.middleware("http")
+    async def json_only(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        """Bodies are JSON: anything else is 415 before validation runs."""
+        has_body = request.headers.get("content-length", "0") != "0" or "transfer-encoding" in request.headers
+        if request.method in ("POST", "PUT", "PATCH") and has_body:
+            media = request.headers.get("content-type", "").split(";")[0].strip().lower()
+            if media != "application/json" and not media.endswith("+json"):
+                return errors.envelope(415, "unsupported_media_type",
+                                       f"Send a JSON body with `Content-Type: application/json` (got `{media or 'none'}`).")
+        return await call_next(request)
+
     for router in (health.router, agents.router, threads.router, messages.router, event_routes.router):
         app.include_router(router)
     return app

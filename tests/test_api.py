@@ -1,0 +1,267 @@
+"""The HTTP contract: status codes and the error envelope of every route, on real Postgres."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+from fastapi import FastAPI
+
+from app import keys
+from app.catalog import Catalog
+from app.catalog import load as load_catalog
+from app.spec import define_agent, define_model, define_prompt
+from tests.conftest import ROOT, client_for, wait_for
+
+
+def _catalog() -> Catalog:
+    base = load_catalog(ROOT / "agents")
+    model = define_model(name="slow", provider="test", script=["hello there"], chunk_size=2)
+    prompt = define_prompt(
+        name="needs_var", tool_description="t", model="slow", prompt="x",
+        variables=[{"name": "API_TOKEN", "type": "secret", "required": True}, {"name": "REGION", "required": True}],
+    )
+    agent = define_agent(name="needs_var", side_a={"prompt": "needs_var"})
+    return Catalog(root=base.root, models={**base.models, "slow": model}, prompts={**base.prompts, "needs_var": prompt},
+                   agents={**base.agents, "needs_var": agent}, tools=base.tools)
+
+
+@pytest.fixture
+async def app(app_factory: Any) -> FastAPI:
+    result: FastAPI = await app_factory(_catalog())
+    return result
+
+
+@pytest.fixture
+async def client(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
+    async with client_for(app) as c:
+        yield c
+
+
+async def _key(app: FastAPI, user: str, admin: bool = False) -> str:
+    async with app.state.sessions() as s, s.begin():
+        _, key = await keys.create(s, user, admin)
+    return key
+
+
+def assert_error(response: httpx.Response, status: int, code: str) -> dict[str, Any]:
+    assert response.status_code == status, response.text
+    body: dict[str, Any] = response.json()
+    assert set(body) == {"error"} and body["error"]["code"] == code and body["error"]["message"]
+    assert "Traceback" not in response.text
+    return body["error"]
+
+
+async def test_health_ready_openapi(client: httpx.AsyncClient) -> None:
+    assert (await client.get("/health")).json() == {"status": "ok"}
+    assert (await client.get("/ready")).json() == {"status": "ready"}
+    spec = (await client.get("/openapi.json")).json()
+    for path in ("/threads", "/threads/{thread_id}", "/threads/{thread_id}/messages",
+                 "/threads/{thread_id}/messages/{message_id}", "/threads/{thread_id}/events", "/agents"):
+        assert path in spec["paths"]
+
+
+async def test_ready_is_503_when_migrations_are_behind(client: httpx.AsyncClient, app: FastAPI) -> None:
+    async with app.state.engine.begin() as conn:
+        await conn.exec_driver_sql("UPDATE alembic_version SET version_num = 'old'")
+    assert_error(await client.get("/ready"), 503, "not_ready")
+
+
+async def test_agents(client: httpx.AsyncClient) -> None:
+    listed = {a["name"]: a for a in (await client.get("/agents")).json()}
+    assert listed["assistant"]["type"] == "ai_human"
+    assert {v["name"] for v in listed["needs_var"]["variables"]} == {"API_TOKEN", "REGION"}
+    detail = (await client.get("/agents/assistant")).json()
+    assert detail["side_a"]["prompt"] == "assistant" and detail["prompts"] == ["assistant"]
+    assert_error(await client.get("/agents/nope"), 404, "agent_not_found")
+
+
+async def test_create_thread_errors(client: httpx.AsyncClient) -> None:
+    assert_error(await client.post("/threads", json={"agent": "nope"}), 404, "agent_not_found")
+    missing = assert_error(await client.post("/threads", json={"agent": "needs_var"}), 422, "missing_variables")
+    assert missing["details"]["missing"] == ["API_TOKEN", "REGION"]
+    assert_error(await client.post("/threads", content=b"{not json", headers={"content-type": "application/json"}),
+                 400, "malformed_json")
+    assert_error(await client.post("/threads", json={"agent": "assistant", "colour": "red"}), 422, "invalid_request")
+    assert_error(await client.post("/threads", json={}), 422, "invalid_request")
+    assert_error(await client.post("/threads", json={"agent": "assistant", "secrets": ["X"]}), 400, "invalid_request")
+
+
+async def test_create_thread_with_env_masks_secrets(client: httpx.AsyncClient) -> None:
+    body = {"agent_id": "needs_var", "env": {"API_TOKEN": "s3cr3t", "REGION": "eu"}, "tags": ["a"], "name": "n"}
+    response = await client.post("/threads", json=body)
+    assert response.status_code == 201, response.text
+    thread = response.json()
+    assert thread["env"] == {"API_TOKEN": None, "REGION": "eu"}
+    assert thread["env_types"] == {"API_TOKEN": "secret", "REGION": "text"}
+    assert "s3cr3t" not in response.text and "s3cr3t" not in (await client.get(f"/threads/{thread['id']}")).text
+    assert thread["status"] == "idle" and thread["tags"] == ["a"] and thread["name"] == "n"
+
+
+async def test_secrets_are_encrypted_at_rest(client: httpx.AsyncClient, app: FastAPI) -> None:
+    body = {"agent": "assistant", "env": {"TOKEN": "plain-secret-value"}, "secrets": ["TOKEN"]}
+    assert (await client.post("/threads", json=body)).status_code == 201
+    async with app.state.engine.connect() as conn:
+        stored = (await conn.exec_driver_sql("SELECT value FROM env_values")).scalar_one()
+    assert "plain-secret-value" not in stored
+
+
+async def test_list_threads_paginates_newest_first(client: httpx.AsyncClient) -> None:
+    ids = [(await client.post("/threads", json={"agent": "assistant", "tags": [f"t{i}"]})).json()["id"]
+           for i in range(5)]
+    page1 = (await client.get("/threads", params={"limit": 2})).json()
+    page2 = (await client.get("/threads", params={"limit": 2, "cursor": page1["next_cursor"]})).json()
+    page3 = (await client.get("/threads", params={"limit": 2, "cursor": page2["next_cursor"]})).json()
+    got = [t["id"] for p in (page1, page2, page3) for t in p["threads"]]
+    assert got == ids[::-1] and page3["next_cursor"] is None
+    assert [t["id"] for t in (await client.get("/threads", params={"tag": "t3"})).json()["threads"]] == [ids[3]]
+    assert len((await client.get("/threads", params={"parent_id": "none"})).json()["threads"]) == 5
+    assert_error(await client.get("/threads", params={"cursor": "garbage"}), 400, "bad_cursor")
+    assert_error(await client.get("/threads", params={"limit": 0}), 422, "invalid_request")
+    assert_error(await client.get("/threads", params={"parent_id": "x"}), 400, "invalid_request")
+
+
+async def test_thread_not_found(client: httpx.AsyncClient) -> None:
+    missing = uuid.uuid4()
+    assert_error(await client.get(f"/threads/{missing}"), 404, "thread_not_found")
+    assert_error(await client.get(f"/threads/{missing}/messages"), 404, "thread_not_found")
+    assert_error(await client.post(f"/threads/{missing}/messages", json={"content": "x"}), 404, "thread_not_found")
+    assert_error(await client.get(f"/threads/{missing}/events"), 404, "thread_not_found")
+    assert_error(await client.get("/threads/not-a-uuid"), 422, "invalid_request")
+    assert_error(await client.get("/nowhere"), 404, "not_found")
+    assert_error(await client.delete("/health"), 405, "method_not_allowed")
+
+
+async def test_post_and_list_messages(client: httpx.AsyncClient) -> None:
+    tid = (await client.post("/threads", json={"agent": "assistant"})).json()["id"]
+    posted = await client.post(f"/threads/{tid}/messages", json={"content": "hello", "metadata": {"k": 1}})
+    assert posted.status_code == 202 and posted.json()["status"] == "queued"
+    message_id = posted.json()["message_id"]
+    assert (await client.get(f"/threads/{tid}")).json()["status"] == "queued"
+    listed = (await client.get(f"/threads/{tid}/messages")).json()
+    assert [(m["id"], m["status"], m["metadata"]) for m in listed["messages"]] == [
+        (message_id, "pending", {"k": 1, "queued": True})
+    ]
+    assert_error(await client.get(f"/threads/{tid}/messages/{uuid.uuid4()}"), 404, "message_not_found")
+    assert_error(await client.post(f"/threads/{tid}/messages", json={"content": "x", "role": "robot"}),
+                 422, "invalid_request")
+    assert_error(await client.post(f"/threads/{tid}/messages", content=b"x", headers={"content-type": "text/plain"}),
+                 415, "unsupported_media_type")
+    assert_error(await client.get(f"/threads/{tid}/messages", params={"cursor": "zz"}), 400, "bad_cursor")
+
+
+async def test_posting_to_a_terminated_thread_conflicts(client: httpx.AsyncClient, app: FastAPI) -> None:
+    tid = (await client.post("/threads", json={"agent": "assistant"})).json()["id"]
+    async with app.state.engine.begin() as conn:
+        await conn.exec_driver_sql(f"UPDATE threads SET terminated_at = now() WHERE id = '{tid}'")
+    assert_error(await client.post(f"/threads/{tid}/messages", json={"content": "x"}), 409, "thread_terminated")
+
+
+async def test_keys_and_ownership(app: FastAPI) -> None:
+    alice, bob, admin = await _key(app, "alice"), await _key(app, "bob"), await _key(app, "root", admin=True)
+    async with client_for(app) as anon, client_for(app, alice) as a, client_for(app, bob) as b, \
+            client_for(app, admin) as root, client_for(app, "sa_wrong") as wrong:
+        assert_error(await anon.get("/threads"), 401, "unauthorized")  # keys exist: open mode is over
+        assert_error(await wrong.get("/threads"), 401, "unauthorized")
+        bad_scheme = await anon.get("/threads", headers={"Authorization": "Basic abc"})
+        assert_error(bad_scheme, 401, "unauthorized")
+        assert (await anon.get("/health")).status_code == 200
+        tid = (await a.post("/threads", json={"agent": "assistant"})).json()["id"]
+        assert (await a.get(f"/threads/{tid}")).json()["user_id"] == "alice"
+        assert_error(await b.get(f"/threads/{tid}"), 404, "thread_not_found")
+        assert_error(await b.post(f"/threads/{tid}/messages", json={"content": "hi"}), 404, "thread_not_found")
+        assert_error(await b.get(f"/threads/{tid}/messages"), 404, "thread_not_found")
+        assert_error(await b.get(f"/threads/{tid}/events"), 404, "thread_not_found")
+        assert (await b.get("/threads")).json()["threads"] == []
+        assert (await root.get(f"/threads/{tid}")).status_code == 200
+        assert [t["id"] for t in (await root.get("/threads")).json()["threads"]] == [tid]
+
+
+async def test_revoked_key_is_refused(app: FastAPI) -> None:
+    key = await _key(app, "carol")
+    async with app.state.sessions() as s, s.begin():
+        assert await keys.revoke(s, key[:10]) == 1
+    async with client_for(app, key) as c:
+        assert_error(await c.get("/threads"), 401, "unauthorized")
+
+
+async def test_open_mode_is_off_beyond_loopback(app_factory: Any) -> None:
+    app = await app_factory(_catalog(), host="0.0.0.0")
+    async with client_for(app) as c:
+        assert_error(await c.get("/threads"), 401, "unauthorized")
+
+
+# -- the stream, over a real HTTP server (ASGITransport buffers whole responses) ---------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+async def served(app_factory: Any) -> AsyncIterator[str]:
+    app = await app_factory(_catalog(), with_worker=True)
+    port = _free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, lifespan="off", log_level="warning"))
+    task = asyncio.create_task(server.serve())
+    await wait_for(lambda: asyncio.sleep(0, server.started))
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    await task
+
+
+async def read_events(base: str, path: str, until: str, headers: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """Parse SSE frames until an event of type `until` arrives."""
+    out: list[dict[str, Any]] = []
+    frame: dict[str, Any] = {}
+    async with httpx.AsyncClient(base_url=base, timeout=10) as client, \
+            client.stream("GET", path, headers=headers) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        assert response.headers["x-accel-buffering"] == "no"
+        async for line in response.aiter_lines():
+            if not line:
+                if "event" in frame:
+                    out.append(frame)
+                    if frame["event"] == until:
+                        return out
+                frame = {}
+            elif line.startswith(":"):
+                continue
+            else:
+                key, _, value = line.partition(":")
+                frame[key] = json.loads(value) if key == "data" else value.strip()
+    return out
+
+
+async def test_events_stream_replays_then_follows(served: str) -> None:
+    async with httpx.AsyncClient(base_url=served) as client:
+        tid = (await client.post("/threads", json={"agent": "assistant"})).json()["id"]
+        reader = asyncio.create_task(read_events(served, f"/threads/{tid}/events", "turn_ended"))
+        await asyncio.sleep(0.2)
+        await client.post(f"/threads/{tid}/messages", json={"content": "what is 6 * 7?"})
+        live = await asyncio.wait_for(reader, 15)
+    stored = [f for f in live if "id" in f]
+    assert [int(f["id"]) for f in stored] == list(range(1, len(stored) + 1))  # every stored event, in order
+    types = [f["event"] for f in live]
+    for expected in ("message_data", "message_chunk", "step_started", "step_completed", "tool_started",
+                     "tool_completed", "thread_status", "turn_ended"):
+        assert expected in types
+    chunks = [f["data"] for f in live if f["event"] == "message_chunk"]
+    assert "".join(c["chunk"] for c in chunks) == "The answer is 42."
+    assert all("id" not in f for f in live if f["event"] == "message_chunk")
+    # resume: Last-Event-ID wins over `since` and replays exactly the stored suffix
+    suffix = await read_events(served, f"/threads/{tid}/events?since=1", "turn_ended",
+                               headers={"Last-Event-ID": stored[4]["id"]})
+    assert [f["id"] for f in suffix] == [f["id"] for f in stored[5:]]
+
+

@@ -1,0 +1,61 @@
+"""The command line: check, keys, migrate, and refusing an unsafe start."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import ROOT
+
+FIXTURES = ROOT / "tests" / "fixtures" / "catalog"
+
+
+def agents(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "SECRET_KEY", "AGENTS_DIR")}
+    return subprocess.run([sys.executable, "-m", "app", *args], cwd=ROOT, env={**base, **(env or {})},
+                          capture_output=True, text=True, timeout=120, check=False)
+
+
+def test_check_accepts_the_example_agents() -> None:
+    result = agents("check")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "ok" in result.stdout
+
+
+def test_check_explains_a_broken_folder() -> None:
+    result = agents("--agents-dir", str(FIXTURES / "bad_missing_model_ref"), "check")
+    assert result.returncode == 1
+    assert "prompts/" in result.stdout and "model" in result.stdout and "fix:" in result.stdout
+
+
+def test_serve_refuses_a_broken_folder(tmp_path: Path) -> None:
+    result = agents("--agents-dir", str(FIXTURES / "bad_unknown_field"), "serve", env={"DATA_DIR": str(tmp_path)})
+    assert result.returncode != 0
+    assert "refusing to start" in result.stderr and "fix:" in result.stderr
+
+
+def test_migrate_and_keys(database_url: str) -> None:
+    env = {"DATABASE_URL": database_url}
+    assert agents("migrate", env=env).returncode == 0
+    created = agents("keys", "create", "--user", "alice", "--admin", env=env)
+    assert created.returncode == 0, created.stderr
+    key = created.stdout.strip().splitlines()[-1]
+    assert key.startswith("sa_")
+    listed = agents("keys", "list", env=env)
+    assert "user=alice" in listed.stdout and "admin=True" in listed.stdout and key not in listed.stdout
+    revoked = agents("keys", "revoke", key[:10], env=env)
+    assert revoked.returncode == 0 and "revoked 1" in revoked.stdout
+    assert agents("keys", "revoke", "nope", env=env).returncode != 0
+
+
+def test_serve_refuses_a_public_bind_without_keys(database_url: str, tmp_path: Path) -> None:
+    env = {"DATABASE_URL": database_url, "SECRET_KEY": "x" * 48, "DATA_DIR": str(tmp_path)}
+    result = agents("serve", "--host", "0.0.0.0", "--port", "1", env=env)
+    assert result.returncode != 0 and "without an API key" in result.stderr
+
+
+def test_serve_refuses_a_public_bind_without_a_secret_key(database_url: str, tmp_path: Path) -> None:
+    result = agents("serve", "--host", "0.0.0.0", env={"DATABASE_URL": database_url, "DATA_DIR": str(tmp_path)})
+    assert result.returncode != 0 and "SECRET_KEY" in result.stderr

@@ -1,0 +1,102 @@
+"""End to end over real HTTP: `agents serve` as a subprocess, the example agent, the stream, stored messages."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import ROOT
+from tests.test_api import read_events
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _serve(env: dict[str, str], port: int, log: Path) -> subprocess.Popen[bytes]:
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "app", "serve", "--port", str(port)],
+            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+        )
+
+
+async def _until_ready(base: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 60) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    async with httpx.AsyncClient(base_url=base) as client:
+        while asyncio.get_running_loop().time() < deadline:
+            if proc.poll() is not None:
+                raise AssertionError(f"server exited early:\n{log.read_text()}")
+            try:
+                if (await client.get("/ready")).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            await asyncio.sleep(0.1)
+    raise AssertionError(f"server not ready in time:\n{log.read_text()}")
+
+
+@pytest.fixture
+def server_env(database_url: str, tmp_path: Path) -> Iterator[dict[str, str]]:
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "SECRET_KEY")}
+    env.update(DATABASE_URL=database_url, DATA_DIR=str(tmp_path / "data"), AGENTS_DIR=str(ROOT / "agents"))
+    yield env
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> int:
+    proc.terminate()
+    try:
+        return proc.wait(20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+
+
+async def test_a_thread_runs_end_to_end_over_http(server_env: dict[str, str], tmp_path: Path) -> None:
+    port, log = _free_port(), tmp_path / "serve.log"
+    proc = _serve(server_env, port, log)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        await _until_ready(base, proc, log)
+        async with httpx.AsyncClient(base_url=base) as client:
+            created = await client.post("/threads", json={"agent": "assistant"})
+            assert created.status_code == 201
+            tid = created.json()["id"]
+            posted = await client.post(f"/threads/{tid}/messages", json={"content": "What is 12 * (3 + 4)?"})
+            assert posted.status_code == 202
+            frames = await asyncio.wait_for(read_events(base, f"/threads/{tid}/events", "turn_ended"), 30)
+            assert frames[-1]["data"] == {"side": "a", "reason": "stop_on_response"}
+            stored = (await client.get(f"/threads/{tid}/messages")).json()["messages"]
+        assert [m["role"] for m in stored] == ["user", "assistant", "tool", "assistant"]
+        assert stored[0]["id"] == posted.json()["message_id"]
+        assert stored[1]["tool_calls"][0]["function"]["name"] == "calculate"
+        assert stored[2]["content"] == "84" and stored[2]["tool_status"] == "success"
+        assert stored[3]["content"] == "The answer is 84."
+    finally:
+        assert _stop(proc) == 0, log.read_text()
+
+
+async def test_serve_starts_the_embedded_postgres_when_no_url_is_set(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "SECRET_KEY")}
+    env.update(DATA_DIR=str(tmp_path / "data"), AGENTS_DIR=str(ROOT / "agents"))
+    port, log = _free_port(), tmp_path / "serve.log"
+    proc = _serve(env, port, log)
+    try:
+        await _until_ready(f"http://127.0.0.1:{port}", proc, log, timeout=90)
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+            assert (await client.post("/threads", json={"agent": "assistant"})).status_code == 201
+    finally:
+        assert _stop(proc) == 0, log.read_text()
+    assert (tmp_path / "data" / "pg" / "PG_VERSION").exists()
+    # the server stopped its Postgres on exit
+    assert not (tmp_path / "data" / "pg" / "postmaster.pid").exists()
