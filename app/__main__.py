@@ -83,8 +83,9 @@ def _serve(settings: Settings, with_worker: bool, migrate: bool) -> None:
             asyncio.run(_migrate(settings))
         asyncio.run(_refuse_open_bind(settings))
         app = create_app(settings, catalog, with_worker=with_worker)
-        config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="info",
-                                timeout_graceful_shutdown=5)
+        config = uvicorn.Config(
+            app, host=settings.host, port=settings.port, log_level="info", timeout_graceful_shutdown=5
+        )
         _Server(config).run()
 
 
@@ -186,8 +187,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     overrides: dict[str, object] = {}
-    for field, attr in (("agents_dir", "agents_dir"), ("host", "host"), ("port", "port"),
-                        ("worker_concurrency", "concurrency")):
+    for field, attr in (
+        ("agents_dir", "agents_dir"),
+        ("host", "host"),
+        ("port", "port"),
+        ("worker_concurrency", "concurrency"),
+    ):
         value = getattr(args, attr, None)
         if value is not None:
             overrides[field] = value

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ValidationError
 from pydantic.alias_generators import to_snake
 
 from app.errors import AgentNotFound, AgentsError
+from app.llm import PROVIDERS
 from app.spec.define import ToolDefinition, collecting
 from app.spec.definitions import (
     CALLABLE_FIELDS,
@@ -244,9 +245,7 @@ def _validation_problems(rel: str, exc: ValidationError) -> list[Problem]:
     located = [(*_walk(_ROOTS.get(exc.title), err["loc"]), err) for err in exc.errors()]
     problems: list[Problem] = []
     for path, owner, err in located:
-        deeper = any(
-            p != path and (not path or p.startswith((f"{path}.", f"{path}["))) for p, _, _ in located
-        )
+        deeper = any(p != path and (not path or p.startswith((f"{path}.", f"{path}["))) for p, _, _ in located)
         if err["type"] == "missing":  # pydantic names a missing field by its alias
             path = path.removesuffix(_last(path)) + to_snake(_last(path))
         if not deeper and all(p.field != path for p in problems):
@@ -340,10 +339,7 @@ def _cross_check(c: Catalog, files: Mapping[tuple[str, str], str]) -> list[Probl
         ("agents", c.agents, _check_agent),
     ]
     return [
-        replace(p, file=files[(kind, name)])
-        for kind, defs, fn in checks
-        for name, d in defs.items()
-        for p in fn(c, d)
+        replace(p, file=files[(kind, name)]) for kind, defs, fn in checks for name, d in defs.items() for p in fn(c, d)
     ]
 
 
@@ -353,6 +349,13 @@ def _check_tool(c: Catalog, tool: ToolDefinition) -> Iterator[Problem]:
 
 
 def _check_model(c: Catalog, model: ModelDefinition) -> Iterator[Problem]:
+    if model.provider not in PROVIDERS:
+        yield Problem(
+            "",
+            "provider",
+            f"provider `{model.provider}` is not available in this version of the runtime",
+            f"use one of: {', '.join(sorted(PROVIDERS))}",
+        )
     for i, fallback in enumerate(model.fallbacks):
         if fallback == model.name:
             yield Problem("", f"fallbacks[{i}]", "a model cannot fall back to itself", f"remove `{fallback}`")

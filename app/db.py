@@ -74,7 +74,7 @@ def embedded_postgres(settings: Settings) -> Iterator[str]:
         data = (settings.data_dir / "pg").resolve()
         data.mkdir(parents=True, exist_ok=True)
         log.info("starting embedded PostgreSQL in %s", data)
-        server: Any = pgserver.get_server(data, cleanup_mode="stop")
+        server: Any = pgserver.get_server(data, cleanup_mode="stop")  # type: ignore[attr-defined]
     try:
         yield f"postgresql+asyncpg://postgres@/postgres?host={data}"
     finally:

@@ -30,9 +30,7 @@ async def set_thread(
         stored = crypto.encrypt(fernet, value) if kind == "secret" else value
         stmt = insert(tables.EnvValue).values(scope="thread", owner=str(thread_id), name=name, type=kind, value=stored)
         await session.execute(
-            stmt.on_conflict_do_update(
-                constraint="env_values_scope_owner_name", set_={"type": kind, "value": stored}
-            )
+            stmt.on_conflict_do_update(constraint="env_values_scope_owner_name", set_={"type": kind, "value": stored})
         )
 
 
@@ -63,9 +61,7 @@ async def thread_values(session: AsyncSession, fernet: Fernet, thread_id: uuid.U
             select(tables.EnvValue).where(tables.EnvValue.scope == "thread", tables.EnvValue.owner == str(thread_id))
         )
     ).scalars()
-    return {
-        r.name: Value(crypto.decrypt(fernet, r.value) if r.type == "secret" else r.value, r.type) for r in rows
-    }
+    return {r.name: Value(crypto.decrypt(fernet, r.value) if r.type == "secret" else r.value, r.type) for r in rows}
 
 
 async def public_view(session: AsyncSession, thread_id: uuid.UUID) -> tuple[dict[str, str | None], dict[str, str]]:

@@ -129,11 +129,13 @@ class Hub:
     def subscribers(self) -> int:
         return sum(len(s) for s in self._subs.values())
 
-    def _on_notify(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
+    def _on_notify(self, _conn: object, _pid: int, _channel: str, payload: object) -> None:
+        assert isinstance(payload, str)
         try:
             if payload.startswith("{"):
                 body = json.loads(payload)
-                thread_id, item = uuid.UUID(body["thread_id"]), Live(body["type"], body["data"])
+                thread_id = uuid.UUID(body["thread_id"])
+                item: Stored | Live = Live(body["type"], body["data"])
             else:
                 tid, seq = payload.split(":")
                 thread_id, item = uuid.UUID(tid), Stored(int(seq))
@@ -161,7 +163,11 @@ class Publisher:
             if self._conn is None or self._conn.is_closed():
                 self._conn = await asyncpg.connect(self._dsn)
             for piece in pieces:
-                body = {"thread_id": str(thread_id), "type": type_, "data": {**data, "chunk": piece, "offset": offset}}
+                body = {
+                    "thread_id": str(thread_id),
+                    "type": type_,
+                    "data": {**data, "chunk": piece, "offset": offset},
+                }
                 await self._conn.execute("SELECT pg_notify($1, $2)", CHANNEL, json.dumps(body))
                 offset += len(piece)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import secrets
 import uuid
@@ -64,10 +65,8 @@ async def list_all(session: AsyncSession) -> list[tables.ApiKey]:
 async def revoke(session: AsyncSession, key_id_or_prefix: str) -> int:
     """Revoke keys by id or by their printed prefix; returns how many."""
     cond = tables.ApiKey.prefix == key_id_or_prefix
-    try:
+    with contextlib.suppress(ValueError):
         cond = cond | (tables.ApiKey.id == uuid.UUID(key_id_or_prefix))
-    except ValueError:
-        pass
     result = await session.execute(
         update(tables.ApiKey).where(cond, tables.ApiKey.revoked_at.is_(None)).values(revoked_at=func.now())
     )

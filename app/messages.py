@@ -6,7 +6,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Select, select
+from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import errors, events, tables
@@ -51,7 +51,10 @@ def to_dict(row: tables.Message) -> dict[str, Any]:
 async def announce(session: AsyncSession, row: tables.Message) -> None:
     """Emit `message_data` for the row as it is now."""
     await events.append(
-        session, row.thread_id, "message_data", {"message_id": str(row.id), "depth": row.depth, "data": to_dict(row)}
+        session,
+        row.thread_id,
+        "message_data",
+        {"message_id": str(row.id), "depth": row.depth, "data": to_dict(row)},
     )
 
 
@@ -59,8 +62,13 @@ async def add(session: AsyncSession, thread_id: uuid.UUID, role: str, **fields: 
     """Insert a message and announce it."""
     now = datetime.now(UTC)
     row = tables.Message(
-        id=fields.pop("id", None) or uuid.uuid4(), thread_id=thread_id, role=role, created_at=now, updated_at=now,
-        side=fields.pop("side", side_of(role)), **fields,
+        id=fields.pop("id", None) or uuid.uuid4(),
+        thread_id=thread_id,
+        role=role,
+        created_at=now,
+        updated_at=now,
+        side=fields.pop("side", side_of(role)),
+        **fields,
     )
     session.add(row)
     await session.flush()
@@ -108,9 +116,7 @@ async def page(
 ) -> tuple[list[tables.Message], str | None]:
     """A page of messages. Without `since_id` it is the newest `limit` (older ones through `cursor`);
     with `since_id`, the ones after that message. Rows come back in `order`."""
-    query: Select[tuple[tables.Message]] = select(tables.Message).where(
-        tables.Message.thread_id == thread_id, tables.Message.depth <= depth
-    )
+    query = select(tables.Message).where(tables.Message.thread_id == thread_id, tables.Message.depth <= depth)
     if not include_silent:
         query = query.where(tables.Message.silent.is_(False))
     if since_id is not None:

@@ -156,7 +156,8 @@ async def release(session: AsyncSession, claim: Claim, *, again: bool = False, k
     """
     row = (
         await session.execute(
-            _RELEASE, {"id": claim.thread_id, "token": claim.token, "again": again, "keep_attempt": keep_attempt}
+            _RELEASE,
+            {"id": claim.thread_id, "token": claim.token, "again": again, "keep_attempt": keep_attempt},
         )
     ).first()
     if row is None:

@@ -6,7 +6,7 @@ import base64
 import uuid
 from datetime import UTC, datetime
 
-from sqlalchemy import Select, and_, func, or_, select
+from sqlalchemy import and_, func, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import errors, events, tables
@@ -25,8 +25,15 @@ async def create(
     """Insert a new top-level thread."""
     thread_id = uuid.uuid4()
     row = tables.Thread(
-        id=thread_id, agent=agent.name, type=agent.type, user_id=owner.user_id, name=name, tags=tags or [],
-        root_id=thread_id, status="idle", session_number=0,
+        id=thread_id,
+        agent=agent.name,
+        type=agent.type,
+        user_id=owner.user_id,
+        name=name,
+        tags=tags or [],
+        root_id=thread_id,
+        status="idle",
+        session_number=0,
     )
     session.add(row)
     await session.flush()
@@ -65,13 +72,13 @@ async def list_(
     *,
     agent: str | None = None,
     tag: str | None = None,
-    parent_id: uuid.UUID | None | str = None,
+    parent_id: uuid.UUID | str | None = None,
     status: str | None = None,
     limit: int = 50,
     cursor: str | None = None,
 ) -> tuple[list[tables.Thread], str | None]:
     """Threads the caller may see, newest first, with the cursor of the next page."""
-    query: Select[tuple[tables.Thread]] = select(tables.Thread)
+    query = select(tables.Thread)
     if not who.admin:
         query = query.where(tables.Thread.user_id == who.user_id)
     if agent is not None:
@@ -87,7 +94,10 @@ async def list_(
     if cursor is not None:
         stamp, tid = _decode_cursor(cursor)
         query = query.where(
-            or_(tables.Thread.created_at < stamp, and_(tables.Thread.created_at == stamp, tables.Thread.id < tid))
+            or_(
+                tables.Thread.created_at < stamp,
+                and_(tables.Thread.created_at == stamp, tables.Thread.id < tid),
+            )
         )
     query = query.order_by(tables.Thread.created_at.desc(), tables.Thread.id.desc()).limit(limit + 1)
     rows = list((await session.execute(query)).scalars())
@@ -104,7 +114,7 @@ async def children_counts(session: AsyncSession, ids: list[uuid.UUID]) -> dict[u
         .where(tables.Thread.parent_id.in_(ids))
         .group_by(tables.Thread.parent_id)
     )
-    return {r[0]: int(r[1]) for r in rows}
+    return {r[0]: int(r[1]) for r in rows if r[0] is not None}
 
 
 async def set_status(session: AsyncSession, thread: tables.Thread, status: str) -> None:

@@ -87,8 +87,13 @@ async def database_url(server_url: str, template_url: str) -> AsyncIterator[str]
 @pytest.fixture
 def settings(database_url: str, tmp_path: Path) -> Settings:
     return Settings(
-        database_url=database_url, agents_dir=ROOT / "agents", data_dir=tmp_path / "data", secret_key="test-" + "k" * 40,
-        lease_seconds=5, poll_interval=0.2, worker_concurrency=4,
+        database_url=database_url,
+        agents_dir=ROOT / "agents",
+        data_dir=tmp_path / "data",
+        secret_key="test-" + "k" * 40,
+        lease_seconds=5,
+        poll_interval=0.2,
+        worker_concurrency=4,
     )
 
 

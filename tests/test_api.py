@@ -25,12 +25,23 @@ def _catalog() -> Catalog:
     base = load_catalog(ROOT / "agents")
     model = define_model(name="slow", provider="test", script=["hello there"], chunk_size=2)
     prompt = define_prompt(
-        name="needs_var", tool_description="t", model="slow", prompt="x",
-        variables=[{"name": "API_TOKEN", "type": "secret", "required": True}, {"name": "REGION", "required": True}],
+        name="needs_var",
+        tool_description="t",
+        model="slow",
+        prompt="x",
+        variables=[
+            {"name": "API_TOKEN", "type": "secret", "required": True},
+            {"name": "REGION", "required": True},
+        ],
     )
     agent = define_agent(name="needs_var", side_a={"prompt": "needs_var"})
-    return Catalog(root=base.root, models={**base.models, "slow": model}, prompts={**base.prompts, "needs_var": prompt},
-                   agents={**base.agents, "needs_var": agent}, tools=base.tools)
+    return Catalog(
+        root=base.root,
+        models={**base.models, "slow": model},
+        prompts={**base.prompts, "needs_var": prompt},
+        agents={**base.agents, "needs_var": agent},
+        tools=base.tools,
+    )
 
 
 @pytest.fixture
@@ -63,8 +74,14 @@ async def test_health_ready_openapi(client: httpx.AsyncClient) -> None:
     assert (await client.get("/health")).json() == {"status": "ok"}
     assert (await client.get("/ready")).json() == {"status": "ready"}
     spec = (await client.get("/openapi.json")).json()
-    for path in ("/threads", "/threads/{thread_id}", "/threads/{thread_id}/messages",
-                 "/threads/{thread_id}/messages/{message_id}", "/threads/{thread_id}/events", "/agents"):
+    for path in (
+        "/threads",
+        "/threads/{thread_id}",
+        "/threads/{thread_id}/messages",
+        "/threads/{thread_id}/messages/{message_id}",
+        "/threads/{thread_id}/events",
+        "/agents",
+    ):
         assert path in spec["paths"]
 
 
@@ -87,15 +104,23 @@ async def test_create_thread_errors(client: httpx.AsyncClient) -> None:
     assert_error(await client.post("/threads", json={"agent": "nope"}), 404, "agent_not_found")
     missing = assert_error(await client.post("/threads", json={"agent": "needs_var"}), 422, "missing_variables")
     assert missing["details"]["missing"] == ["API_TOKEN", "REGION"]
-    assert_error(await client.post("/threads", content=b"{not json", headers={"content-type": "application/json"}),
-                 400, "malformed_json")
+    assert_error(
+        await client.post("/threads", content=b"{not json", headers={"content-type": "application/json"}),
+        400,
+        "malformed_json",
+    )
     assert_error(await client.post("/threads", json={"agent": "assistant", "colour": "red"}), 422, "invalid_request")
     assert_error(await client.post("/threads", json={}), 422, "invalid_request")
     assert_error(await client.post("/threads", json={"agent": "assistant", "secrets": ["X"]}), 400, "invalid_request")
 
 
 async def test_create_thread_with_env_masks_secrets(client: httpx.AsyncClient) -> None:
-    body = {"agent_id": "needs_var", "env": {"API_TOKEN": "s3cr3t", "REGION": "eu"}, "tags": ["a"], "name": "n"}
+    body = {
+        "agent_id": "needs_var",
+        "env": {"API_TOKEN": "s3cr3t", "REGION": "eu"},
+        "tags": ["a"],
+        "name": "n",
+    }
     response = await client.post("/threads", json=body)
     assert response.status_code == 201, response.text
     thread = response.json()
@@ -114,8 +139,9 @@ async def test_secrets_are_encrypted_at_rest(client: httpx.AsyncClient, app: Fas
 
 
 async def test_list_threads_paginates_newest_first(client: httpx.AsyncClient) -> None:
-    ids = [(await client.post("/threads", json={"agent": "assistant", "tags": [f"t{i}"]})).json()["id"]
-           for i in range(5)]
+    ids = [
+        (await client.post("/threads", json={"agent": "assistant", "tags": [f"t{i}"]})).json()["id"] for i in range(5)
+    ]
     page1 = (await client.get("/threads", params={"limit": 2})).json()
     page2 = (await client.get("/threads", params={"limit": 2, "cursor": page1["next_cursor"]})).json()
     page3 = (await client.get("/threads", params={"limit": 2, "cursor": page2["next_cursor"]})).json()
@@ -150,10 +176,16 @@ async def test_post_and_list_messages(client: httpx.AsyncClient) -> None:
         (message_id, "pending", {"k": 1, "queued": True})
     ]
     assert_error(await client.get(f"/threads/{tid}/messages/{uuid.uuid4()}"), 404, "message_not_found")
-    assert_error(await client.post(f"/threads/{tid}/messages", json={"content": "x", "role": "robot"}),
-                 422, "invalid_request")
-    assert_error(await client.post(f"/threads/{tid}/messages", content=b"x", headers={"content-type": "text/plain"}),
-                 415, "unsupported_media_type")
+    assert_error(
+        await client.post(f"/threads/{tid}/messages", json={"content": "x", "role": "robot"}),
+        422,
+        "invalid_request",
+    )
+    assert_error(
+        await client.post(f"/threads/{tid}/messages", content=b"x", headers={"content-type": "text/plain"}),
+        415,
+        "unsupported_media_type",
+    )
     assert_error(await client.get(f"/threads/{tid}/messages", params={"cursor": "zz"}), 400, "bad_cursor")
 
 
@@ -166,8 +198,13 @@ async def test_posting_to_a_terminated_thread_conflicts(client: httpx.AsyncClien
 
 async def test_keys_and_ownership(app: FastAPI) -> None:
     alice, bob, admin = await _key(app, "alice"), await _key(app, "bob"), await _key(app, "root", admin=True)
-    async with client_for(app) as anon, client_for(app, alice) as a, client_for(app, bob) as b, \
-            client_for(app, admin) as root, client_for(app, "sa_wrong") as wrong:
+    async with (
+        client_for(app) as anon,
+        client_for(app, alice) as a,
+        client_for(app, bob) as b,
+        client_for(app, admin) as root,
+        client_for(app, "sa_wrong") as wrong,
+    ):
         assert_error(await anon.get("/threads"), 401, "unauthorized")  # keys exist: open mode is over
         assert_error(await wrong.get("/threads"), 401, "unauthorized")
         bad_scheme = await anon.get("/threads", headers={"Authorization": "Basic abc"})
@@ -223,8 +260,10 @@ async def read_events(base: str, path: str, until: str, headers: dict[str, str] 
     """Parse SSE frames until an event of type `until` arrives."""
     out: list[dict[str, Any]] = []
     frame: dict[str, Any] = {}
-    async with httpx.AsyncClient(base_url=base, timeout=10) as client, \
-            client.stream("GET", path, headers=headers) as response:
+    async with (
+        httpx.AsyncClient(base_url=base, timeout=10) as client,
+        client.stream("GET", path, headers=headers) as response,
+    ):
         assert response.status_code == 200
         assert response.headers["content-type"].startswith("text/event-stream")
         assert response.headers["x-accel-buffering"] == "no"
@@ -253,15 +292,22 @@ async def test_events_stream_replays_then_follows(served: str) -> None:
     stored = [f for f in live if "id" in f]
     assert [int(f["id"]) for f in stored] == list(range(1, len(stored) + 1))  # every stored event, in order
     types = [f["event"] for f in live]
-    for expected in ("message_data", "message_chunk", "step_started", "step_completed", "tool_started",
-                     "tool_completed", "thread_status", "turn_ended"):
+    for expected in (
+        "message_data",
+        "message_chunk",
+        "step_started",
+        "step_completed",
+        "tool_started",
+        "tool_completed",
+        "thread_status",
+        "turn_ended",
+    ):
         assert expected in types
     chunks = [f["data"] for f in live if f["event"] == "message_chunk"]
     assert "".join(c["chunk"] for c in chunks) == "The answer is 42."
     assert all("id" not in f for f in live if f["event"] == "message_chunk")
     # resume: Last-Event-ID wins over `since` and replays exactly the stored suffix
-    suffix = await read_events(served, f"/threads/{tid}/events?since=1", "turn_ended",
-                               headers={"Last-Event-ID": stored[4]["id"]})
+    suffix = await read_events(
+        served, f"/threads/{tid}/events?since=1", "turn_ended", headers={"Last-Event-ID": stored[4]["id"]}
+    )
     assert [f["id"] for f in suffix] == [f["id"] for f in stored[5:]]
-
-

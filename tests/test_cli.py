@@ -14,8 +14,15 @@ FIXTURES = ROOT / "tests" / "fixtures" / "catalog"
 
 def agents(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "SECRET_KEY", "AGENTS_DIR")}
-    return subprocess.run([sys.executable, "-m", "app", *args], cwd=ROOT, env={**base, **(env or {})},
-                          capture_output=True, text=True, timeout=120, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "app", *args],
+        cwd=ROOT,
+        env={**base, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
 def test_check_accepts_the_example_agents() -> None:

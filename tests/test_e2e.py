@@ -7,7 +7,6 @@ import os
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -27,7 +26,10 @@ def _serve(env: dict[str, str], port: int, log: Path) -> subprocess.Popen[bytes]
     with log.open("wb") as out:
         return subprocess.Popen(
             [sys.executable, "-m", "app", "serve", "--port", str(port)],
-            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
         )
 
 
@@ -47,10 +49,10 @@ async def _until_ready(base: str, proc: subprocess.Popen[bytes], log: Path, time
 
 
 @pytest.fixture
-def server_env(database_url: str, tmp_path: Path) -> Iterator[dict[str, str]]:
+def server_env(database_url: str, tmp_path: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "SECRET_KEY")}
     env.update(DATABASE_URL=database_url, DATA_DIR=str(tmp_path / "data"), AGENTS_DIR=str(ROOT / "agents"))
-    yield env
+    return env
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> int:

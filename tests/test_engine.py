@@ -46,8 +46,14 @@ def catalog(script: list[Any], side: dict[str, Any] | None = None, **prompt: Any
     tools = {t.name: t for t in (add, explode, refuse, whoami)}
     model = define_model(name="m", provider="test", script=script, chunk_size=3)
     p = define_prompt(
-        name="p", tool_description="t", model="m", prompt="You are terse.", include_chat=True,
-        include_past_tools=True, tools=list(tools), **prompt,
+        name="p",
+        tool_description="t",
+        model="m",
+        prompt="You are terse.",
+        include_chat=True,
+        include_past_tools=True,
+        tools=list(tools),
+        **prompt,
     )
     agent = define_agent(name="agent", side_a={"prompt": "p", **(side or {})}, env={"GREETING": "hi"})
     return Catalog(root=Path("."), models={"m": model}, prompts={"p": p}, agents={"agent": agent}, tools=tools)
@@ -90,7 +96,9 @@ async def test_tool_call_then_reply(app_factory: Any) -> None:
     client, tid = await run(app_factory, cat, "2+3?")
     rows = await stored(client, tid)
     assert [(m["role"], m["side"], m["status"]) for m in rows] == [
-        ("user", "b", "completed"), ("assistant", "a", "completed"), ("tool", "a", "completed"),
+        ("user", "b", "completed"),
+        ("assistant", "a", "completed"),
+        ("tool", "a", "completed"),
         ("assistant", "a", "completed"),
     ]
     assert rows[1]["tool_calls"][0]["function"]["name"] == "add"
@@ -106,11 +114,19 @@ async def test_tool_call_then_reply(app_factory: Any) -> None:
 
 
 async def test_bad_arguments_and_raising_tools_become_error_results(app_factory: Any) -> None:
-    cat = catalog([
-        {"tool_calls": [{"name": "add", "arguments": {"a": "x"}}, {"name": "explode"}, {"name": "refuse"},
-                        {"name": "nope"}]},
-        "Sorry.",
-    ])
+    cat = catalog(
+        [
+            {
+                "tool_calls": [
+                    {"name": "add", "arguments": {"a": "x"}},
+                    {"name": "explode"},
+                    {"name": "refuse"},
+                    {"name": "nope"},
+                ]
+            },
+            "Sorry.",
+        ]
+    )
     client, tid = await run(app_factory, cat, "go")
     tools = [m for m in await stored(client, tid) if m["role"] == "tool"]
     assert [t["tool_status"] for t in tools] == ["error"] * 4
@@ -143,7 +159,13 @@ async def test_stop_tool_ends_the_turn_with_its_response_property(app_factory: A
 async def test_max_steps_ends_the_turn(app_factory: Any) -> None:
     call = {"tool_calls": [{"name": "add", "arguments": {"a": 1, "b": 1}}]}
     client, tid = await run(app_factory, catalog([call, call, call], side={"max_steps": 2}), "loop")
-    assert [m["role"] for m in await stored(client, tid)] == ["user", "assistant", "tool", "assistant", "tool"]
+    assert [m["role"] for m in await stored(client, tid)] == [
+        "user",
+        "assistant",
+        "tool",
+        "assistant",
+        "tool",
+    ]
     assert ("turn_ended", {"side": "a", "reason": "max_steps"}) in await event_types(client, tid)
 
 

@@ -43,7 +43,9 @@ async def _claim(sessions: async_sessionmaker[AsyncSession], owner: str = "w", l
         return await queue.claim(s, owner, lease)
 
 
-async def test_claim_takes_the_oldest_runnable_thread_once(sessions: async_sessionmaker[AsyncSession]) -> None:
+async def test_claim_takes_the_oldest_runnable_thread_once(
+    sessions: async_sessionmaker[AsyncSession],
+) -> None:
     ids = await _runnable(sessions, 2)
     first = await _claim(sessions)
     second = await _claim(sessions)
@@ -110,8 +112,12 @@ async def test_heartbeat_renews_held_leases_and_reports_lost_ones(
         lost = await queue.heartbeat(conn, [kept, stolen], 30)
     assert lost == {stolen.thread_id}
     async with sessions() as s:
-        expires = (await s.execute(text("SELECT lease_expires_at > now() + interval '20 seconds' FROM threads "
-                                        "WHERE id = :id"), {"id": kept.thread_id})).scalar_one()
+        expires = (
+            await s.execute(
+                text("SELECT lease_expires_at > now() + interval '20 seconds' FROM threads WHERE id = :id"),
+                {"id": kept.thread_id},
+            )
+        ).scalar_one()
     assert expires
 
 
@@ -130,7 +136,9 @@ async def test_concurrent_claimers_never_share_a_thread(sessions: async_sessionm
     assert len(set(claimed)) == len(claimed)
 
 
-async def test_waiting_and_terminated_threads_are_not_claimed(sessions: async_sessionmaker[AsyncSession]) -> None:
+async def test_waiting_and_terminated_threads_are_not_claimed(
+    sessions: async_sessionmaker[AsyncSession],
+) -> None:
     waiting, terminated = await _runnable(sessions, 2)
     async with sessions() as s, s.begin():
         await s.execute(text("UPDATE threads SET status = 'waiting' WHERE id = :id"), {"id": waiting})
@@ -138,7 +146,9 @@ async def test_waiting_and_terminated_threads_are_not_claimed(sessions: async_se
     assert await _claim(sessions) is None
 
 
-async def test_enqueue_notifies_listeners_at_commit(sessions: async_sessionmaker[AsyncSession], database_url: str) -> None:
+async def test_enqueue_notifies_listeners_at_commit(
+    sessions: async_sessionmaker[AsyncSession], database_url: str
+) -> None:
     import asyncpg
 
     from app.settings import plain_url

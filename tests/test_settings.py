@@ -22,7 +22,16 @@ def test_plain_url_is_libpq_spelling() -> None:
     assert plain_url("postgresql+asyncpg://u@h/d") == "postgresql://u@h/d"
 
 
-@pytest.mark.parametrize(("host", "loop"), [("127.0.0.1", True), ("localhost", True), ("::1", True),
-                                            ("0.0.0.0", False), ("10.1.2.3", False), ("example.org", False)])
+@pytest.mark.parametrize(
+    ("host", "loop"),
+    [
+        ("127.0.0.1", True),
+        ("localhost", True),
+        ("::1", True),
+        ("0.0.0.0", False),
+        ("10.1.2.3", False),
+        ("example.org", False),
+    ],
+)
 def test_loopback(host: str, loop: bool) -> None:
     assert is_loopback(host) is loop

@@ -39,8 +39,10 @@ def create_app(settings: Settings, catalog: Catalog, *, with_worker: bool = Fals
         async with sessions() as session:
             app.state.open_mode = settings.loopback and await keys.active_count(session) == 0
         if app.state.open_mode:
-            log.warning("no API key configured: serving OPEN on loopback %s (create one with `agents keys create`)",
-                        settings.host)
+            log.warning(
+                "no API key configured: serving OPEN on loopback %s (create one with `agents keys create`)",
+                settings.host,
+            )
         app.state.engine, app.state.sessions, app.state.hub, app.state.fernet = engine, sessions, hub, fernet
         stop = asyncio.Event()
         worker_task: asyncio.Task[None] | None = None
@@ -75,8 +77,11 @@ def create_app(settings: Settings, catalog: Catalog, *, with_worker: bool = Fals
         if request.method in ("POST", "PUT", "PATCH") and has_body:
             media = request.headers.get("content-type", "").split(";")[0].strip().lower()
             if media != "application/json" and not media.endswith("+json"):
-                return errors.envelope(415, "unsupported_media_type",
-                                       f"Send a JSON body with `Content-Type: application/json` (got `{media or 'none'}`).")
+                return errors.envelope(
+                    415,
+                    "unsupported_media_type",
+                    f"Send a JSON body with `Content-Type: application/json` (got `{media or 'none'}`).",
+                )
         return await call_next(request)
 
     for router in (health.router, agents.router, threads.router, messages.router, event_routes.router):

@@ -25,8 +25,16 @@ STATUS: dict[type[errors.AgentsError], int] = {
     errors.ConfigError: 500,
 }
 
-HTTP_CODES = {400: "bad_request", 401: "unauthorized", 404: "not_found", 405: "method_not_allowed",
-              406: "not_acceptable", 413: "too_large", 415: "unsupported_media_type", 422: "invalid_request"}
+HTTP_CODES = {
+    400: "bad_request",
+    401: "unauthorized",
+    404: "not_found",
+    405: "method_not_allowed",
+    406: "not_acceptable",
+    413: "too_large",
+    415: "unsupported_media_type",
+    422: "invalid_request",
+}
 
 
 def envelope(status: int, code: str, message: str, details: dict[str, Any] | None = None) -> JSONResponse:

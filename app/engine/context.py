@@ -72,7 +72,7 @@ def session_tool_schema(side: SideConfig, name: str) -> dict[str, Any]:
     """Arguments of a runtime-provided session tool: the properties its binding maps (§5)."""
     props: dict[str, Any] = {}
     for which in ("stop", "fail", "status"):
-        binding = side.binding(which)  # type: ignore[arg-type]
+        binding = side.binding(which)
         if binding is None or binding.name != name:
             continue
         if binding.message_property:
@@ -97,15 +97,16 @@ def offered_tools(catalog: Catalog, prompt: PromptDefinition, side: SideConfig) 
             offered[name] = OfferedTool(name, "callable", ToolEntry(name=name), tool.description, tool.parameters())
         else:
             offered[name] = OfferedTool(
-                name, "session", ToolEntry(name=name), f"Call `{name}` to end or report on the session.",
+                name,
+                "session",
+                ToolEntry(name=name),
+                f"Call `{name}` to end or report on the session.",
                 session_tool_schema(side, name),
             )
     return list(offered.values())
 
 
-def _visible(
-    rows: list[tables.Message], side: str, prompt: PromptDefinition, turn_start: int
-) -> list[tables.Message]:
+def _visible(rows: list[tables.Message], side: str, prompt: PromptDefinition, turn_start: int) -> list[tables.Message]:
     """The rows a side's prompt may see: completed ones of its chat window (§4)."""
     out = []
     for row in rows:
@@ -120,9 +121,7 @@ def _visible(
     return out
 
 
-def history(
-    rows: list[tables.Message], side: str, prompt: PromptDefinition, turn_start: int
-) -> list[LLMMessage]:
+def history(rows: list[tables.Message], side: str, prompt: PromptDefinition, turn_start: int) -> list[LLMMessage]:
     """The history in the acting side's perspective: its own messages as `assistant`, the other side's as
     `user`, the other side's tool traffic left out, and only complete call/result pairs."""
     visible = _visible(rows, side, prompt, turn_start)
@@ -160,7 +159,10 @@ def build_request(
 ) -> LLMRequest:
     """Everything the model of `prompt` is sent for the acting side's next step."""
     model = catalog.models[prompt.model]
-    messages = [LLMMessage("system", render_prompt(catalog, prompt, env)), *history(rows, acting, prompt, turn_start)]
+    messages = [
+        LLMMessage("system", render_prompt(catalog, prompt, env)),
+        *history(rows, acting, prompt, turn_start),
+    ]
     tools = [LLMTool(t.name, t.description, t.parameters) for t in offered_tools(catalog, prompt, side)]
     return LLMRequest(
         model=model.model or model.name,

@@ -25,7 +25,16 @@ from app.catalog import Catalog
 from app.engine import context, stops, tools
 from app.engine.state import RunState
 from app.events import Publisher
-from app.llm.base import CallContext, Done, LLMResponse, Model, ProviderError, ReasoningDelta, TextDelta, ToolCall
+from app.llm.base import (
+    CallContext,
+    Done,
+    LLMResponse,
+    Model,
+    ProviderError,
+    ReasoningDelta,
+    TextDelta,
+    ToolCall,
+)
 from app.settings import Settings
 from app.spec.definitions import AgentDefinition, ModelDefinition, PromptDefinition, SideConfig
 from app.spec.state import ExecutionState
@@ -113,9 +122,15 @@ class Engine:
             if row.kind == queue.Kind.MESSAGE:
                 p = row.payload
                 msg = await messages.add(
-                    session, thread.id, p["role"], id=uuid.UUID(p["id"]), content=p.get("content"),
-                    silent=bool(p.get("silent")), metadata_=p.get("metadata") or {},
-                    attachments=p.get("attachments") or [], session_number=thread.session_number,
+                    session,
+                    thread.id,
+                    p["role"],
+                    id=uuid.UUID(p["id"]),
+                    content=p.get("content"),
+                    silent=bool(p.get("silent")),
+                    metadata_=p.get("metadata") or {},
+                    attachments=p.get("attachments") or [],
+                    session_number=thread.session_number,
                 )
                 first = msg.position if first is None else first
                 thread.last_message_at = msg.created_at
@@ -170,7 +185,9 @@ class Engine:
             else:
                 verdict = stops.evaluate(agent, side_config, step.response, outcomes, thread.turn_steps)
             await events.append(
-                session, thread.id, "step_completed",
+                session,
+                thread.id,
+                "step_completed",
                 {"step": step.number, "side": step.side, "stopped": verdict.ends != "nothing"},
             )
             if verdict.ends == "turn":
@@ -226,14 +243,14 @@ class Engine:
                     response = LLMResponse(text=last.content or "", tool_calls=list(last.tool_calls))
                     return Step(side, thread.session_steps, calls=missing, response=response)
             if thread.session_steps >= self._settings.max_session_steps:
-                await self._end_session(
-                    session, thread, stops.Verdict("session", "max_total_steps", "failure")
-                )
+                await self._end_session(session, thread, stops.Verdict("session", "max_total_steps", "failure"))
                 return None
             thread.turn_steps += 1
             thread.session_steps += 1
             env = context.Env(
-                await env_store.thread_values(session, self._fernet, thread.id), dict(agent.env), dict(prompt.env)
+                await env_store.thread_values(session, self._fernet, thread.id),
+                dict(agent.env),
+                dict(prompt.env),
             )
             try:
                 request = context.build_request(self._catalog, prompt, side_config, side, rows, turn_start, env)
@@ -246,8 +263,14 @@ class Engine:
                 message = last
             else:
                 message = await messages.add(
-                    session, thread.id, "assistant", side=side, status="pending", prompt=prompt.name,
-                    model=prompt.model, session_number=thread.session_number,
+                    session,
+                    thread.id,
+                    "assistant",
+                    side=side,
+                    status="pending",
+                    prompt=prompt.name,
+                    model=prompt.model,
+                    session_number=thread.session_number,
                 )
             await events.append(session, thread.id, "step_started", {"step": thread.session_steps, "side": side})
             call_index = await _calls_made(session, thread.id, prompt.model)
@@ -281,24 +304,35 @@ class Engine:
                 message = await messages.get(session, thread.id, step.message_id)
                 if isinstance(response, ProviderError):
                     await messages.save(session, message, status="failed")
+                    await events.append(session, thread.id, "error", {"code": "llm_error", "message": response.message})
                     await events.append(
-                        session, thread.id, "error", {"code": "llm_error", "message": response.message}
-                    )
-                    await events.append(
-                        session, thread.id, "step_completed", {"step": step.number, "side": step.side, "stopped": True}
+                        session,
+                        thread.id,
+                        "step_completed",
+                        {"step": step.number, "side": step.side, "stopped": True},
                     )
                     await self._end_session(session, thread, stops.Verdict("session", "llm_error", "failure"))
                     return None
                 await messages.save(
-                    session, message, status="completed", content=self._content(response, side),
-                    tool_calls=list(response.tool_calls) or None, reasoning_content=response.reasoning,
+                    session,
+                    message,
+                    status="completed",
+                    content=self._content(response, side),
+                    tool_calls=list(response.tool_calls) or None,
+                    reasoning_content=response.reasoning,
                     usage=response.usage.as_dict(),
                 )
                 thread.last_message_at = datetime.now(UTC)
                 await events.append(
-                    session, thread.id, "llm_response",
-                    {"model": definition.name, "tokens": response.usage.as_dict(), "latency_ms": round(latency, 2),
-                     "ttft_ms": None if ttft is None else round(ttft, 2)},
+                    session,
+                    thread.id,
+                    "llm_response",
+                    {
+                        "model": definition.name,
+                        "tokens": response.usage.as_dict(),
+                        "latency_ms": round(latency, 2),
+                        "ttft_ms": None if ttft is None else round(ttft, 2),
+                    },
                 )
                 return response
         return None  # pragma: no cover - the loop always returns
@@ -311,9 +345,7 @@ class Engine:
                 if call["function"]["name"] != side.stop_tool:
                     continue
                 try:
-                    value = context.parse_arguments(call["function"]["arguments"]).get(
-                        side.stop_tool_response_property
-                    )
+                    value = context.parse_arguments(call["function"]["arguments"]).get(side.stop_tool_response_property)
                 except ValueError:
                     continue
                 if isinstance(value, str):
@@ -337,8 +369,14 @@ class Engine:
                 if ttft is None:
                     ttft = (time.monotonic() - started) * 1000
                 await self._publisher.publish(
-                    thread_id, kind,
-                    {"message_id": str(step.message_id), "depth": 0, "offset": offsets[kind], "chunk": event.text},
+                    thread_id,
+                    kind,
+                    {
+                        "message_id": str(step.message_id),
+                        "depth": 0,
+                        "offset": offsets[kind],
+                        "chunk": event.text,
+                    },
                 )
                 offsets[kind] += len(event.text)
         except ProviderError as exc:
@@ -357,8 +395,15 @@ class Engine:
         attempt: int,
     ) -> None:
         row = tables.Log(
-            id=uuid.uuid4(), thread_id=thread_id, kind="llm", message_id=step.message_id, model=definition.name,
-            provider=definition.provider, attempt=attempt, latency_ms=latency, ttft_ms=ttft,
+            id=uuid.uuid4(),
+            thread_id=thread_id,
+            kind="llm",
+            message_id=step.message_id,
+            model=definition.name,
+            provider=definition.provider,
+            attempt=attempt,
+            latency_ms=latency,
+            ttft_ms=ttft,
         )
         if isinstance(response, ProviderError):
             row.status, row.error = "error", response.message
@@ -368,9 +413,13 @@ class Engine:
             row.input_tokens, row.output_tokens = usage.input_tokens, usage.output_tokens
             row.cached_tokens, row.reasoning_tokens = usage.cached_tokens, usage.reasoning_tokens
             row.cost = (
-                usage.input_tokens * (definition.input_price or 0) + usage.output_tokens * (definition.output_price or 0)
+                usage.input_tokens * (definition.input_price or 0)
+                + usage.output_tokens * (definition.output_price or 0)
             ) / 1_000_000
-            row.response = {"text": response.text[:500], "tool_calls": [c["function"]["name"] for c in response.tool_calls]}
+            row.response = {
+                "text": response.text[:500],
+                "tool_calls": [c["function"]["name"] for c in response.tool_calls],
+            }
         session.add(row)
 
     # -- tools ---------------------------------------------------------------------------------------------
@@ -381,22 +430,31 @@ class Engine:
         name = call["function"]["name"]
         async with self._tx(claim) as (session, thread):
             await events.append(session, thread.id, "tool_started", {"tool": name, "tool_call_id": call["id"]})
-            env = step.env or context.Env(
-                await env_store.thread_values(session, self._fernet, thread.id), {}, {}
-            )
+            env = step.env or context.Env(await env_store.thread_values(session, self._fernet, thread.id), {}, {})
             execution = ExecutionState(
-                side=step.side, step=step.number, session=thread.session_number, attempt=claim.attempt  # type: ignore[arg-type]
+                side="b" if step.side == "b" else "a",
+                step=step.number,
+                session=thread.session_number,
+                attempt=claim.attempt,
             )
             state = RunState(thread, env, lambda: self._tx(claim), execution, {})
         outcome = await tools.execute(self._catalog, offered, call, state)
         async with self._tx(claim) as (session, thread):
             await messages.add(
-                session, thread.id, "tool", side=step.side, name=name, tool_call_id=call["id"],
-                content=outcome.result.text, tool_status=outcome.result.status,
+                session,
+                thread.id,
+                "tool",
+                side=step.side,
+                name=name,
+                tool_call_id=call["id"],
+                content=outcome.result.text,
+                tool_status=outcome.result.status,
                 session_number=thread.session_number,
             )
             await events.append(
-                session, thread.id, "tool_completed",
+                session,
+                thread.id,
+                "tool_completed",
                 {"tool": name, "tool_call_id": call["id"], "status": outcome.result.status},
             )
         return outcome
@@ -425,4 +483,3 @@ async def _next_position(session: AsyncSession, thread_id: uuid.UUID) -> int:
         select(func.coalesce(func.max(tables.Message.position), 0) + 1).where(tables.Message.thread_id == thread_id)
     )
     return int(value.scalar_one())
-

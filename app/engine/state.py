@@ -64,8 +64,13 @@ class RunState:
         return self._env.get(name, self._tool_env)
 
     async def get_messages(
-        self, *, limit: int = 100, offset: int = 0, order: Literal["asc", "desc"] = "asc",
-        include_silent: bool = False, max_depth: int = 0,
+        self,
+        *,
+        limit: int = 100,
+        offset: int = 0,
+        order: Literal["asc", "desc"] = "asc",
+        include_silent: bool = False,
+        max_depth: int = 0,
     ) -> MessagesResult:
         async with self._transaction() as (session, thread):
             cond = [tables.Message.thread_id == thread.id, tables.Message.depth <= max_depth]
@@ -74,9 +79,11 @@ class RunState:
             total = int((await session.execute(select(func.count()).where(*cond))).scalar_one())
             position = tables.Message.position
             query = (
-                select(tables.Message).where(*cond)
+                select(tables.Message)
+                .where(*cond)
                 .order_by(position.asc() if order == "asc" else position.desc())
-                .offset(offset).limit(limit)
+                .offset(offset)
+                .limit(limit)
             )
             rows = list((await session.execute(query)).scalars())
         return MessagesResult(
@@ -93,9 +100,11 @@ class RunState:
         """The state a tool call sees: its call id, options and config env."""
         assert self._execution is not None
         execution = ExecutionState(
-            side=self._execution.side, step=self._execution.step, session=self._execution.session,
-            attempt=self._execution.attempt, tool_call_id=tool_call_id, tool_options=options,
+            side=self._execution.side,
+            step=self._execution.step,
+            session=self._execution.session,
+            attempt=self._execution.attempt,
+            tool_call_id=tool_call_id,
+            tool_options=options,
         )
         return RunState(self._thread, self._env, self._transaction, execution, self._context, tool_env)
-
-

@@ -109,9 +109,17 @@ def define_tool(
     def wrap(fn: ToolFunction) -> ToolDefinition:
         if not inspect.iscoroutinefunction(fn):
             raise TypeError(f"tool `{fn.__name__}` must be an `async def` function")
-        declared = [v if isinstance(v, VariableDefinition) else VariableDefinition.model_validate(v)
-                    for v in variables or []]
-        return _register(ToolDefinition(fn=fn, description=description, args_model=_args_model(fn),
-                                        variables=declared, name=fn.__name__))
+        declared = [
+            v if isinstance(v, VariableDefinition) else VariableDefinition.model_validate(v) for v in variables or []
+        ]
+        return _register(
+            ToolDefinition(
+                fn=fn,
+                description=description,
+                args_model=_args_model(fn),
+                variables=declared,
+                name=fn.__name__,
+            )
+        )
 
     return wrap

@@ -172,13 +172,25 @@ class ResumableConfig(Definition):
 
 
 SUBPROMPT_FIELDS = frozenset(
-    {"include_text_response", "include_tool_calls", "include_errors", "init_user_message_property",
-     "init_attachments_property"}
+    {
+        "include_text_response",
+        "include_tool_calls",
+        "include_errors",
+        "init_user_message_property",
+        "init_attachments_property",
+    }
 )
 CALLABLE_FIELDS = frozenset({"env", "options"})
 SUBAGENT_FIELDS = frozenset(
-    {"blocking", "init_user_message_property", "init_attachments_property", "init_agent_name_property",
-     "immediate", "optional", "resumable"}
+    {
+        "blocking",
+        "init_user_message_property",
+        "init_attachments_property",
+        "init_agent_name_property",
+        "immediate",
+        "optional",
+        "resumable",
+    }
 )
 HANDOFF_FIELDS: frozenset[str] = frozenset()
 

@@ -73,8 +73,13 @@ class ThreadState(Protocol):
         ...
 
     async def get_messages(
-        self, *, limit: int = 100, offset: int = 0, order: Literal["asc", "desc"] = "asc",
-        include_silent: bool = False, max_depth: int = 0,
+        self,
+        *,
+        limit: int = 100,
+        offset: int = 0,
+        order: Literal["asc", "desc"] = "asc",
+        include_silent: bool = False,
+        max_depth: int = 0,
     ) -> MessagesResult:
         """Messages of this thread."""
         ...

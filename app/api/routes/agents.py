@@ -20,8 +20,10 @@ def _summary(catalog: Catalog, agent: AgentDefinition) -> dict[str, object]:
         "description": agent.description or agent.tool_description,
         "icon": agent.icon,
         "expose_as_tool": agent.expose_as_tool,
-        "variables": [v.model_dump(include={"name", "type", "required", "scoped", "description"})
-                      for v in catalog.variables_of_agent(agent.name)],
+        "variables": [
+            v.model_dump(include={"name", "type", "required", "scoped", "description"})
+            for v in catalog.variables_of_agent(agent.name)
+        ],
     }
 
 

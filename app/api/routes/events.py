@@ -31,7 +31,11 @@ def _visible(type_: str, data: dict[str, Any], include_silent: bool, depth: int,
 @router.get(
     "/threads/{thread_id}/events",
     response_class=EventSourceResponse,
-    responses={200: {"content": {"text/event-stream": {}}}, 401: {"model": schemas.Error}, 404: {"model": schemas.Error}},
+    responses={
+        200: {"content": {"text/event-stream": {}}},
+        401: {"model": schemas.Error},
+        404: {"model": schemas.Error},
+    },
 )
 async def stream(
     thread_id: uuid.UUID,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -15,7 +15,7 @@ from app.api.deps import CurrentUser, SessionDep
 
 router = APIRouter(tags=["messages"])
 
-ERRORS = {401: {"model": schemas.Error}, 404: {"model": schemas.Error}}
+ERRORS: dict[int | str, dict[str, Any]] = {401: {"model": schemas.Error}, 404: {"model": schemas.Error}}
 
 
 async def enqueue_message(session: AsyncSession, thread: tables.Thread, body: schemas.MessageIn) -> uuid.UUID:
@@ -26,8 +26,12 @@ async def enqueue_message(session: AsyncSession, thread: tables.Thread, body: sc
         raise errors.Invalid("Attachments are not supported by this server version yet; send text content only.")
     message_id = uuid.uuid4()
     payload = {
-        "id": str(message_id), "role": body.role, "content": body.content, "silent": body.silent,
-        "metadata": body.metadata, "queued_at": datetime.now(UTC).isoformat(),
+        "id": str(message_id),
+        "role": body.role,
+        "content": body.content,
+        "silent": body.silent,
+        "metadata": body.metadata,
+        "queued_at": datetime.now(UTC).isoformat(),
     }
     await queue.enqueue(session, thread.id, queue.Kind.MESSAGE, payload)
     if thread.status == "idle":
@@ -53,10 +57,24 @@ async def post_message(
 def _queued(row: tables.Inbox) -> schemas.Message:
     p = row.payload
     return schemas.Message(
-        id=uuid.UUID(p["id"]), role=p["role"], side=messages.side_of(p["role"]), content=p.get("content"),
-        name=None, tool_calls=None, tool_call_id=None, tool_status=None, status="pending",
-        silent=bool(p.get("silent")), depth=0, parent_id=None, attachments=[], reasoning_content=None,
-        metadata={**(p.get("metadata") or {}), "queued": True}, subagent_id=None, model=None, usage=None,
+        id=uuid.UUID(p["id"]),
+        role=p["role"],
+        side=messages.side_of(p["role"]),
+        content=p.get("content"),
+        name=None,
+        tool_calls=None,
+        tool_call_id=None,
+        tool_status=None,
+        status="pending",
+        silent=bool(p.get("silent")),
+        depth=0,
+        parent_id=None,
+        attachments=[],
+        reasoning_content=None,
+        metadata={**(p.get("metadata") or {}), "queued": True},
+        subagent_id=None,
+        model=None,
+        usage=None,
         created_at=row.created_at,
     )
 
@@ -76,13 +94,20 @@ async def list_messages(
     """A page of history (newest page first, older pages through `cursor`), plus queued input."""
     thread = await threads.get(session, thread_id, who)
     rows, next_cursor = await messages.page(
-        session, thread.id, limit=limit, cursor=cursor, order=order, include_silent=include_silent,
-        depth=depth, since_id=since_id,
+        session,
+        thread.id,
+        limit=limit,
+        cursor=cursor,
+        order=order,
+        include_silent=include_silent,
+        depth=depth,
+        since_id=since_id,
     )
     out = [schemas.Message.model_validate(messages.to_dict(r)) for r in rows]
     if cursor is None:
         queued = [
-            _queued(r) for r in await queue.pending(session, thread.id)
+            _queued(r)
+            for r in await queue.pending(session, thread.id)
             if r.kind == queue.Kind.MESSAGE and (include_silent or not r.payload.get("silent"))
         ]
         out = out + queued if order == "asc" else queued[::-1] + out
@@ -96,5 +121,3 @@ async def get_message(
     """One message."""
     thread = await threads.get(session, thread_id, who)
     return schemas.Message.model_validate(messages.to_dict(await messages.get(session, thread.id, message_id)))
-
-

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Request
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -16,7 +16,7 @@ from app.catalog import Catalog
 
 router = APIRouter(tags=["threads"])
 
-ERRORS = {401: {"model": schemas.Error}, 404: {"model": schemas.Error}}
+ERRORS: dict[int | str, dict[str, Any]] = {401: {"model": schemas.Error}, 404: {"model": schemas.Error}}
 
 
 async def view(session: AsyncSession, row: tables.Thread, children: int | None = None) -> schemas.Thread:
@@ -25,14 +25,30 @@ async def view(session: AsyncSession, row: tables.Thread, children: int | None =
     if children is None:
         children = (await threads.children_counts(session, [row.id])).get(row.id, 0)
     return schemas.Thread(
-        id=row.id, agent=row.agent, origin_agent=row.origin_agent, type=row.type, parent_id=row.parent_id,
-        user_id=row.user_id, name=row.name, tags=row.tags, status=row.status, side=row.side,
+        id=row.id,
+        agent=row.agent,
+        origin_agent=row.origin_agent,
+        type=row.type,
+        parent_id=row.parent_id,
+        user_id=row.user_id,
+        name=row.name,
+        tags=row.tags,
+        status=row.status,
+        side=row.side,
         session=schemas.Session(
-            number=row.session_number, turns=row.session_turns, status=row.session_status,
-            reason=row.session_reason, result=row.session_result,
+            number=row.session_number,
+            turns=row.session_turns,
+            status=row.session_status,
+            reason=row.session_reason,
+            result=row.session_result,
         ),
-        env=values, env_types=types, created_at=row.created_at, updated_at=row.updated_at,
-        last_message_at=row.last_message_at, terminated_at=row.terminated_at, children_count=children,
+        env=values,
+        env_types=types,
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+        last_message_at=row.last_message_at,
+        terminated_at=row.terminated_at,
+        children_count=children,
     )
 
 
@@ -107,5 +123,3 @@ async def list_threads(
 async def get_thread(thread_id: uuid.UUID, session: SessionDep, who: CurrentUser) -> schemas.Thread:
     """One thread."""
     return await view(session, await threads.get(session, thread_id, who))
-
-

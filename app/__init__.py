@@ -1,0 +1,1 @@
+"""Standard Agents runtime for Python."""
