@@ -1,0 +1,16 @@
+FROM python:3.11-slim
+
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
+WORKDIR /srv
+
+RUN useradd --create-home --uid 10001 agents
+COPY pyproject.toml README.md alembic.ini ./
+COPY app ./app
+COPY migrations ./migrations
+COPY agents ./agents
+RUN pip install -e . && chown -R agents:agents /srv
+
+USER agents
+ENV HOST=0.0.0.0 PORT=8000 AGENTS_DIR=/srv/agents
+EXPOSE 8000
+CMD ["agents", "api"]
