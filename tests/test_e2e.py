@@ -22,15 +22,15 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _serve(env: dict[str, str], port: int, log: Path) -> subprocess.Popen[bytes]:
+def _start(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     with log.open("wb") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "app", "serve", "--port", str(port)],
-            cwd=ROOT,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
+            [sys.executable, "-m", "app", *args], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT
         )
+
+
+def _serve(env: dict[str, str], port: int, log: Path) -> subprocess.Popen[bytes]:
+    return _start(["serve", "--port", str(port)], env, log)
 
 
 async def _until_ready(base: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 60) -> None:
@@ -102,3 +102,22 @@ async def test_serve_starts_the_embedded_postgres_when_no_url_is_set(tmp_path: P
     assert (tmp_path / "data" / "pg" / "PG_VERSION").exists()
     # the server stopped its Postgres on exit
     assert not (tmp_path / "data" / "pg" / "postmaster.pid").exists()
+
+
+async def test_api_and_worker_run_as_separate_processes(server_env: dict[str, str], tmp_path: Path) -> None:
+    port = _free_port()
+    env = {**server_env, "SECRET_KEY": "k" * 48}
+    api = _start(["api", "--port", str(port)], env, tmp_path / "api.log")
+    worker = _start(["worker"], env, tmp_path / "worker.log")
+    base = f"http://127.0.0.1:{port}"
+    try:
+        await _until_ready(base, api, tmp_path / "api.log")
+        async with httpx.AsyncClient(base_url=base) as client:
+            tid = (await client.post("/threads", json={"agent": "assistant"})).json()["id"]
+            await client.post(f"/threads/{tid}/messages", json={"content": "what time is it"})
+            frames = await asyncio.wait_for(read_events(base, f"/threads/{tid}/events", "turn_ended"), 30)
+        assert any(f["event"] == "tool_completed" and f["data"]["tool"] == "get_time" for f in frames)
+        assert any(f["event"] == "message_chunk" for f in frames)  # deltas cross processes too
+    finally:
+        assert _stop(worker) == 0, (tmp_path / "worker.log").read_text()
+        assert _stop(api) == 0, (tmp_path / "api.log").read_text()

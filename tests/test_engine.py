@@ -255,3 +255,19 @@ async def test_without_include_chat_a_turn_sees_only_itself(app_factory: Any, in
 
 async def _ready(value: bool) -> bool:
     return value
+
+
+async def test_script_position_is_durable_across_workers(app_factory: Any) -> None:
+    cat = catalog(["first", "second"])
+    client, tid = await run(app_factory, cat, "one")
+    # a new process (app + worker) picks the thread up again: the script continues, it does not restart
+    app2 = await app_factory(cat, with_worker=True)
+    client2 = client_for(app2)
+    await client2.post(f"/threads/{tid}/messages", json={"content": "two"})
+
+    async def answered() -> bool:
+        return len([m for m in await stored(client2, tid) if m["role"] == "assistant"]) == 2
+
+    await wait_for(answered)
+    assert [m["content"] for m in await stored(client2, tid) if m["role"] == "assistant"] == ["first", "second"]
+    assert client is not None
