@@ -128,6 +128,8 @@ async def page(
                 before = int(cursor)
             except ValueError as exc:
                 raise errors.BadCursor() from exc
+            if not 0 < before < 2**62:
+                raise errors.BadCursor()
             query = query.where(tables.Message.position < before)
         query = query.order_by(tables.Message.position.desc())
     rows = list((await session.execute(query.limit(limit + 1))).scalars())

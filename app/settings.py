@@ -27,6 +27,7 @@ class Settings(BaseSettings):
     max_session_steps: int = Field(default=250, ge=1)
     db_pool_size: int = Field(default=10, ge=1)
     migrate_on_start: bool = True
+    max_body_bytes: int = Field(default=10 * 1024 * 1024, ge=1024, description="largest request body accepted")
     process_env: dict[str, str] = Field(default_factory=lambda: dict(os.environ), exclude=True)
 
     @field_validator("database_url")

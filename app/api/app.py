@@ -71,9 +71,14 @@ def create_app(settings: Settings, catalog: Catalog, *, with_worker: bool = Fals
     errors.install(app)
 
     @app.middleware("http")
-    async def json_only(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-        """Bodies are JSON: anything else is 415 before validation runs."""
-        has_body = request.headers.get("content-length", "0") != "0" or "transfer-encoding" in request.headers
+    async def guard(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        """Refuse what no route can take before it is read: NUL in the URL, oversized or non-JSON bodies."""
+        if "%00" in request.url.query or "%00" in request.url.path or "\x00" in request.url.path:
+            return errors.envelope(400, "invalid_request", "NUL characters are not allowed in URLs.")
+        length = request.headers.get("content-length", "0")
+        if length.isdigit() and int(length) > settings.max_body_bytes:
+            return errors.envelope(413, "too_large", f"The body exceeds the limit of {settings.max_body_bytes} bytes.")
+        has_body = length != "0" or "transfer-encoding" in request.headers
         if request.method in ("POST", "PUT", "PATCH") and has_body:
             media = request.headers.get("content-type", "").split(";")[0].strip().lower()
             if media != "application/json" and not media.endswith("+json"):

@@ -6,13 +6,32 @@ import uuid
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
+
+
+def _refuse_nul(value: Any) -> None:
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise ValueError("text must not contain NUL (\\u0000) characters")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _refuse_nul(key)
+            _refuse_nul(item)
+    elif isinstance(value, list):
+        for item in value:
+            _refuse_nul(item)
 
 
 class In(BaseModel):
-    """Request bodies: unknown fields are errors."""
+    """Request bodies: unknown fields are errors, and so is a NUL character anywhere (Postgres cannot store it)."""
 
     model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_nul(cls, data: Any) -> Any:
+        _refuse_nul(data)
+        return data
 
 
 class AttachmentIn(In):

@@ -41,7 +41,7 @@ async def stream(
     thread_id: uuid.UUID,
     request: Request,
     who: CurrentUser,
-    since: Annotated[int | None, Query(ge=0)] = None,
+    since: Annotated[int | None, Query(ge=0, le=2**62)] = None,
     include_silent: bool = False,
     depth: Annotated[int, Query(ge=0, le=100)] = 0,
     reasoning: bool = False,
@@ -52,7 +52,7 @@ async def stream(
     async with factory() as session:
         await threads.get(session, thread_id, who)
     after = since or 0
-    if last_event_id is not None and last_event_id.strip().isdigit():
+    if last_event_id is not None and last_event_id.strip().isdigit() and len(last_event_id.strip()) < 19:
         after = int(last_event_id.strip())
     hub: events.Hub = request.app.state.hub
 

@@ -1,0 +1,81 @@
+"""Hostile input never reaches a 500: NUL bytes, huge numbers, deep JSON, oversized bodies."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import httpx
+import pytest
+from fastapi import FastAPI
+
+from tests.conftest import client_for
+from tests.test_api import _catalog, assert_error
+
+
+@pytest.fixture
+async def client(app_factory: Any) -> Any:
+    app: FastAPI = await app_factory(_catalog(), max_body_bytes=100_000)
+    async with client_for(app) as c:
+        yield c
+
+
+async def _thread(client: httpx.AsyncClient) -> str:
+    tid: str = (await client.post("/threads", json={"agent": "assistant"})).json()["id"]
+    return tid
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"agent": "assistant", "name": "a\u0000b"},
+        {"agent": "assistant", "tags": ["\u0000"]},
+        {"agent": "assistant", "env": {"X": "\u0000"}},
+        {"agent": "assistant\u0000"},
+        {"agent": "assistant", "messages": [{"content": "hi\u0000"}]},
+    ],
+)
+async def test_nul_bytes_in_thread_bodies_are_refused(client: httpx.AsyncClient, body: dict[str, Any]) -> None:
+    assert_error(await client.post("/threads", json=body), 422, "invalid_request")
+    assert (await client.get("/threads")).json()["threads"] == []
+
+
+async def test_nul_bytes_in_messages_and_queries_are_refused(client: httpx.AsyncClient) -> None:
+    tid = await _thread(client)
+    for body in ({"content": "a\u0000"}, {"content": "a", "metadata": {"k": ["\u0000"]}}):
+        assert_error(await client.post(f"/threads/{tid}/messages", json=body), 422, "invalid_request")
+    assert (await client.get(f"/threads/{tid}/messages")).json()["messages"] == []
+    for params in ({"agent": "\u0000"}, {"tag": "\u0000"}, {"cursor": "\u0000"}):
+        response = await client.get("/threads", params=params)
+        assert 400 <= response.status_code < 500, response.text
+
+
+async def test_huge_numbers_are_refused(client: httpx.AsyncClient) -> None:
+    tid = await _thread(client)
+    for path in (f"/threads/{tid}/events?since=99999999999999999999999", "/threads?limit=99999999999999999999"):
+        assert_error(await client.get(path), 422, "invalid_request")
+    cursor = await client.get(f"/threads/{tid}/messages", params={"cursor": "99999999999999999999999"})
+    assert_error(cursor, 400, "bad_cursor")
+
+
+async def test_deep_json_is_refused(client: httpx.AsyncClient) -> None:
+    tid = await _thread(client)
+    deep = "[" * 5000 + "]" * 5000
+    body = f'{{"content": "x", "metadata": {{"k": {deep}}}}}'.encode()
+    response = await client.post(f"/threads/{tid}/messages", content=body, headers={"content-type": "application/json"})
+    assert 400 <= response.status_code < 500, response.text
+
+
+async def test_oversized_bodies_are_413(client: httpx.AsyncClient) -> None:
+    tid = await _thread(client)
+    response = await client.post(f"/threads/{tid}/messages", json={"content": "x" * 200_000})
+    assert_error(response, 413, "too_large")
+    assert (await client.get(f"/threads/{tid}/messages")).json()["messages"] == []
+
+
+async def test_unknown_ids_in_paths(client: httpx.AsyncClient) -> None:
+    tid = await _thread(client)
+    assert_error(await client.get(f"/threads/{tid}/messages/{uuid.uuid4()}"), 404, "message_not_found")
+    assert_error(await client.get(f"/threads/{tid}/messages/x"), 422, "invalid_request")
+    since = await client.get(f"/threads/{tid}/messages", params={"since_id": str(uuid.uuid4())})
+    assert_error(since, 404, "message_not_found")
