@@ -97,9 +97,13 @@ async def get(session: AsyncSession, thread_id: uuid.UUID, message_id: uuid.UUID
     return row
 
 
-async def history(session: AsyncSession, thread_id: uuid.UUID) -> list[tables.Message]:
-    """The whole history of a thread in order (the engine's view)."""
+async def history(
+    session: AsyncSession, thread_id: uuid.UUID, *, session_number: int | None = None
+) -> list[tables.Message]:
+    """The history of a thread in order (the engine's view), or of one of its sessions."""
     query = select(tables.Message).where(tables.Message.thread_id == thread_id).order_by(tables.Message.position)
+    if session_number is not None:
+        query = query.where(tables.Message.session_number == session_number)
     return list((await session.execute(query)).scalars())
 
 

@@ -55,7 +55,7 @@ async def mark_runnable(session: AsyncSession, thread_id: uuid.UUID) -> None:
 
 
 # CLAIM: the oldest runnable thread whose lease is absent or expired, skipping rows another claimer locked.
-# A thread parked on a blocking child (`waiting`) or terminated is never claimed for ordinary input.
+# A thread parked on a blocking child (`waiting`), stopped by its user or terminated is never claimed.
 _CLAIM = text(
     """
     UPDATE threads SET lease_token = :token, lease_owner = :owner,
@@ -64,7 +64,7 @@ _CLAIM = text(
         SELECT id FROM threads
         WHERE runnable_since IS NOT NULL
           AND (lease_expires_at IS NULL OR lease_expires_at < now())
-          AND terminated_at IS NULL AND status <> 'waiting'
+          AND terminated_at IS NULL AND NOT stopped AND status <> 'waiting'
         ORDER BY runnable_since
         LIMIT 1
         FOR UPDATE SKIP LOCKED

@@ -65,6 +65,7 @@ class Thread(Base):
     session_steps: Mapped[int] = mapped_column(Integer, server_default="0")
     turn_start: Mapped[int | None] = mapped_column(BigInteger)  # position of the input the current turn answers
     stopped: Mapped[bool] = mapped_column(Boolean, server_default="false")
+    status_text: Mapped[str | None] = mapped_column(Text)  # the last `sessionStatus` message
     terminated_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     created_at: Mapped[datetime] = _now()
     updated_at: Mapped[datetime] = _now()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import uuid
 from datetime import UTC, datetime
+from typing import Any
 
 from sqlalchemy import and_, func, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -125,3 +126,21 @@ async def set_status(session: AsyncSession, thread: tables.Thread, status: str) 
     thread.updated_at = datetime.now(UTC)
     await session.flush()
     await events.append(session, thread.id, "thread_status", {"status": status})
+
+
+async def end_session(
+    session: AsyncSession,
+    thread: tables.Thread,
+    status: str,
+    reason: str,
+    result: dict[str, Any] | None = None,
+) -> None:
+    """Record how the running session ended and emit `session_ended`; the next input starts a new session."""
+    thread.session_status = status
+    thread.session_reason = reason
+    thread.session_result = result
+    thread.side = None
+    data: dict[str, Any] = {"status": status, "reason": reason}
+    if result is not None:
+        data["result"] = result
+    await events.append(session, thread.id, "session_ended", data)

@@ -1,7 +1,8 @@
 """The worker: claims runnable threads into a bounded set of slots and drives the engine on each.
 
 Wake-up policy: a NOTIFY on the wake-up channel, the poll interval, or a slot freeing up — whichever comes first.
-Leases are renewed by one heartbeat task on its own connection; a lease that is lost cancels its execution.
+Leases are renewed by one heartbeat task on its own connection; a lease that is lost cancels its execution, and so
+does a NOTIFY on the control channel (a stop or terminate revoked the lease).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import uuid
 import asyncpg
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
-from app import queue
+from app import lifecycle, queue
 from app.engine.run import Engine
 from app.settings import Settings, plain_url
 
@@ -46,6 +47,7 @@ class Worker:
         assert self._settings.database_url is not None
         listener = await asyncpg.connect(plain_url(self._settings.database_url))
         await listener.add_listener(queue.WAKEUP_CHANNEL, lambda *_: self._wake.set())
+        await listener.add_listener(lifecycle.CONTROL_CHANNEL, lambda *args: self._abandon(args[3]))
         heartbeat = asyncio.create_task(self._heartbeat(stop), name="heartbeat")
         log.info("worker %s started with %d slots", self.owner, self._settings.worker_concurrency)
         try:
@@ -104,6 +106,16 @@ class Worker:
                 if entry is not None:
                     log.warning("lease of thread %s lost; cancelling its execution", thread_id)
                     entry[1].cancel()
+
+    def _abandon(self, thread_id: str) -> None:
+        """A stop or terminate took this thread's lease: cancel its in-flight call now, not at the next heartbeat."""
+        try:
+            entry = self._running.get(uuid.UUID(thread_id))
+        except ValueError:
+            return
+        if entry is not None:
+            log.info("thread %s was stopped or terminated; cancelling its execution", thread_id)
+            entry[1].cancel()
 
     async def _drain(self) -> None:
         """Cancel running executions and give their leases back without spending their attempt."""

@@ -106,7 +106,14 @@ async def test_tool_call_then_reply(app_factory: Any) -> None:
     assert rows[2]["tool_call_id"] == rows[1]["tool_calls"][0]["id"]
     assert rows[3]["content"] == "It is 5."
     thread = (await client.get(f"/threads/{tid}")).json()
-    assert thread["session"] == {"number": 1, "turns": 1, "status": "running", "reason": None, "result": None}
+    assert thread["session"] == {
+        "number": 1,
+        "turns": 1,
+        "status": "running",
+        "reason": None,
+        "result": None,
+        "status_text": None,
+    }
     events = await event_types(client, tid)
     names = [e for e, _ in events]
     assert names.index("step_started") < names.index("tool_started") < names.index("tool_completed")

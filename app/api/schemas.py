@@ -57,12 +57,17 @@ class ThreadIn(In):
     messages: list[MessageIn] = Field(default_factory=list, max_length=100)
 
 
+class ContinueIn(In):
+    side: Literal["a", "b"] = "a"
+
+
 class Session(BaseModel):
     number: int
     turns: int
     status: str | None
     reason: str | None = None
     result: dict[str, Any] | None = None
+    status_text: str | None = Field(default=None, description="the message of the last `sessionStatus` call")
 
 
 class Thread(BaseModel):

@@ -41,6 +41,8 @@ from app.spec.state import ExecutionState
 
 log = logging.getLogger(__name__)
 
+MAX_ATTEMPTS = 3  # claims of one step that ended in a crash before its session fails (`storage-and-queue.md`)
+
 
 @dataclass
 class Step:
@@ -99,9 +101,12 @@ class Engine:
 
     async def _run(self, claim: queue.Claim) -> None:
         async with self._tx(claim) as (session, thread):
-            if thread.terminated_at is not None:
+            if thread.terminated_at is not None or thread.stopped:
                 return
             agent = self._catalog.agent(thread.agent)
+            if thread.attempt > MAX_ATTEMPTS:
+                await self._crashed(session, thread)
+                return
             acting = await self._deliver(session, thread, agent, mid_turn=False)
             if acting is None and thread.status != "running":
                 await threads.set_status(session, thread, "idle")
@@ -180,6 +185,7 @@ class Engine:
         for call in step.calls:
             outcomes.append(await self._run_tool(claim, step, offered, call))
         async with self._tx(claim) as (session, thread):
+            thread.attempt = 1  # the step is done: the next one starts with a fresh crash budget
             if not step.response.text.strip() and not step.response.tool_calls:
                 verdict = stops.Verdict("turn", "empty_response")
             else:
@@ -214,14 +220,8 @@ class Engine:
         return False
 
     async def _end_session(self, session: AsyncSession, thread: tables.Thread, verdict: stops.Verdict) -> None:
-        thread.session_status = verdict.status
-        thread.session_reason = verdict.reason
-        thread.session_result = verdict.result
-        thread.side = None
-        data: dict[str, Any] = {"status": verdict.status, "reason": verdict.reason}
-        if verdict.result is not None:
-            data["result"] = verdict.result
-        await events.append(session, thread.id, "session_ended", data)
+        assert verdict.status is not None and verdict.reason is not None
+        await threads.end_session(session, thread, verdict.status, verdict.reason, verdict.result)
         await threads.set_status(session, thread, "idle")
 
     async def _open_step(self, claim: queue.Claim, agent: AgentDefinition) -> Step | None:
@@ -435,7 +435,7 @@ class Engine:
                 side="b" if step.side == "b" else "a",
                 step=step.number,
                 session=thread.session_number,
-                attempt=claim.attempt,
+                attempt=thread.attempt,
             )
             state = RunState(thread, env, lambda: self._tx(claim), execution, {})
         outcome = await tools.execute(self._catalog, offered, call, state)
@@ -458,6 +458,21 @@ class Engine:
                 {"tool": name, "tool_call_id": call["id"], "status": outcome.result.status},
             )
         return outcome
+
+    async def _crashed(self, session: AsyncSession, thread: tables.Thread) -> None:
+        """The same step crashed its worker `MAX_ATTEMPTS` times: fail the session instead of looping."""
+        for row in await messages.history(session, thread.id, session_number=thread.session_number):
+            if row.status == "pending":
+                await messages.save(session, row, status="failed")
+        message = (
+            f"The run crashed {MAX_ATTEMPTS} times at step {thread.session_steps} of session "
+            f"{thread.session_number}; the session was failed instead of trying again."
+        )
+        await events.append(session, thread.id, "error", {"code": "crashed", "message": message})
+        if thread.session_status == "running":
+            await self._end_session(session, thread, stops.Verdict("session", "crashed", "failure"))
+        else:
+            await threads.set_status(session, thread, "idle")
 
     async def _fail(self, claim: queue.Claim, code: str, message: str) -> None:
         """End the session after an unexpected error, so no thread is left `running`."""

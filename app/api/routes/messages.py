@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Query
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import errors, messages, queue, tables, threads
+from app import errors, lifecycle, messages, queue, tables, threads
 from app.api import schemas
 from app.api.deps import CurrentUser, SessionDep
 
@@ -34,6 +34,8 @@ async def enqueue_message(session: AsyncSession, thread: tables.Thread, body: sc
         "queued_at": datetime.now(UTC).isoformat(),
     }
     await queue.enqueue(session, thread.id, queue.Kind.MESSAGE, payload)
+    if body.role != "system":
+        await lifecycle.unpark(session, thread)
     if thread.status == "idle":
         await threads.set_status(session, thread, "queued")
     return message_id

@@ -1,4 +1,4 @@
-"""Threads: create, list, read."""
+"""Threads: create, list, read, stop, continue, terminate."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Query, Request
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import env, errors, tables, threads
+from app import env, errors, lifecycle, tables, threads
 from app.api import schemas
 from app.api.deps import CatalogDep, CurrentUser, SessionDep
 from app.api.routes.messages import enqueue_message
@@ -41,6 +41,7 @@ async def view(session: AsyncSession, row: tables.Thread, children: int | None =
             status=row.session_status,
             reason=row.session_reason,
             result=row.session_result,
+            status_text=row.status_text,
         ),
         env=values,
         env_types=types,
@@ -123,3 +124,46 @@ async def list_threads(
 async def get_thread(thread_id: uuid.UUID, session: SessionDep, who: CurrentUser) -> schemas.Thread:
     """One thread."""
     return await view(session, await threads.get(session, thread_id, who))
+
+
+@router.post("/threads/{thread_id}/stop", responses={**ERRORS, 409: {"model": schemas.Error}})
+async def stop_thread(thread_id: uuid.UUID, session: SessionDep, who: CurrentUser) -> schemas.Thread:
+    """Abort the running step, answer its open tool calls, and park the thread (§11)."""
+    thread = await threads.get(session, thread_id, who, lock=True)
+    await lifecycle.stop(session, thread)
+    result = await view(session, thread)
+    await session.commit()
+    return result
+
+
+@router.post(
+    "/threads/{thread_id}/continue",
+    status_code=202,
+    responses={**ERRORS, 409: {"model": schemas.Error}, 422: {"model": schemas.Error}},
+)
+async def continue_thread(
+    thread_id: uuid.UUID,
+    session: SessionDep,
+    who: CurrentUser,
+    catalog: CatalogDep,
+    body: schemas.ContinueIn | None = None,
+) -> schemas.Thread:
+    """Clear a stop and make a side act (default `a`)."""
+    side = (body or schemas.ContinueIn()).side
+    thread = await threads.get(session, thread_id, who, lock=True)
+    if catalog.agent(thread.agent).side(side) is None:
+        raise errors.Invalid(f"Agent `{thread.agent}` has no side `{side}` that could act; use side `a`.")
+    await lifecycle.resume(session, thread, side)
+    result = await view(session, thread)
+    await session.commit()
+    return result
+
+
+@router.post("/threads/{thread_id}/terminate", responses=ERRORS)
+async def terminate_thread(thread_id: uuid.UUID, session: SessionDep, who: CurrentUser) -> schemas.Thread:
+    """End the thread and its descendants for good; later input gets 409."""
+    thread = await threads.get(session, thread_id, who, lock=True)
+    await lifecycle.terminate(session, thread)
+    result = await view(session, thread)
+    await session.commit()
+    return result

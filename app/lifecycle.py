@@ -1,0 +1,123 @@
+"""Stop, continue and terminate (`semantics.md` §11): parking a thread, waking it, ending it for good.
+
+Each of them revokes the thread's lease in the transaction that changes its state, so a worker still executing it
+can never write again (its next fenced commit fails), and NOTIFYs the control channel so that worker cancels the
+in-flight LLM call or tool at once instead of at its next heartbeat.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+
+from sqlalchemy import delete, func, select, text
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from app import errors, events, messages, queue, tables, threads
+
+CONTROL_CHANNEL = "agents_control"
+STOPPED = "Execution stopped by user"
+
+
+async def _revoke(session: AsyncSession, thread: tables.Thread) -> None:
+    """Take the lease away from whoever holds it and tell its worker to abandon the execution."""
+    thread.lease_token = None
+    thread.lease_owner = None
+    thread.lease_expires_at = None
+    thread.attempt = 0
+    thread.runnable_since = None
+    await session.flush()
+    await session.execute(select(func.pg_notify(CONTROL_CHANNEL, str(thread.id))))
+
+
+async def _close_open_work(session: AsyncSession, thread: tables.Thread, reason: str) -> None:
+    """Fail the pending message and answer every open tool call of the current session with an error."""
+    rows = await messages.history(session, thread.id, session_number=thread.session_number)
+    answered = {r.tool_call_id for r in rows if r.role == "tool"}
+    for row in rows:
+        if row.status == "pending":
+            await messages.save(session, row, status="failed")
+        elif row.role == "assistant" and row.tool_calls:
+            for call in row.tool_calls:
+                if call["id"] in answered:
+                    continue
+                await messages.add(
+                    session,
+                    thread.id,
+                    "tool",
+                    side=row.side,
+                    name=call["function"]["name"],
+                    tool_call_id=call["id"],
+                    content=reason,
+                    tool_status="error",
+                    session_number=thread.session_number,
+                )
+
+
+async def stop(session: AsyncSession, thread: tables.Thread) -> None:
+    """Abort what runs, close its open work, and park the thread until a human message or `continue`."""
+    if thread.terminated_at is not None:
+        raise errors.ThreadTerminated()
+    if thread.stopped:
+        return
+    await _close_open_work(session, thread, STOPPED)
+    await messages.add(session, thread.id, "system", content=STOPPED, session_number=thread.session_number)
+    if thread.session_status == "running":
+        await threads.end_session(session, thread, "failure", "stopped_by_user")
+    thread.stopped = True
+    thread.side = None
+    await _revoke(session, thread)
+    await events.append(session, thread.id, "stopped_by_user", {})
+    await threads.set_status(session, thread, "stopped")
+
+
+async def resume(session: AsyncSession, thread: tables.Thread, side: str) -> None:
+    """Clear a stop and make `side` act (the HTTP `continue`)."""
+    if thread.terminated_at is not None:
+        raise errors.ThreadTerminated()
+    thread.stopped = False
+    await queue.enqueue(session, thread.id, queue.Kind.CONTINUE, {"side": side})
+    if thread.status in ("idle", "stopped"):
+        await threads.set_status(session, thread, "queued")
+
+
+async def unpark(session: AsyncSession, thread: tables.Thread) -> None:
+    """A human message ends a stop: the queued input runs again."""
+    if thread.stopped:
+        thread.stopped = False
+        await threads.set_status(session, thread, "queued")
+
+
+# DESCENDANTS: the thread and every thread below it, deepest first (children are terminated before parents).
+_DESCENDANTS = text(
+    """
+    WITH RECURSIVE tree(id, depth) AS (
+        SELECT id, 0 FROM threads WHERE id = :id
+        UNION ALL
+        SELECT t.id, tree.depth + 1 FROM threads t JOIN tree ON t.parent_id = tree.id
+    )
+    SELECT id FROM tree ORDER BY depth DESC
+    """
+)
+
+
+async def terminate(session: AsyncSession, thread: tables.Thread) -> list[uuid.UUID]:
+    """End the thread and its descendants for good; later input is refused. Returns the terminated ids."""
+    ids = [r.id for r in await session.execute(_DESCENDANTS, {"id": thread.id})]
+    done: list[uuid.UUID] = []
+    for thread_id in ids:
+        row = thread if thread_id == thread.id else await session.get(tables.Thread, thread_id, with_for_update=True)
+        if row is None or row.terminated_at is not None:
+            continue
+        await _close_open_work(session, row, "Thread terminated")
+        if row.session_status == "running":
+            await threads.end_session(session, row, "failure", "terminated")
+        await session.execute(delete(tables.Inbox).where(tables.Inbox.thread_id == row.id))
+        row.terminated_at = datetime.now(UTC)
+        row.stopped = False
+        row.side = None
+        await _revoke(session, row)
+        await events.append(session, row.id, "thread_terminated", {})
+        await threads.set_status(session, row, "terminated")
+        done.append(row.id)
+    return done
