@@ -37,7 +37,7 @@ async def _close_open_work(session: AsyncSession, thread: tables.Thread, reason:
     for row in rows:
         if row.status == "pending":
             await messages.save(session, row, status="failed")
-        elif row.role == "assistant" and row.tool_calls:
+        elif row.role != "tool" and row.tool_calls:
             for call in row.tool_calls:
                 if call["id"] in answered:
                     continue

@@ -23,6 +23,11 @@ def side_of(role: str, tool_side: str | None = None) -> str | None:
     return None
 
 
+def role_of(side: str) -> str:
+    """The stored role of what a side writes: roles record authorship (§1)."""
+    return "assistant" if side == "a" else "user"
+
+
 def to_dict(row: tables.Message) -> dict[str, Any]:
     """The API's `Message`."""
     return {

@@ -56,6 +56,7 @@ class Step:
     calls: list[ToolCall] = field(default_factory=list)  # tool calls still to run
     response: LLMResponse | None = None
     env: context.Env | None = None
+    config: SideConfig | None = None  # the acting side's config, for its session tool bindings
 
 
 class Engine:
@@ -181,6 +182,7 @@ class Engine:
                 return False
             step.response, step.calls = response, list(response.tool_calls)
         offered = {t.name: t for t in context.offered_tools(self._catalog, prompt, side_config)}
+        step.config = side_config
         outcomes = []
         for call in step.calls:
             outcomes.append(await self._run_tool(claim, step, offered, call))
@@ -196,6 +198,7 @@ class Engine:
                 "step_completed",
                 {"step": step.number, "side": step.side, "stopped": verdict.ends != "nothing"},
             )
+            await self._report_status(session, thread, side_config, outcomes)
             if verdict.ends == "turn":
                 await events.append(session, thread.id, "turn_ended", {"side": step.side, "reason": verdict.reason})
                 thread.session_turns += 1
@@ -207,13 +210,28 @@ class Engine:
                 return False
         return True
 
+    @staticmethod
+    async def _report_status(
+        session: AsyncSession, thread: tables.Thread, side: SideConfig, outcomes: list[tools.Outcome]
+    ) -> None:
+        """A successful `sessionStatus` call sets the thread's status text; it never stops anything (§5)."""
+        binding = side.binding("status")
+        for outcome in outcomes:
+            if binding is None or outcome.call["function"]["name"] != binding.name:
+                continue
+            if outcome.result.status == "success":
+                thread.status_text = stops.payload(binding, outcome)["content"]
+                await events.append(
+                    session, thread.id, "thread_status", {"status": thread.status, "status_text": thread.status_text}
+                )
+
     async def _after_turn(
         self, session: AsyncSession, thread: tables.Thread, agent: AgentDefinition, side: str
     ) -> bool:
         """`ai_human`: wait for the human. `dual_ai`: the other side acts next, in this execution."""
         if agent.type == "dual_ai":
             await self._start_turn(session, thread, "b" if side == "a" else "a")
-            thread.turn_start = await _next_position(session, thread.id)
+            thread.turn_start = await _answered_position(session, thread.id, side)
             return True
         thread.side = None
         await threads.set_status(session, thread, "idle")
@@ -227,13 +245,15 @@ class Engine:
     async def _open_step(self, claim: queue.Claim, agent: AgentDefinition) -> Step | None:
         """Deliver input, then either resume unanswered tool calls or open a new LLM call into a pending message."""
         async with self._tx(claim) as (session, thread):
-            await self._deliver(session, thread, agent, mid_turn=True)
+            acting = await self._deliver(session, thread, agent, mid_turn=thread.turn_steps > 0)
+            if acting is not None:  # input between two turns picks who answers it (§2)
+                await self._start_turn(session, thread, acting)
             side = thread.side or "a"
             side_config, prompt = self._prompt_of(agent, side)
             rows = await messages.history(session, thread.id)
             turn_start = thread.turn_start or 0
             last = next(
-                (r for r in reversed(rows) if r.role == "assistant" and r.side == side and r.position >= turn_start),
+                (r for r in reversed(rows) if r.role != "tool" and r.side == side and r.position >= turn_start),
                 None,
             )
             if last is not None and last.status == "completed" and last.tool_calls:
@@ -265,7 +285,7 @@ class Engine:
                 message = await messages.add(
                     session,
                     thread.id,
-                    "assistant",
+                    messages.role_of(side),
                     side=side,
                     status="pending",
                     prompt=prompt.name,
@@ -439,6 +459,7 @@ class Engine:
             )
             state = RunState(thread, env, lambda: self._tx(claim), execution, {})
         outcome = await tools.execute(self._catalog, offered, call, state)
+        content, attachments = stops.stored_result(step.config, outcome)
         async with self._tx(claim) as (session, thread):
             await messages.add(
                 session,
@@ -447,7 +468,8 @@ class Engine:
                 side=step.side,
                 name=name,
                 tool_call_id=call["id"],
-                content=outcome.result.text,
+                content=content,
+                attachments=attachments,
                 tool_status=outcome.result.status,
                 session_number=thread.session_number,
             )
@@ -490,6 +512,20 @@ async def _calls_made(session: AsyncSession, thread_id: uuid.UUID, model: str) -
         tables.Log.thread_id == thread_id, tables.Log.kind == "llm", tables.Log.model == model
     )
     return int((await session.execute(query)).scalar_one())
+
+
+async def _answered_position(session: AsyncSession, thread_id: uuid.UUID, side: str) -> int:
+    """Where the next turn starts: the ending side's last message, the input the other side answers (§1)."""
+    value = await session.execute(
+        select(func.max(tables.Message.position)).where(
+            tables.Message.thread_id == thread_id,
+            tables.Message.side == side,
+            tables.Message.role != "tool",
+            tables.Message.depth == 0,
+        )
+    )
+    found = value.scalar_one_or_none()
+    return int(found) if found is not None else await _next_position(session, thread_id)
 
 
 async def _next_position(session: AsyncSession, thread_id: uuid.UUID) -> int:

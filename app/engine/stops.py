@@ -38,6 +38,24 @@ def payload(binding: SessionToolConfig, outcome: Outcome) -> dict[str, Any]:
     return {"content": content or "", "attachments": list(attachments)}
 
 
+def stored_result(side: SideConfig | None, outcome: Outcome) -> tuple[str, list[dict[str, Any]]]:
+    """The tool message of a call: a successful session tool bound in object form stores its mapped payload,
+    with the paths of `attachmentsProperty` attached (§5); anything else stores its result text."""
+    if side is not None and outcome.result.status == "success":
+        name = outcome.call["function"]["name"]
+        for which in ("stop", "fail", "status"):
+            binding = side.binding(which)
+            if (
+                binding is not None
+                and binding.name == name
+                and (binding.message_property or binding.attachments_property)
+            ):
+                mapped = payload(binding, outcome)
+                paths = [p for p in mapped["attachments"] if isinstance(p, str)]
+                return mapped["content"], [{"path": p, "name": p.rsplit("/", 1)[-1]} for p in paths]
+    return outcome.result.text, []
+
+
 def _successful(binding: SessionToolConfig | None, outcomes: list[Outcome]) -> Outcome | None:
     if binding is None:
         return None

@@ -49,6 +49,23 @@ def normalise(value: Any) -> ToolResult:
     return ToolResult(status="success", result=json.dumps(value, default=str))
 
 
+def _session_arguments_problem(schema: dict[str, Any], arguments: dict[str, Any]) -> str | None:
+    """Check a built-in session tool's arguments against its (flat) schema: required, known, typed."""
+    props: dict[str, Any] = schema.get("properties", {})
+    missing = [p for p in schema.get("required", []) if p not in arguments]
+    if missing:
+        return "missing " + ", ".join(f"`{p}`" for p in missing)
+    unknown = [k for k in arguments if k not in props]
+    if unknown:
+        return "unknown " + ", ".join(f"`{k}`" for k in unknown)
+    for key, value in arguments.items():
+        if props[key].get("type") == "string" and not isinstance(value, str):
+            return f"`{key}` must be a string"
+        if props[key].get("type") == "array" and not isinstance(value, list | str):
+            return f"`{key}` must be a list of paths"
+    return None
+
+
 async def execute(catalog: Catalog, offered: dict[str, OfferedTool], call: ToolCall, state: RunState) -> Outcome:
     """Run one tool call; never raises for a bad call or a failing tool."""
     name = call["function"]["name"]
@@ -61,6 +78,9 @@ async def execute(catalog: Catalog, offered: dict[str, OfferedTool], call: ToolC
     except ValueError as exc:
         return Outcome(call, _error(f"Invalid arguments for tool `{name}`: {exc}"), None)
     if tool.kind == "session":
+        problem = _session_arguments_problem(tool.parameters, arguments)
+        if problem:
+            return Outcome(call, _error(f"Invalid arguments for tool `{name}`: {problem}"), arguments)
         return Outcome(call, ToolResult(status="success", result="ok"), arguments)
     definition = catalog.tools[name]
     tool_state = state.with_tool(call["id"], tool.entry.options, tool.entry.env)
