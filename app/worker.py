@@ -15,7 +15,7 @@ import socket
 import uuid
 
 import asyncpg
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, async_sessionmaker
 
 from app import lifecycle, queue
 from app.engine.run import Engine
@@ -90,22 +90,38 @@ class Worker:
                 w.cancel()
 
     async def _heartbeat(self, stop: asyncio.Event) -> None:
-        """Renew every lease this worker holds; cancel executions whose lease is gone."""
+        """Renew every lease this worker holds on a connection of its own (so busy steps cannot starve it);
+        cancel executions whose lease is gone."""
         interval = self._settings.lease_seconds / 3
-        while not stop.is_set():
-            await asyncio.sleep(interval)
-            claims = [c for c, _ in self._running.values()]
-            try:
-                async with self._db.begin() as conn:
-                    lost = await queue.heartbeat(conn, claims, self._settings.lease_seconds)
-            except Exception:
-                log.exception("heartbeat failed; retrying")
-                continue
-            for thread_id in lost:
-                entry = self._running.get(thread_id)
-                if entry is not None:
-                    log.warning("lease of thread %s lost; cancelling its execution", thread_id)
-                    entry[1].cancel()
+        conn: AsyncConnection | None = None
+        try:
+            while not stop.is_set():
+                await asyncio.sleep(interval)
+                claims = [c for c, _ in self._running.values()]
+                try:
+                    conn = conn or await self._db.connect()
+                    async with conn.begin():
+                        lost = await queue.heartbeat(conn, claims, self._settings.lease_seconds)
+                except Exception:
+                    log.exception("heartbeat failed; reconnecting")
+                    if conn is not None:
+                        with contextlib.suppress(Exception):
+                            await conn.close()
+                    conn = None
+                    continue
+                self._cancel_lost(lost)
+        finally:
+            if conn is not None:
+                with contextlib.suppress(Exception):
+                    await conn.close()
+
+    def _cancel_lost(self, lost: set[uuid.UUID]) -> None:
+        """The heartbeat found these leases gone: their executions must stop at once and write nothing."""
+        for thread_id in lost:
+            entry = self._running.get(thread_id)
+            if entry is not None:
+                log.warning("lease of thread %s lost; cancelling its execution", thread_id)
+                entry[1].cancel()
 
     def _abandon(self, thread_id: str) -> None:
         """A stop or terminate took this thread's lease: cancel its in-flight call now, not at the next heartbeat."""

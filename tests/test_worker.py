@@ -1,0 +1,76 @@
+"""The worker's heartbeat: a long step keeps its lease, a lost lease cancels the execution before it writes."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import func, select, text
+
+from app import tables
+from app.catalog import Catalog
+from app.llm.base import LLMRequest
+from app.spec import define_agent, define_model, define_prompt
+from tests.conftest import client_for, wait_for
+from tests.test_engine import settle, stored
+
+
+def slow_catalog(seconds: float, record: dict[str, int]) -> Catalog:
+    async def respond(request: LLMRequest) -> str:
+        record["calls"] += 1
+        try:
+            await asyncio.sleep(seconds)
+        except asyncio.CancelledError:
+            record["cancelled"] += 1
+            raise
+        return "done"
+
+    model = define_model(name="m", provider="test", respond=respond)
+    prompt = define_prompt(name="p", model="m", prompt="Be brief.", include_chat=True)
+    agent = define_agent(name="agent", side_a={"prompt": "p"})
+    return Catalog(root=Path("."), models={"m": model}, prompts={"p": prompt}, agents={"agent": agent}, tools={})
+
+
+async def test_the_heartbeat_keeps_a_step_longer_than_the_lease(app_factory: Any) -> None:
+    record = {"calls": 0, "cancelled": 0}
+    cat = slow_catalog(2.5, record)
+    first = await app_factory(cat, with_worker=True, lease_seconds=1)
+    await app_factory(cat, with_worker=True, lease_seconds=1)  # a second worker, ready to steal an expired lease
+    client = client_for(first)
+    thread = (await client.post("/threads", json={"agent": "agent"})).json()
+    await client.post(f"/threads/{thread['id']}/messages", json={"content": "hi"})
+    await settle(client, thread["id"])
+    assert record == {"calls": 1, "cancelled": 0}
+    assert [r["content"] for r in await stored(client, thread["id"])] == ["hi", "done"]
+
+
+async def test_a_lost_lease_cancels_the_execution_and_writes_nothing(app_factory: Any) -> None:
+    record = {"calls": 0, "cancelled": 0}
+    app = await app_factory(slow_catalog(5, record), with_worker=True, lease_seconds=1.5)
+    client = client_for(app)
+    thread = (await client.post("/threads", json={"agent": "agent"})).json()
+    tid = uuid.UUID(thread["id"])
+    await client.post(f"/threads/{tid}/messages", json={"content": "hi"})
+
+    async def calling() -> bool:
+        return record["calls"] == 1
+
+    await wait_for(calling)
+    async with app.state.sessions() as session, session.begin():  # someone else now holds the lease
+        await session.execute(
+            text("UPDATE threads SET lease_token = :t, lease_expires_at = now() + interval '1 hour' WHERE id = :id"),
+            {"t": uuid.uuid4(), "id": tid},
+        )
+
+    async def cancelled() -> bool:
+        return record["cancelled"] == 1
+
+    await wait_for(cancelled, timeout=3)
+    await asyncio.sleep(0.3)
+    rows = await stored(client, str(tid))
+    assert [(r["role"], r["status"]) for r in rows] == [("user", "completed"), ("assistant", "pending")]
+    async with app.state.sessions() as session:
+        logs = (await session.execute(select(func.count()).where(tables.Log.thread_id == tid))).scalar_one()
+    assert logs == 0
