@@ -74,3 +74,68 @@ async def test_a_lost_lease_cancels_the_execution_and_writes_nothing(app_factory
     async with app.state.sessions() as session:
         logs = (await session.execute(select(func.count()).where(tables.Log.thread_id == tid))).scalar_one()
     assert logs == 0
+
+
+async def test_shutdown_hands_the_lease_back_without_spending_the_attempt(app_factory: Any, settings: Any) -> None:
+    from app.api.app import create_app
+
+    record = {"calls": 0, "cancelled": 0}
+    cat = slow_catalog(0.8, record)
+    app = create_app(settings, cat, with_worker=True)
+    lifespan = app.router.lifespan_context(app)
+    await lifespan.__aenter__()
+    client = client_for(app)
+    thread = (await client.post("/threads", json={"agent": "agent"})).json()
+    tid = uuid.UUID(thread["id"])
+    await client.post(f"/threads/{tid}/messages", json={"content": "hi"})
+
+    async def calling() -> bool:
+        return record["calls"] == 1
+
+    await wait_for(calling)
+    await lifespan.__aexit__(None, None, None)  # SIGTERM path: stop claiming, cancel, release
+    assert record["cancelled"] == 1
+    async with app.state.sessions() as session:
+        row = (await session.execute(select(tables.Thread).where(tables.Thread.id == tid))).scalar_one()
+        assert (row.lease_token, row.attempt) == (None, 0)
+        assert row.runnable_since is not None
+
+    restarted = await app_factory(cat, with_worker=True)
+    other = client_for(restarted)
+    await settle(other, str(tid))
+    assert [(r["role"], r["content"]) for r in await stored(other, str(tid))] == [
+        ("user", "hi"),
+        ("assistant", "done"),
+    ]
+    assert record["calls"] == 2
+
+
+async def test_three_crashed_attempts_at_one_step_fail_the_session(app_factory: Any, settings: Any) -> None:
+    record = {"calls": 0, "cancelled": 0}
+    cat = slow_catalog(0, record)
+    api = await app_factory(cat)
+    client = client_for(api)
+    thread = (await client.post("/threads", json={"agent": "agent"})).json()
+    tid = uuid.UUID(thread["id"])
+    await client.post(f"/threads/{tid}/messages", json={"content": "hi"})
+    async with api.state.sessions() as session, session.begin():  # three claims of this step died with their worker
+        await session.execute(text("UPDATE threads SET attempt = 3 WHERE id = :id"), {"id": tid})
+
+    await app_factory(cat, with_worker=True)
+
+    async def ended() -> dict[str, Any] | None:
+        body: dict[str, Any] = (await client.get(f"/threads/{tid}")).json()
+        return body if body["status"] == "idle" else None
+
+    body = await wait_for(ended)
+    assert record["calls"] == 0
+    assert body["session"]["status"] in (None, "failure")
+    assert [(r["role"], r["content"]) for r in await stored(client, str(tid))] == [("user", "hi")]  # input kept
+    events = [(e["type"], e["data"]) for e in await _events(api, tid)]
+    assert any(t == "error" and d["code"] == "crashed" and "crashed 3 times" in d["message"] for t, d in events)
+
+
+async def _events(app: Any, tid: uuid.UUID) -> list[dict[str, Any]]:
+    async with app.state.sessions() as session:
+        rows = (await session.execute(select(tables.Event).where(tables.Event.thread_id == tid))).scalars()
+        return [{"type": r.type, "data": r.data} for r in rows]

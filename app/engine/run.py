@@ -106,6 +106,7 @@ class Engine:
                 return
             agent = self._catalog.agent(thread.agent)
             if thread.attempt > MAX_ATTEMPTS:
+                await self._deliver(session, thread, agent, mid_turn=True)  # keep the input, start nothing
                 await self._crashed(session, thread)
                 return
             acting = await self._deliver(session, thread, agent, mid_turn=False)
