@@ -148,3 +148,18 @@ async def test_lifecycle_routes_answer_404_for_unknown_threads(app_factory: Any)
     missing = "00000000-0000-0000-0000-000000000000"
     for path in ("stop", "continue", "terminate"):
         assert (await client.post(f"/threads/{missing}/{path}")).status_code == 404
+
+
+async def test_input_posted_during_a_step_is_delivered_before_the_next_call(app_factory: Any) -> None:
+    client, tid = await start(app_factory)
+    await client.post(f"/threads/{tid}/messages", json={"content": "nap"})
+    await until(client, tid, lambda rows: any(r["tool_calls"] for r in rows))
+    await client.post(f"/threads/{tid}/messages", json={"content": "extra"})
+    thread = await settle(client, tid)
+    rows = await stored(client, tid)
+    assert [(r["role"], r["content"]) for r in rows][2:] == [
+        ("tool", "rested"),
+        ("user", "extra"),
+        ("assistant", "answer to user: extra"),
+    ]
+    assert thread["session"]["turns"] == 1  # mid-turn input joins the history; the turn goes on
