@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -122,12 +123,13 @@ async def test_filter_messages_shapes_the_assembled_history(app_factory: Any) ->
         kept = [m for m in messages if m.content != "one"]
         for m in kept:
             m.content = (m.content or "").upper()
-        return kept
+        note = {"id": "note", "role": "system", "side": None, "content": "note", "status": "completed"}
+        return [*kept, StateMessage.model_validate({**note, "created_at": datetime.now(UTC)})]
 
     model = Model("reply 1", "reply 2")
     client, tid = await run(app_factory, catalog(model, [forget_one]), "one", "two")
-    assert model.seen(0) == [("system", "sys")]
-    assert model.seen(1) == [("system", "sys"), ("assistant", "REPLY 1"), ("user", "TWO")]
+    assert model.seen(0) == [("system", "sys"), ("system", "note")]
+    assert model.seen(1) == [("system", "sys"), ("assistant", "REPLY 1"), ("user", "TWO"), ("system", "note")]
     assert [m["content"] for m in await stored(client, tid)] == ["one", "reply 1", "two", "reply 2"]
 
 
