@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import hashlib
 import importlib.util
@@ -20,7 +21,7 @@ from pydantic.alias_generators import to_snake
 
 from app.errors import AgentNotFound, AgentsError
 from app.llm import PROVIDERS
-from app.spec.define import ToolDefinition, collecting
+from app.spec.define import HookDefinition, ToolDefinition, collecting
 from app.spec.definitions import (
     CALLABLE_FIELDS,
     HANDOFF_FIELDS,
@@ -42,6 +43,7 @@ _KINDS: dict[str, tuple[type, str, str]] = {  # folder → (class, noun, how to 
     "prompts": (PromptDefinition, "prompt", "define_prompt(...)"),
     "agents": (AgentDefinition, "agent", "define_agent(...)"),
     "tools": (ToolDefinition, "tool", "@define_tool(...) on an async function"),
+    "hooks": (HookDefinition, "hook", '@define_hook("<hook name>") on an async function'),
 }
 _FOLDERS = {cls: folder for folder, (cls, _, _) in _KINDS.items()}
 _ENTRY_FIELDS = {  # what a `tools` entry is → the object-form fields that fit it
@@ -89,6 +91,7 @@ class Catalog:
     prompts: Mapping[str, PromptDefinition]
     agents: Mapping[str, AgentDefinition]
     tools: Mapping[str, ToolDefinition]
+    hooks: Mapping[str, HookDefinition] = dataclasses.field(default_factory=lambda: types.MappingProxyType({}))
     warnings: tuple[Problem, ...] = ()
 
     def agent(self, name: str) -> AgentDefinition:
@@ -182,12 +185,12 @@ def _build(root: Path) -> tuple[Catalog, list[Problem]]:
                 message = f"defines a {_KINDS[folder][1]}, which belongs in {folder}/"
                 problems.append(Problem(rel, "", message, f"move it to {folder}/"))
             mine: list[Any] = [d for d in found if isinstance(d, cls)]
-            if not mine or (kind == "tools" and len(mine) > 1):
+            if not mine or (kind in ("tools", "hooks") and len(mine) > 1):
                 fix = f"define one with {how}, or start the file name with `_` if it is a helper"
                 problems.append(Problem(rel, "", f"defines {len(mine)} {noun}s", fix))
                 continue
-            if kind == "tools":
-                mine[0].name = path.stem  # the file name is the tool name
+            if kind in ("tools", "hooks"):
+                mine[0].name = path.stem  # the file name is the tool name, or the hook id
             for definition in mine:
                 if (kind, definition.name) in files:
                     first = files[(kind, definition.name)]
@@ -197,7 +200,9 @@ def _build(root: Path) -> tuple[Catalog, list[Problem]]:
                 defs[kind][definition.name] = definition
                 files[(kind, definition.name)] = rel
     proxies = {kind: types.MappingProxyType(d) for kind, d in defs.items()}
-    catalog = Catalog(root, proxies["models"], proxies["prompts"], proxies["agents"], proxies["tools"])
+    catalog = Catalog(
+        root, proxies["models"], proxies["prompts"], proxies["agents"], proxies["tools"], hooks=proxies["hooks"]
+    )
     if not any(p.severity == "error" for p in problems):  # references mean little while a file is broken
         problems += _cross_check(catalog, files)
     return catalog, problems
@@ -383,6 +388,7 @@ def _check_prompt(c: Catalog, prompt: PromptDefinition) -> Iterator[Problem]:
             yield Problem("", f"prompt[{i}].property", message, fix)
     for i, entry in enumerate(prompt.tool_entries()):
         yield from _check_entry(c, f"tools[{i}]", entry)
+    yield from _check_hooks(c, prompt.hooks)
 
 
 def _check_entry(c: Catalog, where: str, entry: ToolEntry) -> Iterator[Problem]:
@@ -411,9 +417,16 @@ def _check_entry(c: Catalog, where: str, entry: ToolEntry) -> Iterator[Problem]:
         yield Problem("", f"{where}.{field}", f"`{field}` does not fit `{name}`, which is a {what}", fix)
 
 
+def _check_hooks(c: Catalog, hooks: list[str] | None) -> Iterator[Problem]:
+    for i, hook in enumerate(hooks or []):
+        if hook not in c.hooks:
+            yield _unknown(f"hooks[{i}]", "hook", hook, c.hooks)
+
+
 def _check_agent(c: Catalog, agent: AgentDefinition) -> Iterator[Problem]:
     if agent.name in RESERVED:
         yield Problem("", "name", f"`{agent.name}` is a reserved tool name", "rename it")
+    yield from _check_hooks(c, agent.hooks)
     for which, side in (("a", agent.side_a), ("b", agent.side_b)):
         where, label = f"side_{which}", f"side {which.upper()}"
         if side is None:

@@ -113,6 +113,7 @@ BAD = [
     ("bad_include_cycle", "prompts/a.py", "prompt[0].prompt", "remove one of these includes"),
     ("bad_secret_env_part", "prompts/support.py", "prompt[1].property", "state.env"),
     ("bad_tool_ref", "prompts/support.py", "tools[0]", "define it in tools/"),
+    ("bad_hook_ref", "prompts/support.py", "hooks[1]", "define it in hooks/ or use one of: last_50"),
     ("bad_dual_ai_no_side_b", "agents/pair.py", "side_b", "add `side_b`"),
     ("bad_syntax_error", "tools/broken.py", "", "syntax"),
     ("bad_wrong_kind_field", "prompts/support.py", "tools[1].blocking", "applies to subagents only"),
@@ -211,3 +212,40 @@ def test_tool_file_defines_one_tool(tmp_path: Path) -> None:
     )
     [problem] = catalog.check(tmp_path)
     assert (problem.file, problem.message) == (f"{tmp_path.name}/tools/two.py", "defines 2 tools")
+
+
+def test_hook_is_named_after_its_file(good: catalog.Catalog) -> None:
+    hook = good.hooks["last_50"]
+    assert (hook.name, hook.hook, hook.fn.__name__) == ("last_50", "filter_messages", "keep_recent")
+
+
+def test_agent_hooks_must_exist(tmp_path: Path) -> None:
+    for folder in ("models", "prompts", "agents"):
+        (tmp_path / folder).mkdir()
+    (tmp_path / "models" / "m.py").write_text(
+        "from app.spec import define_model\ndefine_model(name='m', provider='test', script=['ok'])\n"
+    )
+    (tmp_path / "prompts" / "p.py").write_text(
+        "from app.spec import define_prompt\ndefine_prompt(name='p', model='m', prompt='x', include_chat=True)\n"
+    )
+    (tmp_path / "agents" / "a.py").write_text(
+        "from app.spec import define_agent\ndefine_agent(name='a', side_a={'prompt': 'p'}, hooks=['trim'])\n"
+    )
+    [problem] = catalog.check(tmp_path)
+    assert (problem.file, problem.field, problem.message) == (
+        f"{tmp_path.name}/agents/a.py",
+        "hooks[0]",
+        "unknown hook `trim`",
+    )
+    assert problem.fix == "define it in hooks/ or nothing is defined yet"
+
+
+def test_hook_file_defines_one_hook(tmp_path: Path) -> None:
+    (tmp_path / "hooks").mkdir()
+    (tmp_path / "hooks" / "two.py").write_text(
+        "from app.spec import define_hook\n"
+        "@define_hook('filter_messages')\nasync def a(state, messages): return messages\n"
+        "@define_hook('filter_messages')\nasync def b(state, messages): return messages\n"
+    )
+    [problem] = catalog.check(tmp_path)
+    assert (problem.file, problem.message) == (f"{tmp_path.name}/hooks/two.py", "defines 2 hooks")

@@ -11,7 +11,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -22,7 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from app import env as env_store
 from app import errors, events, llm, messages, queue, tables, threads
 from app.catalog import Catalog
-from app.engine import context, stops, tools
+from app.engine import context, hooks, stops, tools
 from app.engine.state import RunState
 from app.events import Publisher
 from app.llm.base import (
@@ -125,9 +125,10 @@ class Engine:
         """Move the inbox into history; between turns, return the side the input makes act (§2)."""
         acting: str | None = None
         first: int | None = None
+        hook_runner = await hooks.prepare(self._catalog, self._fernet, session, thread, thread.side or "a")
         for row in await queue.take_inbox(session, thread.id):
             if row.kind == queue.Kind.MESSAGE:
-                p = row.payload
+                p = await hook_runner.before_delivery(row.payload)
                 msg = await messages.add(
                     session,
                     thread.id,
@@ -139,6 +140,7 @@ class Engine:
                     attachments=p.get("attachments") or [],
                     session_number=thread.session_number,
                 )
+                await hook_runner.after_create_message(msg)
                 first = msg.position if first is None else first
                 thread.last_message_at = msg.created_at
                 if p["role"] == "user":
@@ -273,26 +275,31 @@ class Engine:
                 dict(agent.env),
                 dict(prompt.env),
             )
+            hook_runner = await hooks.prepare(self._catalog, self._fernet, session, thread, side, env=env)
+            assembled = await hook_runner.filter_messages(rows, side, prompt, turn_start)
             try:
-                request = context.build_request(self._catalog, prompt, side_config, side, rows, turn_start, env)
+                request = context.build_request(self._catalog, prompt, side_config, side, assembled, turn_start, env)
             except context.MissingVariable as exc:
                 await self._end_session(session, thread, stops.Verdict("session", "llm_error", "failure"))
                 await events.append(session, thread.id, "error", {"code": "missing_variable", "message": str(exc)})
                 return None
+            request.messages = await hook_runner.prefilter_llm_history(request.messages)
             if last is not None and last.status == "pending":  # redo an interrupted call into the same row
                 await messages.save(session, last, content=None, tool_calls=None, reasoning_content=None)
                 message = last
             else:
-                message = await messages.add(
-                    session,
-                    thread.id,
+                fields = await hook_runner.before_create_message(
                     messages.role_of(side),
-                    side=side,
-                    status="pending",
-                    prompt=prompt.name,
-                    model=prompt.model,
-                    session_number=thread.session_number,
+                    {
+                        "side": side,
+                        "status": "pending",
+                        "prompt": prompt.name,
+                        "model": prompt.model,
+                        "session_number": thread.session_number,
+                    },
                 )
+                message = await messages.add(session, thread.id, messages.role_of(side), **fields)
+                await hook_runner.after_create_message(message)
             await events.append(session, thread.id, "step_started", {"step": thread.session_steps, "side": side})
             call_index = await _calls_made(session, thread.id, prompt.model)
             await events.append(session, thread.id, "llm_request", {"model": prompt.model, "attempt": 1})
@@ -323,8 +330,12 @@ class Engine:
                     step.call_index += 1
                     continue
                 message = await messages.get(session, thread.id, step.message_id)
+                hook_runner = await hooks.prepare(self._catalog, self._fernet, session, thread, step.side, env=step.env)
                 if isinstance(response, ProviderError):
-                    await messages.save(session, message, status="failed")
+                    await messages.save(
+                        session, message, **await hook_runner.before_update_message(message, {"status": "failed"})
+                    )
+                    await hook_runner.after_update_message(message)
                     await events.append(session, thread.id, "error", {"code": "llm_error", "message": response.message})
                     await events.append(
                         session,
@@ -334,15 +345,15 @@ class Engine:
                     )
                     await self._end_session(session, thread, stops.Verdict("session", "llm_error", "failure"))
                     return None
-                await messages.save(
-                    session,
-                    message,
-                    status="completed",
-                    content=self._content(response, side),
-                    tool_calls=list(response.tool_calls) or None,
-                    reasoning_content=response.reasoning,
-                    usage=response.usage.as_dict(),
-                )
+                updates = {
+                    "status": "completed",
+                    "content": self._content(response, side),
+                    "tool_calls": list(response.tool_calls) or None,
+                    "reasoning_content": response.reasoning,
+                    "usage": response.usage.as_dict(),
+                }
+                await messages.save(session, message, **await hook_runner.before_update_message(message, updates))
+                await hook_runner.after_update_message(message)
                 thread.last_message_at = datetime.now(UTC)
                 await events.append(
                     session,
@@ -459,27 +470,39 @@ class Engine:
                 attempt=thread.attempt,
             )
             state = RunState(thread, env, lambda: self._tx(claim), execution, {})
-        outcome = await tools.execute(self._catalog, offered, call, state)
-        content, attachments = stops.stored_result(step.config, outcome)
-        async with self._tx(claim) as (session, thread):
-            await messages.add(
+            hook_runner = await hooks.prepare(  # its hooks run between this step's transactions, not inside one
+                self._catalog,
+                self._fernet,
                 session,
-                thread.id,
-                "tool",
-                side=step.side,
-                name=name,
-                tool_call_id=call["id"],
-                content=content,
-                attachments=attachments,
-                tool_status=outcome.result.status,
-                session_number=thread.session_number,
+                thread,
+                step.side,
+                env=step.env,
+                transaction=lambda: self._tx(claim),
             )
+        outcome = await tools.execute(self._catalog, offered, call, state)
+        result = await hook_runner.after_tool_call(call, outcome.result)
+        fields: dict[str, Any] | None = None
+        if result is not None:
+            result = await hook_runner.before_store_tool_result(call, result)
+            outcome = replace(outcome, result=result)
+            content, attachments = stops.stored_result(step.config, outcome)
+            fields = {"side": step.side, "name": name, "tool_call_id": call["id"], "content": content}
+            if attachments:
+                fields["attachments"] = attachments
+            fields = await hook_runner.before_create_message("tool", {**fields, "tool_status": result.status})
+        async with self._tx(claim) as (session, thread):
+            if fields is None:  # an `after_tool_call_*` hook removed the call and its result from history
+                await hooks.drop_call(session, thread.id, call["id"])
+            else:
+                row = await messages.add(session, thread.id, "tool", **fields, session_number=thread.session_number)
             await events.append(
                 session,
                 thread.id,
                 "tool_completed",
                 {"tool": name, "tool_call_id": call["id"], "status": outcome.result.status},
             )
+        if fields is not None:
+            await hook_runner.after_create_message(row)
         return outcome
 
     async def _crashed(self, session: AsyncSession, thread: tables.Thread) -> None:

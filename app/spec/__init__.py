@@ -1,6 +1,15 @@
 """The authoring surface: everything code under `agents/` imports from `app`."""
 
-from app.spec.define import ToolDefinition, define_agent, define_model, define_prompt, define_tool
+from app.llm.base import LLMMessage
+from app.spec.define import (
+    HookDefinition,
+    ToolDefinition,
+    define_agent,
+    define_hook,
+    define_model,
+    define_prompt,
+    define_tool,
+)
 from app.spec.definitions import (
     AgentDefinition,
     ModelDefinition,
@@ -16,6 +25,8 @@ from app.spec.state import ExecutionState, MessagesResult, StateMessage, ThreadS
 __all__ = [
     "AgentDefinition",
     "ExecutionState",
+    "HookDefinition",
+    "LLMMessage",
     "MessagesResult",
     "ModelDefinition",
     "PromptDefinition",
@@ -29,6 +40,7 @@ __all__ = [
     "ToolResult",
     "VariableDefinition",
     "define_agent",
+    "define_hook",
     "define_model",
     "define_prompt",
     "define_tool",

@@ -123,3 +123,69 @@ def define_tool(
         )
 
     return wrap
+
+
+HookFunction = Callable[..., Awaitable[Any]]
+HOOK_PARAMS = {  # hook name → the arguments its function takes
+    "filter_messages": ("state", "messages"),
+    "prefilter_llm_history": ("state", "messages"),
+    "before_create_message": ("state", "message"),
+    "after_create_message": ("state", "message"),
+    "before_update_message": ("state", "message_id", "updates"),
+    "after_update_message": ("state", "message"),
+    "before_store_tool_result": ("state", "tool_call", "result"),
+    "after_tool_call_success": ("state", "tool_call", "result"),
+    "after_tool_call_failure": ("state", "tool_call", "result"),
+}
+
+
+@dataclass
+class HookDefinition:
+    """A hook: the point it runs at (`hook`), its async function, and its id (`name`, the file name)."""
+
+    hook: str
+    fn: HookFunction
+    name: str = ""
+
+
+def define_hook(hook_name: str) -> Callable[[HookFunction], HookDefinition]:
+    """Decorate an async function as a hook run at `hook_name`; the file name is the hook id.
+
+    Every hook gets the thread's `state` first. A transforming hook returns the new value; one that raises (or
+    returns something of the wrong type) is logged and its input is used unchanged.
+
+    - `filter_messages(state, messages: list[StateMessage]) -> list[StateMessage]`: before context assembly, over
+      the stored messages the acting side would see; the returned list is what gets assembled.
+    - `prefilter_llm_history(state, messages: list[LLMMessage]) -> list[LLMMessage]`: after assembly (system
+      message included); the returned list is what the model is sent.
+    - `before_create_message(state, message: dict) -> dict`: before the engine inserts a message (the pending
+      assistant message, a tool result, a delivered inbox message); `content`, `metadata` and `silent` of the
+      returned dict are used.
+    - `after_create_message(state, message: StateMessage) -> None`
+    - `before_update_message(state, message_id: str, updates: dict) -> dict`: before the engine updates a message
+      (the pending assistant message completing or failing); `content`, `metadata` and `silent` of the returned
+      updates are applied.
+    - `after_update_message(state, message: StateMessage) -> None`
+    - `after_tool_call_success(state, tool_call: dict, result: ToolResult) -> ToolResult | None` and
+      `after_tool_call_failure(...)`, by the result's status, right after the tool ran: `None` removes the call
+      and its result from the stored history (stop rules of the step still see the outcome).
+    - `before_store_tool_result(state, tool_call: dict, result: ToolResult) -> ToolResult`: then, before the result
+      is stored.
+
+    Hooks of one name run in the order the prompt's `hooks` (or, if the prompt sets none, the agent's) list them,
+    each getting the previous one's output.
+    """
+    if hook_name not in HOOK_PARAMS:
+        raise TypeError(f"unknown hook `{hook_name}`: use one of {', '.join(HOOK_PARAMS)}")
+    params = HOOK_PARAMS[hook_name]
+
+    def wrap(fn: HookFunction) -> HookDefinition:
+        if not inspect.iscoroutinefunction(fn):
+            raise TypeError(f"hook `{fn.__name__}` must be an `async def` function")
+        try:
+            inspect.signature(fn).bind(*params)
+        except TypeError:
+            raise TypeError(f"hook `{fn.__name__}` must take ({', '.join(params)}) as a `{hook_name}` hook") from None
+        return _register(HookDefinition(hook=hook_name, fn=fn, name=fn.__name__))
+
+    return wrap

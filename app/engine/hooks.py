@@ -1,0 +1,290 @@
+"""Hooks (`semantics.md` §10): the ones active for a prompt, run in order; one that fails changes nothing."""
+
+from __future__ import annotations
+
+import copy
+import logging
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+from cryptography.fernet import Fernet
+from sqlalchemy import inspect, select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from app import env as env_store
+from app import errors, messages, tables
+from app.catalog import Catalog
+from app.engine.context import Env, _visible
+from app.engine.state import RunState, Transaction
+from app.llm.base import LLMMessage, ToolCall
+from app.spec.define import HookDefinition
+from app.spec.definitions import AgentDefinition, PromptDefinition
+from app.spec.results import ToolResult
+from app.spec.state import ExecutionState, StateMessage
+
+log = logging.getLogger(__name__)
+
+# the message fields `before_create_message` / `before_update_message` may change, with their types
+EDITABLE: dict[str, tuple[type, ...]] = {"content": (str, type(None)), "metadata": (dict,), "silent": (bool,)}
+_SHOWN = ("id", "role", "side", "content", "name", "tool_call_id", "tool_status", "status", "silent", "attachments")
+
+
+class BadReturn(TypeError):
+    """A hook returned something of the wrong type."""
+
+
+def active(catalog: Catalog, agent: AgentDefinition, prompt: PromptDefinition) -> list[HookDefinition]:
+    """The prompt's hooks if it sets `hooks` at all, else the agent's, in list order."""
+    ids = prompt.hooks if prompt.hooks is not None else agent.hooks or []
+    return [catalog.hooks[i] for i in ids]
+
+
+@asynccontextmanager
+async def joined(session: AsyncSession, thread: tables.Thread) -> AsyncIterator[tuple[AsyncSession, tables.Thread]]:
+    """The caller's open transaction, for hooks run inside it (a savepoint: the thread row is already locked)."""
+    async with session.begin_nested():
+        yield session, thread
+
+
+async def prepare(
+    catalog: Catalog,
+    fernet: Fernet,
+    session: AsyncSession,
+    thread: tables.Thread,
+    side: str,
+    *,
+    env: Env | None = None,
+    transaction: Transaction | None = None,
+) -> Hooks:
+    """The hooks of the side's prompt and the state they get; without `transaction` they join `session`'s."""
+    agent = catalog.agent(thread.agent)
+    config = agent.side("b" if side == "b" else "a")
+    assert config is not None, f"agent {agent.name} has no side {side}"
+    prompt = catalog.prompts[config.prompt]
+    definitions = active(catalog, agent, prompt)
+    if not definitions:
+        return Hooks()
+    if env is None:
+        env = Env(await env_store.thread_values(session, fernet, thread.id), dict(agent.env), dict(prompt.env))
+    execution = ExecutionState(
+        side="b" if side == "b" else "a",
+        step=thread.session_steps,
+        session=thread.session_number,
+        attempt=thread.attempt,
+    )
+    tx = transaction or (lambda: joined(session, thread))
+    return Hooks(definitions, RunState(thread, env, tx, execution, {}), tx, env.secrets())
+
+
+async def drop_call(session: AsyncSession, thread_id: uuid.UUID, call_id: str) -> None:
+    """Remove a tool call from the stored assistant message that made it, so history stays paired."""
+    query = select(tables.Message).where(
+        tables.Message.thread_id == thread_id,
+        tables.Message.role == "assistant",
+        tables.Message.tool_calls.contains([{"id": call_id}]),
+    )
+    for row in (await session.execute(query)).scalars():
+        kept = [c for c in row.tool_calls or [] if c["id"] != call_id]
+        await messages.save(session, row, tool_calls=kept or None)
+
+
+class Hooks:
+    """The active hooks of one prompt, bound to the state they get; each runs on a copy of its input."""
+
+    def __init__(
+        self,
+        definitions: Sequence[HookDefinition] = (),
+        state: RunState | None = None,
+        transaction: Transaction | None = None,
+        secrets: Sequence[str] = (),
+    ) -> None:
+        self._by_name: dict[str, list[HookDefinition]] = {}
+        for definition in definitions:
+            self._by_name.setdefault(definition.hook, []).append(definition)
+        self._state = state
+        self._transaction = transaction
+        self._secrets = [s for s in secrets if s]
+
+    async def filter_messages(
+        self, rows: list[tables.Message], side: str, prompt: PromptDefinition, turn_start: int
+    ) -> list[tables.Message]:
+        """The rows to assemble: the visible ones as the `filter_messages` hooks leave them."""
+        if "filter_messages" not in self._by_name:
+            return rows
+        visible = _visible(rows, side, prompt, turn_start)
+        shown = [StateMessage.model_validate(messages.to_dict(r)) for r in visible]
+        kept = await self._chain("filter_messages", shown, check=_state_messages)
+        if kept is shown:
+            return visible
+        by_id = {str(r.id): r for r in visible}
+        out: list[tables.Message] = []
+        for message in kept:
+            out.append(_row(message, by_id.get(message.id), out[-1] if out else None))
+        return out
+
+    async def prefilter_llm_history(self, history: list[LLMMessage]) -> list[LLMMessage]:
+        """The messages the model is sent."""
+        result: list[LLMMessage] = await self._chain("prefilter_llm_history", history, check=_llm_messages)
+        return result
+
+    async def before_create_message(self, role: str, fields: dict[str, Any]) -> dict[str, Any]:
+        """`messages.add` fields with the hooks' edits of `content`, `metadata`, `silent`."""
+        return await self._edit("before_create_message", {"role": role, **fields}, "metadata_", drop=("role",))
+
+    async def before_delivery(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """An inbox message's payload with the `before_create_message` hooks' edits."""
+        return await self._edit("before_create_message", payload, "metadata")
+
+    async def after_create_message(self, row: tables.Message) -> None:
+        await self._notify("after_create_message", row)
+
+    async def before_update_message(self, row: tables.Message, updates: dict[str, Any]) -> dict[str, Any]:
+        """`messages.save` fields with the hooks' edits of `content`, `metadata`, `silent`."""
+        return await self._edit("before_update_message", updates, "metadata_", message_id=str(row.id))
+
+    async def _edit(
+        self,
+        name: str,
+        fields: dict[str, Any],
+        metadata_key: str,
+        *,
+        drop: tuple[str, ...] = (),
+        message_id: str | None = None,
+    ) -> dict[str, Any]:
+        """`fields` with the editable values the hooks changed (the engine's own fields stay as they were)."""
+        if name not in self._by_name:
+            return {k: v for k, v in fields.items() if k not in drop}
+        shown = _shown(fields)
+        args = () if message_id is None else (message_id,)
+        edited = await self._chain(name, shown, *args, check=_editable)
+        out = {k: v for k, v in fields.items() if k not in drop}
+        for key in EDITABLE:
+            if key in edited and edited[key] != shown[key]:
+                out[metadata_key if key == "metadata" else key] = edited[key]
+        return out
+
+    async def after_update_message(self, row: tables.Message) -> None:
+        await self._notify("after_update_message", row)
+
+    async def after_tool_call(self, call: ToolCall, result: ToolResult) -> ToolResult | None:
+        """`after_tool_call_success` or `_failure` by the result's status; `None` drops the call from history."""
+        name = "after_tool_call_success" if result.status == "success" else "after_tool_call_failure"
+        out: ToolResult | None = await self._chain(name, result, dict(call), check=_tool_result, none_ends=True)
+        return out
+
+    async def before_store_tool_result(self, call: ToolCall, result: ToolResult) -> ToolResult:
+        out: ToolResult = await self._chain("before_store_tool_result", result, dict(call), check=_tool_result)
+        return out
+
+    async def _chain(
+        self, name: str, value: Any, *args: Any, check: Callable[[Any], Any], none_ends: bool = False
+    ) -> Any:
+        """Run the hooks called `name` in order, each on the previous one's output."""
+        for hook in self._by_name.get(name, ()):
+            try:
+                out = await hook.fn(self._state, *copy.deepcopy(args), copy.deepcopy(value))
+                if out is None and none_ends:
+                    return None
+                value = check(out)
+            except errors.LeaseLost:
+                raise
+            except Exception as exc:
+                await self._failed(hook, exc)
+        return value
+
+    async def _notify(self, name: str, row: tables.Message) -> None:
+        for hook in self._by_name.get(name, ()):
+            try:
+                await hook.fn(self._state, StateMessage.model_validate(messages.to_dict(row)))
+            except errors.LeaseLost:
+                raise
+            except Exception as exc:
+                await self._failed(hook, exc)
+
+    async def _failed(self, hook: HookDefinition, exc: Exception) -> None:
+        """Log a hook that raised: its input goes on unchanged."""
+        text = f"{type(exc).__name__}: {exc}"
+        for secret in self._secrets:
+            text = text.replace(secret, "***")
+        log.warning("hook `%s` (%s) failed, its input is used unchanged: %s", hook.name, hook.hook, text)
+        assert self._transaction is not None
+        async with self._transaction() as (session, thread):
+            session.add(
+                tables.Log(
+                    id=uuid.uuid4(),
+                    thread_id=thread.id,
+                    kind="hook",
+                    tool=hook.name,
+                    status="error",
+                    error=f"{hook.hook} hook `{hook.name}` failed: {text}",
+                    request={"hook": hook.hook, "id": hook.name},
+                )
+            )
+
+
+def _state_messages(value: Any) -> list[StateMessage]:
+    if not isinstance(value, list):
+        raise BadReturn(f"must return a list of messages, not {type(value).__name__}")
+    return [m if isinstance(m, StateMessage) else StateMessage.model_validate(m) for m in value]
+
+
+def _llm_messages(value: Any) -> list[LLMMessage]:
+    if not isinstance(value, list) or not all(isinstance(m, LLMMessage) for m in value):
+        raise BadReturn("must return a list of LLMMessage")
+    return value
+
+
+def _tool_result(value: Any) -> ToolResult:
+    if isinstance(value, ToolResult):
+        return value
+    if isinstance(value, dict):
+        return ToolResult.model_validate(value)
+    raise BadReturn(f"must return a ToolResult, not {type(value).__name__}")
+
+
+def _editable(value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise BadReturn(f"must return a dict, not {type(value).__name__}")
+    for key, types in EDITABLE.items():
+        if key in value and not isinstance(value[key], types):
+            raise BadReturn(f"`{key}` must be {' or '.join(t.__name__ for t in types)}")
+    return value
+
+
+def _shown(fields: dict[str, Any]) -> dict[str, Any]:
+    """A message's fields as hooks see them: public names, plain values."""
+    shown: dict[str, Any] = {"content": None, "metadata": {}, "silent": False}
+    for key, value in fields.items():
+        key = "metadata" if key == "metadata_" else key
+        if key == "metadata" and value is None:
+            value = {}
+        if key in _SHOWN or key in EDITABLE or key in ("tool_calls", "reasoning_content", "usage"):
+            shown[key] = str(value) if isinstance(value, uuid.UUID) else value
+    return shown
+
+
+def _row(message: StateMessage, original: tables.Message | None, before: tables.Message | None) -> tables.Message:
+    """A detached row carrying a hook's message, for assembly (never added to a session)."""
+    source = original or before
+    values = {a.key: getattr(source, a.key) for a in inspect(tables.Message).column_attrs} if source else {}
+    values.update(
+        role=message.role,
+        side=message.side,
+        content=message.content,
+        name=message.name,
+        tool_calls=message.tool_calls,
+        tool_call_id=message.tool_call_id,
+        tool_status=message.tool_status,
+        status=message.status,
+        silent=message.silent,
+        depth=message.depth,
+        metadata_=message.metadata,
+        created_at=message.created_at,
+    )
+    if original is None:
+        values.update(
+            id=uuid.uuid4(), attachments=[], reasoning_content=None, position=before.position if before else 0
+        )
+    return tables.Message(**values)

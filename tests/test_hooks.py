@@ -1,0 +1,354 @@
+"""Hooks (`semantics.md` §10): each runs at its point and its return value takes effect; failures change nothing."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+from sqlalchemy import select
+
+from app import tables
+from app.catalog import Catalog
+from app.spec import (
+    HookDefinition,
+    LLMMessage,
+    StateMessage,
+    ThreadState,
+    ToolResult,
+    define_agent,
+    define_hook,
+    define_model,
+    define_prompt,
+    define_tool,
+)
+from tests.conftest import client_for, wait_for
+from tests.test_engine import stored
+
+
+class AddArgs(BaseModel):
+    a: int
+    b: int
+
+
+@define_tool(description="Add two integers.")
+async def add(state: ThreadState, args: AddArgs) -> str:
+    return str(args.a + args.b)
+
+
+@define_tool(description="Always fails.")
+async def explode(state: ThreadState) -> str:
+    raise RuntimeError("kaboom")
+
+
+class Model:
+    """A `respond` function: replies in order, and keeps what each request held."""
+
+    def __init__(self, *replies: Any) -> None:
+        self.replies = list(replies)
+        self.requests: list[list[LLMMessage]] = []
+
+    def __call__(self, request: Any) -> Any:
+        self.requests.append(list(request.messages))
+        return self.replies[len(self.requests) - 1]
+
+    def seen(self, n: int) -> list[tuple[str, str | None]]:
+        return [(m.role, m.content) for m in self.requests[n]]
+
+
+def catalog(
+    model: Model,
+    hooks: list[HookDefinition],
+    *,
+    prompt_hooks: list[str] | None = None,
+    agent_hooks: list[str] | None = None,
+    side: dict[str, Any] | None = None,
+) -> Catalog:
+    """One `ai_human` agent; its hooks are the ones given unless the prompt or the agent lists others."""
+    ids = [h.name for h in hooks]
+    m = define_model(name="m", provider="test", respond=model)
+    p = define_prompt(
+        name="p",
+        model="m",
+        prompt="sys",
+        include_chat=True,
+        include_past_tools=True,
+        tools=["add", "explode"],
+        hooks=prompt_hooks,
+    )
+    agent_ids = agent_hooks if agent_hooks is not None else (ids if prompt_hooks is None else None)
+    agent = define_agent(name="agent", side_a={"prompt": "p", **(side or {})}, hooks=agent_ids)
+    return Catalog(
+        root=Path("."),
+        models={"m": m},
+        prompts={"p": p},
+        agents={"agent": agent},
+        tools={"add": add, "explode": explode},
+        hooks={h.name: h for h in hooks},
+    )
+
+
+async def run(app_factory: Any, cat: Catalog, *texts: str) -> tuple[Any, str]:
+    """Post each text as its own turn and wait for the thread to settle after it."""
+    app = await app_factory(cat, with_worker=True)
+    client = client_for(app)
+    tid = (await client.post("/threads", json={"agent": "agent"})).json()["id"]
+    for n, text in enumerate(texts, 1):
+        assert (await client.post(f"/threads/{tid}/messages", json={"content": text})).status_code == 202
+        await settle_after(client, tid, n)
+    return client, tid
+
+
+async def settle_after(client: Any, tid: str, users: int) -> None:
+    """Wait until the thread is idle with `users` user messages delivered."""
+
+    async def done() -> bool:
+        thread = (await client.get(f"/threads/{tid}")).json()
+        delivered = [m for m in await stored(client, tid) if m["role"] == "user"]
+        return thread["status"] == "idle" and len(delivered) >= users
+
+    await wait_for(done)
+
+
+CALL_ADD = {"tool_calls": [{"name": "add", "arguments": {"a": 2, "b": 3}}]}
+
+
+async def test_filter_messages_shapes_the_assembled_history(app_factory: Any) -> None:
+    @define_hook("filter_messages")
+    async def forget_one(state: ThreadState, messages: list[StateMessage]) -> list[StateMessage]:
+        assert state.execution is not None and state.execution.side == "a"
+        kept = [m for m in messages if m.content != "one"]
+        for m in kept:
+            m.content = (m.content or "").upper()
+        note = {"id": "note", "role": "system", "side": None, "content": "note", "status": "completed"}
+        return [*kept, StateMessage.model_validate({**note, "created_at": datetime.now(UTC)})]
+
+    model = Model("reply 1", "reply 2")
+    client, tid = await run(app_factory, catalog(model, [forget_one]), "one", "two")
+    assert model.seen(0) == [("system", "sys"), ("system", "note")]
+    assert model.seen(1) == [("system", "sys"), ("assistant", "REPLY 1"), ("user", "TWO"), ("system", "note")]
+    assert [m["content"] for m in await stored(client, tid)] == ["one", "reply 1", "two", "reply 2"]
+
+
+async def test_prefilter_llm_history_is_what_the_model_gets(app_factory: Any) -> None:
+    @define_hook("prefilter_llm_history")
+    async def patch(state: ThreadState, messages: list[LLMMessage]) -> list[LLMMessage]:
+        assert messages[0].role == "system"
+        return [LLMMessage("system", "patched"), *messages[1:], LLMMessage("user", "extra")]
+
+    model = Model("ok")
+    client, tid = await run(app_factory, catalog(model, [patch]), "hi")
+    assert model.seen(0) == [("system", "patched"), ("user", "hi"), ("user", "extra")]
+    assert [m["content"] for m in await stored(client, tid)] == ["hi", "ok"]
+
+
+async def test_before_create_message_edits_every_created_message(app_factory: Any) -> None:
+    @define_hook("before_create_message")
+    async def tag(state: ThreadState, message: dict[str, Any]) -> dict[str, Any]:
+        message["metadata"] = {**message["metadata"], "created_as": message["role"]}
+        if message["role"] == "user":
+            message["content"] += " (checked)"
+        message["role"] = "system"  # not an editable field: ignored
+        return message
+
+    model = Model(CALL_ADD, "It is 5.")
+    client, tid = await run(app_factory, catalog(model, [tag]), "2+3?")
+    rows = await stored(client, tid)
+    assert [(m["role"], m["metadata"]) for m in rows] == [
+        ("user", {"created_as": "user"}),
+        ("assistant", {"created_as": "assistant"}),
+        ("tool", {"created_as": "tool"}),
+        ("assistant", {"created_as": "assistant"}),
+    ]
+    assert rows[0]["content"] == "2+3? (checked)"
+    assert model.seen(0)[-1] == ("user", "2+3? (checked)")
+
+
+async def test_after_create_message_sees_the_stored_message(app_factory: Any) -> None:
+    created: list[tuple[str, str, bool]] = []
+
+    @define_hook("after_create_message")
+    async def record(state: ThreadState, message: StateMessage) -> None:
+        # runs inside the creating transaction: the state reads through it, so the message is already there
+        listed = await state.get_messages(include_silent=True)
+        created.append((message.id, message.role, any(m.id == message.id for m in listed.messages)))
+
+    model = Model(CALL_ADD, "It is 5.")
+    client, tid = await run(app_factory, catalog(model, [record]), "2+3?")
+    rows = await stored(client, tid)
+    assert created == [(m["id"], m["role"], True) for m in rows]
+
+
+async def test_before_update_message_edits_the_completed_message(app_factory: Any) -> None:
+    updates_seen: list[dict[str, Any]] = []
+
+    @define_hook("before_update_message")
+    async def shout(state: ThreadState, message_id: str, updates: dict[str, Any]) -> dict[str, Any]:
+        updates_seen.append({"id": message_id, **updates})
+        updates["content"] = (updates["content"] or "").upper()
+        updates["metadata"] = {"shouted": True}
+        updates["status"] = "failed"  # not editable: the engine's status stays
+        return updates
+
+    model = Model("it is 5.")
+    client, tid = await run(app_factory, catalog(model, [shout]), "2+3?")
+    reply = (await stored(client, tid))[-1]
+    assert (reply["content"], reply["metadata"], reply["status"]) == ("IT IS 5.", {"shouted": True}, "completed")
+    assert [(u["id"], u["status"], u["content"]) for u in updates_seen] == [(reply["id"], "completed", "it is 5.")]
+
+
+async def test_after_update_message_sees_the_updated_message(app_factory: Any) -> None:
+    updated: list[tuple[str, str | None, str | None]] = []
+
+    @define_hook("after_update_message")
+    async def record(state: ThreadState, message: StateMessage) -> None:
+        listed = await state.get_messages()
+        now = next(m for m in listed.messages if m.id == message.id)
+        updated.append((message.status, message.content, now.content))
+
+    model = Model("done")
+    await run(app_factory, catalog(model, [record]), "go")
+    assert updated == [("completed", "done", "done")]
+
+
+async def test_before_store_tool_result_is_what_gets_stored(app_factory: Any) -> None:
+    @define_hook("before_store_tool_result")
+    async def redact(state: ThreadState, tool_call: dict[str, Any], result: ToolResult) -> ToolResult:
+        assert tool_call["function"]["name"] == "add" and result.result == "5"
+        return ToolResult(status="success", result="[redacted]")
+
+    model = Model(CALL_ADD, "ok")
+    client, tid = await run(app_factory, catalog(model, [redact]), "2+3?")
+    tool = next(m for m in await stored(client, tid) if m["role"] == "tool")
+    assert (tool["content"], tool["tool_status"]) == ("[redacted]", "success")
+    assert ("tool", "[redacted]") in model.seen(1)
+
+
+async def test_after_tool_call_hooks_run_by_status_before_the_store_hook(app_factory: Any) -> None:
+    @define_hook("after_tool_call_success")
+    async def on_success(state: ThreadState, tool_call: dict[str, Any], result: ToolResult) -> ToolResult:
+        return ToolResult(status="success", result=f"{result.result} +success")
+
+    @define_hook("after_tool_call_failure")
+    async def on_failure(state: ThreadState, tool_call: dict[str, Any], result: ToolResult) -> ToolResult:
+        assert result.error == "Tool `explode` failed: RuntimeError: kaboom"
+        return ToolResult(status="success", result="recovered")
+
+    @define_hook("before_store_tool_result")
+    async def stamp(state: ThreadState, tool_call: dict[str, Any], result: ToolResult) -> ToolResult:
+        return ToolResult(status=result.status, result=f"{result.result} +stored")
+
+    calls = {"tool_calls": [{"name": "add", "arguments": {"a": 2, "b": 3}}, {"name": "explode"}]}
+    model = Model(calls, "ok")
+    client, tid = await run(app_factory, catalog(model, [on_success, on_failure, stamp]), "go")
+    tools = [(m["content"], m["tool_status"]) for m in await stored(client, tid) if m["role"] == "tool"]
+    assert tools == [("5 +success +stored", "success"), ("recovered +stored", "success")]
+
+
+async def test_none_from_after_tool_call_success_drops_the_call_and_its_result(app_factory: Any) -> None:
+    @define_hook("after_tool_call_success")
+    async def forget(state: ThreadState, tool_call: dict[str, Any], result: ToolResult) -> ToolResult | None:
+        return None
+
+    calls = {"tool_calls": [{"name": "add", "arguments": {"a": 2, "b": 3}}, {"name": "explode"}]}
+    model = Model(calls, "ok")
+    client, tid = await run(app_factory, catalog(model, [forget]), "go")
+    rows = await stored(client, tid)
+    assert [m["role"] for m in rows] == ["user", "assistant", "tool", "assistant"]
+    assert [c["function"]["name"] for c in rows[1]["tool_calls"]] == ["explode"]
+    assert rows[2]["tool_call_id"] == rows[1]["tool_calls"][0]["id"] and rows[2]["tool_status"] == "error"
+    sent = model.requests[1]
+    assert [c["function"]["name"] for m in sent for c in m.tool_calls or []] == ["explode"]
+    assert [m.tool_call_id for m in sent if m.role == "tool"] == [rows[2]["tool_call_id"]]
+
+
+async def test_stop_rules_still_see_a_dropped_call(app_factory: Any) -> None:
+    @define_hook("after_tool_call_success")
+    async def forget(state: ThreadState, tool_call: dict[str, Any], result: ToolResult) -> ToolResult | None:
+        return None
+
+    done = {"tool_calls": [{"name": "finish", "arguments": {"summary": "all good"}}]}
+    side = {"session_stop": {"name": "finish", "message_property": "summary"}, "stop_on_response": False}
+    model = Model(done)
+    client, tid = await run(app_factory, catalog(model, [forget], side=side), "do it")
+    thread = (await client.get(f"/threads/{tid}")).json()
+    assert (thread["session"]["reason"], thread["session"]["result"]) == (
+        "session_stop",
+        {"content": "all good", "attachments": []},
+    )
+    rows = await stored(client, tid)
+    assert [m["role"] for m in rows] == ["user", "assistant"] and rows[1]["tool_calls"] is None
+
+
+def _suffix(tag: str, name: str) -> HookDefinition:
+    async def append(state: ThreadState, message_id: str, updates: dict[str, Any]) -> dict[str, Any]:
+        updates["content"] = f"{updates['content']}-{tag}"
+        return updates
+
+    append.__name__ = name
+    return define_hook("before_update_message")(append)
+
+
+async def test_prompt_hooks_replace_the_agents_and_run_in_order(app_factory: Any) -> None:
+    hooks = [_suffix("agent", "agent_hook"), _suffix("one", "first"), _suffix("two", "second")]
+    model = Model("x")
+    cat = catalog(model, hooks, prompt_hooks=["first", "second"], agent_hooks=["agent_hook"])
+    client, tid = await run(app_factory, cat, "go")
+    assert (await stored(client, tid))[-1]["content"] == "x-one-two"
+
+
+async def test_an_empty_prompt_hooks_list_turns_the_agents_off(app_factory: Any) -> None:
+    model = Model("x")
+    cat = catalog(model, [_suffix("agent", "agent_hook")], prompt_hooks=[], agent_hooks=["agent_hook"])
+    client, tid = await run(app_factory, cat, "go")
+    assert (await stored(client, tid))[-1]["content"] == "x"
+
+
+async def test_a_failing_hook_is_logged_and_changes_nothing(app_factory: Any) -> None:
+    @define_hook("filter_messages")
+    async def broken(state: ThreadState, messages: list[StateMessage]) -> list[StateMessage]:
+        messages.clear()  # its input is a copy: this changes nothing either
+        raise ValueError("boom")
+
+    @define_hook("before_update_message")
+    async def wrong_type(state: ThreadState, message_id: str, updates: dict[str, Any]) -> Any:
+        return {"content": 42}
+
+    @define_hook("before_update_message")
+    async def fine(state: ThreadState, message_id: str, updates: dict[str, Any]) -> dict[str, Any]:
+        return {**updates, "content": f"{updates['content']}!"}
+
+    model = Model("reply")
+    client, tid = await run(app_factory, catalog(model, [broken, wrong_type, fine]), "hi")
+    assert model.seen(0) == [("system", "sys"), ("user", "hi")]
+    assert (await stored(client, tid))[-1]["content"] == "reply!"
+    app: Any = client._transport.app
+    async with app.state.sessions() as session:
+        query = select(tables.Log).where(tables.Log.thread_id == uuid.UUID(tid), tables.Log.kind == "hook")
+        logs = list((await session.execute(query.order_by(tables.Log.created_at))).scalars())
+    assert [(log.status, log.request) for log in logs] == [
+        ("error", {"hook": "filter_messages", "id": "broken"}),
+        ("error", {"hook": "before_update_message", "id": "wrong_type"}),
+    ]
+    assert logs[0].error == "filter_messages hook `broken` failed: ValueError: boom"
+    assert "`content` must be str or NoneType" in (logs[1].error or "")
+
+
+def test_define_hook_refuses_unknown_names_and_plain_functions() -> None:
+    with pytest.raises(TypeError, match="unknown hook `filter_message`: use one of filter_messages, "):
+        define_hook("filter_message")
+
+    def plain(state: Any, messages: Any) -> Any:
+        return messages
+
+    with pytest.raises(TypeError, match="hook `plain` must be an `async def` function"):
+        define_hook("filter_messages")(plain)
+
+    async def one_arg(state: Any) -> None:
+        return None
+
+    with pytest.raises(TypeError, match=r"hook `one_arg` must take \(state, tool_call, result\)"):
+        define_hook("after_tool_call_success")(one_arg)
