@@ -23,7 +23,7 @@ from app import env as env_store
 from app import errors, events, llm, messages, queue, tables, threads
 from app.catalog import Catalog
 from app.engine import context, stops, tools
-from app.engine.state import RunState
+from app.engine.state import RunState, deliver_tool
 from app.events import Publisher
 from app.llm.base import (
     CallContext,
@@ -140,6 +140,10 @@ class Engine:
                     acting = "b" if agent.type == "dual_ai" else None
             elif row.kind == queue.Kind.CONTINUE:
                 acting = row.payload.get("side", "a")
+            elif row.kind == queue.Kind.TOOL:  # `state.queue_tool` outside a tool call (§7.4)
+                msg = await deliver_tool(session, thread, row.payload)
+                first = msg.position if first is None else first
+                acting = msg.side
         if mid_turn or acting is None:
             return None
         thread.turn_start = first if first is not None else await _next_position(session, thread.id)
@@ -177,7 +181,7 @@ class Engine:
             step.response, step.calls = response, list(response.tool_calls)
         offered = {t.name: t for t in context.offered_tools(self._catalog, prompt, side_config)}
         outcomes = []
-        for call in step.calls:
+        for call in step.calls:  # `state.queue_tool` may append to `step.calls` while they run
             outcomes.append(await self._run_tool(claim, step, offered, call))
         async with self._tx(claim) as (session, thread):
             if not step.response.text.strip() and not step.response.tool_calls:
@@ -437,7 +441,16 @@ class Engine:
                 session=thread.session_number,
                 attempt=claim.attempt,
             )
-            state = RunState(thread, env, lambda: self._tx(claim), execution, {})
+            state = RunState(
+                thread,
+                env,
+                lambda: self._tx(claim),
+                execution,
+                {},
+                catalog=self._catalog,
+                fernet=self._fernet,
+                queue_call=step.calls.append,
+            )
         outcome = await tools.execute(self._catalog, offered, call, state)
         async with self._tx(claim) as (session, thread):
             await messages.add(
