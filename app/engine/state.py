@@ -269,6 +269,8 @@ class RunState:
         return await tools.run(name, definition, dict(args or {}), state)
 
     async def queue_tool(self, name: str, args: dict[str, Any] | None = None) -> str:
+        if args is not None and not isinstance(args, dict):
+            raise errors.Invalid("`state.queue_tool`: the arguments must be a dict")
         _refuse_nul(name, args)
         try:
             arguments = json.dumps(args or {})
