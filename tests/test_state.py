@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -207,9 +207,9 @@ def call(name: str, **arguments: Any) -> dict[str, Any]:
     return {"tool_calls": [{"name": name, "arguments": arguments}]}
 
 
-def catalog(recorder: Recorder, prompt: Any = "sys") -> Catalog:
+def catalog(respond: Callable[[LLMRequest], Any], prompt: Any = "sys") -> Catalog:
     tools = {t.name: t for t in TOOLS}
-    model = define_model(name="m", provider="test", respond=recorder)
+    model = define_model(name="m", provider="test", respond=respond)
     p = define_prompt(
         name="p",
         tool_description="t",
@@ -556,6 +556,33 @@ async def test_queue_tool_on_an_idle_thread_starts_a_run(app_factory: Any) -> No
     assert recorder.seen[0][1:] == [("assistant", None, ["add"]), ("tool", "2", "add")]
     thread = (await client.get(f"/threads/{tid}")).json()
     assert thread["session"]["number"] == 1 and thread["session"]["turns"] == 1
+
+
+async def test_queue_tool_on_a_running_thread_runs_before_the_next_llm_call(app_factory: Any) -> None:
+    recorder = Recorder(call("shout"), "done")
+    holder: dict[str, RunState] = {}
+
+    async def respond(request: LLMRequest) -> Any:
+        if not recorder.seen:  # while the first LLM call is in flight, code outside the execution queues a call
+            await holder["state"].queue_tool("add", {"a": 1, "b": 1})
+        return recorder(request)
+
+    app, client, tid = await start(app_factory, catalog(respond))
+    holder["state"] = await outside(app, tid)
+    await say(client, tid, "go")
+    rows = await stored(client, tid)
+    assert [(m["role"], m["content"], [c["function"]["name"] for c in m["tool_calls"] or []]) for m in rows] == [
+        ("user", "go", []),
+        ("assistant", None, ["shout"]),
+        ("tool", "ok", []),
+        ("assistant", None, ["add"]),
+        ("tool", "2", []),
+        ("assistant", "done", []),
+    ]
+    assert recorder.seen[1][-2:] == [("assistant", None, ["add"]), ("tool", "2", "add")]
+    assert [d for t, d in await stored_events(app, tid) if t == "turn_ended"] == [
+        {"side": "a", "reason": "stop_on_response"}
+    ]
 
 
 # -- events ---------------------------------------------------------------------------------------------------
