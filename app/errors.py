@@ -73,6 +73,12 @@ class ThreadTerminated(Conflict):
     code = "thread_terminated"
 
 
+class OutsideExecution(Conflict):
+    """Only allowed inside the thread's own execution: elsewhere it would race the running step."""
+
+    code = "outside_execution"
+
+
 class Unauthorized(AgentsError):
     """A valid API key is required: send `Authorization: Bearer <key>`."""
 

@@ -6,10 +6,10 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import delete, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import errors, events, tables
+from app import errors, events, queue, tables, threads
 
 
 def side_of(role: str, tool_side: str | None = None) -> str | None:
@@ -100,6 +100,58 @@ async def get(session: AsyncSession, thread_id: uuid.UUID, message_id: uuid.UUID
     if row is None:
         raise errors.MessageNotFound(f"Message {message_id} not found")
     return row
+
+
+async def remove(session: AsyncSession, thread_id: uuid.UUID, message_id: uuid.UUID) -> list[uuid.UUID]:
+    """Delete a message, and a tool-call message's results with it; returns the ids deleted (none if not found).
+
+    No event is written: the HTTP contract has no deletion event, clients re-read the history.
+    """
+    row = (
+        await session.execute(
+            select(tables.Message).where(tables.Message.thread_id == thread_id, tables.Message.id == message_id)
+        )
+    ).scalar_one_or_none()
+    if row is None:
+        return []
+    ids = [row.id]
+    call_ids = [c["id"] for c in row.tool_calls or []]
+    if call_ids:
+        results = select(tables.Message.id).where(
+            tables.Message.thread_id == thread_id,
+            tables.Message.role == "tool",
+            tables.Message.tool_call_id.in_(call_ids),
+        )
+        ids += list((await session.execute(results)).scalars())
+    await session.execute(delete(tables.Message).where(tables.Message.id.in_(ids)))
+    return ids
+
+
+async def enqueue(
+    session: AsyncSession,
+    thread: tables.Thread,
+    role: str,
+    content: str | None,
+    *,
+    silent: bool = False,
+    metadata: dict[str, Any] | None = None,
+) -> uuid.UUID:
+    """Queue a message for delivery (§2) and return the id it will be stored with; the thread row is locked."""
+    if thread.terminated_at is not None:
+        raise errors.ThreadTerminated()
+    message_id = uuid.uuid4()
+    payload = {
+        "id": str(message_id),
+        "role": role,
+        "content": content,
+        "silent": silent,
+        "metadata": metadata or {},
+        "queued_at": datetime.now(UTC).isoformat(),
+    }
+    await queue.enqueue(session, thread.id, queue.Kind.MESSAGE, payload)
+    if thread.status == "idle":
+        await threads.set_status(session, thread, "queued")
+    return message_id
 
 
 async def history(

@@ -24,6 +24,7 @@ class Kind:
 
     MESSAGE = "message"
     CONTINUE = "continue"
+    TOOL = "tool"  # `state.queue_tool` outside a tool call: `{call: ToolCall}`
 
 
 @dataclass(frozen=True)

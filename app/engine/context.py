@@ -125,24 +125,24 @@ def history(rows: list[tables.Message], side: str, prompt: PromptDefinition, tur
     """The history in the acting side's perspective: its own messages as `assistant`, the other side's as
     `user`, the other side's tool traffic left out, and only complete call/result pairs."""
     visible = _visible(rows, side, prompt, turn_start)
-    answered = {r.tool_call_id for r in visible if r.role == "tool"}
+    results = {r.tool_call_id: r for r in visible if r.role == "tool"}
     out: list[LLMMessage] = []
-    kept_calls: set[str] = set()
     for row in visible:
         current = row.position >= turn_start
         with_tools = current or prompt.include_past_tools
         if row.role == "system":
             out.append(LLMMessage("system", row.content or ""))
         elif row.role == "tool":
-            if with_tools and row.tool_call_id in kept_calls:
-                out.append(LLMMessage("tool", row.content or "", tool_call_id=row.tool_call_id, name=row.name))
+            continue  # sent right after its call, even when a message was injected while the tools ran
         elif row.side == side:
             calls: list[ToolCall] = []
             if with_tools:
-                calls = [c for c in row.tool_calls or [] if c["id"] in answered]
-                kept_calls.update(c["id"] for c in calls)
+                calls = [c for c in row.tool_calls or [] if c["id"] in results]
             if row.content or calls:
                 out.append(LLMMessage("assistant", row.content or None, tool_calls=calls or None))
+            for call in calls:
+                result = results[call["id"]]
+                out.append(LLMMessage("tool", result.content or "", tool_call_id=result.tool_call_id, name=result.name))
         elif row.content:
             out.append(LLMMessage("user", row.content))
     return out

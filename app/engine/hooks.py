@@ -57,6 +57,7 @@ async def prepare(
     *,
     env: Env | None = None,
     transaction: Transaction | None = None,
+    context: dict[str, Any] | None = None,
 ) -> Hooks:
     """The hooks of the side's prompt and the state they get; without `transaction` they join `session`'s."""
     agent = catalog.agent(thread.agent)
@@ -75,7 +76,9 @@ async def prepare(
         attempt=thread.attempt,
     )
     tx = transaction or (lambda: joined(session, thread))
-    return Hooks(definitions, RunState(thread, env, tx, execution, {}), tx, env.secrets())
+    context = {} if context is None else context
+    state = RunState(thread, env, tx, execution, context, catalog=catalog, fernet=fernet)
+    return Hooks(definitions, state, tx, env.secrets())
 
 
 async def drop_call(session: AsyncSession, thread_id: uuid.UUID, call_id: str) -> None:

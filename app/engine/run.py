@@ -23,7 +23,7 @@ from app import env as env_store
 from app import errors, events, llm, messages, queue, tables, threads
 from app.catalog import Catalog
 from app.engine import context, hooks, stops, tools
-from app.engine.state import RunState
+from app.engine.state import RunState, deliver_tool
 from app.events import Publisher
 from app.llm.base import (
     CallContext,
@@ -76,6 +76,7 @@ class Engine:
         self._publisher = publisher
         self._fernet = fernet
         self._models: dict[str, Model] = {}
+        self._contexts: dict[uuid.UUID, dict[str, Any]] = {}  # per execution, by lease token
 
     @asynccontextmanager
     async def _tx(self, claim: queue.Claim) -> AsyncIterator[tuple[AsyncSession, tables.Thread]]:
@@ -85,6 +86,7 @@ class Engine:
 
     async def execute(self, claim: queue.Claim) -> None:
         """Run a claimed thread until it has nothing left to do, then release it."""
+        self._contexts[claim.token] = {}
         try:
             try:
                 await self._run(claim)
@@ -97,6 +99,13 @@ class Engine:
                 await queue.release(session, claim)
         except errors.LeaseLost:
             log.warning("lost the lease of thread %s; stopping without writing", claim.thread_id)
+        finally:
+            self._contexts.pop(claim.token, None)
+
+    def _context(self, thread: tables.Thread) -> dict[str, Any]:
+        """`state.context`: one dict for the whole execution (the fenced row carries the claim's token)."""
+        assert thread.lease_token is not None
+        return self._contexts.setdefault(thread.lease_token, {})
 
     # -- one execution -------------------------------------------------------------------------------------
 
@@ -125,7 +134,9 @@ class Engine:
         """Move the inbox into history; between turns, return the side the input makes act (§2)."""
         acting: str | None = None
         first: int | None = None
-        hook_runner = await hooks.prepare(self._catalog, self._fernet, session, thread, thread.side or "a")
+        hook_runner = await hooks.prepare(
+            self._catalog, self._fernet, session, thread, thread.side or "a", context=self._context(thread)
+        )
         for row in await queue.take_inbox(session, thread.id):
             if row.kind == queue.Kind.MESSAGE:
                 p = await hook_runner.before_delivery(row.payload)
@@ -149,6 +160,10 @@ class Engine:
                     acting = "b" if agent.type == "dual_ai" else None
             elif row.kind == queue.Kind.CONTINUE:
                 acting = row.payload.get("side", "a")
+            elif row.kind == queue.Kind.TOOL:  # `state.queue_tool` outside a tool call (§7.4)
+                msg = await deliver_tool(session, thread, row.payload)
+                first = msg.position if first is None else first
+                acting = msg.side
         if mid_turn or acting is None:
             return None
         thread.turn_start = first if first is not None else await _next_position(session, thread.id)
@@ -187,7 +202,7 @@ class Engine:
         offered = {t.name: t for t in context.offered_tools(self._catalog, prompt, side_config)}
         step.config = side_config
         outcomes = []
-        for call in step.calls:
+        for call in step.calls:  # `state.queue_tool` may append to `step.calls` while they run
             outcomes.append(await self._run_tool(claim, step, offered, call))
         async with self._tx(claim) as (session, thread):
             thread.attempt = 1  # the step is done: the next one starts with a fresh crash budget
@@ -275,7 +290,9 @@ class Engine:
                 dict(agent.env),
                 dict(prompt.env),
             )
-            hook_runner = await hooks.prepare(self._catalog, self._fernet, session, thread, side, env=env)
+            hook_runner = await hooks.prepare(
+                self._catalog, self._fernet, session, thread, side, env=env, context=self._context(thread)
+            )
             assembled = await hook_runner.filter_messages(rows, side, prompt, turn_start)
             try:
                 request = context.build_request(self._catalog, prompt, side_config, side, assembled, turn_start, env)
@@ -330,7 +347,9 @@ class Engine:
                     step.call_index += 1
                     continue
                 message = await messages.get(session, thread.id, step.message_id)
-                hook_runner = await hooks.prepare(self._catalog, self._fernet, session, thread, step.side, env=step.env)
+                hook_runner = await hooks.prepare(
+                    self._catalog, self._fernet, session, thread, step.side, env=step.env, context=self._context(thread)
+                )
                 if isinstance(response, ProviderError):
                     await messages.save(
                         session, message, **await hook_runner.before_update_message(message, {"status": "failed"})
@@ -469,7 +488,16 @@ class Engine:
                 session=thread.session_number,
                 attempt=thread.attempt,
             )
-            state = RunState(thread, env, lambda: self._tx(claim), execution, {})
+            state = RunState(
+                thread,
+                env,
+                lambda: self._tx(claim),
+                execution,
+                self._context(thread),
+                catalog=self._catalog,
+                fernet=self._fernet,
+                queue_call=step.calls.append,
+            )
             hook_runner = await hooks.prepare(  # its hooks run between this step's transactions, not inside one
                 self._catalog,
                 self._fernet,
@@ -478,6 +506,7 @@ class Engine:
                 step.side,
                 env=step.env,
                 transaction=lambda: self._tx(claim),
+                context=self._context(thread),
             )
         outcome = await tools.execute(self._catalog, offered, call, state)
         result = await hook_runner.after_tool_call(call, outcome.result)

@@ -1,24 +1,39 @@
-"""`ThreadState` as a running execution gives it to tools (`semantics.md` §12)."""
+"""`ThreadState` as a running execution gives it to tools (`semantics.md` §12, §7.4)."""
 
 from __future__ import annotations
 
+import json
+import uuid
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from datetime import datetime
 from typing import Any, Literal
 
+from cryptography.fernet import Fernet
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import events, messages, tables
-from app.engine.context import Env
-from app.spec.state import ExecutionState, MessagesResult, StateMessage
+from app import env as env_store
+from app import errors, events, messages, queue, tables, threads
+from app.catalog import Catalog
+from app.engine import tools
+from app.engine.context import Env, offered_tools
+from app.llm.base import ToolCall
+from app.spec.definitions import AgentDefinition, ModelDefinition, PromptDefinition
+from app.spec.results import ToolResult
+from app.spec.state import ExecutionState, MessagesResult, StateLog, StateMessage
 
 Transaction = Callable[[], AbstractAsyncContextManager[tuple[AsyncSession, tables.Thread]]]
+INJECT_ROLES = ("user", "assistant", "system")
+QUEUE_ROLES = ("user", "assistant")
 
 
 class RunState:
-    """The state of one thread inside its own execution; every write is fenced by the lease."""
+    """The state of one thread; inside its own execution every write is fenced by the lease.
+
+    `transaction` opens a transaction on the locked thread row. `queue_call` (given during a tool call) adds a
+    tool call to the running step's list of calls still to run.
+    """
 
     def __init__(
         self,
@@ -28,6 +43,10 @@ class RunState:
         execution: ExecutionState | None,
         context: dict[str, Any],
         tool_env: dict[str, str] | None = None,
+        *,
+        catalog: Catalog,
+        fernet: Fernet,
+        queue_call: Callable[[ToolCall], None] | None = None,
     ) -> None:
         self._thread = thread
         self._env = env
@@ -35,6 +54,11 @@ class RunState:
         self._execution = execution
         self._context = context
         self._tool_env = tool_env
+        self._catalog = catalog
+        self._fernet = fernet
+        self._queue_call = queue_call
+
+    # -- identity ------------------------------------------------------------------------------------------
 
     @property
     def thread_id(self) -> str:
@@ -53,6 +77,10 @@ class RunState:
         return self._thread.created_at
 
     @property
+    def terminated(self) -> bool:
+        return self._thread.terminated_at is not None
+
+    @property
     def execution(self) -> ExecutionState | None:
         return self._execution
 
@@ -60,8 +88,14 @@ class RunState:
     def context(self) -> dict[str, Any]:
         return self._context
 
-    async def env(self, name: str) -> str:
-        return self._env.get(name, self._tool_env)
+    def _own(self, method: str) -> None:
+        """Refuse a write that would race the running step (§12)."""
+        if self._execution is None:
+            raise errors.OutsideExecution(
+                f"`state.{method}` is only allowed inside the thread's own execution (it would race the running step)"
+            )
+
+    # -- messages ------------------------------------------------------------------------------------------
 
     async def get_messages(
         self,
@@ -72,6 +106,7 @@ class RunState:
         include_silent: bool = False,
         max_depth: int = 0,
     ) -> MessagesResult:
+        _check_page(limit, offset)
         async with self._transaction() as (session, thread):
             cond = [tables.Message.thread_id == thread.id, tables.Message.depth <= max_depth]
             if not include_silent:
@@ -87,14 +122,203 @@ class RunState:
             )
             rows = list((await session.execute(query)).scalars())
         return MessagesResult(
-            messages=[StateMessage.model_validate(messages.to_dict(r)) for r in rows],
+            messages=[_message(r) for r in rows],
             total=total,
             has_more=offset + len(rows) < total,
         )
 
+    async def get_message(self, message_id: str) -> StateMessage | None:
+        key = _uuid(message_id)
+        if key is None:
+            return None
+        async with self._transaction() as (session, thread):
+            try:
+                return _message(await messages.get(session, thread.id, key))
+            except errors.MessageNotFound:
+                return None
+
+    async def inject_message(
+        self,
+        role: Literal["user", "assistant", "system"],
+        content: str,
+        *,
+        silent: bool = False,
+        metadata: dict[str, Any] | None = None,
+    ) -> StateMessage:
+        self._own("inject_message")
+        _check_input(role, INJECT_ROLES, content, metadata)
+        async with self._transaction() as (session, thread):
+            row = await messages.add(
+                session,
+                thread.id,
+                role,
+                content=content,
+                silent=silent,
+                metadata_=metadata or {},
+                session_number=thread.session_number,
+            )
+            thread.last_message_at = row.created_at
+        return _message(row)
+
+    async def queue_message(
+        self,
+        role: Literal["user", "assistant"],
+        content: str,
+        *,
+        silent: bool = False,
+        metadata: dict[str, Any] | None = None,
+    ) -> str:
+        _check_input(role, QUEUE_ROLES, content, metadata)
+        async with self._transaction() as (session, thread):
+            message_id = await messages.enqueue(session, thread, role, content, silent=silent, metadata=metadata)
+        return str(message_id)
+
+    async def update_message(
+        self, message_id: str, *, content: str | None = None, metadata: dict[str, Any] | None = None
+    ) -> StateMessage:
+        self._own("update_message")
+        _refuse_nul(content, metadata)
+        key = _uuid(message_id)
+        if key is None:
+            raise errors.MessageNotFound(f"Message {message_id} not found")
+        fields: dict[str, Any] = {}
+        if content is not None:
+            fields["content"] = content
+        if metadata is not None:
+            fields["metadata_"] = metadata
+        async with self._transaction() as (session, thread):
+            row = await messages.save(session, await messages.get(session, thread.id, key), **fields)
+        return _message(row)
+
+    async def delete_message(self, message_id: str) -> bool:
+        self._own("delete_message")
+        key = _uuid(message_id)
+        if key is None:
+            return False
+        async with self._transaction() as (session, thread):
+            return bool(await messages.remove(session, thread.id, key))
+
+    # -- logs ----------------------------------------------------------------------------------------------
+
+    async def get_logs(
+        self, *, limit: int = 100, offset: int = 0, order: Literal["asc", "desc"] = "asc"
+    ) -> list[StateLog]:
+        _check_page(limit, offset)
+        log = tables.Log
+        keys = (log.created_at, log.id) if order == "asc" else (log.created_at.desc(), log.id.desc())
+        async with self._transaction() as (session, thread):
+            query = select(log).where(log.thread_id == thread.id).order_by(*keys).offset(offset).limit(limit)
+            rows = list((await session.execute(query)).scalars())
+        return [_log(r) for r in rows]
+
+    # -- definitions ---------------------------------------------------------------------------------------
+
+    async def load_model(self, name: str) -> ModelDefinition | None:
+        return self._catalog.models.get(name)
+
+    async def load_prompt(self, name: str) -> PromptDefinition | None:
+        return self._catalog.prompts.get(name)
+
+    async def load_agent(self, name: str) -> AgentDefinition | None:
+        return self._catalog.agents.get(name)
+
+    def get_model_names(self) -> list[str]:
+        return sorted(self._catalog.models)
+
+    def get_prompt_names(self) -> list[str]:
+        return sorted(self._catalog.prompts)
+
+    def get_agent_names(self) -> list[str]:
+        return sorted(self._catalog.agents)
+
+    def get_tool_names(self) -> list[str]:
+        return sorted(self._catalog.tools)
+
+    # -- variables -----------------------------------------------------------------------------------------
+
+    async def env(self, name: str) -> str:
+        return self._env.get(name, self._tool_env)
+
+    async def set_env(self, name: str, value: str) -> None:
+        self._own("set_env")
+        if not isinstance(name, str) or not name or not isinstance(value, str):
+            raise errors.Invalid("`state.set_env` takes a non-empty variable name and a string value")
+        _refuse_nul(name, value)
+        declared = {v.name for v in self._catalog.variables_of_agent(self.agent_id) if v.type == "secret"}
+        async with self._transaction() as (session, thread):
+            secret = name in declared or (await env_store.thread_types(session, thread.id)).get(name) == "secret"
+            await env_store.set_thread(session, self._fernet, thread.id, {name: value}, {name} if secret else set())
+        # the step's resolver is shared by its tool calls: later `env` calls of this step see the value
+        self._env.thread[name] = env_store.Value(value, "secret" if secret else "text")
+
+    # -- tools ---------------------------------------------------------------------------------------------
+
+    async def invoke_tool(self, name: str, args: dict[str, Any] | None = None) -> ToolResult:
+        definition = self._catalog.tools.get(name)
+        if definition is None:
+            kind = self._catalog.kind_of(name)
+            if kind == "prompt":
+                text = f"`{name}` is a prompt: this server version cannot invoke subprompts yet"
+            elif kind == "agent":
+                text = f"`{name}` is an agent: subagents and handoffs cannot be run with `invoke_tool`"
+            else:
+                text = f"Unknown tool `{name}`. Available tools: {', '.join(self.get_tool_names()) or 'none'}"
+            return ToolResult(status="error", error=text)
+        # the invoked tool runs inside the caller's execution and tool call, without a tool config
+        state = self._derive(self._execution, None)
+        return await tools.run(name, definition, dict(args or {}), state)
+
+    async def queue_tool(self, name: str, args: dict[str, Any] | None = None) -> str:
+        if args is not None and not isinstance(args, dict):
+            raise errors.Invalid("`state.queue_tool`: the arguments must be a dict")
+        _refuse_nul(name, args)
+        try:
+            arguments = json.dumps(args or {})
+        except (TypeError, ValueError) as exc:
+            raise errors.Invalid(f"`state.queue_tool`: the arguments must be JSON: {exc}") from exc
+        call: ToolCall = {
+            "id": f"call_{uuid.uuid4().hex[:24]}",
+            "type": "function",
+            "function": {"name": name, "arguments": arguments},
+        }
+        execution = self._execution
+        async with self._transaction() as (session, thread):
+            side = execution.side if execution is not None else (thread.side or "a")
+            self._check_offered(thread, side, name)
+            owner = None
+            if execution is not None and execution.tool_call_id is not None and self._queue_call is not None:
+                owner = await _calling_message(session, thread.id, execution.tool_call_id)
+            if owner is None:  # not inside a tool call: a queued call the engine delivers as the side's own (§7.4)
+                if thread.terminated_at is not None:
+                    raise errors.ThreadTerminated()
+                await queue.enqueue(session, thread.id, queue.Kind.TOOL, {"call": call})
+                if thread.status == "idle":
+                    await threads.set_status(session, thread, "queued")
+                return call["id"]
+            # the call joins the running step, paired in history with the message that made the running call
+            await messages.save(session, owner, tool_calls=[*(owner.tool_calls or []), call])
+        assert self._queue_call is not None
+        self._queue_call(call)
+        return call["id"]
+
+    def _check_offered(self, thread: tables.Thread, side: str, name: str) -> None:
+        """A queued call runs like the model's own, so it must name a tool the acting side is offered."""
+        agent = self._catalog.agent(thread.agent)
+        config = agent.side(side)  # type: ignore[arg-type]
+        offered = set()
+        if config is not None:
+            offered = {t.name for t in offered_tools(self._catalog, self._catalog.prompts[config.prompt], config)}
+        if name not in offered:
+            known = ", ".join(sorted(offered)) or "none"
+            raise errors.Invalid(f"`state.queue_tool`: side {side} is not offered a tool `{name}` (offered: {known})")
+
+    # -- events --------------------------------------------------------------------------------------------
+
     async def emit(self, event: str, data: Any) -> None:
         async with self._transaction() as (session, thread):
             await events.append(session, thread.id, "event", {"event_type": event, "data": data})
+
+    # -- derived states ------------------------------------------------------------------------------------
 
     def with_tool(self, tool_call_id: str, options: dict[str, Any], tool_env: dict[str, str]) -> RunState:
         """The state a tool call sees: its call id, options and config env."""
@@ -107,4 +331,105 @@ class RunState:
             tool_call_id=tool_call_id,
             tool_options=options,
         )
-        return RunState(self._thread, self._env, self._transaction, execution, self._context, tool_env)
+        return self._derive(execution, tool_env)
+
+    def _derive(self, execution: ExecutionState | None, tool_env: dict[str, str] | None) -> RunState:
+        return RunState(
+            self._thread,
+            self._env,
+            self._transaction,
+            execution,
+            self._context,
+            tool_env,
+            catalog=self._catalog,
+            fernet=self._fernet,
+            queue_call=self._queue_call,
+        )
+
+
+async def deliver_tool(session: AsyncSession, thread: tables.Thread, payload: dict[str, Any]) -> tables.Message:
+    """Store a queued tool call (`queue.Kind.TOOL`) as the acting side's own call; the step loop then runs it."""
+    return await messages.add(
+        session,
+        thread.id,
+        "assistant",
+        side=thread.side or "a",
+        tool_calls=[payload["call"]],
+        session_number=thread.session_number,
+    )
+
+
+async def _calling_message(session: AsyncSession, thread_id: uuid.UUID, tool_call_id: str) -> tables.Message | None:
+    """The assistant message holding the tool call `tool_call_id`."""
+    query = (
+        select(tables.Message)
+        .where(
+            tables.Message.thread_id == thread_id,
+            tables.Message.role == "assistant",
+            tables.Message.tool_calls.contains([{"id": tool_call_id}]),
+        )
+        .order_by(tables.Message.position.desc())
+        .limit(1)
+    )
+    return (await session.execute(query)).scalar_one_or_none()
+
+
+def _message(row: tables.Message) -> StateMessage:
+    return StateMessage.model_validate(messages.to_dict(row))
+
+
+def _log(row: tables.Log) -> StateLog:
+    return StateLog(
+        id=str(row.id),
+        kind=row.kind,
+        message_id=str(row.message_id) if row.message_id else None,
+        model=row.model,
+        provider=row.provider,
+        tool=row.tool,
+        attempt=row.attempt,
+        status=row.status,
+        error=row.error,
+        input_tokens=row.input_tokens,
+        output_tokens=row.output_tokens,
+        cached_tokens=row.cached_tokens,
+        reasoning_tokens=row.reasoning_tokens,
+        cost=row.cost,
+        latency_ms=row.latency_ms,
+        ttft_ms=row.ttft_ms,
+        finish_reason=row.finish_reason,
+        response=row.response,
+        created_at=row.created_at,
+    )
+
+
+def _uuid(value: str) -> uuid.UUID | None:
+    try:
+        return uuid.UUID(str(value))
+    except ValueError:
+        return None
+
+
+def _check_page(limit: int, offset: int) -> None:
+    if limit < 0 or offset < 0:
+        raise errors.Invalid("`limit` and `offset` must not be negative")
+
+
+def _check_input(role: str, roles: tuple[str, ...], content: Any, metadata: Any) -> None:
+    if role not in roles:
+        raise errors.Invalid(f"`role` must be one of {', '.join(roles)}, not {role!r}")
+    if not isinstance(content, str):
+        raise errors.Invalid("`content` must be a string")
+    if metadata is not None and not isinstance(metadata, dict):
+        raise errors.Invalid("`metadata` must be a dict")
+    _refuse_nul(content, metadata)
+
+
+def _refuse_nul(*values: Any) -> None:
+    """Postgres cannot store NUL characters; refuse them before they reach the driver."""
+    for value in values:
+        if isinstance(value, str) and "\x00" in value:
+            raise errors.Invalid("text must not contain NUL (\\u0000) characters")
+        if isinstance(value, dict):
+            _refuse_nul(*value.keys(), *value.values())
+        elif isinstance(value, list):
+            _refuse_nul(*value)

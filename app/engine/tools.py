@@ -5,15 +5,18 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ValidationError
 
 from app.catalog import Catalog
 from app.engine.context import OfferedTool, parse_arguments
-from app.engine.state import RunState
 from app.llm.base import ToolCall
+from app.spec.define import ToolDefinition
 from app.spec.results import ToolResult
+
+if TYPE_CHECKING:  # state.py runs tools itself (`invoke_tool`)
+    from app.engine.state import RunState
 
 log = logging.getLogger(__name__)
 
@@ -82,17 +85,21 @@ async def execute(catalog: Catalog, offered: dict[str, OfferedTool], call: ToolC
         if problem:
             return Outcome(call, _error(f"Invalid arguments for tool `{name}`: {problem}"), arguments)
         return Outcome(call, ToolResult(status="success", result="ok"), arguments)
-    definition = catalog.tools[name]
     tool_state = state.with_tool(call["id"], tool.entry.options, tool.entry.env)
+    return Outcome(call, await run(name, catalog.tools[name], arguments, tool_state), arguments)
+
+
+async def run(name: str, definition: ToolDefinition, arguments: dict[str, Any], state: RunState) -> ToolResult:
+    """Validate the arguments, call the tool, and turn anything it raises into an error result."""
     args: BaseModel | None = None
     if definition.args_model is not None:
         try:
             args = definition.args_model.model_validate(arguments)
         except ValidationError as exc:
-            return Outcome(call, _error(_validation_text(name, exc)), arguments)
+            return _error(_validation_text(name, exc))
     try:
-        value = await (definition.fn(tool_state) if args is None else definition.fn(tool_state, args))
+        value = await (definition.fn(state) if args is None else definition.fn(state, args))
     except Exception as exc:
         log.info("tool %s raised %r", name, exc)
-        return Outcome(call, _error(f"Tool `{name}` failed: {type(exc).__name__}: {exc}"), arguments)
-    return Outcome(call, normalise(value), arguments)
+        return _error(f"Tool `{name}` failed: {type(exc).__name__}: {exc}")
+    return normalise(value)

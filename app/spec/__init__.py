@@ -20,7 +20,7 @@ from app.spec.definitions import (
     VariableDefinition,
 )
 from app.spec.results import ToolAttachment, ToolResult
-from app.spec.state import ExecutionState, MessagesResult, StateMessage, ThreadState
+from app.spec.state import ExecutionState, MessagesResult, StateLog, StateMessage, ThreadState
 
 __all__ = [
     "AgentDefinition",
@@ -32,6 +32,7 @@ __all__ = [
     "PromptDefinition",
     "SessionToolConfig",
     "SideConfig",
+    "StateLog",
     "StateMessage",
     "ThreadState",
     "ToolAttachment",

@@ -1,4 +1,4 @@
-"""The `ThreadState` protocol: the one API user code (tools, hooks, effects, endpoints) sees."""
+"""The `ThreadState` protocol: the one API user code (tools, hooks, effects, endpoints) sees (`semantics.md` §12)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,9 @@ from datetime import datetime
 from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel
+
+from app.spec.definitions import AgentDefinition, ModelDefinition, PromptDefinition
+from app.spec.results import ToolResult
 
 
 @dataclass(frozen=True)
@@ -47,8 +50,40 @@ class MessagesResult(BaseModel):
     has_more: bool
 
 
+class StateLog(BaseModel):
+    """One stored LLM request (or, later, tool call or hook error) of the thread; secrets are never stored."""
+
+    id: str
+    kind: str
+    message_id: str | None
+    model: str | None
+    provider: str | None
+    tool: str | None
+    attempt: int
+    status: str
+    error: str | None
+    input_tokens: int | None
+    output_tokens: int | None
+    cached_tokens: int | None
+    reasoning_tokens: int | None
+    cost: float | None
+    latency_ms: float | None
+    ttft_ms: float | None
+    finish_reason: str | None
+    response: dict[str, Any] | None
+    created_at: datetime
+
+
 class ThreadState(Protocol):
-    """What a tool gets as `state`."""
+    """What a tool gets as `state`.
+
+    Inside the thread's own execution (`execution` is set) everything is allowed. Outside it (custom endpoints,
+    handles on other threads) reads, `queue_message`, `queue_tool`, `invoke_tool` and `emit` work, while
+    `inject_message`, `update_message`, `delete_message` and `set_env` raise `OutsideExecution`: they would race
+    the running step. Files, effects, child/parent handles and `terminate` are not part of this server version yet.
+    """
+
+    # -- identity --------------------------------------------------------------------------------------------
 
     @property
     def thread_id(self) -> str: ...
@@ -63,14 +98,21 @@ class ThreadState(Protocol):
     def created_at(self) -> datetime: ...
 
     @property
-    def execution(self) -> ExecutionState | None: ...
+    def terminated(self) -> bool:
+        """Whether the thread was terminated (it then refuses all input)."""
+        ...
 
     @property
-    def context(self) -> dict[str, Any]: ...
-
-    async def env(self, name: str) -> str:
-        """The value of a variable, resolved thread → agent → tool config → prompt."""
+    def execution(self) -> ExecutionState | None:
+        """The running step, or None outside the thread's own execution."""
         ...
+
+    @property
+    def context(self) -> dict[str, Any]:
+        """Scratch space for user code; it is not stored."""
+        ...
+
+    # -- messages --------------------------------------------------------------------------------------------
 
     async def get_messages(
         self,
@@ -81,8 +123,118 @@ class ThreadState(Protocol):
         include_silent: bool = False,
         max_depth: int = 0,
     ) -> MessagesResult:
-        """Messages of this thread."""
+        """Stored messages of this thread (queued, undelivered input is not included)."""
         ...
+
+    async def get_message(self, message_id: str) -> StateMessage | None:
+        """One stored message, or None if this thread has no message with that id."""
+        ...
+
+    async def inject_message(
+        self,
+        role: Literal["user", "assistant", "system"],
+        content: str,
+        *,
+        silent: bool = False,
+        metadata: dict[str, Any] | None = None,
+    ) -> StateMessage:
+        """Write a message into history now (own execution only); the model sees it on its next call."""
+        ...
+
+    async def queue_message(
+        self,
+        role: Literal["user", "assistant"],
+        content: str,
+        *,
+        silent: bool = False,
+        metadata: dict[str, Any] | None = None,
+    ) -> str:
+        """Put a message in the thread's inbox and return the id it will be stored with.
+
+        A running thread stores it before its next LLM call; an idle one starts a run (`user` makes side A act,
+        `assistant` side B of a `dual_ai` agent).
+        """
+        ...
+
+    async def update_message(
+        self, message_id: str, *, content: str | None = None, metadata: dict[str, Any] | None = None
+    ) -> StateMessage:
+        """Replace a message's content and/or metadata (own execution only); `None` leaves a field as it is."""
+        ...
+
+    async def delete_message(self, message_id: str) -> bool:
+        """Delete a message (own execution only); a tool-call message takes its results with it.
+
+        Returns False when there was no such message. Deletes emit no event: the HTTP contract has none.
+        """
+        ...
+
+    # -- logs ------------------------------------------------------------------------------------------------
+
+    async def get_logs(
+        self, *, limit: int = 100, offset: int = 0, order: Literal["asc", "desc"] = "asc"
+    ) -> list[StateLog]:
+        """The thread's stored LLM request logs, oldest first unless `order` says otherwise."""
+        ...
+
+    # -- definitions -----------------------------------------------------------------------------------------
+
+    async def load_model(self, name: str) -> ModelDefinition | None:
+        """The model definition called `name`, or None."""
+        ...
+
+    async def load_prompt(self, name: str) -> PromptDefinition | None:
+        """The prompt definition called `name`, or None."""
+        ...
+
+    async def load_agent(self, name: str) -> AgentDefinition | None:
+        """The agent definition called `name`, or None."""
+        ...
+
+    def get_model_names(self) -> list[str]:
+        """Names of every model, sorted."""
+        ...
+
+    def get_prompt_names(self) -> list[str]:
+        """Names of every prompt, sorted."""
+        ...
+
+    def get_agent_names(self) -> list[str]:
+        """Names of every agent, sorted."""
+        ...
+
+    def get_tool_names(self) -> list[str]:
+        """Names of every callable tool, sorted."""
+        ...
+
+    # -- variables -------------------------------------------------------------------------------------------
+
+    async def env(self, name: str) -> str:
+        """The value of a variable, resolved thread → agent → tool config → prompt; raises if nothing sets it."""
+        ...
+
+    async def set_env(self, name: str, value: str) -> None:
+        """Set a thread variable (own execution only), visible to `env` at once.
+
+        The value is stored secret if the agent declares the variable `secret` or it is already stored secret.
+        """
+        ...
+
+    # -- tools -----------------------------------------------------------------------------------------------
+
+    async def invoke_tool(self, name: str, args: dict[str, Any] | None = None) -> ToolResult:
+        """Run a callable tool now and return its result; nothing is stored and no error is raised."""
+        ...
+
+    async def queue_tool(self, name: str, args: dict[str, Any] | None = None) -> str:
+        """Have the acting side call a tool the model could call, and return the call's id.
+
+        During a tool call, the call joins the running step (the model sees it among the step's calls); otherwise
+        it is queued, and delivered as a side's own call before its next LLM call (an idle thread starts a run).
+        """
+        ...
+
+    # -- events ----------------------------------------------------------------------------------------------
 
     async def emit(self, event: str, data: Any) -> None:
         """Send a custom `event` to the thread's stream."""
