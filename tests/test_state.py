@@ -626,3 +626,31 @@ async def test_context_lives_for_the_execution(app_factory: Any) -> None:
         r["content"] for r in (await client.get(f"/threads/{tid}/messages")).json()["messages"] if r["role"] == "tool"
     ]
     assert results == ["1", "2", "3", "1"]  # shared across the steps of one execution, fresh in the next
+
+
+@define_tool(description="Terminates the thread.")
+async def end_all(state: ThreadState) -> str:
+    await state.terminate()
+    return "never stored"
+
+
+async def test_terminate_from_a_tool_ends_the_thread(app_factory: Any) -> None:
+    cat = catalog(Recorder(call("end_all"), "unreachable"))
+    cat.tools["end_all"] = end_all
+    cat.prompts["p"].tools.append("end_all")
+    _, client, tid = await start(app_factory, cat)
+    assert (await client.post(f"/threads/{tid}/messages", json={"content": "go"})).status_code == 202
+
+    async def terminated() -> dict[str, Any] | None:
+        body: dict[str, Any] = (await client.get(f"/threads/{tid}")).json()
+        return body if body["status"] == "terminated" else None
+
+    body = await wait_for(terminated)
+    assert body["terminated_at"] is not None and body["session"]["reason"] == "terminated"
+    rows = (await client.get(f"/threads/{tid}/messages")).json()["messages"]
+    assert [(r["role"], r["tool_status"], r["content"]) for r in rows][1:] == [
+        ("assistant", None, None),
+        ("tool", "error", "Thread terminated"),  # the open call is closed; the tool's own result never lands
+    ]
+    denied = await client.post(f"/threads/{tid}/messages", json={"content": "more"})
+    assert denied.status_code == 409

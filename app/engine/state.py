@@ -14,7 +14,7 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import env as env_store
-from app import errors, events, messages, queue, tables, threads
+from app import errors, events, lifecycle, messages, queue, tables, threads
 from app.catalog import Catalog
 from app.engine import tools
 from app.engine.context import Env, offered_tools
@@ -317,6 +317,12 @@ class RunState:
     async def emit(self, event: str, data: Any) -> None:
         async with self._transaction() as (session, thread):
             await events.append(session, thread.id, "event", {"event_type": event, "data": data})
+
+    # -- lifecycle -----------------------------------------------------------------------------------------
+
+    async def terminate(self) -> None:
+        async with self._transaction() as (session, thread):
+            await lifecycle.terminate(session, thread)
 
     # -- derived states ------------------------------------------------------------------------------------
 

@@ -80,7 +80,7 @@ class ThreadState(Protocol):
     Inside the thread's own execution (`execution` is set) everything is allowed. Outside it (custom endpoints,
     handles on other threads) reads, `queue_message`, `queue_tool`, `invoke_tool` and `emit` work, while
     `inject_message`, `update_message`, `delete_message` and `set_env` raise `OutsideExecution`: they would race
-    the running step. Files, effects, child/parent handles and `terminate` are not part of this server version yet.
+    the running step. Files, effects and child/parent handles are not part of this server version yet.
     """
 
     # -- identity --------------------------------------------------------------------------------------------
@@ -238,4 +238,9 @@ class ThreadState(Protocol):
 
     async def emit(self, event: str, data: Any) -> None:
         """Send a custom `event` to the thread's stream."""
+        ...
+
+    async def terminate(self) -> None:
+        """End this thread (and its descendants) for good: the running execution stops without writing more,
+        and later input is refused with `Thread is terminated` (§11)."""
         ...
