@@ -266,7 +266,8 @@ async def test_script_position_is_durable_across_workers(app_factory: Any) -> No
     await client2.post(f"/threads/{tid}/messages", json={"content": "two"})
 
     async def answered() -> bool:
-        return len([m for m in await stored(client2, tid) if m["role"] == "assistant"]) == 2
+        done = [m for m in await stored(client2, tid) if m["role"] == "assistant" and m["status"] == "completed"]
+        return len(done) == 2
 
     await wait_for(answered)
     assert [m["content"] for m in await stored(client2, tid) if m["role"] == "assistant"] == ["first", "second"]
