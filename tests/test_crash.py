@@ -184,10 +184,13 @@ async def test_a_worker_killed_mid_llm_call_is_replaced_and_the_pending_message_
     assert planned["status"] == "completed" and planned["tool_calls"][0]["function"]["name"] == "note"
     assert (result["tool_call_id"], result["content"]) == (planned["tool_calls"][0]["id"], "noted hello")
     assert (reply["content"], reply["status"]) == ("noted: noted hello", "completed")
-    # the redone call is the same step, not a new one
+    # the redone call is the same step again, not a new one
     assert thread["session_steps"] == 2
-    assert [e for e in await c.step_events(tid) if e[0] == "step_completed"] == [
+    assert await c.step_events(tid) == [
+        ("step_started", 1),
+        ("step_started", 1),
         ("step_completed", 1),
+        ("step_started", 2),
         ("step_completed", 2),
     ]
     llm_logs = await c.db.fetchval("SELECT count(*) FROM logs WHERE thread_id = $1 AND kind = 'llm'", tid)
