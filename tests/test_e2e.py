@@ -4,48 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import httpx
 import pytest
 
 from tests.conftest import ROOT
+from tests.processes import free_port, start, stop, until_ready
 from tests.test_api import read_events
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _start(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    with log.open("wb") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", "app", *args], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT
-        )
-
-
-def _serve(env: dict[str, str], port: int, log: Path) -> subprocess.Popen[bytes]:
-    return _start(["serve", "--port", str(port)], env, log)
-
-
-async def _until_ready(base: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 60) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    async with httpx.AsyncClient(base_url=base) as client:
-        while asyncio.get_running_loop().time() < deadline:
-            if proc.poll() is not None:
-                raise AssertionError(f"server exited early:\n{log.read_text()}")
-            try:
-                if (await client.get("/ready")).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            await asyncio.sleep(0.1)
-    raise AssertionError(f"server not ready in time:\n{log.read_text()}")
 
 
 @pytest.fixture
@@ -55,21 +21,12 @@ def server_env(database_url: str, tmp_path: Path) -> dict[str, str]:
     return env
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> int:
-    proc.terminate()
-    try:
-        return proc.wait(20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        raise
-
-
 async def test_a_thread_runs_end_to_end_over_http(server_env: dict[str, str], tmp_path: Path) -> None:
-    port, log = _free_port(), tmp_path / "serve.log"
-    proc = _serve(server_env, port, log)
+    port, log = free_port(), tmp_path / "serve.log"
+    proc = start(["serve", "--port", str(port)], server_env, log)
     base = f"http://127.0.0.1:{port}"
     try:
-        await _until_ready(base, proc, log)
+        await until_ready(base, proc, log)
         async with httpx.AsyncClient(base_url=base) as client:
             created = await client.post("/threads", json={"agent": "assistant"})
             assert created.status_code == 201
@@ -85,33 +42,33 @@ async def test_a_thread_runs_end_to_end_over_http(server_env: dict[str, str], tm
         assert stored[2]["content"] == "84" and stored[2]["tool_status"] == "success"
         assert stored[3]["content"] == "The answer is 84."
     finally:
-        assert _stop(proc) == 0, log.read_text()
+        assert stop(proc) == 0, log.read_text()
 
 
 async def test_serve_starts_the_embedded_postgres_when_no_url_is_set(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "SECRET_KEY")}
     env.update(DATA_DIR=str(tmp_path / "data"), AGENTS_DIR=str(ROOT / "agents"))
-    port, log = _free_port(), tmp_path / "serve.log"
-    proc = _serve(env, port, log)
+    port, log = free_port(), tmp_path / "serve.log"
+    proc = start(["serve", "--port", str(port)], env, log)
     try:
-        await _until_ready(f"http://127.0.0.1:{port}", proc, log, timeout=90)
+        await until_ready(f"http://127.0.0.1:{port}", proc, log, timeout=90)
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
             assert (await client.post("/threads", json={"agent": "assistant"})).status_code == 201
     finally:
-        assert _stop(proc) == 0, log.read_text()
+        assert stop(proc) == 0, log.read_text()
     assert (tmp_path / "data" / "pg" / "PG_VERSION").exists()
     # the server stopped its Postgres on exit
     assert not (tmp_path / "data" / "pg" / "postmaster.pid").exists()
 
 
 async def test_api_and_worker_run_as_separate_processes(server_env: dict[str, str], tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     env = {**server_env, "SECRET_KEY": "k" * 48}
-    api = _start(["api", "--port", str(port)], env, tmp_path / "api.log")
-    worker = _start(["worker"], env, tmp_path / "worker.log")
+    api = start(["api", "--port", str(port)], env, tmp_path / "api.log")
+    worker = start(["worker"], env, tmp_path / "worker.log")
     base = f"http://127.0.0.1:{port}"
     try:
-        await _until_ready(base, api, tmp_path / "api.log")
+        await until_ready(base, api, tmp_path / "api.log")
         async with httpx.AsyncClient(base_url=base) as client:
             tid = (await client.post("/threads", json={"agent": "assistant"})).json()["id"]
             await client.post(f"/threads/{tid}/messages", json={"content": "what time is it"})
@@ -119,5 +76,5 @@ async def test_api_and_worker_run_as_separate_processes(server_env: dict[str, st
         assert any(f["event"] == "tool_completed" and f["data"]["tool"] == "get_time" for f in frames)
         assert any(f["event"] == "message_chunk" for f in frames)  # deltas cross processes too
     finally:
-        assert _stop(worker) == 0, (tmp_path / "worker.log").read_text()
-        assert _stop(api) == 0, (tmp_path / "api.log").read_text()
+        assert stop(worker) == 0, (tmp_path / "worker.log").read_text()
+        assert stop(api) == 0, (tmp_path / "api.log").read_text()

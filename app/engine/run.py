@@ -274,22 +274,24 @@ class Engine:
                 (r for r in reversed(rows) if r.role != "tool" and r.side == side and r.position >= turn_start),
                 None,
             )
-            if last is not None and last.status == "completed" and last.tool_calls:
-                answered = {r.tool_call_id for r in rows if r.role == "tool"}
-                missing = [c for c in last.tool_calls if c["id"] not in answered]
-                if missing:  # a crash between the model's answer and its tool results: run what is left
-                    response = LLMResponse(text=last.content or "", tool_calls=list(last.tool_calls))
-                    return Step(side, thread.session_steps, calls=missing, response=response)
-            if thread.session_steps >= self._settings.max_session_steps:
-                await self._end_session(session, thread, stops.Verdict("session", "max_total_steps", "failure"))
-                return None
-            thread.turn_steps += 1
-            thread.session_steps += 1
             env = context.Env(
                 await env_store.thread_values(session, self._fernet, thread.id),
                 dict(agent.env),
                 dict(prompt.env),
             )
+            if last is not None and last.status == "completed" and last.tool_calls:
+                answered = {r.tool_call_id for r in rows if r.role == "tool"}
+                missing = [c for c in last.tool_calls if c["id"] not in answered]
+                if missing:  # a crash between the model's answer and its tool results: run what is left
+                    response = LLMResponse(text=last.content or "", tool_calls=list(last.tool_calls))
+                    return Step(side, thread.session_steps, calls=missing, response=response, env=env)
+            redo = last is not None and last.status == "pending"  # a call a crash interrupted: the same step again
+            if thread.session_steps >= self._settings.max_session_steps and not redo:
+                await self._end_session(session, thread, stops.Verdict("session", "max_total_steps", "failure"))
+                return None
+            if not redo:
+                thread.turn_steps += 1
+                thread.session_steps += 1
             hook_runner = await hooks.prepare(
                 self._catalog, self._fernet, session, thread, side, env=env, context=self._context(thread)
             )
@@ -481,16 +483,16 @@ class Engine:
         name = call["function"]["name"]
         async with self._tx(claim) as (session, thread):
             await events.append(session, thread.id, "tool_started", {"tool": name, "tool_call_id": call["id"]})
-            env = step.env or context.Env(await env_store.thread_values(session, self._fernet, thread.id), {}, {})
             execution = ExecutionState(
                 side="b" if step.side == "b" else "a",
                 step=step.number,
                 session=thread.session_number,
                 attempt=thread.attempt,
             )
+            assert step.env is not None
             state = RunState(
                 thread,
-                env,
+                step.env,
                 lambda: self._tx(claim),
                 execution,
                 self._context(thread),

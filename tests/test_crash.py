@@ -1,0 +1,286 @@
+"""Crash recovery and one flight per thread, with `agents api` and several `agents worker` processes on real Postgres.
+
+A worker is `kill -9`ed in the middle of an LLM call or a tool call and another worker finishes the run from what is
+stored; three workers race over many threads and no thread ever runs in two places at once
+(`storage-and-queue.md`, "One flight per thread" and "Crash recovery").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import os
+import signal
+import subprocess
+import uuid
+from collections import defaultdict
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import httpx
+import pytest
+
+from app import catalog, crypto, db, env, keys, threads
+from app.api import schemas
+from app.api.routes.messages import enqueue_message
+from app.settings import Settings, plain_url
+from tests.conftest import ROOT
+from tests.processes import free_port, start, stop, until_ready
+
+FIXTURE = ROOT / "tests" / "fixtures" / "agents_crash"
+SECRET_KEY = "crash-" + "k" * 42
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def pid_of(owner: str) -> int:
+    """The process id in a lease owner (`host:pid:nonce`)."""
+    return int(owner.split(":")[-2])
+
+
+@dataclass
+class Cluster:
+    """`agents worker` processes (and an `agents api` process) sharing one fresh database."""
+
+    db: asyncpg.Connection
+    crash_dir: Path
+    base: str = ""
+    processes: list[tuple[subprocess.Popen[bytes], Path]] = field(default_factory=list)
+
+    @property
+    def workers(self) -> list[subprocess.Popen[bytes]]:
+        return [p for p, log in self.processes if log.name.startswith("worker")]
+
+    def worker(self, pid: int) -> subprocess.Popen[bytes]:
+        return next(p for p in self.workers if p.pid == pid)
+
+    def output(self) -> str:
+        return "\n".join(f"--- {log.name}\n{log.read_text()[-4000:]}" for _, log in self.processes)
+
+    async def wait(self, predicate: Callable[[], Awaitable[Any]], timeout: float, what: str) -> Any:
+        """Poll until `predicate` returns something truthy; fail with every process's output after `timeout`."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while True:
+            value = await predicate()
+            if value:
+                return value
+            if asyncio.get_running_loop().time() > deadline:
+                raise AssertionError(f"{what}: not reached in {timeout} s\n{self.output()}")
+            await asyncio.sleep(0.05)
+
+    async def new_thread(self, client: httpx.AsyncClient, content: str) -> tuple[str, str]:
+        """A `crashy` thread writing its records to `crash_dir`, with `content` posted; (thread id, message id)."""
+        created = await client.post("/threads", json={"agent": "crashy", "env": {"CRASH_DIR": str(self.crash_dir)}})
+        assert created.status_code == 201, created.text
+        tid = created.json()["id"]
+        posted = await client.post(f"/threads/{tid}/messages", json={"content": content})
+        assert posted.status_code == 202, posted.text
+        return tid, posted.json()["message_id"]
+
+    async def settled(self, tid: str) -> asyncpg.Record:
+        """Wait until the thread's turn ended and no worker holds or wants it."""
+
+        async def done() -> asyncpg.Record | None:
+            row = await self.db.fetchrow("SELECT * FROM threads WHERE id = $1", tid)
+            ok = row["status"] == "idle" and row["session_turns"] == 1
+            return row if ok and row["lease_owner"] is None and row["runnable_since"] is None else None
+
+        row: asyncpg.Record = await self.wait(done, 30, f"thread {tid} settles")
+        return row
+
+    async def step_events(self, tid: str) -> list[tuple[str, int]]:
+        rows = await self.db.fetch(
+            "SELECT type, data FROM events WHERE thread_id = $1 AND type LIKE 'step_%' ORDER BY seq", tid
+        )
+        return [(r["type"], json.loads(r["data"])["step"]) for r in rows]
+
+
+ClusterFactory = Callable[..., Awaitable[Cluster]]
+
+
+@pytest.fixture
+async def cluster(database_url: str, tmp_path: Path) -> AsyncIterator[ClusterFactory]:
+    """Start `workers` × `agents worker` (and `agents api`) on the crash fixture agents; stopped at teardown."""
+    conn = await asyncpg.connect(plain_url(database_url))
+    clusters: list[Cluster] = []
+
+    async def make(workers: int, *, api: bool = True, **overrides: str) -> Cluster:
+        env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "SECRET_KEY")}
+        env.update(
+            DATABASE_URL=database_url,
+            SECRET_KEY=SECRET_KEY,
+            DATA_DIR=str(tmp_path / "data"),
+            AGENTS_DIR=str(FIXTURE),
+            CRASH_DIR=str(tmp_path),
+            LEASE_SECONDS="2",
+            POLL_INTERVAL="0.1",
+            WORKER_CONCURRENCY="4",
+        )
+        env.update(overrides)
+        c = Cluster(conn, tmp_path)
+        clusters.append(c)
+        if api:
+            port = free_port()
+            c.base = f"http://127.0.0.1:{port}"
+            c.processes.append((start(["api", "--port", str(port)], env, tmp_path / "api.log"), tmp_path / "api.log"))
+        for i in range(workers):
+            log = tmp_path / f"worker-{i}.log"
+            c.processes.append((start(["worker"], env, log), log))
+        if api:
+            await until_ready(c.base, *c.processes[0])
+
+        async def workers_started() -> bool:
+            return all("started with" in log.read_text() for _, log in c.processes if log.name.startswith("worker"))
+
+        await c.wait(workers_started, 30, "workers start")
+        return c
+
+    yield make
+    try:
+        for c in clusters:
+            for proc, log in c.processes:
+                if proc.poll() is None:
+                    assert stop(proc) == 0, log.read_text()
+    finally:
+        await conn.close()
+
+
+async def test_a_worker_killed_mid_llm_call_is_replaced_and_the_pending_message_reused(
+    cluster: ClusterFactory,
+) -> None:
+    c = await cluster(workers=2)
+    async with httpx.AsyncClient(base_url=c.base) as client:
+        tid, message_id = await c.new_thread(client, "slow-model")
+
+        async def slow_call_in_flight() -> tuple[int, str] | None:
+            tries = read_jsonl(c.crash_dir / "model.jsonl")
+            owner = await c.db.fetchval("SELECT lease_owner FROM threads WHERE id = $1", tid)
+            return (tries[0]["pid"], owner) if tries and owner else None
+
+        victim, owner = await c.wait(slow_call_in_flight, 20, "the slow LLM call starts")
+        assert pid_of(owner) == victim  # the lease names the process making the call
+        pending = await c.db.fetch("SELECT id, status FROM messages WHERE thread_id = $1 AND role = 'assistant'", tid)
+        assert [r["status"] for r in pending] == ["pending"]
+
+        proc = c.worker(victim)
+        proc.send_signal(signal.SIGKILL)
+        assert proc.wait(10) == -signal.SIGKILL
+
+        thread = await c.settled(tid)
+        stored = (await client.get(f"/threads/{tid}/messages")).json()["messages"]
+
+    survivor = next(p.pid for p in c.workers if p.pid != victim)
+    assert [t["pid"] for t in read_jsonl(c.crash_dir / "model.jsonl")] == [victim, survivor]
+    assert [m["role"] for m in stored] == ["user", "assistant", "tool", "assistant"]
+    user, planned, result, reply = stored
+    assert (user["id"], user["content"]) == (message_id, "slow-model")  # the input was not lost
+    assert planned["id"] == str(pending[0]["id"])  # the interrupted call was made again into the same row
+    assert planned["status"] == "completed" and planned["tool_calls"][0]["function"]["name"] == "note"
+    assert (result["tool_call_id"], result["content"]) == (planned["tool_calls"][0]["id"], "noted hello")
+    assert (reply["content"], reply["status"]) == ("noted: noted hello", "completed")
+    # the redone call is the same step again, not a new one
+    assert thread["session_steps"] == 2
+    assert await c.step_events(tid) == [
+        ("step_started", 1),
+        ("step_started", 1),
+        ("step_completed", 1),
+        ("step_started", 2),
+        ("step_completed", 2),
+    ]
+    llm_logs = await c.db.fetchval("SELECT count(*) FROM logs WHERE thread_id = $1 AND kind = 'llm'", tid)
+    assert llm_logs == 2  # the killed call never completed, so it was never logged
+
+
+async def test_a_worker_killed_mid_tool_call_is_replaced_and_the_call_answered_once(cluster: ClusterFactory) -> None:
+    c = await cluster(workers=2)
+    async with httpx.AsyncClient(base_url=c.base) as client:
+        tid, message_id = await c.new_thread(client, "slow-tool")
+
+        async def slow_tool_in_flight() -> tuple[int, str] | None:
+            tries = read_jsonl(c.crash_dir / "tools.jsonl")
+            owner = await c.db.fetchval("SELECT lease_owner FROM threads WHERE id = $1", tid)
+            return (tries[0]["pid"], owner) if tries and owner else None
+
+        victim, owner = await c.wait(slow_tool_in_flight, 20, "the slow tool starts")
+        assert pid_of(owner) == victim
+        proc = c.worker(victim)
+        proc.send_signal(signal.SIGKILL)
+        assert proc.wait(10) == -signal.SIGKILL
+
+        thread = await c.settled(tid)
+        stored = (await client.get(f"/threads/{tid}/messages")).json()["messages"]
+
+    survivor = next(p.pid for p in c.workers if p.pid != victim)
+    assert [m["role"] for m in stored] == ["user", "assistant", "tool", "assistant"]
+    user, planned, result, reply = stored
+    assert user["id"] == message_id
+    call_id = planned["tool_calls"][0]["id"]
+    tries = read_jsonl(c.crash_dir / "tools.jsonl")
+    assert [(t["tool_call_id"], t["pid"]) for t in tries] == [(call_id, victim), (call_id, survivor)]
+    assert tries[0]["attempt"] < tries[1]["attempt"]
+    # answered exactly once, by the second try, which saw the agent's env like the first
+    assert [m["tool_call_id"] for m in stored if m["role"] == "tool"] == [call_id]
+    assert (result["tool_status"], result["content"]) == ("success", "slept as crashy-agent")
+    assert reply["content"] == "finished: slept as crashy-agent"
+    assert thread["session_steps"] == 2
+
+
+async def create_threads(database_url: str, crash_dir: Path, contents: list[str]) -> list[str]:
+    """`crashy` threads, each with one message queued, made runnable together by one commit (the API in-process)."""
+    agent = catalog.load(FIXTURE).agent("crashy")
+    fernet = crypto.server_key(Settings(database_url=database_url, secret_key=SECRET_KEY))
+    engine = db.create_engine(database_url, 1)
+    try:
+        async with db.sessionmaker(engine)() as session, session.begin():
+            ids = []
+            for content in contents:
+                thread = await threads.create(session, agent, keys.OPEN)
+                await env.set_thread(session, fernet, thread.id, {"CRASH_DIR": str(crash_dir)}, set())
+                await enqueue_message(session, thread, schemas.MessageIn(content=content))
+                ids.append(str(thread.id))
+    finally:
+        await engine.dispose()
+    return ids
+
+
+async def test_racing_workers_run_each_thread_once_and_never_twice_at_once(
+    cluster: ClusterFactory, database_url: str
+) -> None:
+    count = 200
+    # a long lease: this test is about the claim, not about a heartbeat starved on a busy machine
+    c = await cluster(workers=3, api=False, LEASE_SECONDS="10")
+    race_keys = [uuid.uuid4().hex for _ in range(count)]
+    ids = await create_threads(database_url, c.crash_dir, [f"race {k}" for k in race_keys])
+    thread_of = dict(zip(race_keys, ids, strict=True))
+
+    async def all_settled() -> bool:
+        done = await c.db.fetchval(
+            "SELECT count(*) FROM threads WHERE status = 'idle' AND session_turns = 1"
+            " AND lease_owner IS NULL AND runnable_since IS NULL"
+        )
+        return bool(done == count)
+
+    await c.wait(all_settled, 60, "every thread settles")
+
+    runs: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for record in read_jsonl(c.crash_dir / "race.jsonl"):
+        runs[record["key"]].append(record)
+    for key, records in runs.items():
+        records.sort(key=lambda r: r["start"])
+        for before, after in itertools.pairwise(records):
+            assert before["end"] <= after["start"], f"{thread_of[key]} ran in two places at once: {before} {after}"
+    assert {key: len(records) for key, records in runs.items()} == dict.fromkeys(race_keys, 1)  # each ran once
+    assert {r["pid"] for rs in runs.values() for r in rs} == {p.pid for p in c.workers}  # a real race
+
+    histories = await c.db.fetch(
+        "SELECT thread_id::text AS tid, array_agg(role ORDER BY position) AS roles,"
+        " array_agg(content ORDER BY position) AS contents FROM messages GROUP BY thread_id"
+    )
+    replies = {h["tid"]: (h["roles"], h["contents"][-1]) for h in histories}
+    assert replies == {tid: (["user", "assistant"], f"done {k}") for k, tid in thread_of.items()}
