@@ -284,3 +284,35 @@ async def test_racing_workers_run_each_thread_once_and_never_twice_at_once(
     )
     replies = {h["tid"]: (h["roles"], h["contents"][-1]) for h in histories}
     assert replies == {tid: (["user", "assistant"], f"done {k}") for k, tid in thread_of.items()}
+
+
+async def test_three_crashes_at_one_step_fail_the_session_instead_of_looping(cluster: ClusterFactory) -> None:
+    c = await cluster(workers=4)
+    async with httpx.AsyncClient(base_url=c.base) as client:
+        tid, message_id = await c.new_thread(client, "hang")
+        for crash in range(1, 4):
+
+            async def hanging(n: int = crash) -> int | None:
+                tries = read_jsonl(c.crash_dir / "hang.jsonl")
+                return tries[n - 1]["pid"] if len(tries) >= n else None
+
+            victim = await c.wait(hanging, 20, f"try {crash} hangs")
+            proc = c.worker(victim)
+            proc.send_signal(signal.SIGKILL)
+            assert proc.wait(10) == -signal.SIGKILL
+
+        async def failed() -> asyncpg.Record | None:
+            row = await c.db.fetchrow("SELECT * FROM threads WHERE id = $1", tid)
+            return row if row["session_status"] == "failure" and row["lease_owner"] is None else None
+
+        thread = await c.wait(failed, 20, "the session fails")
+        stored = (await client.get(f"/threads/{tid}/messages")).json()["messages"]
+        errors = await c.db.fetch("SELECT data FROM events WHERE thread_id = $1 AND type = 'error'", tid)
+
+    assert len(read_jsonl(c.crash_dir / "hang.jsonl")) == 3  # the fourth claim did not call the model again
+    assert (thread["session_reason"], thread["status"]) == ("crashed", "idle")
+    assert [(m["id"], m["role"], m["status"]) for m in stored] == [
+        (message_id, "user", "completed"),
+        (stored[1]["id"], "assistant", "failed"),
+    ]
+    assert "crashed 3 times at step 1" in json.loads(errors[0]["data"])["message"]
