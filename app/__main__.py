@@ -103,7 +103,7 @@ class _Server(uvicorn.Server):
 
 
 async def _worker(settings: Settings) -> None:
-    from app.engine.run import Engine
+    from app.engine.run import Engine, llm_http
     from app.worker import Worker
 
     catalog = load_catalog(settings)
@@ -115,10 +115,11 @@ async def _worker(settings: Settings) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     sessions = db.sessionmaker(engine)
-    runner = Engine(settings, sessions, catalog, publisher, crypto.server_key(settings))
+    runner = Engine(settings, sessions, catalog, publisher, crypto.server_key(settings), llm_http())
     try:
         await Worker(settings, engine, sessions, runner).run(stop)
     finally:
+        await runner.http.aclose()
         await publisher.close()
         await engine.dispose()
 

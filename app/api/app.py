@@ -7,6 +7,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 
+import httpx
 from fastapi import FastAPI, Request, Response
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -15,15 +16,18 @@ from app.api import errors
 from app.api.routes import agents, health, messages, threads
 from app.api.routes import events as event_routes
 from app.catalog import Catalog
-from app.engine.run import Engine
+from app.engine.run import Engine, llm_http
 from app.settings import Settings, plain_url
 from app.worker import Worker
 
 log = logging.getLogger(__name__)
 
 
-def create_app(settings: Settings, catalog: Catalog, *, with_worker: bool = False) -> FastAPI:
-    """The API (and, with `with_worker`, a worker pool in the same process) on `settings.database_url`."""
+def create_app(
+    settings: Settings, catalog: Catalog, *, with_worker: bool = False, http: httpx.AsyncClient | None = None
+) -> FastAPI:
+    """The API (and, with `with_worker`, a worker pool in the same process) on `settings.database_url`;
+    `http` replaces the worker's client for LLM providers (tests pass one on an `httpx.MockTransport`)."""
     if settings.database_url is None:
         raise ValueError("create_app needs settings.database_url (the CLI starts the embedded Postgres)")
     url = settings.database_url
@@ -47,7 +51,7 @@ def create_app(settings: Settings, catalog: Catalog, *, with_worker: bool = Fals
         stop = asyncio.Event()
         worker_task: asyncio.Task[None] | None = None
         if with_worker:
-            runner = Engine(settings, sessions, catalog, publisher, fernet)
+            runner = Engine(settings, sessions, catalog, publisher, fernet, http or llm_http())
             worker_task = asyncio.create_task(Worker(settings, engine, sessions, runner).run(stop))
         try:
             yield
@@ -55,6 +59,8 @@ def create_app(settings: Settings, catalog: Catalog, *, with_worker: bool = Fals
             stop.set()
             if worker_task is not None:
                 await worker_task
+            if worker_task is not None and http is None:
+                await runner.http.aclose()
             await hub.stop()
             await publisher.close()
             await engine.dispose()

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
+import httpx
 from cryptography.fernet import Fernet
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -59,6 +60,11 @@ class Step:
     config: SideConfig | None = None  # the acting side's config, for its session tool bindings
 
 
+def llm_http() -> httpx.AsyncClient:
+    """The HTTP client the provider adapters share; stream stalls are timed by the engine, not by httpx."""
+    return httpx.AsyncClient(timeout=httpx.Timeout(connect=10.0, read=None, write=30.0, pool=10.0))
+
+
 class Engine:
     """Runs claimed threads."""
 
@@ -69,12 +75,14 @@ class Engine:
         catalog: Catalog,
         publisher: Publisher,
         fernet: Fernet,
+        http: httpx.AsyncClient,
     ) -> None:
         self._settings = settings
         self._sessions = sessions
         self._catalog = catalog
         self._publisher = publisher
         self._fernet = fernet
+        self.http = http
         self._models: dict[str, Model] = {}
         self._contexts: dict[uuid.UUID, dict[str, Any]] = {}  # per execution, by lease token
 
@@ -328,7 +336,7 @@ class Engine:
 
     def _model(self, definition: ModelDefinition) -> Model:
         if definition.name not in self._models:
-            self._models[definition.name] = llm.build(definition)
+            self._models[definition.name] = llm.build(definition, self.http)
         return self._models[definition.name]
 
     async def _call(

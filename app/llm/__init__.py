@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import httpx
+
 from app.llm.base import Model
 from app.llm.test import TestModel
 from app.spec.definitions import ModelDefinition
 
-PROVIDERS: dict[str, Callable[[ModelDefinition], Model]] = {"test": TestModel}
+# provider name → factory(definition, shared HTTP client); adapters speak to their API over that client
+PROVIDERS: dict[str, Callable[[ModelDefinition, httpx.AsyncClient], Model]] = {"test": TestModel}
 
 
-def build(definition: ModelDefinition) -> Model:
+def build(definition: ModelDefinition, http: httpx.AsyncClient) -> Model:
     """The configured model for a definition (the catalog has checked its provider is available)."""
-    return PROVIDERS[definition.provider](definition)
+    return PROVIDERS[definition.provider](definition, http)

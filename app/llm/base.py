@@ -25,12 +25,27 @@ class ToolCall(TypedDict):
 
 
 @dataclass
+class LLMImage:
+    """An image in a user message: base64 `data` (no `data:` prefix) with its mime type, or a `url`."""
+
+    mime_type: str
+    data: str | None = None
+    url: str | None = None
+
+
+@dataclass
 class LLMMessage:
     role: Literal["system", "user", "assistant", "tool"]
     content: str | None
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
     name: str | None = None
+    images: list[LLMImage] = field(default_factory=list)
+    # replayed on assistant messages, only to the prompt that produced them: the text of the model's reasoning
+    # and the provider's opaque reasoning blocks (OpenRouter `reasoning_details`, Anthropic thinking blocks with
+    # their signatures), exactly as the provider returned them
+    reasoning: str | None = None
+    reasoning_details: list[dict[str, Any]] | None = None
 
 
 @dataclass
@@ -51,6 +66,7 @@ class LLMRequest:
     parallel_tool_calls: bool | None = None
     reasoning: dict[str, Any] | None = None
     provider_options: dict[str, Any] = field(default_factory=dict)
+    max_tokens: int | None = None  # the model's `capabilities.max_output_tokens`, if set
 
 
 @dataclass
@@ -74,8 +90,9 @@ class LLMResponse:
     text: str = ""
     tool_calls: list[ToolCall] = field(default_factory=list)
     reasoning: str | None = None
+    reasoning_details: list[dict[str, Any]] | None = None  # opaque provider blocks, stored for replay
     usage: Usage = field(default_factory=Usage)
-    finish_reason: str = "stop"
+    finish_reason: str = "stop"  # "stop" | "tool_calls" | "length" | "content_filter" | the provider's own
 
 
 @dataclass
@@ -98,20 +115,37 @@ StreamEvent = TextDelta | ReasoningDelta | Done
 
 @dataclass(frozen=True)
 class CallContext:
-    """Where a call is made from: the `test` provider's durable script position is `call_index`."""
+    """Where a call is made from: the `test` provider's durable script position is `call_index`;
+    `api_key` is the value of the model's `api_key_env`, resolved by the engine (thread env, then process env)."""
 
     thread_id: str
     call_index: int
+    api_key: str | None = None
 
 
 class ProviderError(Exception):
-    """A provider call failed; `retriable` ones may be tried again or fall back."""
+    """A provider call failed; `retriable` ones may be tried again or fall back.
 
-    def __init__(self, message: str, *, status: int | None = None, retriable: bool = False) -> None:
+    `kind`: `auth` (401/403), `bad_request` (other 4xx), `rate_limited` (429), `server` (5xx, 529), `timeout`,
+    `connection`, `stream` (a malformed or truncated stream) or `error`. `retry_after` is the provider's
+    `Retry-After` in seconds, when it sent one. The message never contains an API key.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        retriable: bool = False,
+        kind: str = "error",
+        retry_after: float | None = None,
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.status = status
         self.retriable = retriable
+        self.kind = kind
+        self.retry_after = retry_after
 
 
 class Model(Protocol):

@@ -8,6 +8,7 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
+import httpx
 from pydantic import ValidationError
 
 from app.llm.base import (
@@ -33,7 +34,7 @@ class TestModel:
     provider = "test"
     __test__ = False  # not a pytest test class
 
-    def __init__(self, definition: ModelDefinition) -> None:
+    def __init__(self, definition: ModelDefinition, http: httpx.AsyncClient | None = None) -> None:
         self.definition = definition
 
     async def _reply(self, request: LLMRequest, ctx: CallContext) -> TestReply:
@@ -62,7 +63,8 @@ class TestModel:
         reply = await self._reply(request, ctx)
         if reply.error is not None:
             status = reply.status or 500
-            raise ProviderError(reply.error, status=status, retriable=status in RETRIABLE)
+            kind = "rate_limited" if status == 429 else "server" if status >= 500 else "bad_request"
+            raise ProviderError(reply.error, status=status, retriable=status in RETRIABLE, kind=kind)
         text = reply.text or ""
         size = d.chunk_size or max(len(text), 1)
         if reply.reasoning:
