@@ -28,6 +28,11 @@ class Settings(BaseSettings):
     db_pool_size: int = Field(default=10, ge=1)
     migrate_on_start: bool = True
     max_body_bytes: int = Field(default=10 * 1024 * 1024, ge=1024, description="largest request body accepted")
+    llm_attempts: int = Field(default=2, ge=1, description="attempts per model before its fallbacks")
+    llm_first_chunk_timeout: float = Field(default=120.0, gt=0, description="seconds to wait for a first chunk")
+    llm_stall_timeout: float = Field(default=45.0, gt=0, description="seconds a stream may pause between chunks")
+    llm_backoff: float = Field(default=1.0, ge=0, description="seconds before a retry; doubles with each attempt")
+    llm_max_delay: float = Field(default=60.0, ge=0, description="the longest retry wait, even for Retry-After")
     process_env: dict[str, str] = Field(default_factory=lambda: dict(os.environ), exclude=True)
 
     @field_validator("database_url")

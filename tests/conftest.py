@@ -94,6 +94,7 @@ def settings(database_url: str, tmp_path: Path) -> Settings:
         lease_seconds=5,
         poll_interval=0.2,
         worker_concurrency=4,
+        llm_backoff=0.01,
     )
 
 

@@ -7,7 +7,6 @@ transaction spans an LLM call or a tool call.
 from __future__ import annotations
 
 import logging
-import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -21,23 +20,19 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app import env as env_store
-from app import errors, events, llm, messages, queue, tables, threads
+from app import errors, events, messages, queue, tables, threads
 from app.catalog import Catalog
-from app.engine import context, hooks, stops, tools
+from app.engine import calls, context, hooks, stops, tools
 from app.engine.state import RunState, deliver_tool
 from app.events import Publisher
+from app.llm import retry
 from app.llm.base import (
-    CallContext,
-    Done,
     LLMResponse,
-    Model,
     ProviderError,
-    ReasoningDelta,
-    TextDelta,
     ToolCall,
 )
 from app.settings import Settings
-from app.spec.definitions import AgentDefinition, ModelDefinition, PromptDefinition, SideConfig
+from app.spec.definitions import AgentDefinition, PromptDefinition, SideConfig
 from app.spec.state import ExecutionState
 
 log = logging.getLogger(__name__)
@@ -53,7 +48,6 @@ class Step:
     number: int
     message_id: uuid.UUID | None = None  # the pending assistant message an LLM call streams into
     request: Any = None
-    call_index: int = 0
     calls: list[ToolCall] = field(default_factory=list)  # tool calls still to run
     response: LLMResponse | None = None
     env: context.Env | None = None
@@ -83,7 +77,9 @@ class Engine:
         self._publisher = publisher
         self._fernet = fernet
         self.http = http
-        self._models: dict[str, Model] = {}
+        self._caller = calls.Caller(
+            catalog, publisher, http, retry.Policy.from_settings(settings), settings.process_env
+        )
         self._contexts: dict[uuid.UUID, dict[str, Any]] = {}  # per execution, by lease token
 
     @asynccontextmanager
@@ -328,75 +324,46 @@ class Engine:
                 message = await messages.add(session, thread.id, messages.role_of(side), **fields)
                 await hook_runner.after_create_message(message)
             await events.append(session, thread.id, "step_started", {"step": thread.session_steps, "side": side})
-            call_index = await _calls_made(session, thread.id, prompt.model)
-            await events.append(session, thread.id, "llm_request", {"model": prompt.model, "attempt": 1})
-            return Step(side, thread.session_steps, message.id, request, call_index, env=env)
+            return Step(side, thread.session_steps, message.id, request, env=env)
 
     # -- the model -----------------------------------------------------------------------------------------
-
-    def _model(self, definition: ModelDefinition) -> Model:
-        if definition.name not in self._models:
-            self._models[definition.name] = llm.build(definition, self.http)
-        return self._models[definition.name]
 
     async def _call(
         self, claim: queue.Claim, step: Step, prompt: PromptDefinition, side: SideConfig
     ) -> LLMResponse | None:
-        """Stream the model's answer into the pending message; an empty answer is asked again once."""
-        definition = self._catalog.models[prompt.model]
-        assert step.message_id is not None
-        response: LLMResponse | ProviderError = ProviderError("no call made")
-        for attempt in (1, 2):
-            started = time.monotonic()
-            response, ttft = await self._stream(claim.thread_id, step, definition)
-            latency = (time.monotonic() - started) * 1000
-            empty = isinstance(response, LLMResponse) and not response.text.strip() and not response.tool_calls
-            async with self._tx(claim) as (session, thread):
-                await self._log_call(session, thread.id, step, definition, response, latency, ttft, attempt)
-                if empty and attempt == 1:
-                    step.call_index += 1
-                    continue
-                message = await messages.get(session, thread.id, step.message_id)
-                hook_runner = await hooks.prepare(
-                    self._catalog, self._fernet, session, thread, step.side, env=step.env, context=self._context(thread)
+        """Get the model's answer (through retries and fallbacks) into the pending message."""
+        assert step.message_id is not None and step.env is not None
+        result = await self._caller.call(lambda: self._tx(claim), step.message_id, prompt, step.request, step.env)
+        response = result.response
+        async with self._tx(claim) as (session, thread):
+            message = await messages.get(session, thread.id, step.message_id)
+            hook_runner = await hooks.prepare(
+                self._catalog, self._fernet, session, thread, step.side, env=step.env, context=self._context(thread)
+            )
+            if isinstance(response, ProviderError):
+                await messages.save(
+                    session, message, **await hook_runner.before_update_message(message, {"status": "failed"})
                 )
-                if isinstance(response, ProviderError):
-                    await messages.save(
-                        session, message, **await hook_runner.before_update_message(message, {"status": "failed"})
-                    )
-                    await hook_runner.after_update_message(message)
-                    await events.append(session, thread.id, "error", {"code": "llm_error", "message": response.message})
-                    await events.append(
-                        session,
-                        thread.id,
-                        "step_completed",
-                        {"step": step.number, "side": step.side, "stopped": True},
-                    )
-                    await self._end_session(session, thread, stops.Verdict("session", "llm_error", "failure"))
-                    return None
-                updates = {
-                    "status": "completed",
-                    "content": self._content(response, side),
-                    "tool_calls": list(response.tool_calls) or None,
-                    "reasoning_content": response.reasoning,
-                    "usage": response.usage.as_dict(),
-                }
-                await messages.save(session, message, **await hook_runner.before_update_message(message, updates))
                 await hook_runner.after_update_message(message)
-                thread.last_message_at = datetime.now(UTC)
+                await events.append(session, thread.id, "error", {"code": "llm_error", "message": response.message})
                 await events.append(
-                    session,
-                    thread.id,
-                    "llm_response",
-                    {
-                        "model": definition.name,
-                        "tokens": response.usage.as_dict(),
-                        "latency_ms": round(latency, 2),
-                        "ttft_ms": None if ttft is None else round(ttft, 2),
-                    },
+                    session, thread.id, "step_completed", {"step": step.number, "side": step.side, "stopped": True}
                 )
-                return response
-        return None  # pragma: no cover - the loop always returns
+                await self._end_session(session, thread, stops.Verdict("session", "llm_error", "failure"))
+                return None
+            updates = {
+                "status": "completed",
+                "content": self._content(response, side),
+                "tool_calls": list(response.tool_calls) or None,
+                "reasoning_content": response.reasoning,
+                "reasoning_details": response.reasoning_details,
+                "model": result.model.name,
+                "usage": response.usage.as_dict(),
+            }
+            await messages.save(session, message, **await hook_runner.before_update_message(message, updates))
+            await hook_runner.after_update_message(message)
+            thread.last_message_at = datetime.now(UTC)
+            return response
 
     @staticmethod
     def _content(response: LLMResponse, side: SideConfig) -> str | None:
@@ -412,76 +379,6 @@ class Engine:
                 if isinstance(value, str):
                     return value
         return response.text or None
-
-    async def _stream(
-        self, thread_id: uuid.UUID, step: Step, definition: ModelDefinition
-    ) -> tuple[LLMResponse | ProviderError, float | None]:
-        assert step.message_id is not None
-        model = self._model(definition)
-        started = time.monotonic()
-        ttft: float | None = None
-        offsets = {"message_chunk": 0, "reasoning_chunk": 0}
-        try:
-            async for event in model.stream(step.request, CallContext(str(thread_id), step.call_index)):
-                if isinstance(event, Done):
-                    return event.response, ttft
-                kind = "message_chunk" if isinstance(event, TextDelta) else "reasoning_chunk"
-                assert isinstance(event, TextDelta | ReasoningDelta)
-                if ttft is None:
-                    ttft = (time.monotonic() - started) * 1000
-                await self._publisher.publish(
-                    thread_id,
-                    kind,
-                    {
-                        "message_id": str(step.message_id),
-                        "depth": 0,
-                        "offset": offsets[kind],
-                        "chunk": event.text,
-                    },
-                )
-                offsets[kind] += len(event.text)
-        except ProviderError as exc:
-            return exc, ttft
-        return ProviderError("the model's stream ended without a final response", retriable=True), ttft
-
-    async def _log_call(
-        self,
-        session: AsyncSession,
-        thread_id: uuid.UUID,
-        step: Step,
-        definition: ModelDefinition,
-        response: LLMResponse | ProviderError,
-        latency: float,
-        ttft: float | None,
-        attempt: int,
-    ) -> None:
-        row = tables.Log(
-            id=uuid.uuid4(),
-            thread_id=thread_id,
-            kind="llm",
-            message_id=step.message_id,
-            model=definition.name,
-            provider=definition.provider,
-            attempt=attempt,
-            latency_ms=latency,
-            ttft_ms=ttft,
-        )
-        if isinstance(response, ProviderError):
-            row.status, row.error = "error", response.message
-        else:
-            usage = response.usage
-            row.status, row.finish_reason = "success", response.finish_reason
-            row.input_tokens, row.output_tokens = usage.input_tokens, usage.output_tokens
-            row.cached_tokens, row.reasoning_tokens = usage.cached_tokens, usage.reasoning_tokens
-            row.cost = (
-                usage.input_tokens * (definition.input_price or 0)
-                + usage.output_tokens * (definition.output_price or 0)
-            ) / 1_000_000
-            row.response = {
-                "text": response.text[:500],
-                "tool_calls": [c["function"]["name"] for c in response.tool_calls],
-            }
-        session.add(row)
 
     # -- tools ---------------------------------------------------------------------------------------------
 
@@ -567,14 +464,6 @@ class Engine:
                     await messages.save(session, row, status="failed")
             await events.append(session, thread.id, "error", {"code": code, "message": message})
             await self._end_session(session, thread, stops.Verdict("session", "crashed", "failure"))
-
-
-async def _calls_made(session: AsyncSession, thread_id: uuid.UUID, model: str) -> int:
-    """Completed LLM requests of a model in a thread: the `test` provider's durable script position."""
-    query = select(func.count()).where(
-        tables.Log.thread_id == thread_id, tables.Log.kind == "llm", tables.Log.model == model
-    )
-    return int((await session.execute(query)).scalar_one())
 
 
 async def _answered_position(session: AsyncSession, thread_id: uuid.UUID, side: str) -> int:

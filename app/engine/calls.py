@@ -1,0 +1,296 @@
+"""The LLM call of a step: the model's fallback chain, retries, stream timeouts, chunks, logs and events.
+
+Every request (each attempt at each model) is one `logs` row and one `llm_request` event; a switch to the next
+model is a `fallback_triggered` event. Streamed deltas go out live as `message_chunk` / `reasoning_chunk` with the
+attempt they belong to (a retry starts again at offset 0). No transaction is held while the model streams.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+
+import httpx
+from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from app import events, llm, tables
+from app.catalog import Catalog
+from app.engine.context import Env, MissingVariable
+from app.events import Publisher
+from app.llm import retry
+from app.llm.base import (
+    CallContext,
+    Done,
+    LLMRequest,
+    LLMResponse,
+    Model,
+    ProviderError,
+    ReasoningDelta,
+    TextDelta,
+)
+from app.spec.definitions import ModelDefinition, PromptDefinition
+
+Transaction = Callable[[], AbstractAsyncContextManager[tuple[AsyncSession, tables.Thread]]]
+
+DEFAULT_KEY_ENV = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
+
+
+@dataclass
+class Result:
+    """The outcome of a step's call: the response (or the last error) and the model that gave it."""
+
+    response: LLMResponse | ProviderError
+    model: ModelDefinition
+    latency_ms: float = 0.0
+    ttft_ms: float | None = None
+
+
+@dataclass
+class _Attempt:
+    model: ModelDefinition
+    number: int
+    retry_of: uuid.UUID | None = None
+    fallback_of: uuid.UUID | None = None
+
+
+def api_key(definition: ModelDefinition, env: Env, process_env: Mapping[str, str]) -> str | None:
+    """The value of the model's key variable: the thread's env chain first, then the process env."""
+    name = definition.api_key_env or DEFAULT_KEY_ENV.get(definition.provider)
+    if name is None:
+        return None
+    try:
+        return env.get(name)
+    except MissingVariable:
+        return process_env.get(name)
+
+
+def scrub(text: str, secrets: list[str]) -> str:
+    """`text` with every known secret value replaced by `***`."""
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, "***")
+    return text
+
+
+def empty(response: LLMResponse) -> bool:
+    return not response.text.strip() and not response.tool_calls
+
+
+class Caller:
+    """Makes the LLM calls of steps for one engine; one `Model` per definition, sharing one HTTP client."""
+
+    def __init__(
+        self,
+        catalog: Catalog,
+        publisher: Publisher,
+        http: httpx.AsyncClient,
+        policy: retry.Policy,
+        process_env: Mapping[str, str],
+    ) -> None:
+        self._catalog = catalog
+        self._publisher = publisher
+        self._http = http
+        self._policy = policy
+        self._process_env = process_env
+        self._models: dict[str, Model] = {}
+
+    def _model(self, definition: ModelDefinition) -> Model:
+        if definition.name not in self._models:
+            self._models[definition.name] = llm.build(definition, self._http)
+        return self._models[definition.name]
+
+    async def call(
+        self,
+        tx: Transaction,
+        message_id: uuid.UUID,
+        prompt: PromptDefinition,
+        request: LLMRequest,
+        env: Env,
+    ) -> Result:
+        """Try the prompt's model and its fallbacks until one answers; an empty answer is asked again once."""
+        chain = retry.chain(self._catalog, prompt.model)
+        last: Result | None = None
+        previous: uuid.UUID | None = None
+        asked_again = False
+        for index, definition in enumerate(chain):
+            if index > 0 and last is not None:
+                error = last.response.message if isinstance(last.response, ProviderError) else "no answer"
+                async with tx() as (session, thread):
+                    await events.append(
+                        session,
+                        thread.id,
+                        "fallback_triggered",
+                        {"from": chain[index - 1].name, "to": definition.name, "error": error},
+                    )
+            attempt = _Attempt(definition, 1, fallback_of=previous if index > 0 else None)
+            while attempt.number <= self._policy.attempts:
+                last, previous = await self._attempt(tx, message_id, prompt, request, env, attempt)
+                response = last.response
+                if isinstance(response, LLMResponse):
+                    if not empty(response) or asked_again:
+                        return last
+                    asked_again = True  # an empty answer is asked again once, outside the retry budget
+                    attempt = _Attempt(definition, attempt.number, retry_of=previous)
+                    continue
+                if not response.retriable or attempt.number == self._policy.attempts:
+                    break
+                await asyncio.sleep(self._policy.delay(response, attempt.number))
+                attempt = _Attempt(definition, attempt.number + 1, retry_of=previous)
+        assert last is not None
+        return last
+
+    async def _attempt(
+        self,
+        tx: Transaction,
+        message_id: uuid.UUID,
+        prompt: PromptDefinition,
+        request: LLMRequest,
+        env: Env,
+        attempt: _Attempt,
+    ) -> tuple[Result, uuid.UUID]:
+        definition = attempt.model
+        async with tx() as (session, thread):
+            thread_id = thread.id
+            call_index = await _requests_made(session, thread.id, definition.name)
+            await events.append(
+                session, thread.id, "llm_request", {"model": definition.name, "attempt": attempt.number}
+            )
+        key = api_key(definition, env, self._process_env)
+        secrets = [*env.secrets(), *([key] if key else [])]
+        request = dataclasses.replace(
+            request,
+            model=definition.model or definition.name,
+            provider_options={**definition.provider_options, **prompt.provider_options},
+            max_tokens=definition.capabilities.max_output_tokens,
+        )
+        context = CallContext(str(thread_id), call_index, key)
+        result = await self._stream(thread_id, request, definition, context, message_id, attempt.number)
+        if isinstance(result.response, ProviderError):
+            result.response.message = scrub(result.response.message, secrets)
+        log_id = uuid.uuid4()
+        async with tx() as (session, thread):
+            session.add(_log_row(log_id, thread.id, message_id, attempt, result, request, secrets))
+            if isinstance(result.response, LLMResponse):
+                await events.append(
+                    session,
+                    thread.id,
+                    "llm_response",
+                    {
+                        "model": definition.name,
+                        "tokens": result.response.usage.as_dict(),
+                        "latency_ms": round(result.latency_ms, 2),
+                        "ttft_ms": None if result.ttft_ms is None else round(result.ttft_ms, 2),
+                    },
+                )
+        return result, log_id
+
+    async def _stream(
+        self,
+        thread_id: uuid.UUID,
+        request: LLMRequest,
+        definition: ModelDefinition,
+        context: CallContext,
+        message_id: uuid.UUID,
+        attempt: int,
+    ) -> Result:
+        """One request, its deltas published live; a provider error or timeout comes back as the response."""
+        started = time.monotonic()
+        ttft: float | None = None
+        offsets = {"message_chunk": 0, "reasoning_chunk": 0}
+
+        def result(response: LLMResponse | ProviderError) -> Result:
+            return Result(response, definition, (time.monotonic() - started) * 1000, ttft)
+
+        stream = retry.guarded(self._model(definition).stream(request, context), self._policy, definition.timeout_s)
+        try:
+            async for event in stream:
+                if isinstance(event, Done):
+                    return result(event.response)
+                assert isinstance(event, TextDelta | ReasoningDelta)
+                kind = "message_chunk" if isinstance(event, TextDelta) else "reasoning_chunk"
+                if ttft is None:
+                    ttft = (time.monotonic() - started) * 1000
+                data = {"message_id": str(message_id), "depth": 0, "offset": offsets[kind], "chunk": event.text}
+                await self._publisher.publish(thread_id, kind, {**data, "attempt": attempt})
+                offsets[kind] += len(event.text)
+        except ProviderError as exc:
+            return result(exc)
+        return result(ProviderError("the stream ended without a final response", kind="stream", retriable=True))
+
+
+def _log_row(
+    log_id: uuid.UUID,
+    thread_id: uuid.UUID,
+    message_id: uuid.UUID,
+    attempt: _Attempt,
+    result: Result,
+    request: LLMRequest,
+    secrets: list[str],
+) -> tables.Log:
+    """One `logs` row per request: what was asked, what came back, what it cost."""
+    definition = attempt.model
+    last = next((m for m in reversed(request.messages) if m.content), None)
+    row = tables.Log(
+        id=log_id,
+        thread_id=thread_id,
+        kind="llm",
+        message_id=message_id,
+        model=definition.name,
+        provider=definition.provider,
+        attempt=attempt.number,
+        latency_ms=result.latency_ms,
+        ttft_ms=result.ttft_ms,
+        retry_of=attempt.retry_of,
+        fallback_of=attempt.fallback_of,
+        request={
+            "model": request.model,
+            "messages": len(request.messages),
+            "tools": [t.name for t in request.tools],
+            "last": scrub((last.content or "")[:300], secrets) if last else None,
+        },
+    )
+    response = result.response
+    if isinstance(response, ProviderError):
+        row.status, row.error = "error", response.message
+        row.response = {"kind": response.kind, "status": response.status}
+        return row
+    usage = response.usage
+    row.status, row.finish_reason = "success", response.finish_reason
+    row.input_tokens, row.output_tokens = usage.input_tokens, usage.output_tokens
+    row.cached_tokens, row.reasoning_tokens = usage.cached_tokens, usage.reasoning_tokens
+    row.cost = cost(definition, response)
+    row.response = {
+        "text": scrub(response.text[:500], secrets),
+        "tool_calls": [c["function"]["name"] for c in response.tool_calls],
+    }
+    return row
+
+
+def cost(definition: ModelDefinition, response: LLMResponse) -> float | None:
+    """USD from the model's prices per million tokens; cached input at `cached_price` (else the input price)."""
+    if definition.input_price is None and definition.output_price is None:
+        return None
+    usage = response.usage
+    input_price = definition.input_price or 0.0
+    cached_price = definition.cached_price if definition.cached_price is not None else input_price
+    cached = min(usage.cached_tokens, usage.input_tokens)
+    total = (
+        (usage.input_tokens - cached) * input_price
+        + cached * cached_price
+        + usage.output_tokens * (definition.output_price or 0.0)
+    )
+    return total / 1_000_000
+
+
+async def _requests_made(session: AsyncSession, thread_id: uuid.UUID, model: str) -> int:
+    """Requests a thread has made to a model: the `test` provider's durable script position."""
+    query = select(func.count()).where(
+        tables.Log.thread_id == thread_id, tables.Log.kind == "llm", tables.Log.model == model
+    )
+    return int((await session.execute(query)).scalar_one())
