@@ -1,0 +1,160 @@
+"""The LLM call of a step through the worker: retries, the fallback chain, timeouts, log rows, events, keys."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+from sqlalchemy import select
+
+from app import env as env_store
+from app import tables
+from app.catalog import Catalog
+from app.engine import calls
+from app.engine.context import Env
+from app.llm.base import LLMResponse, Usage
+from app.spec import define_agent, define_model, define_prompt
+from tests.conftest import client_for, wait_for
+from tests.test_engine import event_types, settle, stored
+
+
+def catalog(*models: Any) -> Catalog:
+    defined = {m.name: m for m in models}
+    prompt = define_prompt(name="p", model=models[0].name, prompt="Be brief.", include_chat=True)
+    agent = define_agent(name="agent", side_a={"prompt": "p"})
+    return Catalog(root=Path("."), models=defined, prompts={"p": prompt}, agents={"agent": agent}, tools={})
+
+
+async def run(app_factory: Any, cat: Catalog, **settings: Any) -> tuple[httpx.AsyncClient, str]:
+    app = await app_factory(cat, with_worker=True, **settings)
+    client = client_for(app)
+    thread = (await client.post("/threads", json={"agent": "agent"})).json()
+    await client.post(f"/threads/{thread['id']}/messages", json={"content": "hi"})
+    await settle(client, thread["id"])
+    return client, thread["id"]
+
+
+async def log_rows(client: httpx.AsyncClient, tid: str) -> list[tables.Log]:
+    app: Any = client._transport.app  # type: ignore[attr-defined]
+    async with app.state.sessions() as session:
+        query = select(tables.Log).where(tables.Log.thread_id == uuid.UUID(tid)).order_by(tables.Log.created_at)
+        return list((await session.execute(query)).scalars())
+
+
+async def test_a_retriable_error_is_tried_again_on_the_same_model(app_factory: Any) -> None:
+    model = define_model(name="m", provider="test", script=[{"error": "overloaded", "status": 529}, "ok"])
+    client, tid = await run(app_factory, catalog(model))
+    assert [m["content"] for m in await stored(client, tid)] == ["hi", "ok"]
+    first, second = await log_rows(client, tid)
+    assert (first.status, first.attempt, first.error, first.response) == (
+        "error",
+        1,
+        "overloaded",
+        {"kind": "server", "status": 529},
+    )
+    assert (second.status, second.attempt, second.retry_of, second.fallback_of) == ("success", 2, first.id, None)
+    requests = [d for e, d in await event_types(client, tid) if e == "llm_request"]
+    assert requests == [{"model": "m", "attempt": 1}, {"model": "m", "attempt": 2}]
+
+
+async def test_a_final_error_skips_the_retry_and_walks_the_fallbacks(app_factory: Any) -> None:
+    primary = define_model(name="m", provider="test", fallbacks=["backup"], script=[{"error": "bad", "status": 400}])
+    backup = define_model(name="backup", provider="test", script=["from backup"])
+    client, tid = await run(app_factory, catalog(primary, backup))
+    reply = (await stored(client, tid))[-1]
+    assert (reply["content"], reply["model"], reply["status"]) == ("from backup", "backup", "completed")
+    first, second = await log_rows(client, tid)
+    assert (first.model, first.attempt, first.status) == ("m", 1, "error")
+    assert (second.model, second.attempt, second.fallback_of, second.retry_of) == ("backup", 1, first.id, None)
+    names = await event_types(client, tid)
+    assert ("fallback_triggered", {"from": "m", "to": "backup", "error": "bad"}) in names
+
+
+async def test_when_every_model_fails_the_session_fails_and_the_thread_is_idle(app_factory: Any) -> None:
+    failing = [{"error": "down", "status": 503}] * 2
+    primary = define_model(name="m", provider="test", fallbacks=["backup"], script=failing)
+    backup = define_model(name="backup", provider="test", script=failing)
+    client, tid = await run(app_factory, catalog(primary, backup))
+    thread = (await client.get(f"/threads/{tid}")).json()
+    assert thread["status"] == "idle"
+    assert (thread["session"]["status"], thread["session"]["reason"]) == ("failure", "llm_error")
+    assert [(m["role"], m["status"]) for m in await stored(client, tid)] == [
+        ("user", "completed"),
+        ("assistant", "failed"),
+    ]
+    assert [(r.model, r.attempt) for r in await log_rows(client, tid)] == [
+        ("m", 1),
+        ("m", 2),
+        ("backup", 1),
+        ("backup", 2),
+    ]
+    assert ("error", {"code": "llm_error", "message": "down"}) in await event_types(client, tid)
+
+
+async def test_a_model_that_sends_nothing_is_aborted_and_retried(app_factory: Any) -> None:
+    model = define_model(name="m", provider="test", script=["never", "never"], delay_ms=2000)
+    client, tid = await run(app_factory, catalog(model), llm_first_chunk_timeout=0.2)
+    rows = await log_rows(client, tid)
+    assert [(r.attempt, r.status) for r in rows] == [(1, "error"), (2, "error")]
+    assert rows[0].error == "the model sent nothing for 0.2 s; the request was aborted"
+    assert rows[0].response == {"kind": "timeout", "status": None}
+    assert (await client.get(f"/threads/{tid}")).json()["session"]["reason"] == "llm_error"
+
+
+async def test_usage_and_cost_are_logged(app_factory: Any) -> None:
+    usage = {"input_tokens": 1000, "output_tokens": 200, "cached_tokens": 400}
+    model = define_model(
+        name="m",
+        provider="test",
+        script=[{"text": "priced", "usage": usage}],
+        input_price=2.0,
+        cached_price=0.5,
+        output_price=10.0,
+    )
+    client, tid = await run(app_factory, catalog(model))
+    (row,) = await log_rows(client, tid)
+    assert (row.input_tokens, row.output_tokens, row.cached_tokens) == (1000, 200, 400)
+    assert row.cost == (600 * 2.0 + 400 * 0.5 + 200 * 10.0) / 1_000_000
+    assert row.finish_reason == "stop" and row.request is not None and row.request["last"] == "hi"
+    response = [d for e, d in await event_types(client, tid) if e == "llm_response"]
+    assert response[0]["tokens"]["input_tokens"] == 1000 and response[0]["model"] == "m"
+
+
+def test_keys_come_from_the_env_chain_then_the_process_env() -> None:
+    model = define_model(name="m", provider="openai", model="gpt", api_key_env="MY_KEY")
+    thread = {"MY_KEY": env_store.Value("from-thread", "secret")}
+    assert calls.api_key(model, Env(thread, {}, {}), {"MY_KEY": "from-process"}) == "from-thread"
+    assert calls.api_key(model, Env({}, {"MY_KEY": "from-agent"}, {}), {}) == "from-agent"
+    assert calls.api_key(model, Env({}, {}, {}), {"MY_KEY": "from-process"}) == "from-process"
+    assert calls.api_key(model, Env({}, {}, {}), {}) is None
+    default = define_model(name="a", provider="anthropic", model="claude")
+    assert calls.api_key(default, Env({}, {}, {}), {"ANTHROPIC_API_KEY": "k"}) == "k"
+    assert calls.api_key(define_model(name="t", provider="test", script=[]), Env({}, {}, {}), {"X": "y"}) is None
+
+
+def test_scrub_and_cost_without_prices() -> None:
+    assert calls.scrub("key sk-123 leaked, sk-123 again", ["sk-123", ""]) == "key *** leaked, *** again"
+    model = define_model(name="m", provider="test", script=[])
+    assert calls.cost(model, LLMResponse(usage=Usage(input_tokens=10))) is None
+
+
+async def test_a_stop_during_the_call_never_walks_the_fallbacks(app_factory: Any) -> None:
+    primary = define_model(name="m", provider="test", fallbacks=["backup"], script=["slow"], delay_ms=1500)
+    backup = define_model(name="backup", provider="test", script=["from backup"])
+    app = await app_factory(catalog(primary, backup), with_worker=True)
+    client = client_for(app)
+    tid = (await client.post("/threads", json={"agent": "agent"})).json()["id"]
+    await client.post(f"/threads/{tid}/messages", json={"content": "hi"})
+
+    async def calling() -> bool:
+        return any(e == "llm_request" for e, _ in await event_types(client, tid))
+
+    await wait_for(calling)
+    assert (await client.post(f"/threads/{tid}/stop")).status_code == 200
+    await asyncio.sleep(2)
+    names = [e for e, _ in await event_types(client, tid)]
+    assert names.count("llm_request") == 1 and "fallback_triggered" not in names
+    assert await log_rows(client, tid) == []
