@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import uuid
 from datetime import UTC, datetime
 from typing import Any
@@ -10,7 +9,7 @@ from typing import Any
 from sqlalchemy import and_, func, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import errors, events, tables
+from app import cursors, errors, events, tables
 from app.keys import Principal
 from app.spec import AgentDefinition
 
@@ -55,18 +54,6 @@ async def get(session: AsyncSession, thread_id: uuid.UUID, who: Principal, *, lo
     return row
 
 
-def _encode_cursor(created_at: datetime, thread_id: uuid.UUID) -> str:
-    return base64.urlsafe_b64encode(f"{created_at.isoformat()}|{thread_id}".encode()).decode()
-
-
-def _decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
-    try:
-        stamp, tid = base64.urlsafe_b64decode(cursor.encode()).decode().split("|")
-        return datetime.fromisoformat(stamp), uuid.UUID(tid)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise errors.BadCursor() from exc
-
-
 async def list_(
     session: AsyncSession,
     who: Principal,
@@ -93,7 +80,7 @@ async def list_(
     if status is not None:
         query = query.where(tables.Thread.status == status)
     if cursor is not None:
-        stamp, tid = _decode_cursor(cursor)
+        stamp, tid = cursors.decode(cursor)
         query = query.where(
             or_(
                 tables.Thread.created_at < stamp,
@@ -102,7 +89,7 @@ async def list_(
         )
     query = query.order_by(tables.Thread.created_at.desc(), tables.Thread.id.desc()).limit(limit + 1)
     rows = list((await session.execute(query)).scalars())
-    next_cursor = _encode_cursor(rows[limit - 1].created_at, rows[limit - 1].id) if len(rows) > limit else None
+    next_cursor = cursors.encode(rows[limit - 1].created_at, rows[limit - 1].id) if len(rows) > limit else None
     return rows[:limit], next_cursor
 
 

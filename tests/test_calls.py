@@ -13,9 +13,9 @@ from sqlalchemy import select
 from app import env as env_store
 from app import tables
 from app.catalog import Catalog
-from app.engine import calls
+from app.engine import calls, context
 from app.engine.context import Env
-from app.llm.base import LLMResponse, Usage
+from app.llm.base import LLMRequest, LLMResponse, Usage
 from app.spec import define_agent, define_model, define_prompt
 from tests.conftest import client_for, wait_for
 from tests.test_engine import event_types, settle, stored
@@ -158,3 +158,57 @@ async def test_a_stop_during_the_call_never_walks_the_fallbacks(app_factory: Any
     names = [e for e, _ in await event_types(client, tid)]
     assert names.count("llm_request") == 1 and "fallback_triggered" not in names
     assert await log_rows(client, tid) == []
+
+
+async def test_logs_route_pages_through_a_threads_requests(app_factory: Any) -> None:
+    model = define_model(
+        name="m", provider="test", script=[{"error": "busy", "status": 429}, {"error": "busy", "status": 429}]
+    )
+    backup = define_model(name="backup", provider="test", script=["ok"])
+    model.fallbacks.append("backup")
+    client, tid = await run(app_factory, catalog(model, backup))
+    first = (await client.get(f"/threads/{tid}/logs", params={"limit": 2})).json()
+    assert [(r["model"], r["attempt"], r["status"]) for r in first["logs"]] == [("m", 1, "error"), ("m", 2, "error")]
+    assert first["logs"][1]["retry_of"] == first["logs"][0]["id"]
+    rest = (await client.get(f"/threads/{tid}/logs", params={"cursor": first["next_cursor"]})).json()
+    assert [(r["model"], r["status"], r["fallback_of"]) for r in rest["logs"]] == [
+        ("backup", "success", first["logs"][1]["id"])
+    ]
+    assert rest["next_cursor"] is None
+    assert (await client.get(f"/threads/{tid}/logs", params={"kind": "hook"})).json()["logs"] == []
+    assert (await client.get(f"/threads/{tid}/logs", params={"cursor": "nope"})).status_code == 400
+    assert (await client.get(f"/threads/{tid}/logs", params={"kind": "other"})).status_code == 422
+    missing = await client.get(f"/threads/{uuid.uuid4()}/logs")
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "thread_not_found"
+
+
+async def test_reasoning_is_stored_and_replayed_only_to_the_prompt_that_produced_it(app_factory: Any) -> None:
+    seen: list[list[tuple[str | None, str | None]]] = []
+
+    def respond(request: LLMRequest) -> Any:
+        seen.append([(m.reasoning, m.content) for m in request.messages if m.role == "assistant"])
+        return {"text": f"answer {len(seen)}", "reasoning": f"thought {len(seen)}"}
+
+    model = define_model(name="m", provider="test", respond=respond)
+    client, tid = await run(app_factory, catalog(model))
+    await client.post(f"/threads/{tid}/messages", json={"content": "again"})
+    await settle(client, tid)
+    assert seen[1] == [("thought 1", "answer 1")]
+    assert (await stored(client, tid))[1]["reasoning_content"] == "thought 1"
+
+    rows = [
+        tables.Message(
+            role="assistant",
+            side="a",
+            content="x",
+            position=1,
+            status="completed",
+            depth=0,
+            prompt="other",
+            reasoning_content="private",
+            reasoning_details=[{"type": "thinking"}],
+            tool_calls=None,
+        )
+    ]
+    (message,) = context.history(rows, "a", catalog(model).prompts["p"], 0)
+    assert (message.reasoning, message.reasoning_details) == (None, None)

@@ -13,7 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app import crypto, db, events, keys
 from app.api import errors
-from app.api.routes import agents, health, messages, threads
+from app.api.routes import agents, health, logs, messages, threads
 from app.api.routes import events as event_routes
 from app.catalog import Catalog
 from app.engine.run import Engine, llm_http
@@ -95,6 +95,6 @@ def create_app(
                 )
         return await call_next(request)
 
-    for router in (health.router, agents.router, threads.router, messages.router, event_routes.router):
+    for router in (health.router, agents.router, threads.router, messages.router, logs.router, event_routes.router):
         app.include_router(router)
     return app

@@ -96,6 +96,38 @@ class ThreadList(BaseModel):
     next_cursor: str | None
 
 
+class Log(BaseModel):
+    """One LLM request, tool call or hook error; `retry_of` / `fallback_of` link the attempts of one call."""
+
+    id: uuid.UUID
+    kind: str
+    message_id: uuid.UUID | None
+    model: str | None
+    provider: str | None
+    tool: str | None
+    attempt: int
+    status: str
+    error: str | None
+    input_tokens: int | None
+    output_tokens: int | None
+    cached_tokens: int | None
+    reasoning_tokens: int | None
+    cost: float | None
+    latency_ms: float | None
+    ttft_ms: float | None
+    finish_reason: str | None
+    retry_of: uuid.UUID | None
+    fallback_of: uuid.UUID | None
+    request: dict[str, Any] | None
+    response: dict[str, Any] | None
+    created_at: datetime
+
+
+class LogList(BaseModel):
+    logs: list[Log]
+    next_cursor: str | None
+
+
 class ToolCallFunction(BaseModel):
     name: str
     arguments: str

@@ -139,7 +139,10 @@ def history(rows: list[tables.Message], side: str, prompt: PromptDefinition, tur
             if with_tools:
                 calls = [c for c in row.tool_calls or [] if c["id"] in results]
             if row.content or calls:
-                out.append(LLMMessage("assistant", row.content or None, tool_calls=calls or None))
+                message = LLMMessage("assistant", row.content or None, tool_calls=calls or None)
+                if row.prompt == prompt.name:  # reasoning goes back only to the prompt that produced it
+                    message.reasoning, message.reasoning_details = row.reasoning_content, row.reasoning_details
+                out.append(message)
             for call in calls:
                 result = results[call["id"]]
                 out.append(LLMMessage("tool", result.content or "", tool_call_id=result.tool_call_id, name=result.name))

@@ -1,0 +1,33 @@
+"""Logs: what each LLM request, tool call and hook error of a thread cost and returned."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Query
+
+from app import logs, threads
+from app.api import schemas
+from app.api.deps import CurrentUser, SessionDep
+
+router = APIRouter(tags=["logs"])
+
+ERRORS: dict[int | str, dict[str, Any]] = {401: {"model": schemas.Error}, 404: {"model": schemas.Error}}
+
+
+@router.get("/threads/{thread_id}/logs", responses=ERRORS)
+async def list_logs(
+    thread_id: uuid.UUID,
+    session: SessionDep,
+    who: CurrentUser,
+    kind: Literal["llm", "tool", "hook"] | None = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    cursor: str | None = None,
+) -> schemas.LogList:
+    """The thread's logs, oldest first."""
+    thread = await threads.get(session, thread_id, who)
+    rows, next_cursor = await logs.page(session, thread.id, kind=kind, limit=limit, cursor=cursor)
+    return schemas.LogList(
+        logs=[schemas.Log.model_validate(r, from_attributes=True) for r in rows], next_cursor=next_cursor
+    )
