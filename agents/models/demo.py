@@ -1,9 +1,12 @@
-"""An offline model for the demo: the `test` provider with a small `respond` function.
+"""The demo assistant's model: offline by default, a real one when `AGENTS_PROVIDER` is set.
 
-It calls `calculate` for arithmetic, `get_time` when asked the time, and answers tool results in words.
-Swap `provider="test"` for a real provider once one is configured.
+Offline it is the `test` provider with a small `respond` function: it calls `calculate` for arithmetic, `get_time`
+when asked the time, and answers tool results in words. With `AGENTS_PROVIDER=openai|anthropic` (and optionally
+`AGENTS_MODEL`, `AGENTS_BASE_URL`) it is that provider's model; the key comes from `OPENAI_API_KEY` /
+`ANTHROPIC_API_KEY` (see the README).
 """
 
+import os
 import re
 
 from app.spec import define_model
@@ -27,4 +30,16 @@ def respond(request):
     }
 
 
-define_model(name="demo", provider="test", respond=respond, chunk_size=8)
+DEFAULT_MODEL = {"openai": "gpt-4.1-mini", "anthropic": "claude-sonnet-4-5"}
+
+
+def configured(**offline):
+    """The model's fields: `offline` unless `AGENTS_PROVIDER` names a real provider."""
+    provider = os.environ.get("AGENTS_PROVIDER", "test")
+    if provider == "test":
+        return {"provider": "test", **offline}
+    model = os.environ.get("AGENTS_MODEL") or DEFAULT_MODEL.get(provider)
+    return {"provider": provider, "model": model, "base_url": os.environ.get("AGENTS_BASE_URL") or None}
+
+
+define_model(name="demo", **configured(respond=respond, chunk_size=8))

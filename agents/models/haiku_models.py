@@ -2,8 +2,10 @@
 
 The writer drafts a haiku about the topic it was given and revises it when the reviewer asks; the reviewer
 approves a three-line draft (its `sessionStop` tool), asks for a revision otherwise, and gives up (its
-`sessionFail` tool) when the task cannot be done. Swap `provider="test"` for a real provider to use real models.
+`sessionFail` tool) when the task cannot be done. `AGENTS_PROVIDER` switches both to a real model, as for the demo.
 """
+
+import os
 
 from app.spec import define_model
 
@@ -31,5 +33,12 @@ def review(request):
     return {"text": f"The draft has {len(lines)} line(s); a haiku needs three lines. Please revise."}
 
 
-define_model(name="haiku_writer", provider="test", respond=write, chunk_size=8)
-define_model(name="haiku_reviewer", provider="test", respond=review, chunk_size=8)
+def configured(**offline):
+    provider = os.environ.get("AGENTS_PROVIDER", "test")
+    model = os.environ.get("AGENTS_MODEL") or {"openai": "gpt-4.1-mini", "anthropic": "claude-sonnet-4-5"}.get(provider)
+    live = {"model": model, "base_url": os.environ.get("AGENTS_BASE_URL") or None}
+    return {"provider": "test", **offline} if provider == "test" else {"provider": provider, **live}
+
+
+define_model(name="haiku_writer", **configured(respond=write, chunk_size=8))
+define_model(name="haiku_reviewer", **configured(respond=review, chunk_size=8))
