@@ -130,3 +130,16 @@ async def wait_for(predicate: Any, timeout: float = 10.0, interval: float = 0.05
         if asyncio.get_running_loop().time() > deadline:
             raise AssertionError("condition not reached in time")
         await asyncio.sleep(interval)
+
+
+@pytest.fixture(autouse=True)
+def no_network(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fail any real outbound HTTP request: providers are tested at the wire level with mock transports."""
+    original = httpx.AsyncHTTPTransport.handle_async_request
+
+    async def guarded(self: httpx.AsyncHTTPTransport, request: httpx.Request) -> httpx.Response:
+        if request.url.host not in ("127.0.0.1", "localhost", "::1"):
+            raise RuntimeError(f"a test tried to reach the network: {request.method} {request.url}")
+        return await original(self, request)
+
+    monkeypatch.setattr(httpx.AsyncHTTPTransport, "handle_async_request", guarded)
