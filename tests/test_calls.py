@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from sqlalchemy import select
 
 from app import env as env_store
@@ -212,3 +213,9 @@ async def test_reasoning_is_stored_and_replayed_only_to_the_prompt_that_produced
     ]
     (message,) = context.history(rows, "a", catalog(model).prompts["p"], 0)
     assert (message.reasoning, message.reasoning_details) == (None, None)
+
+
+async def test_the_suite_never_reaches_a_real_provider() -> None:
+    async with httpx.AsyncClient() as client:
+        with pytest.raises(RuntimeError, match="tried to reach the network"):
+            await client.post("https://api.openai.com/v1/chat/completions", json={})
