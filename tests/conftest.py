@@ -103,8 +103,10 @@ async def app_factory(settings: Settings) -> AsyncIterator[Any]:
     """Start apps (with their lifespan) on the test database; stopped at teardown."""
     stacks: list[Any] = []
 
-    async def start(catalog: Catalog, *, with_worker: bool = False, **overrides: Any) -> FastAPI:
-        app = create_app(settings.model_copy(update=overrides), catalog, with_worker=with_worker)
+    async def start(
+        catalog: Catalog, *, with_worker: bool = False, http: httpx.AsyncClient | None = None, **overrides: Any
+    ) -> FastAPI:
+        app = create_app(settings.model_copy(update=overrides), catalog, with_worker=with_worker, http=http)
         ctx = app.router.lifespan_context(app)
         await ctx.__aenter__()
         stacks.append(ctx)

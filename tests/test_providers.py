@@ -1,0 +1,210 @@
+"""Real provider adapters driven by the worker, at the wire level (`httpx.MockTransport`): the stream becomes
+`message_chunk` events and stored messages, keys come from the thread's env, errors are retried or surfaced."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+from pydantic import BaseModel
+
+from app.catalog import Catalog
+from app.spec import ThreadState, define_agent, define_model, define_prompt, define_tool
+from tests.conftest import client_for, wait_for
+from tests.test_api import _free_port, read_events
+from tests.test_calls import log_rows
+from tests.test_engine import event_types, settle, stored
+
+
+class AddArgs(BaseModel):
+    a: int
+    b: int
+
+
+@define_tool(description="Add two integers.")
+async def add(state: ThreadState, args: AddArgs) -> str:
+    return str(args.a + args.b)
+
+
+def catalog(*extra: Any, fallbacks: list[str] | None = None) -> Catalog:
+    model = define_model(
+        name="gpt", provider="openai", model="gpt-test", api_key_env="MY_KEY", fallbacks=fallbacks or []
+    )
+    models = {m.name: m for m in (model, *extra)}
+    prompt = define_prompt(
+        name="p", model="gpt", prompt="Add.", include_chat=True, include_past_tools=True, tools=["add"]
+    )
+    agent = define_agent(name="agent", side_a={"prompt": "p"})
+    return Catalog(root=Path("."), models=models, prompts={"p": prompt}, agents={"agent": agent}, tools={"add": add})
+
+
+def sse(*chunks: dict[str, Any]) -> bytes:
+    return b"".join(f"data: {json.dumps(c)}\n\n".encode() for c in chunks) + b"data: [DONE]\n\n"
+
+
+def text_stream(text: str, size: int = 4) -> bytes:
+    parts = [{"choices": [{"index": 0, "delta": {"content": text[i : i + size]}}]} for i in range(0, len(text), size)]
+    done = {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
+    usage = {"choices": [], "usage": {"prompt_tokens": 20, "completion_tokens": 5}}
+    return sse(*parts, done, usage)
+
+
+def tool_stream() -> bytes:
+    call = {"index": 0, "id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a": 2,'}}
+    more = {"index": 0, "function": {"arguments": ' "b": 3}'}}
+    return sse(
+        {"choices": [{"index": 0, "delta": {"tool_calls": [call]}}]},
+        {"choices": [{"index": 0, "delta": {"tool_calls": [more]}}]},
+        {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]},
+    )
+
+
+class Wire:
+    """A mock OpenAI server: answers requests in order with the given handlers, records what it was sent."""
+
+    def __init__(self, *answers: Callable[[httpx.Request], httpx.Response] | httpx.Response) -> None:
+        self.answers = list(answers)
+        self.requests: list[tuple[float, httpx.Request, dict[str, Any]]] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append((time.monotonic(), request, json.loads(request.content)))
+        answer = self.answers[len(self.requests) - 1]
+        return answer(request) if callable(answer) else answer
+
+    def client(self) -> httpx.AsyncClient:
+        return httpx.AsyncClient(transport=httpx.MockTransport(self))
+
+
+def ok(body: bytes) -> httpx.Response:
+    return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=body)
+
+
+async def start(app_factory: Any, cat: Catalog, wire: Wire, **settings: Any) -> tuple[Any, httpx.AsyncClient, str]:
+    app = await app_factory(cat, with_worker=True, http=wire.client(), **settings)
+    client = client_for(app)
+    created = await client.post(
+        "/threads", json={"agent": "agent", "env": {"MY_KEY": "sk-thread-secret"}, "secrets": ["MY_KEY"]}
+    )
+    return app, client, created.json()["id"]
+
+
+@pytest.fixture
+async def serve() -> AsyncIterator[Callable[[Any], Any]]:
+    servers: list[tuple[uvicorn.Server, asyncio.Task[None]]] = []
+
+    async def run(app: Any) -> str:
+        port = _free_port()
+        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, lifespan="off", log_level="warning"))
+        servers.append((server, asyncio.create_task(server.serve())))
+        await wait_for(lambda: asyncio.sleep(0, server.started))
+        return f"http://127.0.0.1:{port}"
+
+    yield run
+    for server, task in servers:
+        server.should_exit = True
+        await task
+
+
+async def test_a_streamed_tool_call_and_reply_over_the_wire(app_factory: Any, serve: Any) -> None:
+    wire = Wire(ok(tool_stream()), ok(text_stream("The sum is 5.")))
+    app, client, tid = await start(app_factory, catalog(), wire)
+    base = await serve(app)
+    reader = asyncio.create_task(read_events(base, f"/threads/{tid}/events", "turn_ended"))
+    await asyncio.sleep(0.2)
+    await client.post(f"/threads/{tid}/messages", json={"content": "2 + 3?"})
+    frames = await asyncio.wait_for(reader, 15)
+    chunks = [f["data"] for f in frames if f["event"] == "message_chunk"]
+    assert "".join(c["chunk"] for c in chunks) == "The sum is 5."
+    assert [c["offset"] for c in chunks] == [0, 4, 8, 12]
+
+    rows = await stored(client, tid)
+    assert [(r["role"], r["content"]) for r in rows] == [
+        ("user", "2 + 3?"),
+        ("assistant", None),
+        ("tool", "5"),
+        ("assistant", "The sum is 5."),
+    ]
+    assert rows[1]["tool_calls"] == [
+        {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}
+    ]
+    (_, first, body1), (_, _, body2) = wire.requests
+    assert first.url == "https://api.openai.com/v1/chat/completions"
+    assert first.headers["authorization"] == "Bearer sk-thread-secret"  # from the thread's secret env
+    assert body1["model"] == "gpt-test" and body1["tools"][0]["function"]["name"] == "add"
+    assert body2["messages"][-2:] == [
+        {"role": "assistant", "content": None, "tool_calls": rows[1]["tool_calls"]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "5"},
+    ]
+    logs = await log_rows(client, tid)
+    assert [(r.provider, r.status, r.finish_reason) for r in logs] == [
+        ("openai", "success", "tool_calls"),
+        ("openai", "success", "stop"),
+    ]
+    assert logs[1].input_tokens == 20 and logs[1].output_tokens == 5
+
+
+async def test_retry_after_is_honoured(app_factory: Any) -> None:
+    limited = httpx.Response(429, headers={"retry-after": "0.4"}, json={"error": {"message": "slow down"}})
+    wire = Wire(limited, ok(text_stream("fine")))
+    _, client, tid = await start(app_factory, catalog(), wire)
+    await client.post(f"/threads/{tid}/messages", json={"content": "hi"})
+    await settle(client, tid)
+    assert (await stored(client, tid))[-1]["content"] == "fine"
+    (t1, _, _), (t2, _, _) = wire.requests
+    assert t2 - t1 >= 0.4
+    first, second = await log_rows(client, tid)
+    assert (first.status, first.response) == ("error", {"kind": "rate_limited", "status": 429})
+    assert second.retry_of == first.id
+
+
+async def test_a_refused_key_fails_the_session_naming_the_variable_not_the_key(app_factory: Any) -> None:
+    refused = httpx.Response(401, json={"error": {"message": "Incorrect API key provided: sk-thre***cret"}})
+    wire = Wire(refused)
+    _, client, tid = await start(app_factory, catalog(), wire)
+    await client.post(f"/threads/{tid}/messages", json={"content": "hi"})
+    thread = await settle(client, tid)
+    assert len(wire.requests) == 1  # an auth error is not retried
+    assert thread["session"]["reason"] == "llm_error"
+    error = next(d for e, d in await event_types(client, tid) if e == "error")
+    assert "MY_KEY" in error["message"] and "sk-thread" not in error["message"]
+    (row,) = await log_rows(client, tid)
+    assert row.error is not None and "sk-thread" not in row.error and "MY_KEY" in row.error
+
+
+async def test_a_stalled_stream_is_aborted_and_retried(app_factory: Any) -> None:
+    async def stalls() -> AsyncIterator[bytes]:
+        yield b'data: {"choices": [{"index": 0, "delta": {"content": "Hel"}}]}\n\n'
+        await asyncio.sleep(30)
+
+    wire = Wire(lambda _: httpx.Response(200, content=stalls()), ok(text_stream("Hello")))
+    _, client, tid = await start(app_factory, catalog(), wire, llm_stall_timeout=0.3)
+    await client.post(f"/threads/{tid}/messages", json={"content": "hi"})
+    await settle(client, tid)
+    assert (await stored(client, tid))[-1]["content"] == "Hello"
+    first, second = await log_rows(client, tid)
+    assert first.error == "the model stalled for 0.3 s; the request was aborted" and second.status == "success"
+
+
+async def test_the_fallback_chain_crosses_providers(app_factory: Any) -> None:
+    backup = define_model(name="backup", provider="test", script=["from the backup"])
+    down = httpx.Response(503, json={"error": {"message": "unavailable"}})
+    wire = Wire(down, down)
+    _, client, tid = await start(app_factory, catalog(backup, fallbacks=["backup"]), wire)
+    await client.post(f"/threads/{tid}/messages", json={"content": "hi"})
+    await settle(client, tid)
+    reply = (await stored(client, tid))[-1]
+    assert (reply["content"], reply["model"]) == ("from the backup", "backup")
+    fallback = next(d for e, d in await event_types(client, tid) if e == "fallback_triggered")
+    assert fallback["from"] == "gpt" and fallback["to"] == "backup"
+    assert [(r.model, r.attempt, r.status) for r in await log_rows(client, tid)] == [
+        ("gpt", 1, "error"),
+        ("gpt", 2, "error"),
+        ("backup", 1, "success"),
+    ]
