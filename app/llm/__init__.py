@@ -6,12 +6,16 @@ from collections.abc import Callable
 
 import httpx
 
+from app.llm.anthropic import AnthropicModel
 from app.llm.base import Model
 from app.llm.test import TestModel
 from app.spec.definitions import ModelDefinition
 
 # provider name → factory(definition, shared HTTP client); adapters speak to their API over that client
-PROVIDERS: dict[str, Callable[[ModelDefinition, httpx.AsyncClient], Model]] = {"test": TestModel}
+PROVIDERS: dict[str, Callable[[ModelDefinition, httpx.AsyncClient], Model]] = {
+    "anthropic": AnthropicModel,
+    "test": TestModel,
+}
 
 
 def build(definition: ModelDefinition, http: httpx.AsyncClient) -> Model:
