@@ -20,7 +20,6 @@ from pydantic import BaseModel, ValidationError
 from pydantic.alias_generators import to_snake
 
 from app.errors import AgentNotFound, AgentsError
-from app.llm import PROVIDERS
 from app.spec.define import HookDefinition, ToolDefinition, collecting
 from app.spec.definitions import (
     CALLABLE_FIELDS,
@@ -354,13 +353,6 @@ def _check_tool(c: Catalog, tool: ToolDefinition) -> Iterator[Problem]:
 
 
 def _check_model(c: Catalog, model: ModelDefinition) -> Iterator[Problem]:
-    if model.provider not in PROVIDERS:
-        yield Problem(
-            "",
-            "provider",
-            f"provider `{model.provider}` is not available in this version of the runtime",
-            f"use one of: {', '.join(sorted(PROVIDERS))}",
-        )
     for i, fallback in enumerate(model.fallbacks):
         if fallback == model.name:
             yield Problem("", f"fallbacks[{i}]", "a model cannot fall back to itself", f"remove `{fallback}`")

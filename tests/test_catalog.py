@@ -108,7 +108,6 @@ def test_empty() -> None:
 # folder, file (relative to the fixtures folder), field, something the fix says
 BAD = [
     ("bad_unknown_field", "prompts/support.py", "includeChats", "did you mean `includeChat`?"),
-    ("bad_provider", "models/gpt.py", "provider", "use one of: openai, test"),
     ("bad_missing_model_ref", "prompts/support.py", "model", "use one of: main"),
     ("bad_include_cycle", "prompts/a.py", "prompt[0].prompt", "remove one of these includes"),
     ("bad_secret_env_part", "prompts/support.py", "prompt[1].property", "state.env"),

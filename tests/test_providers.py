@@ -33,13 +33,13 @@ async def add(state: ThreadState, args: AddArgs) -> str:
     return str(args.a + args.b)
 
 
-def catalog(*extra: Any, fallbacks: list[str] | None = None) -> Catalog:
+def catalog(*extra: Any, fallbacks: list[str] | None = None, use: str = "gpt") -> Catalog:
     model = define_model(
         name="gpt", provider="openai", model="gpt-test", api_key_env="MY_KEY", fallbacks=fallbacks or []
     )
     models = {m.name: m for m in (model, *extra)}
     prompt = define_prompt(
-        name="p", model="gpt", prompt="Add.", include_chat=True, include_past_tools=True, tools=["add"]
+        name="p", model=use, prompt="Add.", include_chat=True, include_past_tools=True, tools=["add"]
     )
     agent = define_agent(name="agent", side_a={"prompt": "p"})
     return Catalog(root=Path("."), models=models, prompts={"p": prompt}, agents={"agent": agent}, tools={"add": add})
@@ -208,3 +208,60 @@ async def test_the_fallback_chain_crosses_providers(app_factory: Any) -> None:
         ("gpt", 2, "error"),
         ("backup", 1, "success"),
     ]
+
+
+def anthropic_stream(*blocks: dict[str, Any], stop: str) -> bytes:
+    """A Messages API event stream for `blocks` (each `{"start": {...}, "deltas": [...]}`)."""
+    events: list[tuple[str, dict[str, Any]]] = [
+        ("message_start", {"type": "message_start", "message": {"usage": {"input_tokens": 30, "output_tokens": 1}}})
+    ]
+    for index, block in enumerate(blocks):
+        events.append(
+            ("content_block_start", {"type": "content_block_start", "index": index, "content_block": block["start"]})
+        )
+        for delta in block["deltas"]:
+            events.append(("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta}))
+        events.append(("content_block_stop", {"type": "content_block_stop", "index": index}))
+    events.append(
+        ("message_delta", {"type": "message_delta", "delta": {"stop_reason": stop}, "usage": {"output_tokens": 12}})
+    )
+    events.append(("message_stop", {"type": "message_stop"}))
+    return b"".join(f"event: {name}\ndata: {json.dumps(data)}\n\n".encode() for name, data in events)
+
+
+async def test_anthropic_thinking_is_replayed_with_its_signature_after_a_tool_call(app_factory: Any) -> None:
+    thinking = {
+        "start": {"type": "thinking", "thinking": ""},
+        "deltas": [
+            {"type": "thinking_delta", "thinking": "2 plus 3"},
+            {"type": "signature_delta", "signature": "sig-1"},
+        ],
+    }
+    tool = {
+        "start": {"type": "tool_use", "id": "toolu_1", "name": "add", "input": {}},
+        "deltas": [{"type": "input_json_delta", "partial_json": '{"a": 2, "b": 3}'}],
+    }
+    text = {"start": {"type": "text", "text": ""}, "deltas": [{"type": "text_delta", "text": "It is 5."}]}
+    wire = Wire(ok(anthropic_stream(thinking, tool, stop="tool_use")), ok(anthropic_stream(text, stop="end_turn")))
+    claude = define_model(name="claude", provider="anthropic", model="claude-test", api_key_env="MY_KEY")
+    _, client, tid = await start(app_factory, catalog(claude, use="claude"), wire)
+    await client.post(f"/threads/{tid}/messages", json={"content": "2 + 3?"})
+    await settle(client, tid)
+    rows = await stored(client, tid)
+    assert [(r["role"], r["content"]) for r in rows] == [
+        ("user", "2 + 3?"),
+        ("assistant", None),
+        ("tool", "5"),
+        ("assistant", "It is 5."),
+    ]
+    assert rows[1]["reasoning_content"] == "2 plus 3"
+    (_, first, _), (_, _, replay) = wire.requests
+    assert first.headers["x-api-key"] == "sk-thread-secret" and first.url.path == "/v1/messages"
+    assert replay["messages"][1] == {
+        "role": "assistant",
+        "content": [
+            {"type": "thinking", "thinking": "2 plus 3", "signature": "sig-1"},
+            {"type": "tool_use", "id": "toolu_1", "name": "add", "input": {"a": 2, "b": 3}},
+        ],
+    }
+    assert replay["messages"][2]["content"][0] == {"type": "tool_result", "tool_use_id": "toolu_1", "content": "5"}

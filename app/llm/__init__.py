@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 import httpx
 
+from app.llm.anthropic import AnthropicModel
 from app.llm.base import Model
 from app.llm.openai import OpenAIModel
 from app.llm.test import TestModel
@@ -13,6 +14,7 @@ from app.spec.definitions import ModelDefinition
 
 # provider name → factory(definition, shared HTTP client); adapters speak to their API over that client
 PROVIDERS: dict[str, Callable[[ModelDefinition, httpx.AsyncClient], Model]] = {
+    "anthropic": AnthropicModel,
     "openai": OpenAIModel,
     "test": TestModel,
 }
