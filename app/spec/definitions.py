@@ -101,6 +101,9 @@ class ModelDefinition(Definition):
     capabilities: ModelCapabilities = Field(default_factory=ModelCapabilities)
     provider_options: dict[str, Any] = Field(default_factory=dict)
     timeout_s: float | None = Field(default=None, gt=0)
+    # for models that print tool calls as text instead of calling natively (Llama-style `<function=…>`,
+    # `<tool_call>` tags, JSON): the engine recovers them from the answer with `app.llm.recovery.recover`
+    text_tool_calls: bool = Field(default=False, description="Recover tool calls the model writes as text.")
     # `test` provider only
     script: list[str | TestReply] | None = None
     respond: Callable[..., Any] | None = None
