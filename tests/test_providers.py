@@ -265,3 +265,43 @@ async def test_anthropic_thinking_is_replayed_with_its_signature_after_a_tool_ca
         ],
     }
     assert replay["messages"][2]["content"][0] == {"type": "tool_result", "tool_use_id": "toolu_1", "content": "5"}
+
+
+async def test_tool_calls_written_as_text_are_recovered_for_flagged_models(app_factory: Any) -> None:
+    printed = 'Let me add. <tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>'
+    model = define_model(name="local", provider="test", text_tool_calls=True, script=[printed, "It is 5."])
+    app = await app_factory(catalog(model, use="local"), with_worker=True)
+    client = client_for(app)
+    tid = (await client.post("/threads", json={"agent": "agent"})).json()["id"]
+    await client.post(f"/threads/{tid}/messages", json={"content": "2 + 3?"})
+    await settle(client, tid)
+    rows = await stored(client, tid)
+    assert [(r["role"], r["content"]) for r in rows] == [
+        ("user", "2 + 3?"),
+        ("assistant", "Let me add."),
+        ("tool", "5"),
+        ("assistant", "It is 5."),
+    ]
+    (call,) = rows[1]["tool_calls"]
+    assert call["id"].startswith("recovered_") and call["function"]["name"] == "add"
+    assert rows[2]["tool_call_id"] == call["id"]
+
+
+async def test_a_groq_refused_tool_call_is_recovered_from_its_failed_generation(app_factory: Any) -> None:
+    refused = httpx.Response(
+        400,
+        json={
+            "error": {
+                "message": "Failed to call a function. Please adjust your prompt.",
+                "code": "tool_use_failed",
+                "failed_generation": '<function=add>{"a": 1, "b": 1}</function>',
+            }
+        },
+    )
+    wire = Wire(refused, ok(text_stream("Two.")))
+    _, client, tid = await start(app_factory, catalog(), wire)
+    await client.post(f"/threads/{tid}/messages", json={"content": "1 + 1?"})
+    await settle(client, tid)
+    rows = await stored(client, tid)
+    assert [(r["role"], r["content"]) for r in rows][2:] == [("tool", "2"), ("assistant", "Two.")]
+    assert len(wire.requests) == 2

@@ -23,7 +23,7 @@ from app import events, llm, tables
 from app.catalog import Catalog
 from app.engine.context import Env, MissingVariable
 from app.events import Publisher
-from app.llm import retry
+from app.llm import recovery, retry
 from app.llm.base import (
     CallContext,
     Done,
@@ -171,6 +171,7 @@ class Caller:
         )
         context = CallContext(str(thread_id), call_index, key)
         result = await self._stream(thread_id, request, definition, context, message_id, attempt.number)
+        result.response = _recovered(result.response, definition, request, f"recovered_{message_id.hex[:12]}")
         if isinstance(result.response, ProviderError):
             result.response.message = scrub(result.response.message, secrets)
         log_id = uuid.uuid4()
@@ -222,6 +223,20 @@ class Caller:
         except ProviderError as exc:
             return result(exc)
         return result(ProviderError("the stream ended without a final response", kind="stream", retriable=True))
+
+
+def _recovered(
+    response: LLMResponse | ProviderError, definition: ModelDefinition, request: LLMRequest, prefix: str
+) -> LLMResponse | ProviderError:
+    """Tool calls a model wrote as text (`text_tool_calls` models), or that a provider refused as text."""
+    if isinstance(response, ProviderError):
+        if response.failed_generation is None:
+            return response
+        body = {"error": {"failed_generation": response.failed_generation}}
+        return recovery.recover_failed_generation(body, request.tools, prefix=prefix) or response
+    if definition.text_tool_calls:
+        return recovery.recover(response, request.tools, prefix=prefix)
+    return response
 
 
 def _log_row(

@@ -139,6 +139,7 @@ class ProviderError(Exception):
         retriable: bool = False,
         kind: str = "error",
         retry_after: float | None = None,
+        failed_generation: str | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
@@ -146,6 +147,7 @@ class ProviderError(Exception):
         self.retriable = retriable
         self.kind = kind
         self.retry_after = retry_after
+        self.failed_generation = failed_generation  # the text of a refused tool call (Groq `tool_use_failed`)
 
 
 class Model(Protocol):

@@ -150,7 +150,9 @@ class OpenAIModel:
                 f"{self.host} refused the credentials (HTTP {status}): {hint}", status=status, kind="auth"
             )
         detail = _scrub(_error_detail(response), key)
-        return _classify(f"HTTP {status} from {self.host}: {detail}", status, _retry_after(response.headers))
+        error = _classify(f"HTTP {status} from {self.host}: {detail}", status, _retry_after(response.headers))
+        error.failed_generation = _failed_generation(response)
+        return error
 
 
 class _Reply:
@@ -374,6 +376,16 @@ def _error_detail(response: httpx.Response) -> str:
         raw = (error.get("metadata") or {}).get("raw")  # OpenRouter: the upstream provider's own words
         return f"{message} ({raw})" if isinstance(raw, str) and raw else str(message)
     return str(error)[:500]
+
+
+def _failed_generation(response: httpx.Response) -> str | None:
+    """Groq's `tool_use_failed` 400 carries the model's tool call as text in `error.failed_generation`."""
+    try:
+        error = response.json().get("error")
+    except (ValueError, AttributeError):
+        return None
+    value = error.get("failed_generation") if isinstance(error, dict) else None
+    return value if isinstance(value, str) and value else None
 
 
 def _retry_after(headers: httpx.Headers) -> float | None:
