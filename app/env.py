@@ -77,3 +77,10 @@ async def public_view(session: AsyncSession, thread_id: uuid.UUID) -> tuple[dict
         env[r.name] = None if r.type == "secret" else r.value
         types[r.name] = r.type
     return env, types
+
+
+async def delete_all(session: AsyncSession, thread_id: uuid.UUID) -> None:
+    """Every value of a thread (it is being deleted)."""
+    await session.execute(
+        delete(tables.EnvValue).where(tables.EnvValue.scope == "thread", tables.EnvValue.owner == str(thread_id))
+    )

@@ -52,6 +52,96 @@ async def read(session: AsyncSession, thread_id: uuid.UUID, after: int, limit: i
     return list((await session.execute(query)).scalars())
 
 
+async def missed(session: AsyncSession, thread_id: uuid.UUID, after: int) -> int | None:
+    """When retention removed events after `after`, the oldest seq still stored (the `events_missed` answer)."""
+    row = (
+        await session.execute(
+            text(
+                "SELECT t.event_seq, (SELECT min(seq) FROM events e WHERE e.thread_id = t.id) AS oldest "
+                "FROM threads t WHERE t.id = :id"
+            ),
+            {"id": thread_id},
+        )
+    ).one()
+    if after >= row.event_seq:
+        return None
+    oldest = row.oldest if row.oldest is not None else row.event_seq + 1
+    return int(oldest) if oldest > after + 1 else None
+
+
+# -- the lifecycle stream ------------------------------------------------------------------------------------
+
+LIFECYCLE = uuid.UUID(int=0)  # the hub key of lifecycle subscribers
+
+
+async def append_lifecycle(session: AsyncSession, thread: tables.Thread, type_: str) -> int:
+    """Record `thread_created` / `thread_updated` / `thread_deleted` for the thread's owner; returns its seq.
+
+    The seq comes from the `lifecycle` counter row under its lock, so seq order is commit order (low volume).
+    """
+    seq: int = (
+        await session.execute(text("UPDATE counters SET value = value + 1 WHERE name = 'lifecycle' RETURNING value"))
+    ).scalar_one()
+    data = {"thread_id": str(thread.id), "agent": thread.agent, "status": thread.status, "name": thread.name}
+    session.add(tables.LifecycleEvent(seq=seq, user_id=thread.user_id, thread_id=thread.id, type=type_, data=data))
+    await session.execute(select(func.pg_notify(CHANNEL, f"{LIFECYCLE}:{seq}")))
+    return seq
+
+
+async def read_lifecycle(
+    session: AsyncSession, user_id: str | None, after: int, limit: int = 500
+) -> list[tables.LifecycleEvent]:
+    """Lifecycle events after `after`, of one user's threads (all threads when `user_id` is None)."""
+    query = select(tables.LifecycleEvent).where(tables.LifecycleEvent.seq > after)
+    if user_id is not None:
+        query = query.where(tables.LifecycleEvent.user_id == user_id)
+    return list((await session.execute(query.order_by(tables.LifecycleEvent.seq).limit(limit))).scalars())
+
+
+async def missed_lifecycle(session: AsyncSession, after: int) -> int | None:
+    """When retention removed lifecycle events after `after`, the oldest seq still stored."""
+    row = (
+        await session.execute(
+            text(
+                "SELECT c.value AS last, (SELECT min(seq) FROM lifecycle_events) AS oldest "
+                "FROM counters c WHERE c.name = 'lifecycle'"
+            )
+        )
+    ).one()
+    if after >= row.last:
+        return None
+    oldest = row.oldest if row.oldest is not None else row.last + 1
+    return int(oldest) if oldest > after + 1 else None
+
+
+# EXPIRE: retention, in batches so a large backlog never holds one long transaction.
+_EXPIRE = text(
+    """
+    DELETE FROM events WHERE ctid IN (
+        SELECT ctid FROM events WHERE created_at < now() - make_interval(secs => :age) LIMIT :batch
+    )
+    """
+)
+
+
+_EXPIRE_LIFECYCLE = text(
+    """
+    DELETE FROM lifecycle_events WHERE seq IN (
+        SELECT seq FROM lifecycle_events WHERE created_at < now() - make_interval(secs => :age) LIMIT :batch
+    )
+    """
+)
+
+
+async def expire(session: AsyncSession, age_seconds: float, batch: int = 10_000) -> int:
+    """Delete one batch of thread and lifecycle events older than `age_seconds`; returns how many went."""
+    gone = 0
+    for statement in (_EXPIRE, _EXPIRE_LIFECYCLE):
+        result = await session.execute(statement, {"age": age_seconds, "batch": batch})
+        gone += int(result.rowcount)  # type: ignore[attr-defined]
+    return gone
+
+
 @dataclass(frozen=True)
 class Stored:
     """A stored event committed: read it from the log."""

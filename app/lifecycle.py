@@ -1,4 +1,4 @@
-"""Stop, continue and terminate (`semantics.md` §11): parking a thread, waking it, ending it for good.
+"""Stop, continue, terminate and delete (`semantics.md` §11): parking a thread, waking it, ending it for good.
 
 Each of them revokes the thread's lease in the transaction that changes its state, so a worker still executing it
 can never write again (its next fenced commit fails), and NOTIFYs the control channel so that worker cancels the
@@ -10,10 +10,11 @@ from __future__ import annotations
 import uuid
 from datetime import UTC, datetime
 
-from sqlalchemy import delete, func, select, text
+import sqlalchemy as sa
+from sqlalchemy import func, select, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import errors, events, messages, queue, tables, threads
+from app import env, errors, events, messages, queue, tables, threads
 
 CONTROL_CHANNEL = "agents_control"
 STOPPED = "Execution stopped by user"
@@ -112,7 +113,7 @@ async def terminate(session: AsyncSession, thread: tables.Thread) -> list[uuid.U
         await _close_open_work(session, row, "Thread terminated")
         if row.session_status == "running":
             await threads.end_session(session, row, "failure", "terminated")
-        await session.execute(delete(tables.Inbox).where(tables.Inbox.thread_id == row.id))
+        await session.execute(sa.delete(tables.Inbox).where(tables.Inbox.thread_id == row.id))
         row.terminated_at = datetime.now(UTC)
         row.stopped = False
         row.side = None
@@ -121,3 +122,18 @@ async def terminate(session: AsyncSession, thread: tables.Thread) -> list[uuid.U
         await threads.set_status(session, row, "terminated")
         done.append(row.id)
     return done
+
+
+async def delete(session: AsyncSession, thread: tables.Thread) -> list[uuid.UUID]:
+    """Remove the thread and its descendants, children first; running executions are abandoned at once."""
+    ids = [r.id for r in await session.execute(_DESCENDANTS, {"id": thread.id})]
+    for thread_id in ids:
+        row = thread if thread_id == thread.id else await session.get(tables.Thread, thread_id, with_for_update=True)
+        if row is None:
+            continue
+        await _revoke(session, row)
+        await events.append_lifecycle(session, row, "thread_deleted")
+        await env.delete_all(session, row.id)
+        await session.delete(row)
+    await session.flush()
+    return ids

@@ -28,6 +28,8 @@ class Settings(BaseSettings):
     db_pool_size: int = Field(default=10, ge=1)
     migrate_on_start: bool = True
     max_body_bytes: int = Field(default=10 * 1024 * 1024, ge=1024, description="largest request body accepted")
+    event_retention_days: float = Field(default=7.0, gt=0, description="how long stored events are kept")
+    cleanup_interval: float = Field(default=300.0, gt=0, description="seconds between retention sweeps (workers)")
     llm_attempts: int = Field(default=2, ge=1, description="attempts per model before its fallbacks")
     llm_first_chunk_timeout: float = Field(default=120.0, gt=0, description="seconds to wait for a first chunk")
     llm_stall_timeout: float = Field(default=45.0, gt=0, description="seconds a stream may pause between chunks")

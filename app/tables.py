@@ -145,6 +145,32 @@ class Event(Base):
     data: Mapped[dict[str, Any]]
     created_at: Mapped[datetime] = _now()
 
+    __table_args__ = (Index("events_created", "created_at"),)
+
+
+class Counter(Base):
+    """A named counter; the `lifecycle` row gives the lifecycle stream its seq under its row lock."""
+
+    __tablename__ = "counters"
+
+    name: Mapped[str] = mapped_column(String(40), primary_key=True)
+    value: Mapped[int] = mapped_column(BigInteger, server_default="0")
+
+
+class LifecycleEvent(Base):
+    """The lifecycle stream (`GET /events`): threads created, updated, deleted, in commit order."""
+
+    __tablename__ = "lifecycle_events"
+
+    seq: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    user_id: Mapped[str] = mapped_column(String(200))
+    thread_id: Mapped[uuid.UUID]
+    type: Mapped[str] = mapped_column(String(40))
+    data: Mapped[dict[str, Any]]
+    created_at: Mapped[datetime] = _now()
+
+    __table_args__ = (Index("lifecycle_user_seq", "user_id", "seq"), Index("lifecycle_created", "created_at"))
+
 
 class Log(Base):
     """One LLM request, tool call or hook error."""

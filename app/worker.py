@@ -17,7 +17,7 @@ import uuid
 import asyncpg
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, async_sessionmaker
 
-from app import lifecycle, queue
+from app import events, lifecycle, queue
 from app.engine.run import Engine
 from app.settings import Settings, plain_url
 
@@ -49,6 +49,7 @@ class Worker:
         await listener.add_listener(queue.WAKEUP_CHANNEL, lambda *_: self._wake.set())
         await listener.add_listener(lifecycle.CONTROL_CHANNEL, lambda *args: self._abandon(args[3]))
         heartbeat = asyncio.create_task(self._heartbeat(stop), name="heartbeat")
+        janitor = asyncio.create_task(self._janitor(stop), name="janitor")
         log.info("worker %s started with %d slots", self.owner, self._settings.worker_concurrency)
         try:
             while not stop.is_set():
@@ -57,6 +58,7 @@ class Worker:
                 await self._sleep(stop)
         finally:
             heartbeat.cancel()
+            janitor.cancel()
             await self._drain()
             with contextlib.suppress(Exception):
                 await listener.close()
@@ -114,6 +116,19 @@ class Worker:
             if conn is not None:
                 with contextlib.suppress(Exception):
                     await conn.close()
+
+    async def _janitor(self, stop: asyncio.Event) -> None:
+        """Apply event retention now and then; any worker may do it (deletes are idempotent)."""
+        age = self._settings.event_retention_days * 86_400
+        while not stop.is_set():
+            try:
+                while True:
+                    async with self._sessions() as session, session.begin():
+                        if await events.expire(session, age) == 0:
+                            break
+            except Exception:
+                log.exception("event retention sweep failed; trying again later")
+            await asyncio.sleep(self._settings.cleanup_interval)
 
     def _cancel_lost(self, lost: set[uuid.UUID]) -> None:
         """The heartbeat found these leases gone: their executions must stop at once and write nothing."""

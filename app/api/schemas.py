@@ -57,6 +57,18 @@ class ThreadIn(In):
     messages: list[MessageIn] = Field(default_factory=list, max_length=100)
 
 
+class ThreadPatch(In):
+    tags: list[str] | None = Field(default=None, max_length=100)
+    name: str | None = Field(default=None, max_length=500)
+    env: dict[str, str] = Field(default_factory=dict)
+    secrets: list[str] = Field(default_factory=list)
+    env_delete: list[str] = Field(default_factory=list)
+
+
+class Deleted(BaseModel):
+    deleted: list[uuid.UUID]
+
+
 class ContinueIn(In):
     side: Literal["a", "b"] = "a"
 

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import uuid
+from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Request
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import env, errors, lifecycle, tables, threads
+from app import env, errors, events, lifecycle, tables, threads
 from app.api import schemas
 from app.api.deps import CatalogDep, CurrentUser, SessionDep
 from app.api.routes.messages import enqueue_message
@@ -86,6 +87,7 @@ async def create_thread(
     await env.set_thread(session, request.app.state.fernet, row.id, body.env, set(body.secrets) | declared_secret)
     for message in body.messages:
         await enqueue_message(session, row, message)
+    await events.append_lifecycle(session, row, "thread_created")
     result = await view(session, row, 0)
     await session.commit()
     return result
@@ -131,6 +133,7 @@ async def stop_thread(thread_id: uuid.UUID, session: SessionDep, who: CurrentUse
     """Abort the running step, answer its open tool calls, and park the thread (§11)."""
     thread = await threads.get(session, thread_id, who, lock=True)
     await lifecycle.stop(session, thread)
+    await events.append_lifecycle(session, thread, "thread_updated")
     result = await view(session, thread)
     await session.commit()
     return result
@@ -154,6 +157,7 @@ async def continue_thread(
     if catalog.agent(thread.agent).side(side) is None:
         raise errors.Invalid(f"Agent `{thread.agent}` has no side `{side}` that could act; use side `a`.")
     await lifecycle.resume(session, thread, side)
+    await events.append_lifecycle(session, thread, "thread_updated")
     result = await view(session, thread)
     await session.commit()
     return result
@@ -164,6 +168,41 @@ async def terminate_thread(thread_id: uuid.UUID, session: SessionDep, who: Curre
     """End the thread and its descendants for good; later input gets 409."""
     thread = await threads.get(session, thread_id, who, lock=True)
     await lifecycle.terminate(session, thread)
+    await events.append_lifecycle(session, thread, "thread_updated")
     result = await view(session, thread)
     await session.commit()
     return result
+
+
+@router.patch("/threads/{thread_id}", responses={**ERRORS, 400: {"model": schemas.Error}})
+async def update_thread(
+    thread_id: uuid.UUID, body: schemas.ThreadPatch, request: Request, session: SessionDep, who: CurrentUser
+) -> schemas.Thread:
+    """Change the thread's name, tags or env (secrets stay secret; `env_delete` removes values)."""
+    thread = await threads.get(session, thread_id, who, lock=True)
+    unknown_secrets = sorted(set(body.secrets) - set(body.env))
+    if unknown_secrets:
+        raise errors.Invalid(f"`secrets` names variables not in `env`: {', '.join(unknown_secrets)}")
+    if body.name is not None:
+        thread.name = body.name
+    if body.tags is not None:
+        thread.tags = body.tags
+    if body.env:
+        stored_secret = {n for n, t in (await env.thread_types(session, thread.id)).items() if t == "secret"}
+        await env.set_thread(session, request.app.state.fernet, thread.id, body.env, set(body.secrets) | stored_secret)
+    if body.env_delete:
+        await env.delete_thread(session, thread.id, body.env_delete)
+    thread.updated_at = datetime.now(UTC)
+    await events.append_lifecycle(session, thread, "thread_updated")
+    result = await view(session, thread)
+    await session.commit()
+    return result
+
+
+@router.delete("/threads/{thread_id}", responses=ERRORS)
+async def delete_thread(thread_id: uuid.UUID, session: SessionDep, who: CurrentUser) -> schemas.Deleted:
+    """Delete the thread and all its descendants (children first); running work is abandoned."""
+    thread = await threads.get(session, thread_id, who, lock=True)
+    deleted = await lifecycle.delete(session, thread)
+    await session.commit()
+    return schemas.Deleted(deleted=deleted)
