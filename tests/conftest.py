@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import uuid
 import warnings
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import asyncpg
 import httpx
 import pytest
+import uvicorn
 from fastapi import FastAPI
 from sqlalchemy.engine import make_url
 
@@ -145,3 +147,23 @@ def no_network(monkeypatch: pytest.MonkeyPatch) -> None:
         return await original(self, request)
 
     monkeypatch.setattr(httpx.AsyncHTTPTransport, "handle_async_request", guarded)
+
+
+@pytest.fixture
+async def serve() -> AsyncIterator[Callable[[FastAPI], Awaitable[str]]]:
+    """Serve started apps on real HTTP (ASGITransport buffers whole responses, so SSE needs a server)."""
+    servers: list[tuple[uvicorn.Server, asyncio.Task[None]]] = []
+
+    async def run(app: FastAPI) -> str:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, lifespan="off", log_level="warning"))
+        servers.append((server, asyncio.create_task(server.serve())))
+        await wait_for(lambda: asyncio.sleep(0, server.started))
+        return f"http://127.0.0.1:{port}"
+
+    yield run
+    for server, task in servers:
+        server.should_exit = True
+        await task

@@ -11,14 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
-import uvicorn
 from pydantic import BaseModel
 
 from app.catalog import Catalog
 from app.spec import ThreadState, define_agent, define_model, define_prompt, define_tool
-from tests.conftest import client_for, wait_for
-from tests.test_api import _free_port, read_events
+from tests.conftest import client_for
+from tests.test_api import read_events
 from tests.test_calls import log_rows
 from tests.test_engine import event_types, settle, stored
 
@@ -93,23 +91,6 @@ async def start(app_factory: Any, cat: Catalog, wire: Wire, **settings: Any) -> 
         "/threads", json={"agent": "agent", "env": {"MY_KEY": "sk-thread-secret"}, "secrets": ["MY_KEY"]}
     )
     return app, client, created.json()["id"]
-
-
-@pytest.fixture
-async def serve() -> AsyncIterator[Callable[[Any], Any]]:
-    servers: list[tuple[uvicorn.Server, asyncio.Task[None]]] = []
-
-    async def run(app: Any) -> str:
-        port = _free_port()
-        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, lifespan="off", log_level="warning"))
-        servers.append((server, asyncio.create_task(server.serve())))
-        await wait_for(lambda: asyncio.sleep(0, server.started))
-        return f"http://127.0.0.1:{port}"
-
-    yield run
-    for server, task in servers:
-        server.should_exit = True
-        await task
 
 
 async def test_a_streamed_tool_call_and_reply_over_the_wire(app_factory: Any, serve: Any) -> None:

@@ -1,0 +1,130 @@
+"""The event log's retention (`events_missed`) and the lifecycle stream `GET /events`, over real HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+from sqlalchemy import text
+
+from app import events, keys
+from app.catalog import load as load_catalog
+from tests.conftest import ROOT, client_for
+from tests.test_api import read_events
+from tests.test_engine import settle
+
+WEEK = 7 * 86_400
+
+
+async def _key(app: Any, user: str, admin: bool = False) -> str:
+    async with app.state.sessions() as s, s.begin():
+        _, key = await keys.create(s, user, admin)
+    return key
+
+
+async def test_events_missed_after_retention(app_factory: Any, serve: Any) -> None:
+    app = await app_factory(load_catalog(ROOT / "agents"), with_worker=True)
+    client = client_for(app)
+    tid = (await client.post("/threads", json={"agent": "assistant"})).json()["id"]
+    await client.post(f"/threads/{tid}/messages", json={"content": "what is 2 + 2?"})
+    await settle(client, tid)
+    async with app.state.sessions() as session, session.begin():
+        await session.execute(
+            text("UPDATE events SET created_at = now() - interval '8 days' WHERE thread_id = :id AND seq <= 3"),
+            {"id": uuid.UUID(tid)},
+        )
+        assert await events.expire(session, WEEK) >= 3
+        last = (
+            await session.execute(text("SELECT event_seq FROM threads WHERE id = :id"), {"id": uuid.UUID(tid)})
+        ).scalar_one()
+    base = await serve(app)
+    frames = await read_events(base, f"/threads/{tid}/events", "turn_ended")
+    assert frames[0] == {"event": "events_missed", "data": {"oldest_seq": 4}}
+    assert [int(f["id"]) for f in frames[1:]] == list(range(4, len(frames) + 3))
+    # a resume point past the gap needs no warning
+    resumed = await read_events(base, f"/threads/{tid}/events?since=5", "turn_ended")
+    assert resumed[0]["id"] == "6" and all(f["event"] != "events_missed" for f in resumed)
+    assert int(frames[-1]["id"]) <= last
+
+
+async def test_every_event_expired_still_says_where_the_log_goes_on(app_factory: Any, serve: Any) -> None:
+    app = await app_factory(load_catalog(ROOT / "agents"))
+    client = client_for(app)
+    tid = (await client.post("/threads", json={"agent": "assistant"})).json()["id"]
+    await client.post(f"/threads/{tid}/messages", json={"content": "hello"})  # thread_status: queued (seq 1)
+    async with app.state.sessions() as session, session.begin():
+        await session.execute(text("UPDATE events SET created_at = now() - interval '8 days'"))
+        await events.expire(session, WEEK)
+    base = await serve(app)
+    frames = await read_events(base, f"/threads/{tid}/events", "events_missed")
+    assert frames == [{"event": "events_missed", "data": {"oldest_seq": 2}}]
+
+
+async def test_lifecycle_stream_follows_the_callers_threads(app_factory: Any, serve: Any) -> None:
+    app = await app_factory(load_catalog(ROOT / "agents"))
+    alice, bob, admin = await _key(app, "alice"), await _key(app, "bob"), await _key(app, "root", admin=True)
+    base = await serve(app)
+    headers = {"Authorization": f"Bearer {alice}"}
+    reader = asyncio.create_task(read_events(base, "/events", "thread_deleted", headers=headers))
+    await asyncio.sleep(0.3)
+    async with client_for(app, bob) as b:
+        theirs = (await b.post("/threads", json={"agent": "assistant"})).json()["id"]
+    async with client_for(app, alice) as a:
+        mine = (await a.post("/threads", json={"agent": "assistant"})).json()["id"]
+        patched = await a.patch(f"/threads/{mine}", json={"name": "renamed", "tags": ["x"]})
+        assert patched.status_code == 200 and patched.json()["name"] == "renamed"
+        assert (await a.delete(f"/threads/{mine}")).json() == {"deleted": [mine]}
+        assert (await a.get(f"/threads/{mine}")).status_code == 404
+    frames = await asyncio.wait_for(reader, 10)
+    assert [(f["event"], f["data"]["thread_id"]) for f in frames] == [
+        ("thread_created", mine),
+        ("thread_updated", mine),
+        ("thread_deleted", mine),
+    ]
+    assert frames[1]["data"]["name"] == "renamed"
+    # the admin sees everyone's, and resumes with Last-Event-ID
+    everything = await read_events(base, "/events", "thread_deleted", headers={"Authorization": f"Bearer {admin}"})
+    assert [f["data"]["thread_id"] for f in everything] == [theirs, mine, mine, mine]
+    after_first = await read_events(
+        base,
+        "/events",
+        "thread_deleted",
+        headers={"Authorization": f"Bearer {admin}", "Last-Event-ID": everything[0]["id"]},
+    )
+    assert [f["id"] for f in after_first] == [f["id"] for f in everything[1:]]
+
+
+async def test_patch_and_delete_threads(app_factory: Any) -> None:
+    app = await app_factory(load_catalog(ROOT / "agents"))
+    client = client_for(app)
+    tid = (
+        await client.post("/threads", json={"agent": "assistant", "env": {"TOKEN": "s3"}, "secrets": ["TOKEN"]})
+    ).json()["id"]
+    changed = await client.patch(f"/threads/{tid}", json={"env": {"TOKEN": "s4", "MODE": "fast"}})
+    assert changed.json()["env"] == {"TOKEN": None, "MODE": "fast"}  # a secret stays secret when updated
+    assert changed.json()["env_types"] == {"TOKEN": "secret", "MODE": "text"}
+    dropped = await client.patch(f"/threads/{tid}", json={"env_delete": ["MODE"]})
+    assert dropped.json()["env"] == {"TOKEN": None}
+    bad = await client.patch(f"/threads/{tid}", json={"secrets": ["NOPE"]})
+    assert bad.status_code == 400 and "NOPE" in bad.json()["error"]["message"]
+    assert (await client.patch(f"/threads/{tid}", json={"colour": "red"})).status_code == 422
+
+    child = uuid.uuid4()
+    async with app.state.sessions() as session, session.begin():
+        await session.execute(
+            text(
+                "INSERT INTO threads (id, agent, type, user_id, parent_id, root_id) "
+                "VALUES (:c, 'assistant', 'ai_human', :u, :p, :p)"
+            ),
+            {"c": child, "u": (await client.get(f"/threads/{tid}")).json()["user_id"], "p": uuid.UUID(tid)},
+        )
+    response = await client.delete(f"/threads/{tid}")
+    assert response.json() == {"deleted": [str(child), tid]}  # children first
+    assert (await client.get(f"/threads/{child}")).status_code == 404
+    async with app.state.sessions() as session:
+        left = (
+            await session.execute(text("SELECT count(*) FROM env_values WHERE owner = :o"), {"o": tid})
+        ).scalar_one()
+    assert left == 0
+    assert (await client.delete(f"/threads/{tid}")).status_code == 404
