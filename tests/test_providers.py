@@ -15,7 +15,7 @@ from pydantic import BaseModel
 
 from app.catalog import Catalog
 from app.spec import ThreadState, define_agent, define_model, define_prompt, define_tool
-from tests.conftest import client_for
+from tests.conftest import client_for, wait_for
 from tests.test_api import read_events
 from tests.test_calls import log_rows
 from tests.test_engine import event_types, settle, stored
@@ -286,3 +286,31 @@ async def test_a_groq_refused_tool_call_is_recovered_from_its_failed_generation(
     rows = await stored(client, tid)
     assert [(r["role"], r["content"]) for r in rows][2:] == [("tool", "2"), ("assistant", "Two.")]
     assert len(wire.requests) == 2
+
+
+async def test_a_streaming_message_shows_its_partial_text_to_a_client_that_reconnects(app_factory: Any) -> None:
+    async def slowly() -> AsyncIterator[bytes]:
+        for piece in ("Hel", "lo, ", "wor"):
+            yield f"data: {json.dumps({'choices': [{'index': 0, 'delta': {'content': piece}}]})}\n\n".encode()
+            await asyncio.sleep(0.3)
+        await asyncio.sleep(1.0)
+        yield text_stream("ld")
+
+    wire = Wire(lambda _: httpx.Response(200, content=slowly()))
+    _, client, tid = await start(app_factory, catalog(), wire)
+    await client.post(f"/threads/{tid}/messages", json={"content": "hi"})
+
+    async def partial() -> dict[str, Any] | None:
+        rows = [r for r in await stored(client, tid) if r["role"] == "assistant"]
+        return rows[0] if rows and rows[0]["content"] == "Hello, wor" else None
+
+    pending = await wait_for(partial, timeout=5)
+    assert pending["status"] == "pending"
+    one = (await client.get(f"/threads/{tid}/messages/{pending['id']}")).json()
+    assert (one["content"], one["status"]) == ("Hello, wor", "pending")
+    await settle(client, tid)
+    assert (await stored(client, tid))[-1]["content"] == "Hello, world"
+    partial_events = [
+        d for e, d in await event_types(client, tid) if e == "message_data" and d["data"]["role"] == "assistant"
+    ]
+    assert [d["data"]["status"] for d in partial_events] == ["pending", "completed"]  # flushing emits nothing

@@ -16,7 +16,7 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 
 import httpx
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import events, llm, tables
@@ -38,6 +38,7 @@ from app.spec.definitions import ModelDefinition, PromptDefinition
 
 Transaction = Callable[[], AbstractAsyncContextManager[tuple[AsyncSession, tables.Thread]]]
 
+FLUSH_SECONDS = 0.2  # how often a streaming message's partial text reaches its row (`storage-and-queue.md`)
 DEFAULT_KEY_ENV = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
 
 
@@ -170,7 +171,7 @@ class Caller:
             max_tokens=definition.capabilities.max_output_tokens,
         )
         context = CallContext(str(thread_id), call_index, key)
-        result = await self._stream(thread_id, request, definition, context, message_id, attempt.number)
+        result = await self._stream(tx, thread_id, request, definition, context, message_id, attempt.number)
         result.response = _recovered(result.response, definition, request, f"recovered_{message_id.hex[:12]}")
         if isinstance(result.response, ProviderError):
             result.response.message = scrub(result.response.message, secrets)
@@ -193,6 +194,7 @@ class Caller:
 
     async def _stream(
         self,
+        tx: Transaction,
         thread_id: uuid.UUID,
         request: LLMRequest,
         definition: ModelDefinition,
@@ -204,6 +206,8 @@ class Caller:
         started = time.monotonic()
         ttft: float | None = None
         offsets = {"message_chunk": 0, "reasoning_chunk": 0}
+        text: list[str] = []
+        flushed = time.monotonic()
 
         def result(response: LLMResponse | ProviderError) -> Result:
             return Result(response, definition, (time.monotonic() - started) * 1000, ttft)
@@ -220,9 +224,24 @@ class Caller:
                 data = {"message_id": str(message_id), "depth": 0, "offset": offsets[kind], "chunk": event.text}
                 await self._publisher.publish(thread_id, kind, {**data, "attempt": attempt})
                 offsets[kind] += len(event.text)
+                if kind == "message_chunk":
+                    text.append(event.text)
+                    if time.monotonic() - flushed >= FLUSH_SECONDS:
+                        await _flush(tx, message_id, "".join(text))
+                        flushed = time.monotonic()
         except ProviderError as exc:
             return result(exc)
         return result(ProviderError("the stream ended without a final response", kind="stream", retriable=True))
+
+
+async def _flush(tx: Transaction, message_id: uuid.UUID, partial: str) -> None:
+    """Store the partial text of a streaming message (no event: clients that reconnect read it from the row)."""
+    async with tx() as (session, _):
+        await session.execute(
+            update(tables.Message)
+            .where(tables.Message.id == message_id, tables.Message.status == "pending")
+            .values(content=partial)
+        )
 
 
 def _recovered(
