@@ -78,3 +78,25 @@ async def test_api_and_worker_run_as_separate_processes(server_env: dict[str, st
     finally:
         assert stop(worker) == 0, (tmp_path / "worker.log").read_text()
         assert stop(api) == 0, (tmp_path / "api.log").read_text()
+
+
+async def test_sigterm_closes_open_streams_and_exits_cleanly(server_env: dict[str, str], tmp_path: Path) -> None:
+    port, log = free_port(), tmp_path / "serve.log"
+    proc = start(["serve", "--port", str(port)], server_env, log)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        await until_ready(base, proc, log)
+        async with httpx.AsyncClient(base_url=base) as client:
+            tid = (await client.post("/threads", json={"agent": "assistant"})).json()["id"]
+        follower = asyncio.create_task(read_events(base, f"/threads/{tid}/events", "never"))
+        lifecycle = asyncio.create_task(read_events(base, "/events", "never"))
+        await asyncio.sleep(0.5)
+        assert not follower.done() and not lifecycle.done()
+        proc.terminate()
+        frames = await asyncio.wait_for(follower, 10)  # the stream ended instead of hanging the shutdown
+        assert [f["event"] for f in await asyncio.wait_for(lifecycle, 10)] == ["thread_created"]
+        assert frames == []
+        assert await asyncio.to_thread(proc.wait, 15) == 0
+    finally:
+        if proc.poll() is None:
+            stop(proc)
