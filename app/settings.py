@@ -27,6 +27,7 @@ class Settings(BaseSettings):
     max_session_steps: int = Field(default=250, ge=1)
     db_pool_size: int = Field(default=10, ge=1)
     migrate_on_start: bool = True
+    sse_buffer: int = Field(default=1000, ge=1, description="live events a stream may lag before it is cut off")
     max_body_bytes: int = Field(default=10 * 1024 * 1024, ge=1024, description="largest request body accepted")
     llm_attempts: int = Field(default=2, ge=1, description="attempts per model before its fallbacks")
     llm_first_chunk_timeout: float = Field(default=120.0, gt=0, description="seconds to wait for a first chunk")

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
-from app import events, threads
+from app import events, tables, threads
 from app.api import schemas
 from app.api.deps import CurrentUser, sessions
 from app.events import Live, Overflow, Stored
@@ -18,6 +20,7 @@ from app.events import Live, Overflow, Stored
 router = APIRouter(tags=["events"])
 
 KEEPALIVE_SECONDS = 15
+PAGE = 500  # stored events read per query
 
 
 def _visible(type_: str, data: dict[str, Any], include_silent: bool, depth: int, reasoning: bool) -> bool:
@@ -26,6 +29,11 @@ def _visible(type_: str, data: dict[str, Any], include_silent: bool, depth: int,
     if type_ == "reasoning_chunk" and not reasoning:
         return False
     return not (type_ == "message_data" and data.get("data", {}).get("silent") and not include_silent)
+
+
+async def _backlog(factory: async_sessionmaker[AsyncSession], thread_id: uuid.UUID, after: int) -> list[tables.Event]:
+    async with factory() as session:
+        return await events.read(session, thread_id, after, PAGE)
 
 
 @router.get(
@@ -52,8 +60,9 @@ async def stream(
     async with factory() as session:
         await threads.get(session, thread_id, who)
     after = since or 0
-    if last_event_id is not None and last_event_id.strip().isdigit() and len(last_event_id.strip()) < 19:
-        after = int(last_event_id.strip())
+    resume = (last_event_id or "").strip()
+    if resume.isascii() and resume.isdigit() and len(resume) < 19:  # anything else (even "²") is not a seq
+        after = int(resume)
     hub: events.Hub = request.app.state.hub
 
     async def generate() -> AsyncIterator[ServerSentEvent]:
@@ -61,14 +70,14 @@ async def stream(
         sub = hub.subscribe(thread_id)  # subscribe first, then read the backlog: nothing falls between
         try:
             while True:
-                async with factory() as session:
-                    backlog = await events.read(session, thread_id, after)
+                # shielded: a client hanging up mid-query must not cost the pool its connection
+                backlog = await asyncio.shield(_backlog(factory, thread_id, after))
                 for row in backlog:
                     after = row.seq
                     if _visible(row.type, row.data, include_silent, depth, reasoning):
                         yield ServerSentEvent(id=str(row.seq), event=row.type, data=json.dumps(row.data))
-                if backlog:
-                    continue
+                if len(backlog) == PAGE:
+                    continue  # a full page: more may be stored; otherwise later events are all notified
                 item = await sub.get()
                 while isinstance(item, Live) or (isinstance(item, Stored) and item.seq <= after):
                     if isinstance(item, Live) and _visible(item.type, item.data, include_silent, depth, reasoning):
