@@ -36,7 +36,7 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         engine: AsyncEngine = db.create_engine(url, settings.db_pool_size)
         sessions = db.sessionmaker(engine)
-        hub = events.Hub(plain_url(url))
+        hub = events.Hub(plain_url(url), settings.sse_buffer)
         await hub.start()
         publisher = events.Publisher(plain_url(url))
         fernet = crypto.server_key(settings)

@@ -6,6 +6,7 @@ the stream subscribes first, then reads the backlog, and drops notifications it 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -23,6 +24,7 @@ from app.events import Live, Overflow, Stored
 router = APIRouter(tags=["events"])
 
 KEEPALIVE_SECONDS = 15
+PAGE = 500  # stored events read per query
 RESPONSES: dict[int | str, dict[str, Any]] = {
     200: {"content": {"text/event-stream": {}}},
     401: {"model": schemas.Error},
@@ -36,7 +38,7 @@ class Row(Protocol):
     data: dict[str, Any]
 
 
-Reader = Callable[[AsyncSession, int], Awaitable[Sequence[Row]]]
+Reader = Callable[[AsyncSession, int, int], Awaitable[Sequence[Row]]]
 Missed = Callable[[AsyncSession, int], Awaitable[int | None]]
 Visible = Callable[[str, dict[str, Any]], bool]
 
@@ -55,7 +57,7 @@ def _visible(include_silent: bool, depth: int, reasoning: bool) -> Visible:
 def _start(since: int | None, last_event_id: str | None) -> int:
     """Where to resume: `Last-Event-ID` (a seq) wins over `since`; anything else starts at the beginning."""
     value = (last_event_id or "").strip()
-    if value.isdigit() and len(value) < 19:
+    if value.isascii() and value.isdigit() and len(value) < 19:  # anything else (even "²") is not a seq
         return int(value)
     return since or 0
 
@@ -71,6 +73,10 @@ def _response(
     factory: async_sessionmaker[AsyncSession] = sessions(request)
     hub: events.Hub = request.app.state.hub
 
+    async def backlog(position: int) -> Sequence[Row]:
+        async with factory() as session:
+            return await read(session, position, PAGE)
+
     async def generate() -> AsyncIterator[ServerSentEvent]:
         position = after
         sub = hub.subscribe(key)  # subscribe first, then read the backlog: nothing falls between
@@ -80,14 +86,14 @@ def _response(
             if oldest is not None:  # retention removed part of what was asked for: say so, then go on
                 yield ServerSentEvent(event="events_missed", data=json.dumps({"oldest_seq": oldest}))
             while True:
-                async with factory() as session:
-                    backlog = await read(session, position)
-                for row in backlog:
+                # shielded: a client hanging up mid-query must not cost the pool its connection
+                rows = await asyncio.shield(backlog(position))
+                for row in rows:
                     position = row.seq
                     if visible(row.type, row.data):
                         yield ServerSentEvent(id=str(row.seq), event=row.type, data=json.dumps(row.data))
-                if backlog:
-                    continue
+                if len(rows) == PAGE:
+                    continue  # a full page: more may be stored; anything later is notified
                 item = await sub.get()
                 while isinstance(item, Live) or (isinstance(item, Stored) and item.seq <= position):
                     if isinstance(item, Live) and visible(item.type, item.data):
@@ -116,8 +122,8 @@ async def stream(
     async with sessions(request)() as session:
         await threads.get(session, thread_id, who)
 
-    async def read(session: AsyncSession, after: int) -> Sequence[Row]:
-        return await events.read(session, thread_id, after)
+    async def read(session: AsyncSession, after: int, limit: int) -> Sequence[Row]:
+        return await events.read(session, thread_id, after, limit)
 
     async def missed(session: AsyncSession, after: int) -> int | None:
         return await events.missed(session, thread_id, after)
@@ -136,8 +142,8 @@ async def lifecycle(
     """`thread_created`, `thread_updated`, `thread_deleted` for the caller's threads (every thread for an admin)."""
     user = None if who.admin else who.user_id
 
-    async def read(session: AsyncSession, after: int) -> Sequence[Row]:
-        return await events.read_lifecycle(session, user, after)
+    async def read(session: AsyncSession, after: int, limit: int) -> Sequence[Row]:
+        return await events.read_lifecycle(session, user, after, limit)
 
     return _response(
         request, events.LIFECYCLE, _start(since, last_event_id), read, events.missed_lifecycle, lambda *_: True
