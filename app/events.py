@@ -1,31 +1,23 @@
-"""The per-thread event log, and live fan-out over LISTEN/NOTIFY to SSE subscribers.
+"""The per-thread event log and the lifecycle log (live fan-out to subscribers is `app.hub`).
 
 An event is written in the transaction of the change it reports; its `seq` comes from
 `threads.event_seq` under the thread row lock, so seq order is commit order. The NOTIFY issued in the same
 transaction is delivered at commit. Streaming deltas (`message_chunk`) are never stored: they travel as NOTIFY
-payloads only.
+payloads only (`hub.Publisher`).
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
-import logging
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
-import asyncpg
 from sqlalchemy import func, select, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import tables
 
-log = logging.getLogger(__name__)
-
 CHANNEL = "agents_events"
-PIECE = 1000  # characters per NOTIFY: even fully escaped, a piece stays under the 8000-byte limit
 
 
 async def append(session: AsyncSession, thread_id: uuid.UUID, type_: str, data: Mapping[str, Any]) -> int:
@@ -140,128 +132,3 @@ async def expire(session: AsyncSession, age_seconds: float, batch: int = 10_000)
         result = await session.execute(statement, {"age": age_seconds, "batch": batch})
         gone += int(result.rowcount)  # type: ignore[attr-defined]
     return gone
-
-
-@dataclass(frozen=True)
-class Stored:
-    """A stored event committed: read it from the log."""
-
-    seq: int
-
-
-@dataclass(frozen=True)
-class Live:
-    """A live-only event (a streamed delta) with its payload."""
-
-    type: str
-    data: dict[str, Any]
-
-
-class Overflow(Exception):
-    """The subscriber fell behind and was cut off; it resumes with `Last-Event-ID`."""
-
-
-class Subscription:
-    """One SSE client's bounded buffer of notifications."""
-
-    def __init__(self, thread_id: uuid.UUID, size: int) -> None:
-        self.thread_id = thread_id
-        self.queue: asyncio.Queue[Stored | Live] = asyncio.Queue(maxsize=size)
-        self.overflowed = False
-
-    def push(self, item: Stored | Live) -> None:
-        try:
-            self.queue.put_nowait(item)
-        except asyncio.QueueFull:
-            self.overflowed = True
-
-    async def get(self) -> Stored | Live:
-        """The next notification; `Overflow` once the buffer ran over."""
-        if self.overflowed:
-            raise Overflow()
-        item = await self.queue.get()
-        if self.overflowed:
-            raise Overflow()
-        return item
-
-
-class Hub:
-    """Holds one LISTEN connection per process and dispatches notifications to subscribers in memory."""
-
-    def __init__(self, dsn: str, buffer: int = 1000) -> None:
-        self._dsn = dsn
-        self._buffer = buffer
-        self._conn: asyncpg.Connection | None = None
-        self._subs: dict[uuid.UUID, set[Subscription]] = {}
-
-    async def start(self) -> None:
-        self._conn = await asyncpg.connect(self._dsn)
-        await self._conn.add_listener(CHANNEL, self._on_notify)
-
-    async def stop(self) -> None:
-        if self._conn is not None:
-            await self._conn.close()
-            self._conn = None
-
-    def subscribe(self, thread_id: uuid.UUID) -> Subscription:
-        sub = Subscription(thread_id, self._buffer)
-        self._subs.setdefault(thread_id, set()).add(sub)
-        return sub
-
-    def unsubscribe(self, sub: Subscription) -> None:
-        subs = self._subs.get(sub.thread_id)
-        if subs is not None:
-            subs.discard(sub)
-            if not subs:
-                del self._subs[sub.thread_id]
-
-    @property
-    def subscribers(self) -> int:
-        return sum(len(s) for s in self._subs.values())
-
-    def _on_notify(self, _conn: object, _pid: int, _channel: str, payload: object) -> None:
-        assert isinstance(payload, str)
-        try:
-            if payload.startswith("{"):
-                body = json.loads(payload)
-                thread_id = uuid.UUID(body["thread_id"])
-                item: Stored | Live = Live(body["type"], body["data"])
-            else:
-                tid, seq = payload.split(":")
-                thread_id, item = uuid.UUID(tid), Stored(int(seq))
-        except (ValueError, KeyError):
-            log.warning("ignoring malformed event notification %r", payload[:100])
-            return
-        for sub in list(self._subs.get(thread_id, ())):
-            sub.push(item)
-
-
-class Publisher:
-    """Sends live-only events (streamed deltas) on its own connection, outside any transaction."""
-
-    def __init__(self, dsn: str) -> None:
-        self._dsn = dsn
-        self._conn: asyncpg.Connection | None = None
-        self._lock = asyncio.Lock()
-
-    async def publish(self, thread_id: uuid.UUID, type_: str, data: dict[str, Any]) -> None:
-        """Send a live event; text longer than a NOTIFY allows is split into consecutive chunks."""
-        chunk = str(data.get("chunk", ""))
-        offset = int(data.get("offset", 0))
-        pieces = [chunk[i : i + PIECE] for i in range(0, len(chunk), PIECE)] or [chunk]
-        async with self._lock:
-            if self._conn is None or self._conn.is_closed():
-                self._conn = await asyncpg.connect(self._dsn)
-            for piece in pieces:
-                body = {
-                    "thread_id": str(thread_id),
-                    "type": type_,
-                    "data": {**data, "chunk": piece, "offset": offset},
-                }
-                await self._conn.execute("SELECT pg_notify($1, $2)", CHANNEL, json.dumps(body))
-                offset += len(piece)
-
-    async def close(self) -> None:
-        if self._conn is not None:
-            await self._conn.close()
-            self._conn = None

@@ -5,18 +5,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 
 import httpx
-from fastapi import FastAPI, Request, Response
+from fastapi import FastAPI
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app import crypto, db, events, keys
+from app import crypto, db, keys
 from app.api import errors
+from app.api.guard import Guard
 from app.api.routes import agents, health, logs, messages, threads
 from app.api.routes import events as event_routes
 from app.catalog import Catalog
 from app.engine.run import Engine, llm_http
+from app.hub import Hub, Publisher
 from app.settings import Settings, plain_url
 from app.worker import Worker
 
@@ -36,9 +38,9 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         engine: AsyncEngine = db.create_engine(url, settings.db_pool_size)
         sessions = db.sessionmaker(engine)
-        hub = events.Hub(plain_url(url), settings.sse_buffer)
+        hub = Hub(plain_url(url), settings.sse_buffer, sessions)
         await hub.start()
-        publisher = events.Publisher(plain_url(url))
+        publisher = Publisher(plain_url(url))
         fernet = crypto.server_key(settings)
         async with sessions() as session:
             app.state.open_mode = settings.loopback and await keys.active_count(session) == 0
@@ -76,24 +78,7 @@ def create_app(
     app.state.open_mode = False
     errors.install(app)
 
-    @app.middleware("http")
-    async def guard(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-        """Refuse what no route can take before it is read: NUL in the URL, oversized or non-JSON bodies."""
-        if "%00" in request.url.query or "%00" in request.url.path or "\x00" in request.url.path:
-            return errors.envelope(400, "invalid_request", "NUL characters are not allowed in URLs.")
-        length = request.headers.get("content-length", "0")
-        if length.isdigit() and int(length) > settings.max_body_bytes:
-            return errors.envelope(413, "too_large", f"The body exceeds the limit of {settings.max_body_bytes} bytes.")
-        has_body = length != "0" or "transfer-encoding" in request.headers
-        if request.method in ("POST", "PUT", "PATCH") and has_body:
-            media = request.headers.get("content-type", "").split(";")[0].strip().lower()
-            if media != "application/json" and not media.endswith("+json"):
-                return errors.envelope(
-                    415,
-                    "unsupported_media_type",
-                    f"Send a JSON body with `Content-Type: application/json` (got `{media or 'none'}`).",
-                )
-        return await call_next(request)
+    app.add_middleware(Guard, max_body_bytes=settings.max_body_bytes)
 
     for router in (health.router, agents.router, threads.router, messages.router, logs.router, event_routes.router):
         app.include_router(router)

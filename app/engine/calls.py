@@ -22,7 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from app import events, llm, tables
 from app.catalog import Catalog
 from app.engine.context import Env, MissingVariable
-from app.events import Publisher
+from app.hub import Publisher
 from app.llm import recovery, retry
 from app.llm.base import (
     CallContext,

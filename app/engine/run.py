@@ -24,7 +24,7 @@ from app import errors, events, messages, queue, tables, threads
 from app.catalog import Catalog
 from app.engine import calls, context, hooks, stops, tools
 from app.engine.state import RunState, deliver_tool
-from app.events import Publisher
+from app.hub import Publisher
 from app.llm import retry
 from app.llm.base import (
     LLMResponse,

@@ -15,11 +15,12 @@ from typing import Annotated, Any, Protocol
 from fastapi import APIRouter, Header, Query, Request
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from sse_starlette import EventSourceResponse, ServerSentEvent
+from starlette.types import Message, Receive, Scope, Send
 
 from app import events, threads
 from app.api import schemas
 from app.api.deps import CurrentUser, sessions
-from app.events import Live, Overflow, Stored
+from app.hub import Hub, Live, Overflow, Subscription
 
 router = APIRouter(tags=["events"])
 
@@ -62,6 +63,52 @@ def _start(since: int | None, last_event_id: str | None) -> int:
     return since or 0
 
 
+class _EventStream(EventSourceResponse):
+    """An `EventSourceResponse` that always ends its HTTP message: at shutdown sse-starlette cancels the stream
+    without a last body message, and the client would see a broken chunked response instead of a clean end."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        ended = False
+
+        async def tracked(message: Message) -> None:
+            nonlocal ended
+            ended = ended or (message["type"] == "http.response.body" and not message.get("more_body", False))
+            await send(message)
+
+        await super().__call__(scope, receive, tracked)
+        if not ended:
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+def _frame(seq: int | None, type_: str, text: str) -> bytes:
+    return ServerSentEvent(id=None if seq is None else str(seq), event=type_, data=text).encode()
+
+
+def _take(
+    sub: Subscription, position: int, contiguous: bool, owner: str | None, visible: Visible
+) -> tuple[list[bytes], int, bool]:
+    """The frames of what `sub` has buffered after `position`, the new position, and whether the hub kept up:
+    False when an announced event must be read from the log (the hub could not read it, or a seq was skipped)."""
+    frames: list[bytes] = []
+    while sub.items:
+        item = sub.items.popleft()
+        if isinstance(item, Live):
+            if visible(item.type, item.data):
+                item.frame = item.frame or _frame(None, item.type, item.text)
+                frames.append(item.frame)
+            continue
+        if item.seq <= position:
+            continue  # already sent
+        entry = item.entry
+        if entry is None or (contiguous and item.seq != position + 1):
+            return frames, position, False
+        position = entry.seq
+        if (owner is None or entry.owner == owner) and visible(entry.type, entry.data):
+            entry.frame = entry.frame or _frame(entry.seq, entry.type, entry.text)
+            frames.append(entry.frame)
+    return frames, position, True
+
+
 def _response(
     request: Request,
     key: uuid.UUID,
@@ -69,15 +116,18 @@ def _response(
     read: Reader,
     missed: Missed,
     visible: Visible,
+    owner: str | None = None,
 ) -> EventSourceResponse:
+    """Replay the log after `after`, then follow the hub; `owner` keeps only that user's entries (lifecycle)."""
     factory: async_sessionmaker[AsyncSession] = sessions(request)
-    hub: events.Hub = request.app.state.hub
+    hub: Hub = request.app.state.hub
+    contiguous = key != events.LIFECYCLE  # a thread's seqs have no holes: a hole means "read the log"
 
     async def backlog(position: int) -> Sequence[Row]:
         async with factory() as session:
             return await read(session, position, PAGE)
 
-    async def generate() -> AsyncIterator[ServerSentEvent]:
+    async def generate() -> AsyncIterator[ServerSentEvent | bytes]:
         position = after
         sub = hub.subscribe(key)  # subscribe first, then read the backlog: nothing falls between
         try:
@@ -88,23 +138,26 @@ def _response(
             while True:
                 # shielded: a client hanging up mid-query must not cost the pool its connection
                 rows = await asyncio.shield(backlog(position))
-                for row in rows:
-                    position = row.seq
-                    if visible(row.type, row.data):
-                        yield ServerSentEvent(id=str(row.seq), event=row.type, data=json.dumps(row.data))
+                if rows:
+                    position = rows[-1].seq
+                    replay = [_frame(r.seq, r.type, json.dumps(r.data)) for r in rows if visible(r.type, r.data)]
+                    if replay:
+                        yield b"".join(replay)
                 if len(rows) == PAGE:
                     continue  # a full page: more may be stored; anything later is notified
-                item = await sub.get()
-                while isinstance(item, Live) or (isinstance(item, Stored) and item.seq <= position):
-                    if isinstance(item, Live) and visible(item.type, item.data):
-                        yield ServerSentEvent(event=item.type, data=json.dumps(item.data))
-                    item = await sub.get()
+                while True:  # follow the hub, sending what is buffered in one write, until only the log can help
+                    await sub.wait()
+                    frames, position, caught_up = _take(sub, position, contiguous, owner, visible)
+                    if frames:
+                        yield b"".join(frames)
+                    if not caught_up:
+                        break
         except Overflow:
             return  # the client resumes with Last-Event-ID
         finally:
             hub.unsubscribe(sub)
 
-    return EventSourceResponse(generate(), ping=KEEPALIVE_SECONDS, headers={"X-Accel-Buffering": "no"})
+    return _EventStream(generate(), ping=KEEPALIVE_SECONDS, headers={"X-Accel-Buffering": "no"})
 
 
 @router.get("/threads/{thread_id}/events", response_class=EventSourceResponse, responses=RESPONSES)
@@ -146,5 +199,5 @@ async def lifecycle(
         return await events.read_lifecycle(session, user, after, limit)
 
     return _response(
-        request, events.LIFECYCLE, _start(since, last_event_id), read, events.missed_lifecycle, lambda *_: True
+        request, events.LIFECYCLE, _start(since, last_event_id), read, events.missed_lifecycle, lambda *_: True, user
     )

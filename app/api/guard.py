@@ -1,0 +1,43 @@
+"""Refuse what no route can take before it is read: NUL in the URL, oversized or non-JSON bodies.
+
+A plain ASGI middleware (not `BaseHTTPMiddleware`, which would pipe every streamed event through a memory stream).
+"""
+
+from __future__ import annotations
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from app.api import errors
+
+
+class Guard:
+    def __init__(self, app: ASGIApp, max_body_bytes: int) -> None:
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            refusal = self.refusal(scope)
+            if refusal is not None:
+                await refusal(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+    def refusal(self, scope: Scope) -> ASGIApp | None:
+        raw_path: bytes = scope.get("raw_path") or scope["path"].encode()
+        if b"%00" in scope.get("query_string", b"") or b"%00" in raw_path or "\x00" in scope["path"]:
+            return errors.envelope(400, "invalid_request", "NUL characters are not allowed in URLs.")
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        length = headers.get("content-length", "0")
+        if length.isdigit() and int(length) > self.max_body_bytes:
+            return errors.envelope(413, "too_large", f"The body exceeds the limit of {self.max_body_bytes} bytes.")
+        has_body = length != "0" or "transfer-encoding" in headers
+        if scope["method"] in ("POST", "PUT", "PATCH") and has_body:
+            media = headers.get("content-type", "").split(";")[0].strip().lower()
+            if media != "application/json" and not media.endswith("+json"):
+                return errors.envelope(
+                    415,
+                    "unsupported_media_type",
+                    f"Send a JSON body with `Content-Type: application/json` (got `{media or 'none'}`).",
+                )
+        return None

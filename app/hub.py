@@ -1,0 +1,265 @@
+"""Live fan-out: one LISTEN connection per process, notifications dispatched to SSE subscribers in memory.
+
+A committed event is announced as `thread_id:seq`. For a thread (or the lifecycle stream) that has subscribers in
+this process, the hub reads the new events **once** and hands the same `Entry` (payload serialised once) to every
+subscriber, so a thousand streams on one thread cost one query per event, not a thousand. Streamed deltas
+(`message_chunk`) arrive as JSON payloads; a delta that arrives while the events before it are still being read
+waits for them, so a subscriber never sees a message's text before the message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import uuid
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import asyncpg
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from app import events
+
+log = logging.getLogger(__name__)
+
+CHANNEL = events.CHANNEL
+PIECE = 1000  # characters per NOTIFY: even fully escaped, a piece stays under the 8000-byte limit
+PAGE = 500  # events read per query
+
+
+class Row(Protocol):
+    """A stored event as read from `events` or `lifecycle_events`."""
+
+    seq: int
+    type: str
+    data: dict[str, Any]
+
+
+@dataclass
+class Entry:
+    """A stored event, serialised once for every subscriber; `owner` is the thread's user (lifecycle events).
+
+    `frame` caches the event as the stream sends it (set by the first subscriber that sends it).
+    """
+
+    seq: int
+    type: str
+    data: dict[str, Any]
+    text: str
+    owner: str | None = None
+    frame: bytes | None = field(default=None, compare=False)
+
+    @classmethod
+    def of(cls, row: Row) -> Entry:
+        return cls(row.seq, row.type, row.data, json.dumps(row.data), getattr(row, "user_id", None))
+
+
+@dataclass(frozen=True)
+class Stored:
+    """A stored event committed; `entry` is the event itself, or None: read it from the log."""
+
+    seq: int
+    entry: Entry | None = None
+
+
+@dataclass
+class Live:
+    """A live-only event (a streamed delta) with its payload; `frame` as for `Entry`."""
+
+    type: str
+    data: dict[str, Any]
+    text: str
+    frame: bytes | None = field(default=None, compare=False)
+
+
+class Overflow(Exception):
+    """The subscriber fell behind and was cut off; it resumes with `Last-Event-ID`."""
+
+
+class Subscription:
+    """One SSE client's bounded buffer of notifications; the stream takes what is buffered in one go."""
+
+    def __init__(self, key: uuid.UUID, size: int) -> None:
+        self.key = key
+        self.items: deque[Stored | Live] = deque()
+        self.size = size
+        self.overflowed = False
+        self._ready = asyncio.Event()
+
+    def push(self, item: Stored | Live) -> None:
+        if len(self.items) >= self.size:
+            self.overflowed = True
+        else:
+            self.items.append(item)
+        self._ready.set()
+
+    async def wait(self) -> None:
+        """Until something is buffered; `Overflow` once the buffer ran over."""
+        while not self.items and not self.overflowed:
+            self._ready.clear()
+            await self._ready.wait()
+        if self.overflowed:
+            raise Overflow()
+
+
+async def _read(session: AsyncSession, key: uuid.UUID, after: int, limit: int) -> Sequence[Row]:
+    if key == events.LIFECYCLE:
+        return await events.read_lifecycle(session, None, after, limit)
+    return await events.read(session, key, after, limit)
+
+
+@dataclass
+class _Tail:
+    """What the hub has read of one key's log, what was announced, and deltas held behind pending reads."""
+
+    fetched: int
+    wanted: int
+    held: deque[tuple[int, Live]] = field(default_factory=deque)
+    task: asyncio.Task[None] | None = None
+
+
+class Hub:
+    """Holds one LISTEN connection per process and dispatches notifications to subscribers in memory."""
+
+    def __init__(self, dsn: str, buffer: int = 1000, sessions: async_sessionmaker[AsyncSession] | None = None) -> None:
+        self._dsn = dsn
+        self._buffer = buffer
+        self._sessions = sessions  # None: subscribers read each announced event themselves
+        self._conn: asyncpg.Connection | None = None
+        self._subs: dict[uuid.UUID, set[Subscription]] = {}
+        self._tails: dict[uuid.UUID, _Tail] = {}
+
+    async def start(self) -> None:
+        self._conn = await asyncpg.connect(self._dsn)
+        await self._conn.add_listener(CHANNEL, self._on_notify)
+
+    async def stop(self) -> None:
+        for tail in self._tails.values():
+            if tail.task is not None:
+                tail.task.cancel()
+        self._tails.clear()
+        if self._conn is not None:
+            await self._conn.close()
+            self._conn = None
+
+    def subscribe(self, key: uuid.UUID) -> Subscription:
+        sub = Subscription(key, self._buffer)
+        self._subs.setdefault(key, set()).add(sub)
+        return sub
+
+    def unsubscribe(self, sub: Subscription) -> None:
+        subs = self._subs.get(sub.key)
+        if subs is not None:
+            subs.discard(sub)
+            if not subs:
+                del self._subs[sub.key]
+                tail = self._tails.pop(sub.key, None)
+                if tail is not None and tail.task is not None:
+                    tail.task.cancel()
+
+    @property
+    def subscribers(self) -> int:
+        return sum(len(s) for s in self._subs.values())
+
+    def _push(self, key: uuid.UUID, item: Stored | Live) -> None:
+        for sub in list(self._subs.get(key, ())):
+            sub.push(item)
+
+    def _on_notify(self, _conn: object, _pid: int, _channel: str, payload: object) -> None:
+        assert isinstance(payload, str)
+        try:
+            if payload.startswith("{"):
+                body = json.loads(payload)
+                key = uuid.UUID(body["thread_id"])
+                data = body["data"]
+                self._live(key, Live(body["type"], data, json.dumps(data)))
+            else:
+                tid, seq = payload.split(":")
+                self._stored(uuid.UUID(tid), int(seq))
+        except (ValueError, KeyError, TypeError):
+            log.warning("ignoring malformed event notification %r", payload[:100])
+
+    def _live(self, key: uuid.UUID, item: Live) -> None:
+        if key not in self._subs:
+            return
+        tail = self._tails.get(key)
+        if tail is not None and tail.fetched < tail.wanted:
+            tail.held.append((tail.wanted, item))  # after the events announced before it
+        else:
+            self._push(key, item)
+
+    def _stored(self, key: uuid.UUID, seq: int) -> None:
+        if key not in self._subs:
+            return
+        if self._sessions is None:
+            self._push(key, Stored(seq))
+            return
+        tail = self._tails.get(key)
+        if tail is None:
+            tail = self._tails[key] = _Tail(fetched=seq - 1, wanted=seq)
+        elif seq <= tail.fetched:
+            return  # already read ahead
+        tail.wanted = max(tail.wanted, seq)
+        if tail.task is None or tail.task.done():
+            tail.task = asyncio.create_task(self._drain(key, tail))
+
+    async def _fetch(self, key: uuid.UUID, after: int) -> Sequence[Row]:
+        assert self._sessions is not None
+        async with self._sessions() as session:
+            return await _read(session, key, after, PAGE)
+
+    async def _drain(self, key: uuid.UUID, tail: _Tail) -> None:
+        """Read what was announced, once, and hand it to every subscriber of `key` in seq order."""
+        while tail.fetched < tail.wanted and self._tails.get(key) is tail:
+            rows: Sequence[Row] = ()
+            try:  # shielded: a cancelled drain must not cost the pool its connection
+                rows = await asyncio.shield(self._fetch(key, tail.fetched))
+            except Exception:  # the database is unreachable: the subscribers read the log themselves, or fail
+                log.exception("reading announced events of %s failed", key)
+            if self._tails.get(key) is not tail:
+                return
+            if rows:
+                for row in rows:
+                    self._push(key, Stored(row.seq, Entry.of(row)))
+                tail.fetched = max(tail.fetched, rows[-1].seq)
+            else:  # gone (retention, deletion) or unreadable: the subscribers ask the log
+                self._push(key, Stored(tail.wanted))
+                tail.fetched = tail.wanted
+            while tail.held and tail.held[0][0] <= tail.fetched:
+                self._push(key, tail.held.popleft()[1])
+        while tail.held:
+            self._push(key, tail.held.popleft()[1])
+
+
+class Publisher:
+    """Sends live-only events (streamed deltas) on its own connection, outside any transaction."""
+
+    def __init__(self, dsn: str) -> None:
+        self._dsn = dsn
+        self._conn: asyncpg.Connection | None = None
+        self._lock = asyncio.Lock()
+
+    async def publish(self, thread_id: uuid.UUID, type_: str, data: dict[str, Any]) -> None:
+        """Send a live event; text longer than a NOTIFY allows is split into consecutive chunks."""
+        chunk = str(data.get("chunk", ""))
+        offset = int(data.get("offset", 0))
+        pieces = [chunk[i : i + PIECE] for i in range(0, len(chunk), PIECE)] or [chunk]
+        async with self._lock:
+            if self._conn is None or self._conn.is_closed():
+                self._conn = await asyncpg.connect(self._dsn)
+            for piece in pieces:
+                body = {
+                    "thread_id": str(thread_id),
+                    "type": type_,
+                    "data": {**data, "chunk": piece, "offset": offset},
+                }
+                await self._conn.execute("SELECT pg_notify($1, $2)", CHANNEL, json.dumps(body))
+                offset += len(piece)
+
+    async def close(self) -> None:
+        if self._conn is not None:
+            await self._conn.close()
+            self._conn = None

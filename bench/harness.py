@@ -1,0 +1,252 @@
+"""Shared parts of the benchmarks: a fresh database, the server as real processes, a light SSE client, the setup.
+
+Every benchmark prints its setup (commit, cores, Postgres, settings) and its numbers (`design/targets.md`).
+Postgres: `DATABASE_URL`'s server when set (a fresh database per run), otherwise an embedded one in a temp folder.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import platform
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import asyncpg
+import httpx
+from sqlalchemy.engine import make_url
+
+from app import db
+from app.settings import Settings, normalise_url, plain_url
+
+ROOT = Path(__file__).resolve().parent.parent
+AGENTS = ROOT / "bench" / "agents"
+
+
+def percentile(values: list[float], p: float) -> float:
+    """The p-th percentile (nearest rank) of `values`."""
+    ordered = sorted(values)
+    rank = max(0, min(len(ordered) - 1, round(p / 100 * len(ordered) + 0.5) - 1))
+    return ordered[rank]
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def postgres_server() -> Iterator[str]:
+    """The URL of a Postgres server: `DATABASE_URL`'s, or an embedded one started for the block."""
+    url = os.environ.get("DATABASE_URL")
+    if url:
+        yield normalise_url(url)
+        return
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-pg-") as tmp,
+        db.embedded_postgres(Settings(data_dir=Path(tmp))) as u,
+    ):
+        yield u
+
+
+@contextlib.asynccontextmanager
+async def database(server_url: str) -> AsyncIterator[str]:
+    """A fresh, migrated database on `server_url`, dropped afterwards."""
+    name = f"agents_bench_{uuid.uuid4().hex[:10]}"
+    admin = await asyncpg.connect(plain_url(server_url))
+    await admin.execute(f'CREATE DATABASE "{name}"')
+    url = make_url(server_url).set(database=name).render_as_string(hide_password=False)
+    engine = db.create_engine(url, 1)
+    await db.migrate(engine)
+    await engine.dispose()
+    try:
+        yield url
+    finally:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await admin.close()
+
+
+async def postgres_version(url: str) -> str:
+    conn = await asyncpg.connect(plain_url(url))
+    try:
+        return str(await conn.fetchval("SHOW server_version"))
+    finally:
+        await conn.close()
+
+
+def setup(name: str, settings: dict[str, Any], pg_version: str) -> None:
+    """Print what a reader needs to compare figures: commit, machine, Postgres, the benchmark's settings."""
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=False
+    ).stdout.strip()
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True, text=True, check=False
+    ).stdout.strip()
+    print(f"# {name}")
+    print(f"commit     {commit or '?'}{' (modified)' if dirty else ''}")
+    print(f"machine    {os.cpu_count()} cores, {platform.machine()}, Python {platform.python_version()}")
+    print(f"postgres   {pg_version} ({'DATABASE_URL' if os.environ.get('DATABASE_URL') else 'embedded'})")
+    for key, value in settings.items():
+        print(f"{key:<10} {value}")
+    sys.stdout.flush()
+
+
+@dataclass
+class Process:
+    """An `agents` command running as a real process; its output goes to a log file."""
+
+    args: list[str]
+    env: dict[str, str]
+    log: Path
+    proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with self.log.open("wb") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "app", "--agents-dir", str(AGENTS), *self.args],
+                cwd=ROOT,
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@contextlib.asynccontextmanager
+async def servers(url: str, commands: list[list[str]], extra_env: dict[str, str] | None = None) -> AsyncIterator[str]:
+    """Start `agents <command>` processes on database `url` (the first one serves HTTP); yield the base URL."""
+    port = free_port()
+    env = {**os.environ, "DATABASE_URL": url, "PORT": str(port), **(extra_env or {})}
+    logs = Path(tempfile.mkdtemp(prefix="bench-logs-"))
+    procs = [Process(cmd, env, logs / f"{i}-{cmd[0]}.log") for i, cmd in enumerate(commands)]
+    for p in procs:
+        p.start()
+    base = f"http://127.0.0.1:{port}"
+    try:
+        await _until_ready(base, procs)
+        yield base
+    finally:
+        for p in procs:
+            p.stop()
+    shutil.rmtree(logs)  # kept when something failed, for the post-mortem
+
+
+async def _until_ready(base: str, procs: list[Process], timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    async with httpx.AsyncClient(base_url=base) as client:
+        while time.monotonic() < deadline:
+            for p in procs:
+                if p.proc is not None and p.proc.poll() is not None:
+                    raise SystemExit(f"`agents {' '.join(p.args)}` exited early:\n{p.log.read_text()}")
+            with contextlib.suppress(httpx.TransportError):
+                if (await client.get("/ready")).status_code == 200:
+                    return
+            await asyncio.sleep(0.1)
+    raise SystemExit(f"server not ready in {timeout} s")
+
+
+@dataclass
+class Received:
+    seq: int | None
+    type: str
+    data: dict[str, Any]
+    at: float  # time.time() when the event's last line was read
+
+
+@dataclass
+class Stream:
+    """One SSE connection over a bare socket (HTTP/1.0, so the body is raw lines): cheap enough for 1,000 at once."""
+
+    base: str
+    path: str
+    events: list[Received] = field(default_factory=list)
+    connected: asyncio.Event = field(default_factory=asyncio.Event)
+    waiters: list[tuple[str, asyncio.Future[Received]]] = field(default_factory=list)
+    closed_by_server: bool = False
+
+    def wait_for(self, type_: str) -> asyncio.Future[Received]:
+        """A future for the next event of `type_` read after this call."""
+        future: asyncio.Future[Received] = asyncio.get_running_loop().create_future()
+        self.waiters.append((type_, future))
+        return future
+
+    async def run(self) -> None:
+        parts = urlsplit(self.base)
+        reader, writer = await asyncio.open_connection(parts.hostname, parts.port, limit=1 << 20)
+        try:
+            writer.write(
+                f"GET {self.path} HTTP/1.0\r\nHost: {parts.netloc}\r\nAccept: text/event-stream\r\n\r\n".encode()
+            )
+            await writer.drain()
+            status = await reader.readline()
+            if b" 200 " not in status:
+                raise RuntimeError(f"GET {self.path}: {status!r}")
+            while (await reader.readline()) not in (b"\r\n", b"\n", b""):
+                pass
+            self.connected.set()
+            await self._read(reader)
+        finally:
+            writer.close()
+
+    async def _read(self, reader: asyncio.StreamReader) -> None:
+        seq: int | None = None
+        type_ = "message"
+        data: list[str] = []
+        while True:
+            raw = await reader.readline()
+            if not raw:
+                self.closed_by_server = True
+                return
+            line = raw.decode().rstrip("\r\n")
+            if line == "":
+                if data:
+                    self._dispatch(Received(seq, type_, json.loads("\n".join(data)), time.time()))
+                seq, type_, data = None, "message", []
+            elif line.startswith(":"):
+                continue
+            else:
+                key, _, value = line.partition(":")
+                value = value[1:] if value.startswith(" ") else value
+                if key == "id":
+                    seq = int(value)
+                elif key == "event":
+                    type_ = value
+                elif key == "data":
+                    data.append(value)
+
+    def _dispatch(self, event: Received) -> None:
+        self.events.append(event)
+        waiting = []
+        for type_, future in self.waiters:
+            if type_ == event.type and not future.done():
+                future.set_result(event)
+            elif not future.done():
+                waiting.append((type_, future))
+        self.waiters = waiting

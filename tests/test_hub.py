@@ -1,0 +1,120 @@
+"""The hub: one read per announced event for all of a process's subscribers, deltas kept behind the events before
+them, and the log as the fallback when the hub cannot read."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from app import events, hub
+from app.catalog import load as load_catalog
+from app.hub import Live, Stored, Subscription
+from app.settings import plain_url
+from tests.conftest import ROOT, client_for, wait_for
+from tests.test_api import read_events
+
+
+async def _thread(app: Any) -> uuid.UUID:
+    client = client_for(app)
+    return uuid.UUID((await client.post("/threads", json={"agent": "assistant"})).json()["id"])
+
+
+async def _append(app: Any, thread_id: uuid.UUID, n: int) -> list[int]:
+    seqs = []
+    for i in range(n):  # one transaction each, as the engine's steps do
+        async with app.state.sessions() as session, session.begin():
+            seqs.append(await events.append(session, thread_id, "event", {"event_type": "t", "data": {"i": i}}))
+    return seqs
+
+
+def _counting_reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    calls: list[int] = []
+    original = hub._read
+
+    async def counted(session: AsyncSession, key: uuid.UUID, after: int, limit: int) -> Sequence[hub.Row]:
+        calls.append(after)
+        return await original(session, key, after, limit)
+
+    monkeypatch.setattr(hub, "_read", counted)
+    return calls
+
+
+async def test_many_subscribers_share_one_read_per_event(app_factory: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    app = await app_factory(load_catalog(ROOT / "agents"))
+    thread_id = await _thread(app)
+    reads = _counting_reads(monkeypatch)
+    subs = [app.state.hub.subscribe(thread_id) for _ in range(50)]
+    seqs = await _append(app, thread_id, 5)
+
+    async def everyone_has_all() -> bool:
+        return all(len(s.items) == 5 for s in subs)
+
+    await wait_for(everyone_has_all)
+    assert 1 <= len(reads) <= 5  # one read per announcement at most (fewer when a read caught several)
+    first = list(subs[0].items)
+    assert [item.seq for item in first] == seqs
+    assert all(isinstance(i, Stored) and i.entry is not None and i.entry.type == "event" for i in first)
+    assert [i.entry.data["data"]["i"] for i in first if isinstance(i, Stored) and i.entry] == [0, 1, 2, 3, 4]
+    for sub in subs[1:]:  # the very same entries: read and serialised once
+        assert all(a.entry is b.entry for a, b in zip(first, sub.items, strict=True) if isinstance(a, Stored))
+    for sub in subs:
+        app.state.hub.unsubscribe(sub)
+    assert app.state.hub.subscribers == 0
+
+
+async def test_a_delta_waits_for_the_events_announced_before_it(
+    app_factory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app = await app_factory(load_catalog(ROOT / "agents"))
+    thread_id = await _thread(app)
+    gate = asyncio.Event()
+    original = hub._read
+
+    async def held_back(session: AsyncSession, key: uuid.UUID, after: int, limit: int) -> Sequence[hub.Row]:
+        await gate.wait()
+        return await original(session, key, after, limit)
+
+    monkeypatch.setattr(hub, "_read", held_back)
+    sub: Subscription = app.state.hub.subscribe(thread_id)
+    [seq] = await _append(app, thread_id, 1)
+    publisher = hub.Publisher(plain_url(app.state.settings.database_url))
+    try:
+        await publisher.publish(thread_id, "message_chunk", {"message_id": "m", "chunk": "hi", "offset": 0})
+        await asyncio.sleep(0.3)
+        assert not sub.items  # the chunk arrived, but the event before it is still being read
+        gate.set()
+        await wait_for(lambda: asyncio.sleep(0, len(sub.items) == 2))
+        stored, live = list(sub.items)
+        assert isinstance(stored, Stored) and stored.seq == seq and stored.entry is not None
+        assert isinstance(live, Live) and live.data["chunk"] == "hi"
+    finally:
+        await publisher.close()
+        app.state.hub.unsubscribe(sub)
+
+
+async def test_when_the_hub_cannot_read_streams_fall_back_to_the_log(
+    app_factory: Any, serve: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app = await app_factory(load_catalog(ROOT / "agents"))
+    thread_id = await _thread(app)
+
+    async def broken(session: AsyncSession, key: uuid.UUID, after: int, limit: int) -> Sequence[hub.Row]:
+        raise OSError("connection refused")
+
+    monkeypatch.setattr(hub, "_read", broken)
+    sub: Subscription = app.state.hub.subscribe(thread_id)
+    base = await serve(app)
+    reader = asyncio.create_task(read_events(base, f"/threads/{thread_id}/events", "turn_ended"))
+    await asyncio.sleep(0.3)
+    seqs = await _append(app, thread_id, 3)
+    async with app.state.sessions() as session, session.begin():
+        last = await events.append(session, thread_id, "turn_ended", {"side": "a", "reason": "stop_on_response"})
+    frames = await asyncio.wait_for(reader, 10)
+    assert [int(f["id"]) for f in frames] == [*seqs, last]  # every event, from the log
+    assert all(isinstance(i, Stored) and i.entry is None for i in sub.items)  # "read it yourself"
+    app.state.hub.unsubscribe(sub)
