@@ -8,6 +8,7 @@ payloads only (`hub.Publisher`).
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Mapping
 from typing import Any
@@ -20,16 +21,21 @@ from app import tables
 CHANNEL = "agents_events"
 
 
+# APPEND: the seq under the thread's row lock, the event, and its NOTIFY (delivered at commit) in one round trip.
+_APPEND = text(
+    """
+    WITH next AS (UPDATE threads SET event_seq = event_seq + 1 WHERE id = :id RETURNING event_seq)
+    INSERT INTO events (thread_id, seq, type, data)
+    SELECT :id, next.event_seq, :type, CAST(:data AS jsonb) FROM next
+    RETURNING seq, pg_notify(:channel, CAST(:id AS text) || ':' || seq)
+    """
+)
+
+
 async def append(session: AsyncSession, thread_id: uuid.UUID, type_: str, data: Mapping[str, Any]) -> int:
     """Store one event of a thread and announce it at commit; returns its seq."""
-    seq: int = (
-        await session.execute(
-            text("UPDATE threads SET event_seq = event_seq + 1 WHERE id = :id RETURNING event_seq"),
-            {"id": thread_id},
-        )
-    ).scalar_one()
-    session.add(tables.Event(thread_id=thread_id, seq=seq, type=type_, data=dict(data)))
-    await session.execute(select(func.pg_notify(CHANNEL, f"{thread_id}:{seq}")))
+    params = {"id": thread_id, "type": type_, "data": json.dumps(dict(data)), "channel": CHANNEL}
+    seq: int = (await session.execute(_APPEND, params)).scalar_one()
     return seq
 
 

@@ -24,17 +24,31 @@ async def session(request: Request) -> AsyncIterator[AsyncSession]:
         yield s
 
 
-async def principal(request: Request, authorization: Annotated[str | None, Header()] = None) -> Principal:
+async def _identify(s: AsyncSession, request: Request, authorization: str | None) -> Principal:
     """The caller: a valid Bearer key, or anyone in open mode (loopback bind and no key configured)."""
-    async with sessions(request)() as s:
-        if authorization:
-            scheme, _, key = authorization.partition(" ")
-            if scheme.lower() != "bearer" or not key.strip():
-                raise errors.Unauthorized("Send the key as `Authorization: Bearer <key>`.")
-            return await keys.verify(s, key.strip())
-        if request.app.state.open_mode and await keys.active_count(s) == 0:
-            return keys.OPEN
+    if authorization:
+        scheme, _, key = authorization.partition(" ")
+        if scheme.lower() != "bearer" or not key.strip():
+            raise errors.Unauthorized("Send the key as `Authorization: Bearer <key>`.")
+        return await keys.verify(s, key.strip())
+    if request.app.state.open_mode and await keys.active_count(s) == 0:
+        return keys.OPEN
     raise errors.Unauthorized()
+
+
+async def principal(
+    request: Request,
+    s: Annotated[AsyncSession, Depends(session)],
+    authorization: Annotated[str | None, Header()] = None,
+) -> Principal:
+    """The caller, checked on the request's own session (one connection per request)."""
+    return await _identify(s, request, authorization)
+
+
+async def stream_principal(request: Request, authorization: Annotated[str | None, Header()] = None) -> Principal:
+    """The caller of a stream, checked on a short session of its own: a stream holds no request-scoped session."""
+    async with sessions(request)() as s:
+        return await _identify(s, request, authorization)
 
 
 def catalog(request: Request) -> Catalog:
@@ -49,5 +63,6 @@ def settings(request: Request) -> Settings:
 
 SessionDep = Annotated[AsyncSession, Depends(session)]
 CurrentUser = Annotated[Principal, Depends(principal)]
+StreamUser = Annotated[Principal, Depends(stream_principal)]
 CatalogDep = Annotated[Catalog, Depends(catalog)]
 SettingsDep = Annotated[Settings, Depends(settings)]

@@ -19,7 +19,7 @@ from starlette.types import Message, Receive, Scope, Send
 
 from app import events, threads
 from app.api import schemas
-from app.api.deps import CurrentUser, sessions
+from app.api.deps import StreamUser, sessions
 from app.hub import Hub, Live, Overflow, Subscription
 
 router = APIRouter(tags=["events"])
@@ -164,7 +164,7 @@ def _response(
 async def stream(
     thread_id: uuid.UUID,
     request: Request,
-    who: CurrentUser,
+    who: StreamUser,
     since: Annotated[int | None, Query(ge=0, le=2**62)] = None,
     include_silent: bool = False,
     depth: Annotated[int, Query(ge=0, le=100)] = 0,
@@ -188,7 +188,7 @@ async def stream(
 @router.get("/events", response_class=EventSourceResponse, responses=RESPONSES)
 async def lifecycle(
     request: Request,
-    who: CurrentUser,
+    who: StreamUser,
     since: Annotated[int | None, Query(ge=0, le=2**62)] = None,
     last_event_id: Annotated[str | None, Header()] = None,
 ) -> EventSourceResponse:
