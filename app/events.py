@@ -13,7 +13,8 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from sqlalchemy import func, select, text
+from sqlalchemy import BigInteger, Row, String, func, select, text
+from sqlalchemy.dialects.postgresql import JSONB, UUID
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import tables
@@ -48,6 +49,32 @@ async def read(session: AsyncSession, thread_id: uuid.UUID, after: int, limit: i
         .limit(limit)
     )
     return list((await session.execute(query)).scalars())
+
+
+# READ_MANY: the next events of several threads, each after its own position, in one query.
+_READ_MANY = text(
+    """
+    SELECT e.thread_id, e.seq, e.type, e.data
+    FROM unnest(CAST(:ids AS uuid[]), CAST(:afters AS bigint[])) AS t(id, after)
+    CROSS JOIN LATERAL (
+        SELECT thread_id, seq, type, data FROM events
+        WHERE thread_id = t.id AND seq > t.after ORDER BY seq LIMIT :limit
+    ) AS e
+    ORDER BY e.thread_id, e.seq
+    """
+).columns(thread_id=UUID(as_uuid=True), seq=BigInteger, type=String, data=JSONB)
+
+
+async def read_many(
+    session: AsyncSession, afters: Mapping[uuid.UUID, int], limit: int = 500
+) -> dict[uuid.UUID, list[Row[Any]]]:
+    """For each thread, its stored events with seq greater than its position, in order (at most `limit` each)."""
+    ids = list(afters)
+    params = {"ids": ids, "afters": [afters[i] for i in ids], "limit": limit}
+    found: dict[uuid.UUID, list[Row[Any]]] = {}
+    for row in await session.execute(_READ_MANY, params):
+        found.setdefault(row.thread_id, []).append(row)
+    return found
 
 
 async def missed(session: AsyncSession, thread_id: uuid.UUID, after: int) -> int | None:

@@ -105,10 +105,15 @@ class Subscription:
             raise Overflow()
 
 
-async def _read(session: AsyncSession, key: uuid.UUID, after: int, limit: int) -> Sequence[Row]:
-    if key == events.LIFECYCLE:
-        return await events.read_lifecycle(session, None, after, limit)
-    return await events.read(session, key, after, limit)
+async def _read(session: AsyncSession, afters: dict[uuid.UUID, int]) -> dict[uuid.UUID, Sequence[Row]]:
+    """The events after each key's position: every thread in one query, the lifecycle log in another."""
+    found: dict[uuid.UUID, Sequence[Row]] = {}
+    if events.LIFECYCLE in afters:
+        found[events.LIFECYCLE] = await events.read_lifecycle(session, None, afters[events.LIFECYCLE], PAGE)
+    threads = {k: v for k, v in afters.items() if k != events.LIFECYCLE}
+    if threads:
+        found.update(await events.read_many(session, threads, PAGE))
+    return found
 
 
 @dataclass
@@ -118,7 +123,6 @@ class _Tail:
     fetched: int
     wanted: int
     held: deque[tuple[int, Live]] = field(default_factory=deque)
-    task: asyncio.Task[None] | None = None
 
 
 class Hub:
@@ -131,15 +135,16 @@ class Hub:
         self._conn: asyncpg.Connection | None = None
         self._subs: dict[uuid.UUID, set[Subscription]] = {}
         self._tails: dict[uuid.UUID, _Tail] = {}
+        self._pending: set[uuid.UUID] = set()  # keys with announced events not read yet
+        self._drainer: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         self._conn = await asyncpg.connect(self._dsn)
         await self._conn.add_listener(CHANNEL, self._on_notify)
 
     async def stop(self) -> None:
-        for tail in self._tails.values():
-            if tail.task is not None:
-                tail.task.cancel()
+        if self._drainer is not None:
+            self._drainer.cancel()
         self._tails.clear()
         if self._conn is not None:
             await self._conn.close()
@@ -156,9 +161,8 @@ class Hub:
             subs.discard(sub)
             if not subs:
                 del self._subs[sub.key]
-                tail = self._tails.pop(sub.key, None)
-                if tail is not None and tail.task is not None:
-                    tail.task.cancel()
+                self._tails.pop(sub.key, None)
+                self._pending.discard(sub.key)
 
     @property
     def subscribers(self) -> int:
@@ -203,34 +207,43 @@ class Hub:
         elif seq <= tail.fetched:
             return  # already read ahead
         tail.wanted = max(tail.wanted, seq)
-        if tail.task is None or tail.task.done():
-            tail.task = asyncio.create_task(self._drain(key, tail))
+        self._pending.add(key)
+        if self._drainer is None or self._drainer.done():
+            self._drainer = asyncio.create_task(self._drain())
 
-    async def _fetch(self, key: uuid.UUID, after: int) -> Sequence[Row]:
+    async def _fetch(self, afters: dict[uuid.UUID, int]) -> dict[uuid.UUID, Sequence[Row]]:
         assert self._sessions is not None
         async with self._sessions() as session:
-            return await _read(session, key, after, PAGE)
+            return await _read(session, afters)
 
-    async def _drain(self, key: uuid.UUID, tail: _Tail) -> None:
-        """Read what was announced, once, and hand it to every subscriber of `key` in seq order."""
-        while tail.fetched < tail.wanted and self._tails.get(key) is tail:
-            rows: Sequence[Row] = ()
+    async def _drain(self) -> None:
+        """Read what was announced, once per process and in one query for all keys, and hand it to every
+        subscriber in seq order; announcements that arrive meanwhile are read in the next round."""
+        while self._pending:
+            tails = {k: t for k in self._pending if (t := self._tails.get(k)) is not None and t.fetched < t.wanted}
+            self._pending.clear()
+            if not tails:
+                continue
+            found: dict[uuid.UUID, Sequence[Row]] = {}
             try:  # shielded: a cancelled drain must not cost the pool its connection
-                rows = await asyncio.shield(self._fetch(key, tail.fetched))
+                found = await asyncio.shield(self._fetch({k: t.fetched for k, t in tails.items()}))
             except Exception:  # the database is unreachable: the subscribers read the log themselves, or fail
-                log.exception("reading announced events of %s failed", key)
-            if self._tails.get(key) is not tail:
-                return
-            if rows:
-                for row in rows:
-                    self._push(key, Stored(row.seq, Entry.of(row)))
-                tail.fetched = max(tail.fetched, rows[-1].seq)
-            else:  # gone (retention, deletion) or unreadable: the subscribers ask the log
-                self._push(key, Stored(tail.wanted))
-                tail.fetched = tail.wanted
-            while tail.held and tail.held[0][0] <= tail.fetched:
-                self._push(key, tail.held.popleft()[1])
-        while tail.held:
+                log.exception("reading announced events failed")
+            for key, tail in tails.items():
+                if self._tails.get(key) is tail:  # still followed by someone
+                    self._hand_over(key, tail, found.get(key, ()))
+
+    def _hand_over(self, key: uuid.UUID, tail: _Tail, rows: Sequence[Row]) -> None:
+        if rows:
+            for row in rows:
+                self._push(key, Stored(row.seq, Entry.of(row)))
+            tail.fetched = max(tail.fetched, rows[-1].seq)
+        else:  # gone (retention, deletion) or unreadable: the subscribers ask the log
+            self._push(key, Stored(tail.wanted))
+            tail.fetched = tail.wanted
+        if tail.fetched < tail.wanted:
+            self._pending.add(key)  # a full page, or more announced meanwhile
+        while tail.held and (tail.held[0][0] <= tail.fetched or tail.fetched >= tail.wanted):
             self._push(key, tail.held.popleft()[1])
 
 

@@ -166,4 +166,9 @@ async def serve() -> AsyncIterator[Callable[[FastAPI], Awaitable[str]]]:
     yield run
     for server, task in servers:
         server.should_exit = True
-        await task
+        try:
+            await asyncio.wait_for(asyncio.shield(task), 10)
+        except TimeoutError:  # a stream a test left open: do not hang the suite on it
+            server.force_exit = True
+            await task
+            raise AssertionError("the test server still had open connections 10 s after shutdown") from None

@@ -36,9 +36,9 @@ def _counting_reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     calls: list[int] = []
     original = hub._read
 
-    async def counted(session: AsyncSession, key: uuid.UUID, after: int, limit: int) -> Sequence[hub.Row]:
-        calls.append(after)
-        return await original(session, key, after, limit)
+    async def counted(session: AsyncSession, afters: dict[uuid.UUID, int]) -> dict[uuid.UUID, Sequence[hub.Row]]:
+        calls.append(len(afters))
+        return await original(session, afters)
 
     monkeypatch.setattr(hub, "_read", counted)
     return calls
@@ -67,6 +67,27 @@ async def test_many_subscribers_share_one_read_per_event(app_factory: Any, monke
     assert app.state.hub.subscribers == 0
 
 
+async def test_announcements_of_many_threads_are_read_together(
+    app_factory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app = await app_factory(load_catalog(ROOT / "agents"))
+    threads = [await _thread(app) for _ in range(20)]
+    subs = {t: app.state.hub.subscribe(t) for t in threads}
+    reads = _counting_reads(monkeypatch)
+    async with app.state.sessions() as session, session.begin():  # one commit announces all twenty
+        seqs = {t: await events.append(session, t, "event", {"event_type": "t", "data": {}}) for t in threads}
+
+    async def everyone_has_theirs() -> bool:
+        return all(len(s.items) == 1 for s in subs.values())
+
+    await wait_for(everyone_has_theirs)
+    assert len(reads) < 20 and sum(reads) == 20  # batched: fewer queries than threads, every thread read once
+    for thread_id, sub in subs.items():
+        [item] = sub.items
+        assert isinstance(item, Stored) and item.seq == seqs[thread_id] and item.entry is not None
+        app.state.hub.unsubscribe(sub)
+
+
 async def test_a_delta_waits_for_the_events_announced_before_it(
     app_factory: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -75,9 +96,9 @@ async def test_a_delta_waits_for_the_events_announced_before_it(
     gate = asyncio.Event()
     original = hub._read
 
-    async def held_back(session: AsyncSession, key: uuid.UUID, after: int, limit: int) -> Sequence[hub.Row]:
+    async def held_back(session: AsyncSession, afters: dict[uuid.UUID, int]) -> dict[uuid.UUID, Sequence[hub.Row]]:
         await gate.wait()
-        return await original(session, key, after, limit)
+        return await original(session, afters)
 
     monkeypatch.setattr(hub, "_read", held_back)
     sub: Subscription = app.state.hub.subscribe(thread_id)
@@ -103,7 +124,7 @@ async def test_when_the_hub_cannot_read_streams_fall_back_to_the_log(
     app = await app_factory(load_catalog(ROOT / "agents"))
     thread_id = await _thread(app)
 
-    async def broken(session: AsyncSession, key: uuid.UUID, after: int, limit: int) -> Sequence[hub.Row]:
+    async def broken(session: AsyncSession, afters: dict[uuid.UUID, int]) -> dict[uuid.UUID, Sequence[hub.Row]]:
         raise OSError("connection refused")
 
     monkeypatch.setattr(hub, "_read", broken)
