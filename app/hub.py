@@ -75,6 +75,13 @@ class Live:
     frame: bytes | None = field(default=None, compare=False)
 
 
+@dataclass(frozen=True)
+class Batch:
+    """Events the hub read together, in seq order, buffered as one delivery."""
+
+    items: list[Stored]
+
+
 class Overflow(Exception):
     """The subscriber fell behind and was cut off; it resumes with `Last-Event-ID`."""
 
@@ -84,17 +91,22 @@ class Subscription:
 
     def __init__(self, key: uuid.UUID, size: int) -> None:
         self.key = key
-        self.items: deque[Stored | Live] = deque()
+        self.items: deque[Stored | Live | Batch] = deque()
         self.size = size
         self.overflowed = False
         self._ready = asyncio.Event()
 
-    def push(self, item: Stored | Live) -> None:
+    def push(self, item: Stored | Live | Batch) -> None:
         if len(self.items) >= self.size:
             self.overflowed = True
         else:
             self.items.append(item)
         self._ready.set()
+
+    def push_all(self, items: list[Stored]) -> None:
+        """Buffer a batch the hub read, in one slot: the buffer bounds how many deliveries a subscriber lags."""
+        if items:
+            self.push(Batch(items))
 
     async def wait(self) -> None:
         """Until something is buffered; `Overflow` once the buffer ran over."""
@@ -235,8 +247,9 @@ class Hub:
 
     def _hand_over(self, key: uuid.UUID, tail: _Tail, rows: Sequence[Row]) -> None:
         if rows:
-            for row in rows:
-                self._push(key, Stored(row.seq, Entry.of(row)))
+            batch = [Stored(row.seq, Entry.of(row)) for row in rows]
+            for sub in list(self._subs.get(key, ())):
+                sub.push_all(batch)
             tail.fetched = max(tail.fetched, rows[-1].seq)
         else:  # gone (retention, deletion) or unreadable: the subscribers ask the log
             self._push(key, Stored(tail.wanted))

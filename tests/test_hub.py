@@ -13,7 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import events, hub
 from app.catalog import load as load_catalog
-from app.hub import Live, Stored, Subscription
+from app.hub import Batch, Live, Stored, Subscription
 from app.settings import plain_url
 from tests.conftest import ROOT, client_for, wait_for
 from tests.test_api import read_events
@@ -30,6 +30,11 @@ async def _append(app: Any, thread_id: uuid.UUID, n: int) -> list[int]:
         async with app.state.sessions() as session, session.begin():
             seqs.append(await events.append(session, thread_id, "event", {"event_type": "t", "data": {"i": i}}))
     return seqs
+
+
+def delivered(sub: Subscription) -> list[Stored | Live]:
+    """What the subscription holds, batches unpacked."""
+    return [i for d in sub.items for i in (d.items if isinstance(d, Batch) else (d,))]
 
 
 def _counting_reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
@@ -52,16 +57,16 @@ async def test_many_subscribers_share_one_read_per_event(app_factory: Any, monke
     seqs = await _append(app, thread_id, 5)
 
     async def everyone_has_all() -> bool:
-        return all(len(s.items) == 5 for s in subs)
+        return all(len(delivered(s)) == 5 for s in subs)
 
     await wait_for(everyone_has_all)
     assert 1 <= len(reads) <= 5  # one read per announcement at most (fewer when a read caught several)
-    first = list(subs[0].items)
+    first = delivered(subs[0])
     assert [item.seq for item in first] == seqs
     assert all(isinstance(i, Stored) and i.entry is not None and i.entry.type == "event" for i in first)
     assert [i.entry.data["data"]["i"] for i in first if isinstance(i, Stored) and i.entry] == [0, 1, 2, 3, 4]
     for sub in subs[1:]:  # the very same entries: read and serialised once
-        assert all(a.entry is b.entry for a, b in zip(first, sub.items, strict=True) if isinstance(a, Stored))
+        assert all(a.entry is b.entry for a, b in zip(first, delivered(sub), strict=True) if isinstance(a, Stored))
     for sub in subs:
         app.state.hub.unsubscribe(sub)
     assert app.state.hub.subscribers == 0
@@ -78,12 +83,12 @@ async def test_announcements_of_many_threads_are_read_together(
         seqs = {t: await events.append(session, t, "event", {"event_type": "t", "data": {}}) for t in threads}
 
     async def everyone_has_theirs() -> bool:
-        return all(len(s.items) == 1 for s in subs.values())
+        return all(len(delivered(s)) == 1 for s in subs.values())
 
     await wait_for(everyone_has_theirs)
     assert len(reads) < 20 and sum(reads) == 20  # batched: fewer queries than threads, every thread read once
     for thread_id, sub in subs.items():
-        [item] = sub.items
+        [item] = delivered(sub)
         assert isinstance(item, Stored) and item.seq == seqs[thread_id] and item.entry is not None
         app.state.hub.unsubscribe(sub)
 
@@ -109,8 +114,8 @@ async def test_a_delta_waits_for_the_events_announced_before_it(
         await asyncio.sleep(0.3)
         assert not sub.items  # the chunk arrived, but the event before it is still being read
         gate.set()
-        await wait_for(lambda: asyncio.sleep(0, len(sub.items) == 2))
-        stored, live = list(sub.items)
+        await wait_for(lambda: asyncio.sleep(0, len(delivered(sub)) == 2))
+        stored, live = delivered(sub)
         assert isinstance(stored, Stored) and stored.seq == seq and stored.entry is not None
         assert isinstance(live, Live) and live.data["chunk"] == "hi"
     finally:
@@ -137,5 +142,5 @@ async def test_when_the_hub_cannot_read_streams_fall_back_to_the_log(
         last = await events.append(session, thread_id, "turn_ended", {"side": "a", "reason": "stop_on_response"})
     frames = await asyncio.wait_for(reader, 10)
     assert [int(f["id"]) for f in frames] == [*seqs, last]  # every event, from the log
-    assert all(isinstance(i, Stored) and i.entry is None for i in sub.items)  # "read it yourself"
+    assert all(isinstance(i, Stored) and i.entry is None for i in delivered(sub))  # "read it yourself"
     app.state.hub.unsubscribe(sub)

@@ -84,7 +84,13 @@ async def serve() -> AsyncIterator[Serve]:
     yield run
     for server, _ in servers:
         server.should_exit = True
-    await asyncio.gather(*(task for _, task in servers))
+    try:
+        await asyncio.wait_for(asyncio.shield(asyncio.gather(*(task for _, task in servers))), 10)
+    except TimeoutError:  # a stream the test left open: do not hang the suite on it
+        for server, _ in servers:
+            server.force_exit = True
+        await asyncio.gather(*(task for _, task in servers))
+        raise AssertionError("a test server still had open connections 10 s after shutdown") from None
 
 
 async def follow(
@@ -396,7 +402,7 @@ async def test_a_slow_subscriber_is_cut_off_and_resumes_without_loss(app_factory
         connection.close()
         await connection.wait_closed()
         got = [int(f["id"]) for f in lagging]
-        assert got == list(range(1, len(got) + 1))  # what it did get has no gap
+        assert got == list(range(1, len(got) + 1)), got  # what it did get has no gap
         for i in range(count, count + 5):
             await mark(app, tid, i=i)
         resumed: list[Frame] = []

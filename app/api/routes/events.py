@@ -20,7 +20,7 @@ from starlette.types import Message, Receive, Scope, Send
 from app import events, threads
 from app.api import schemas
 from app.api.deps import StreamUser, sessions
-from app.hub import Hub, Live, Overflow, Subscription
+from app.hub import Batch, Hub, Live, Overflow, Subscription
 
 router = APIRouter(tags=["events"])
 
@@ -91,21 +91,22 @@ def _take(
     False when an announced event must be read from the log (the hub could not read it, or a seq was skipped)."""
     frames: list[bytes] = []
     while sub.items:
-        item = sub.items.popleft()
-        if isinstance(item, Live):
-            if visible(item.type, item.data):
-                item.frame = item.frame or _frame(None, item.type, item.text)
-                frames.append(item.frame)
-            continue
-        if item.seq <= position:
-            continue  # already sent
-        entry = item.entry
-        if entry is None or (contiguous and item.seq != position + 1):
-            return frames, position, False
-        position = entry.seq
-        if (owner is None or entry.owner == owner) and visible(entry.type, entry.data):
-            entry.frame = entry.frame or _frame(entry.seq, entry.type, entry.text)
-            frames.append(entry.frame)
+        delivery = sub.items.popleft()
+        for item in delivery.items if isinstance(delivery, Batch) else (delivery,):
+            if isinstance(item, Live):
+                if visible(item.type, item.data):
+                    item.frame = item.frame or _frame(None, item.type, item.text)
+                    frames.append(item.frame)
+                continue
+            if item.seq <= position:
+                continue  # already sent
+            entry = item.entry
+            if entry is None or (contiguous and item.seq != position + 1):
+                return frames, position, False  # the rest of a batch is in the log too
+            position = entry.seq
+            if (owner is None or entry.owner == owner) and visible(entry.type, entry.data):
+                entry.frame = entry.frame or _frame(entry.seq, entry.type, entry.text)
+                frames.append(entry.frame)
     return frames, position, True
 
 
