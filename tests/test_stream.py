@@ -383,19 +383,22 @@ async def read_to_end(reader: asyncio.StreamReader) -> list[Frame]:
 
 
 async def test_a_slow_subscriber_is_cut_off_and_resumes_without_loss(app_factory: Any, serve: Serve) -> None:
-    app = await app_factory(catalog([]), sse_buffer=16)
+    app = await app_factory(catalog([]), sse_buffer=48)
     base = await serve(app, sndbuf=4096)
     async with httpx.AsyncClient(base_url=base, timeout=20) as client:
         tid = (await client.post("/threads", json={"agent": "agent"})).json()["id"]
         path = f"/threads/{tid}/events"
-        count, pad = 120, "x" * 16_000
+        count, pad = 120, "x" * 8_000
         fast: list[Frame] = []
         fast_reader = asyncio.create_task(follow(client, path, fast, until_id(count)))
         slow, connection = await lagging_stream(base, path)
         await asyncio.sleep(0.3)  # both streams subscribed
-        # ~2 MB, far more than the slow stream's socket and write buffers: its sends block and its 16 slots run over
+        # ~1 MB, far more than the slow stream's socket and write buffers (~70 kB): its sends block, and its 48 slots
+        # run over (the hub delivers about one batch per commit). The pace leaves the fast stream, slowed by the
+        # same small socket buffer, well ahead.
         for i in range(count):
             await mark(app, tid, i=i, pad=pad)
+            await asyncio.sleep(0.01)
         assert await asyncio.wait_for(fast_reader, 20)  # a reader that keeps up is never cut off
         assert [int(f["id"]) for f in fast] == list(range(1, count + 1))
         lagging = await asyncio.wait_for(read_to_end(slow), 20)  # now read: the slow stream ends, it was cut off

@@ -79,6 +79,13 @@ class _EventStream(EventSourceResponse):
         if not ended:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
 
+    async def _send_with_timeout(self, send: Send, message: Message) -> None:
+        """Without a send timeout, send directly: no cancel scope per event (it showed in the fan-out profile)."""
+        if self.send_timeout is None:
+            await send(message)
+        else:
+            await super()._send_with_timeout(send, message)
+
 
 def _frame(seq: int | None, type_: str, text: str) -> bytes:
     return ServerSentEvent(id=None if seq is None else str(seq), event=type_, data=text).encode()
