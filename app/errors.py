@@ -101,3 +101,27 @@ class ConfigError(AgentsError):
     """The server configuration is not usable."""
 
     code = "config_error"
+
+
+class BadPath(Invalid):
+    """The path is not valid."""
+
+    code = "bad_path"
+
+
+class FileNotFound(NotFound):
+    """No such file or directory."""
+
+    code = "file_not_found"
+
+
+class FileConflict(Conflict):
+    """The path is in the way: a file where a directory is needed, or the reverse, or a directory not empty."""
+
+    code = "file_conflict"
+
+
+class TooLarge(AgentsError):
+    """The content exceeds the size limit."""
+
+    code = "too_large"

@@ -15,6 +15,7 @@ from sqlalchemy import (
     Identity,
     Index,
     Integer,
+    LargeBinary,
     String,
     Text,
     UniqueConstraint,
@@ -234,3 +235,43 @@ class ApiKey(Base):
     created_at: Mapped[datetime] = _now()
     last_used_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class Blob(Base):
+    """File content, stored once and addressed by its SHA-256; its bytes are in `blob_chunks`."""
+
+    __tablename__ = "blobs"
+
+    sha256: Mapped[str] = mapped_column(String(64), primary_key=True)
+    size: Mapped[int] = mapped_column(BigInteger)
+    created_at: Mapped[datetime] = _now()
+
+
+class BlobChunk(Base):
+    """About 1 MB of a blob, so files stream in and out."""
+
+    __tablename__ = "blob_chunks"
+
+    sha256: Mapped[str] = mapped_column(ForeignKey("blobs.sha256", ondelete="CASCADE"), primary_key=True)
+    index: Mapped[int] = mapped_column(Integer, primary_key=True)
+    data: Mapped[bytes] = mapped_column(LargeBinary)
+
+
+class File(Base):
+    """An entry of a thread's file tree: a directory, or a file pointing at its blob."""
+
+    __tablename__ = "files"
+
+    thread_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("threads.id", ondelete="CASCADE"), primary_key=True)
+    path: Mapped[str] = mapped_column(Text, primary_key=True)
+    is_dir: Mapped[bool] = mapped_column(Boolean, server_default="false")
+    sha256: Mapped[str | None] = mapped_column(ForeignKey("blobs.sha256"))
+    size: Mapped[int] = mapped_column(BigInteger, server_default="0")
+    mime_type: Mapped[str | None] = mapped_column(String(200))
+    width: Mapped[int | None] = mapped_column(Integer)
+    height: Mapped[int | None] = mapped_column(Integer)
+    metadata_: Mapped[dict[str, Any]] = mapped_column("metadata", JSONB, server_default="{}")
+    created_at: Mapped[datetime] = _now()
+    updated_at: Mapped[datetime] = _now()
+
+    __table_args__ = (Index("files_sha256", "sha256"),)

@@ -20,6 +20,7 @@ STATUS: dict[type[errors.AgentsError], int] = {
     errors.NotFound: 404,
     errors.Conflict: 409,
     errors.MissingVariables: 422,
+    errors.TooLarge: 413,
     errors.NotReady: 503,
     errors.LeaseLost: 503,
     errors.ConfigError: 500,

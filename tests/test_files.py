@@ -1,0 +1,129 @@
+"""The per-thread file tree and its content-addressed blobs, against real Postgres."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from sqlalchemy import func, select, text
+
+from app import blobs, errors, files, tables
+from app.catalog import load as load_catalog
+from tests.conftest import ROOT, client_for
+
+
+async def _thread(app: Any) -> uuid.UUID:
+    client = client_for(app)
+    return uuid.UUID((await client.post("/threads", json={"agent": "assistant"})).json()["id"])
+
+
+async def _count(app: Any, table: Any) -> int:
+    async with app.state.sessions() as session:
+        return int((await session.execute(select(func.count()).select_from(table))).scalar_one())
+
+
+@pytest.mark.parametrize(
+    ("path", "expected"),
+    [("/a/b.txt", "/a/b.txt"), ("a//b/./c", "/a/b/c"), ("/dir/", "/dir"), ("/", "/"), ("/ü/日本.md", "/ü/日本.md")],
+)
+def test_paths_are_normalised(path: str, expected: str) -> None:
+    assert files.normalise(path) == expected
+
+
+@pytest.mark.parametrize(
+    "path", ["../etc/passwd", "/a/../../b", "/a/\x00b", "/a/\nb", "/a/\x7fb", "", "   ", "/" + "x" * 256, "/a" * 600]
+)
+async def test_bad_paths_are_refused_and_nothing_is_stored(app_factory: Any, path: str) -> None:
+    app = await app_factory(load_catalog(ROOT / "agents"))
+    thread_id = await _thread(app)
+    with pytest.raises(errors.BadPath):
+        async with app.state.sessions() as session, session.begin():
+            await files.write_bytes(session, thread_id, path, b"secret")
+    assert await _count(app, tables.File) == 0
+    assert await _count(app, tables.Blob) == 0
+
+
+async def test_write_read_stat_list_and_parents(app_factory: Any) -> None:
+    app = await app_factory(load_catalog(ROOT / "agents"))
+    thread_id = await _thread(app)
+    async with app.state.sessions() as session, session.begin():
+        entry = await files.write_bytes(session, thread_id, "/reports/2026/q4.md", b"# Q4\n")
+        await files.write_bytes(session, thread_id, "/notes.txt", b"hello")
+    assert (entry.path, entry.size, entry.mime_type) == ("/reports/2026/q4.md", 5, "text/markdown")
+    async with app.state.sessions() as session:
+        assert await files.read_bytes(session, thread_id, "reports/2026/q4.md") == b"# Q4\n"
+        assert (await files.stat(session, thread_id, "/reports")).is_dir
+        assert [e.name for e in await files.readdir(session, thread_id, "/")] == ["notes.txt", "reports"]
+        assert [e.path for e in await files.readdir(session, thread_id, "/reports")] == ["/reports/2026"]
+        usage = await files.usage(session, thread_id)
+        assert (usage.files, usage.directories, usage.bytes) == (2, 2, 10)
+        with pytest.raises(errors.FileNotFound):
+            await files.stat(session, thread_id, "/missing.txt")
+        with pytest.raises(errors.FileConflict):  # a directory has no bytes
+            await files.read(session, thread_id, "/reports")
+
+
+async def test_conflicts_between_files_and_directories(app_factory: Any) -> None:
+    app = await app_factory(load_catalog(ROOT / "agents"))
+    thread_id = await _thread(app)
+    async with app.state.sessions() as session, session.begin():
+        await files.write_bytes(session, thread_id, "/a.txt", b"x")
+        await files.mkdir(session, thread_id, "/dir/sub")
+    for attempt in (
+        lambda s: files.write_bytes(s, thread_id, "/a.txt/inside", b"y"),  # a file as a parent
+        lambda s: files.mkdir(s, thread_id, "/a.txt"),
+        lambda s: files.write_bytes(s, thread_id, "/dir", b"y"),  # a directory overwritten by a file
+        lambda s: files.rmdir(s, thread_id, "/dir"),  # not empty
+        lambda s: files.unlink(s, thread_id, "/dir/sub"),  # a directory
+    ):
+        with pytest.raises(errors.FileConflict):
+            async with app.state.sessions() as session, session.begin():
+                await attempt(session)
+    async with app.state.sessions() as session, session.begin():
+        await files.rmdir(session, thread_id, "/dir/sub")
+        await files.rmdir(session, thread_id, "/dir")
+        await files.unlink(session, thread_id, "/a.txt")
+        assert await files.readdir(session, thread_id, "/") == []
+
+
+async def test_identical_content_is_stored_once_and_collected_when_unreferenced(app_factory: Any) -> None:
+    app = await app_factory(load_catalog(ROOT / "agents"))
+    one, two = await _thread(app), await _thread(app)
+    data = bytes(range(256)) * 10_000  # 2.5 MB: three chunks
+    async with app.state.sessions() as session, session.begin():
+        a = await files.write_bytes(session, one, "/data.bin", data)
+        b = await files.write_bytes(session, two, "/copy/data.bin", data)
+    assert a.sha256 == b.sha256
+    assert await _count(app, tables.Blob) == 1
+    assert await _count(app, tables.BlobChunk) == 3
+    async with app.state.sessions() as session:
+        assert await files.read_bytes(session, two, "/copy/data.bin") == data
+    async with app.state.sessions() as session, session.begin():
+        await files.unlink(session, one, "/data.bin")
+        assert await blobs.collect(session, 0) == 0  # the other thread still points at it
+        await files.unlink(session, two, "/copy/data.bin")
+        assert await blobs.collect(session, 3600) == 0  # within the grace period
+        await session.execute(text("UPDATE blobs SET created_at = now() - interval '2 hours'"))
+        assert await blobs.collect(session, 3600) == 1
+    assert await _count(app, tables.BlobChunk) == 0
+
+
+async def test_the_size_limit_is_enforced_while_streaming(app_factory: Any) -> None:
+    app = await app_factory(load_catalog(ROOT / "agents"))
+    thread_id = await _thread(app)
+    pulled = 0
+
+    async def endless() -> AsyncIterator[bytes]:
+        nonlocal pulled
+        while True:
+            pulled += 1
+            yield b"x" * 65_536
+
+    with pytest.raises(errors.TooLarge):
+        async with app.state.sessions() as session, session.begin():
+            await files.write(session, thread_id, "/big.bin", endless(), limit=1_000_000)
+    assert pulled == 16  # refused at the first piece past the limit, not after reading everything
+    assert await _count(app, tables.File) == 0
+    assert await _count(app, tables.Blob) == 0
