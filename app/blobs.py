@@ -14,7 +14,7 @@ from collections.abc import AsyncIterable, AsyncIterator
 from dataclasses import dataclass
 
 from sqlalchemy import select, text
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app import errors, tables
 
@@ -76,6 +76,24 @@ async def chunks(session: AsyncSession, sha256: str) -> AsyncIterator[bytes]:
                 select(tables.BlobChunk.data).where(tables.BlobChunk.sha256 == sha256, tables.BlobChunk.index == index)
             )
         ).scalar_one_or_none()
+        if piece is None:
+            return
+        yield piece
+        index += 1
+
+
+async def stream(sessions: async_sessionmaker[AsyncSession], sha256: str) -> AsyncIterator[bytes]:
+    """The blob's bytes for a download: each chunk on a short session, so a slow client holds no connection."""
+    index = 0
+    while True:
+        async with sessions() as session:
+            piece = (
+                await session.execute(
+                    select(tables.BlobChunk.data).where(
+                        tables.BlobChunk.sha256 == sha256, tables.BlobChunk.index == index
+                    )
+                )
+            ).scalar_one_or_none()
         if piece is None:
             return
         yield piece

@@ -30,7 +30,9 @@ def normalise(path: str) -> str:
     if len(path) > MAX_PATH:
         raise errors.BadPath(f"The path is longer than {MAX_PATH} characters.", path=path[:100])
     if any(ord(c) < 32 or ord(c) == 127 for c in path):
-        raise errors.BadPath("The path contains NUL or control characters.", path=path.encode("unicode_escape")[:100])
+        raise errors.BadPath(
+            "The path contains NUL or control characters.", path=path.encode("unicode_escape").decode()[:100]
+        )
     segments = [s for s in path.split("/") if s not in ("", ".")]
     if ".." in segments:
         raise errors.BadPath("`..` is not allowed in paths.", path=path[:100])

@@ -29,6 +29,7 @@ class Settings(BaseSettings):
     migrate_on_start: bool = True
     sse_buffer: int = Field(default=1000, ge=1, description="live events a stream may lag before it is cut off")
     max_body_bytes: int = Field(default=10 * 1024 * 1024, ge=1024, description="largest request body accepted")
+    max_file_bytes: int = Field(default=50 * 1024 * 1024, ge=1024, description="largest file a thread may store")
     event_retention_days: float = Field(default=7.0, gt=0, description="how long stored events are kept")
     cleanup_interval: float = Field(default=300.0, gt=0, description="seconds between retention sweeps (workers)")
     llm_attempts: int = Field(default=2, ge=1, description="attempts per model before its fallbacks")

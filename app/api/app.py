@@ -14,7 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app import crypto, db, keys
 from app.api import errors
 from app.api.guard import Guard
-from app.api.routes import agents, health, logs, messages, threads
+from app.api.routes import agents, files, health, logs, messages, threads
 from app.api.routes import events as event_routes
 from app.catalog import Catalog
 from app.engine.run import Engine, llm_http
@@ -78,8 +78,16 @@ def create_app(
     app.state.open_mode = False
     errors.install(app)
 
-    app.add_middleware(Guard, max_body_bytes=settings.max_body_bytes)
+    app.add_middleware(Guard, max_body_bytes=settings.max_body_bytes, max_file_bytes=settings.max_file_bytes)
 
-    for router in (health.router, agents.router, threads.router, messages.router, logs.router, event_routes.router):
+    for router in (
+        health.router,
+        agents.router,
+        threads.router,
+        messages.router,
+        logs.router,
+        event_routes.router,
+        files.router,
+    ):
         app.include_router(router)
     return app

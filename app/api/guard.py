@@ -5,15 +5,20 @@ A plain ASGI middleware (not `BaseHTTPMiddleware`, which would pipe every stream
 
 from __future__ import annotations
 
+import re
+
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.api import errors
 
+FILES = re.compile(r"^/threads/[^/]+/fs/")  # raw file uploads: any type, the file size limit
+
 
 class Guard:
-    def __init__(self, app: ASGIApp, max_body_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_body_bytes: int, max_file_bytes: int) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
+        self.max_file_bytes = max_file_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -29,10 +34,12 @@ class Guard:
             return errors.envelope(400, "invalid_request", "NUL characters are not allowed in URLs.")
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         length = headers.get("content-length", "0")
-        if length.isdigit() and int(length) > self.max_body_bytes:
-            return errors.envelope(413, "too_large", f"The body exceeds the limit of {self.max_body_bytes} bytes.")
+        upload = scope["method"] == "PUT" and FILES.match(scope["path"]) is not None
+        limit = self.max_file_bytes if upload else self.max_body_bytes
+        if length.isdigit() and int(length) > limit:
+            return errors.envelope(413, "too_large", f"The body exceeds the limit of {limit} bytes.")
         has_body = length != "0" or "transfer-encoding" in headers
-        if scope["method"] in ("POST", "PUT", "PATCH") and has_body:
+        if scope["method"] in ("POST", "PUT", "PATCH") and has_body and not upload:
             media = headers.get("content-type", "").split(";")[0].strip().lower()
             if media != "application/json" and not media.endswith("+json"):
                 return errors.envelope(

@@ -224,3 +224,25 @@ class ErrorBody(BaseModel):
 
 class Error(BaseModel):
     error: ErrorBody
+
+
+class FileRecord(BaseModel):
+    """An entry of a thread's file tree; `etag` is the content's SHA-256 (files only)."""
+
+    path: str
+    name: str
+    type: Literal["file", "directory"]
+    size: int
+    mime_type: str | None
+    etag: str | None
+
+
+class FileList(BaseModel):
+    path: str
+    entries: list[FileRecord]
+
+
+class FileUsage(BaseModel):
+    files: int
+    directories: int
+    bytes: int
