@@ -60,24 +60,16 @@ async def put(session: AsyncSession, body: AsyncIterable[bytes], limit: int) -> 
     return Stored(sha, size)
 
 
-async def put_bytes(session: AsyncSession, data: bytes, limit: int) -> Stored:
-    async def one() -> AsyncIterator[bytes]:
-        yield data
-
-    return await put(session, one(), limit)
+async def _chunk(session: AsyncSession, sha256: str, index: int) -> bytes | None:
+    query = select(tables.BlobChunk.data).where(tables.BlobChunk.sha256 == sha256, tables.BlobChunk.index == index)
+    piece: bytes | None = (await session.execute(query)).scalar_one_or_none()
+    return piece
 
 
 async def chunks(session: AsyncSession, sha256: str) -> AsyncIterator[bytes]:
-    """The blob's bytes, one chunk at a time."""
+    """The blob's bytes, one chunk at a time, on the caller's session."""
     index = 0
-    while True:
-        piece = (
-            await session.execute(
-                select(tables.BlobChunk.data).where(tables.BlobChunk.sha256 == sha256, tables.BlobChunk.index == index)
-            )
-        ).scalar_one_or_none()
-        if piece is None:
-            return
+    while (piece := await _chunk(session, sha256, index)) is not None:
         yield piece
         index += 1
 
@@ -87,21 +79,11 @@ async def stream(sessions: async_sessionmaker[AsyncSession], sha256: str) -> Asy
     index = 0
     while True:
         async with sessions() as session:
-            piece = (
-                await session.execute(
-                    select(tables.BlobChunk.data).where(
-                        tables.BlobChunk.sha256 == sha256, tables.BlobChunk.index == index
-                    )
-                )
-            ).scalar_one_or_none()
+            piece = await _chunk(session, sha256, index)
         if piece is None:
             return
         yield piece
         index += 1
-
-
-async def read(session: AsyncSession, sha256: str) -> bytes:
-    return b"".join([piece async for piece in chunks(session, sha256)])
 
 
 # COLLECT: blobs no file points at, older than the grace period (a copy in flight points at a blob it just checked).

@@ -140,10 +140,10 @@ class _Tail:
 class Hub:
     """Holds one LISTEN connection per process and dispatches notifications to subscribers in memory."""
 
-    def __init__(self, dsn: str, buffer: int = 1000, sessions: async_sessionmaker[AsyncSession] | None = None) -> None:
+    def __init__(self, dsn: str, buffer: int, sessions: async_sessionmaker[AsyncSession]) -> None:
         self._dsn = dsn
         self._buffer = buffer
-        self._sessions = sessions  # None: subscribers read each announced event themselves
+        self._sessions = sessions
         self._conn: asyncpg.Connection | None = None
         self._subs: dict[uuid.UUID, set[Subscription]] = {}
         self._tails: dict[uuid.UUID, _Tail] = {}
@@ -210,9 +210,6 @@ class Hub:
     def _stored(self, key: uuid.UUID, seq: int) -> None:
         if key not in self._subs:
             return
-        if self._sessions is None:
-            self._push(key, Stored(seq))
-            return
         tail = self._tails.get(key)
         if tail is None:
             tail = self._tails[key] = _Tail(fetched=seq - 1, wanted=seq)
@@ -224,7 +221,6 @@ class Hub:
             self._drainer = asyncio.create_task(self._drain())
 
     async def _fetch(self, afters: dict[uuid.UUID, int]) -> dict[uuid.UUID, Sequence[Row]]:
-        assert self._sessions is not None
         async with self._sessions() as session:
             return await _read(session, afters)
 
