@@ -19,12 +19,14 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from app import errors, tables
 
 CHUNK = 1024 * 1024
+HEAD = 256 * 1024
 
 
 @dataclass(frozen=True)
 class Stored:
     sha256: str
     size: int
+    head: bytes = b""  # the first bytes (up to `HEAD`), for sniffing image dimensions
 
 
 _PUT = text(
@@ -48,6 +50,8 @@ async def put(session: AsyncSession, body: AsyncIterable[bytes], limit: int) -> 
             digest.update(piece)
             spool.write(piece)
         sha = digest.hexdigest()
+        spool.seek(0)
+        head = spool.read(HEAD)
         # an existing blob is touched: its grace period restarts and the row lock keeps `collect` off it
         inserted = (await session.execute(_PUT, {"sha": sha, "size": size})).scalar_one()
         if inserted:  # new content: its chunks, read back from the spool
@@ -57,10 +61,16 @@ async def put(session: AsyncSession, body: AsyncIterable[bytes], limit: int) -> 
                 session.add(tables.BlobChunk(sha256=sha, index=index, data=piece))
                 index += 1
             await session.flush()
-    return Stored(sha, size)
+    return Stored(sha, size, head)
 
 
-async def _chunk(session: AsyncSession, sha256: str, index: int) -> bytes | None:
+async def touch(session: AsyncSession, sha256: str) -> None:
+    """Restart a blob's grace period and lock it until commit, so `collect` cannot take it from a new reference."""
+    await session.execute(text("UPDATE blobs SET created_at = now() WHERE sha256 = :sha"), {"sha": sha256})
+
+
+async def chunk(session: AsyncSession, sha256: str, index: int) -> bytes | None:
+    """The blob's `index`-th chunk, or None past its end."""
     query = select(tables.BlobChunk.data).where(tables.BlobChunk.sha256 == sha256, tables.BlobChunk.index == index)
     piece: bytes | None = (await session.execute(query)).scalar_one_or_none()
     return piece
@@ -69,7 +79,7 @@ async def _chunk(session: AsyncSession, sha256: str, index: int) -> bytes | None
 async def chunks(session: AsyncSession, sha256: str) -> AsyncIterator[bytes]:
     """The blob's bytes, one chunk at a time, on the caller's session."""
     index = 0
-    while (piece := await _chunk(session, sha256, index)) is not None:
+    while (piece := await chunk(session, sha256, index)) is not None:
         yield piece
         index += 1
 
@@ -79,7 +89,7 @@ async def stream(sessions: async_sessionmaker[AsyncSession], sha256: str) -> Asy
     index = 0
     while True:
         async with sessions() as session:
-            piece = await _chunk(session, sha256, index)
+            piece = await chunk(session, sha256, index)
         if piece is None:
             return
         yield piece

@@ -121,6 +121,12 @@ class FileConflict(Conflict):
     code = "file_conflict"
 
 
+class NotAnImage(AgentsError):
+    """The file is not an image that can be read."""
+
+    code = "not_an_image"
+
+
 class TooLarge(AgentsError):
     """The content exceeds the size limit."""
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import mimetypes
 import posixpath
+import re
 import uuid
 from collections.abc import AsyncIterable, AsyncIterator
 from dataclasses import dataclass
@@ -16,7 +17,7 @@ from sqlalchemy import delete, func, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import blobs, errors, tables
+from app import blobs, errors, images, tables
 
 MAX_PATH = 1024  # characters
 MAX_SEGMENT = 255
@@ -48,6 +49,8 @@ class Entry:
     size: int
     mime_type: str | None
     sha256: str | None
+    width: int | None = None
+    height: int | None = None
 
     @property
     def name(self) -> str:
@@ -55,7 +58,7 @@ class Entry:
 
     @classmethod
     def of(cls, row: tables.File) -> Entry:
-        return cls(row.path, row.is_dir, row.size, row.mime_type, row.sha256)
+        return cls(row.path, row.is_dir, row.size, row.mime_type, row.sha256, row.width, row.height)
 
 
 ROOT = Entry("/", True, 0, None, None)
@@ -114,13 +117,47 @@ async def write(
         raise errors.FileConflict(f"{path} is a directory.", path=path)
     blob = await blobs.put(session, body, limit)
     mime = mime_type or mimetypes.guess_type(path)[0] or "application/octet-stream"
-    values = {"sha256": blob.sha256, "size": blob.size, "mime_type": mime, "is_dir": False, "updated_at": func.now()}
+    size = images.dimensions(blob.head) if images.is_image(mime) else None
+    width, height = size or (None, None)
+    return await _put(session, thread_id, Entry(path, False, blob.size, mime, blob.sha256, width, height))
+
+
+async def _put(session: AsyncSession, thread_id: uuid.UUID, entry: Entry) -> Entry:
+    """Point the file entry `entry.path` at its blob (replacing what was there)."""
+    values = {
+        "sha256": entry.sha256,
+        "size": entry.size,
+        "mime_type": entry.mime_type,
+        "width": entry.width,
+        "height": entry.height,
+        "is_dir": False,
+        "updated_at": func.now(),
+    }
     await session.execute(
         insert(tables.File)
-        .values(thread_id=thread_id, path=path, **values)
+        .values(thread_id=thread_id, path=entry.path, **values)
         .on_conflict_do_update(index_elements=["thread_id", "path"], set_=values)
     )
-    return Entry(path, False, blob.size, mime, blob.sha256)
+    return entry
+
+
+async def link(session: AsyncSession, thread_id: uuid.UUID, path: str, source: Entry) -> Entry:
+    """A new file at `path` with `source`'s content: the same blob, no bytes copied (copies between threads)."""
+    path = normalise(path)
+    if source.is_dir or source.sha256 is None:
+        raise errors.FileConflict(f"{source.path} is a directory.", path=source.path)
+    parent = posixpath.dirname(path)
+    if parent != "/":
+        await mkdir(session, thread_id, parent)
+    existing = await _get(session, thread_id, path, lock=True)
+    if existing is not None and existing.is_dir:
+        raise errors.FileConflict(f"{path} is a directory.", path=path)
+    await blobs.touch(session, source.sha256)
+    return await _put(
+        session,
+        thread_id,
+        Entry(path, False, source.size, source.mime_type, source.sha256, source.width, source.height),
+    )
 
 
 async def write_bytes(
@@ -178,6 +215,93 @@ async def rmdir(session: AsyncSession, thread_id: uuid.UUID, path: str) -> None:
     if await readdir(session, thread_id, entry.path):
         raise errors.FileConflict(f"{entry.path} is not empty.", path=entry.path)
     await session.execute(delete(tables.File).where(tables.File.thread_id == thread_id, tables.File.path == entry.path))
+
+
+GREP_MAX_FILE = 5 * 1024 * 1024  # larger files are not searched
+MAX_RESULTS = 1000
+
+
+@dataclass(frozen=True)
+class Match:
+    path: str
+    line: int  # 1-based
+    text: str
+
+
+async def grep(session: AsyncSession, thread_id: uuid.UUID, pattern: str) -> list[Match]:
+    """Lines of the thread's text files that match the regular expression `pattern` (at most `MAX_RESULTS`)."""
+    if not isinstance(pattern, str) or not pattern or len(pattern) > 1000:
+        raise errors.Invalid("Give a regular expression of 1 to 1000 characters.")
+    try:
+        regex = re.compile(pattern)
+    except re.error as exc:
+        raise errors.Invalid(f"Not a valid regular expression: {exc}.") from exc
+    rows = await session.execute(
+        select(tables.File.path, tables.File.sha256)
+        .where(tables.File.thread_id == thread_id, ~tables.File.is_dir, tables.File.size <= GREP_MAX_FILE)
+        .order_by(tables.File.path)
+    )
+    found: list[Match] = []
+    for path, sha in rows.all():
+        assert sha is not None  # files (not directories) always point at a blob
+        data = b"".join([piece async for piece in blobs.chunks(session, sha)])
+        if b"\x00" in data:
+            continue  # binary
+        try:
+            text = data.decode()
+        except UnicodeDecodeError:
+            continue
+        for number, line in enumerate(text.splitlines(), 1):
+            if regex.search(line):
+                found.append(Match(path, number, line[:1000]))
+                if len(found) >= MAX_RESULTS:
+                    return found
+    return found
+
+
+def glob_regex(pattern: str) -> re.Pattern[str]:
+    """A glob as a regex over paths: `*` and `?` stay within a segment, `**` crosses them; a pattern without `/`
+    matches file names anywhere (like `find -name`)."""
+    if not isinstance(pattern, str) or not pattern or len(pattern) > 1000:
+        raise errors.Invalid("Give a glob pattern of 1 to 1000 characters, such as **/*.md.")
+    if "/" not in pattern:
+        pattern = "/**/" + pattern
+    elif not pattern.startswith("/"):
+        pattern = "/" + pattern
+    out, i = [], 0
+    while i < len(pattern):
+        if pattern.startswith("/**/", i):
+            out.append("(?:/.*)?/")
+            i += 4
+        elif pattern.startswith("**", i):
+            out.append(".*")
+            i += 2
+        elif pattern[i] in "*?":
+            out.append("[^/]*" if pattern[i] == "*" else "[^/]")
+            i += 1
+        else:
+            out.append(re.escape(pattern[i]))
+            i += 1
+    return re.compile("".join(out))
+
+
+async def find(session: AsyncSession, thread_id: uuid.UUID, pattern: str) -> list[Entry]:
+    """Entries whose path matches the glob `pattern`, by path (at most `MAX_RESULTS`)."""
+    regex = glob_regex(pattern)
+    rows = await session.execute(
+        select(tables.File).where(tables.File.thread_id == thread_id).order_by(tables.File.path)
+    )
+    found = [Entry.of(r) for r in rows.scalars() if regex.fullmatch(r.path)]
+    return found[:MAX_RESULTS]
+
+
+async def thumbnail(session: AsyncSession, thread_id: uuid.UUID, path: str) -> bytes | None:
+    """A JPEG thumbnail of the image at `path`; None if it is not an image that can be read."""
+    entry = await stat(session, thread_id, path)
+    if entry.is_dir or entry.sha256 is None or not images.is_image(entry.mime_type):
+        return None
+    data = b"".join([piece async for piece in blobs.chunks(session, entry.sha256)])
+    return images.thumbnail(data)
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,9 @@ class Settings(BaseSettings):
     max_file_bytes: int = Field(default=50 * 1024 * 1024, ge=1024, description="largest file a thread may store")
     event_retention_days: float = Field(default=7.0, gt=0, description="how long stored events are kept")
     cleanup_interval: float = Field(default=300.0, gt=0, description="seconds between retention sweeps (workers)")
+    blob_grace_seconds: float = Field(
+        default=3600.0, ge=0, description="how long file content no file points at is kept before it is deleted"
+    )
     llm_attempts: int = Field(default=2, ge=1, description="attempts per model before its fallbacks")
     llm_first_chunk_timeout: float = Field(default=120.0, gt=0, description="seconds to wait for a first chunk")
     llm_stall_timeout: float = Field(default=45.0, gt=0, description="seconds a stream may pause between chunks")

@@ -17,7 +17,7 @@ import uuid
 import asyncpg
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, async_sessionmaker
 
-from app import events, lifecycle, queue
+from app import blobs, events, lifecycle, queue
 from app.engine.run import Engine
 from app.settings import Settings, plain_url
 
@@ -118,7 +118,8 @@ class Worker:
                     await conn.close()
 
     async def _janitor(self, stop: asyncio.Event) -> None:
-        """Apply event retention now and then; any worker may do it (deletes are idempotent)."""
+        """Apply event retention and collect unreferenced file content now and then; any worker may do it
+        (deletes are idempotent)."""
         age = self._settings.event_retention_days * 86_400
         while not stop.is_set():
             try:
@@ -126,8 +127,12 @@ class Worker:
                     async with self._sessions() as session, session.begin():
                         if await events.expire(session, age) == 0:
                             break
+                async with self._sessions() as session, session.begin():
+                    collected = await blobs.collect(session, self._settings.blob_grace_seconds)
+                if collected:
+                    log.info("collected %d unreferenced blobs", collected)
             except Exception:
-                log.exception("event retention sweep failed; trying again later")
+                log.exception("cleanup sweep failed; trying again later")
             await asyncio.sleep(self._settings.cleanup_interval)
 
     def _cancel_lost(self, lost: set[uuid.UUID]) -> None:

@@ -242,7 +242,7 @@ async def create_threads(database_url: str, crash_dir: Path, contents: list[str]
             for content in contents:
                 thread = await threads.create(session, agent, keys.OPEN)
                 await env.set_thread(session, fernet, thread.id, {"CRASH_DIR": str(crash_dir)}, set())
-                await enqueue_message(session, thread, schemas.MessageIn(content=content))
+                await enqueue_message(session, thread, schemas.MessageIn(content=content), limit=1024)
                 ids.append(str(thread.id))
     finally:
         await engine.dispose()

@@ -127,3 +127,91 @@ async def test_the_size_limit_is_enforced_while_streaming(app_factory: Any) -> N
     assert pulled == 16  # refused at the first piece past the limit, not after reading everything
     assert await _count(app, tables.File) == 0
     assert await _count(app, tables.Blob) == 0
+
+
+@pytest.mark.parametrize(
+    ("pattern", "matches", "misses"),
+    [
+        ("*.md", ["/a.md", "/x/y/b.md"], ["/a.txt", "/a.md/c"]),
+        ("/reports/*.pdf", ["/reports/q.pdf"], ["/reports/2024/q.pdf", "/other/q.pdf"]),
+        ("reports/**/*.pdf", ["/reports/q.pdf", "/reports/2024/q/r.pdf"], ["/reportsx/q.pdf"]),
+        ("/a?c", ["/abc"], ["/ac", "/a/c"]),
+        ("/src/**", ["/src/a", "/src/a/b.py"], ["/srcs"]),
+        ("(x).md", ["/(x).md"], ["/x.md"]),  # regex metacharacters are literal
+    ],
+)
+def test_glob_patterns(pattern: str, matches: list[str], misses: list[str]) -> None:
+    regex = files.glob_regex(pattern)
+    assert [p for p in matches if regex.fullmatch(p)] == matches
+    assert [p for p in misses if regex.fullmatch(p)] == []
+
+
+async def test_grep_and_find(app_factory: Any) -> None:
+    app = await app_factory(load_catalog(ROOT / "agents"))
+    thread_id = await _thread(app)
+    async with app.state.sessions() as session, session.begin():
+        await files.write_bytes(session, thread_id, "/notes/todo.md", b"buy milk\nTODO: call Ann\ndone\n")
+        await files.write_bytes(session, thread_id, "/notes/old.txt", b"nothing here\nTODO later")
+        await files.write_bytes(session, thread_id, "/bin/blob.dat", b"TODO\x00\x01binary")
+        await files.write_bytes(session, thread_id, "/latin1.txt", "TODO café".encode("latin-1"))
+    async with app.state.sessions() as session:
+        found = await files.grep(session, thread_id, r"TODO\b")
+        assert [(m.path, m.line, m.text) for m in found] == [
+            ("/notes/old.txt", 2, "TODO later"),
+            ("/notes/todo.md", 2, "TODO: call Ann"),
+        ]
+        with pytest.raises(errors.Invalid, match="regular expression"):
+            await files.grep(session, thread_id, "(unclosed")
+        assert [e.path for e in await files.find(session, thread_id, "*.txt")] == ["/latin1.txt", "/notes/old.txt"]
+        assert [e.path for e in await files.find(session, thread_id, "/notes")] == ["/notes"]
+    client = client_for(app)
+    grep = await client.get(f"/threads/{thread_id}/fs", params={"grep": "call"})
+    assert grep.json() == {
+        "pattern": "call",
+        "matches": [{"path": "/notes/todo.md", "line": 2, "text": "TODO: call Ann"}],
+    }
+    find = await client.get(f"/threads/{thread_id}/fs", params={"find": "notes/*"})
+    assert [e["path"] for e in find.json()["entries"]] == ["/notes/old.txt", "/notes/todo.md"]
+    bad = await client.get(f"/threads/{thread_id}/fs", params={"grep": "("})
+    assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_request"
+
+
+def _png(width: int, height: int, mode: str = "RGB") -> bytes:
+    import io
+
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new(mode, (width, height)).save(out, "PNG")
+    return out.getvalue()
+
+
+async def test_thumbnail_of_a_png_and_image_dimensions(app_factory: Any) -> None:
+    import io
+
+    from PIL import Image
+
+    app = await app_factory(load_catalog(ROOT / "agents"))
+    thread_id = await _thread(app)
+    client = client_for(app)
+    put = await client.put(
+        f"/threads/{thread_id}/fs/pics/wide.png", content=_png(1000, 500, "RGBA"), headers={"content-type": "image/png"}
+    )
+    assert (put.json()["width"], put.json()["height"]) == (1000, 500)
+    thumb = await client.get(f"/threads/{thread_id}/fs/pics/wide.png", params={"thumbnail": 1})
+    assert thumb.status_code == 200 and thumb.headers["content-type"] == "image/jpeg"
+    with Image.open(io.BytesIO(thumb.content)) as image:
+        assert image.format == "JPEG" and image.size == (256, 128)
+    again = await client.get(
+        f"/threads/{thread_id}/fs/pics/wide.png",
+        params={"thumbnail": 1},
+        headers={"if-none-match": thumb.headers["etag"]},
+    )
+    assert again.status_code == 304
+    await client.put(f"/threads/{thread_id}/fs/t.txt", content=b"hi", headers={"content-type": "text/plain"})
+    refused = await client.get(f"/threads/{thread_id}/fs/t.txt", params={"thumbnail": 1})
+    assert refused.status_code == 422 and refused.json()["error"]["code"] == "not_an_image"
+    await client.put(f"/threads/{thread_id}/fs/fake.png", content=b"not a png", headers={"content-type": "image/png"})
+    assert (await client.get(f"/threads/{thread_id}/fs/fake.png", params={"thumbnail": 1})).status_code == 422
+    listing = (await client.get(f"/threads/{thread_id}/fs/pics")).json()["entries"]
+    assert (listing[0]["width"], listing[0]["height"]) == (1000, 500)

@@ -153,9 +153,18 @@ async def test_session_stop_in_string_form_uses_the_result_text(app_factory: Any
 async def test_session_fail_in_object_form_maps_message_and_attachments(app_factory: Any) -> None:
     call = {"name": "give_up", "arguments": {"why": "no data", "files": "/attachments/log.txt"}}
     binding = {"name": "give_up", "message_property": "why", "attachments_property": "files"}
-    client, tid = await start(app_factory, dual([{"tool_calls": [call]}], [], side_a={"session_fail": binding}))
+    app = await app_factory(dual([{"tool_calls": [call]}], [], side_a={"session_fail": binding}), with_worker=True)
+    client = client_for(app)
+    tid = (await client.post("/threads", json={"agent": "agent"})).json()["id"]
+    put = await client.put(
+        f"/threads/{tid}/fs/attachments/log.txt", content=b"trace", headers={"content-type": "text/plain"}
+    )
+    assert put.status_code == 201
+    await client.post(f"/threads/{tid}/messages", json={"content": "Begin."})
+    await settle(client, tid)
     tool = (await stored(client, tid))[-1]
-    assert (tool["content"], tool["attachments"]) == ("no data", [{"path": "/attachments/log.txt", "name": "log.txt"}])
+    ref = {"path": "/attachments/log.txt", "name": "log.txt", "mime_type": "text/plain", "size": 5}
+    assert (tool["content"], tool["attachments"]) == ("no data", [ref])
     session = (await client.get(f"/threads/{tid}")).json()["session"]
     assert session["status"] == "failure" and session["reason"] == "session_fail"
     assert session["result"] == {"content": "no data", "attachments": ["/attachments/log.txt"]}

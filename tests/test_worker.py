@@ -9,11 +9,12 @@ from typing import Any
 
 from sqlalchemy import func, select, text
 
-from app import tables
+from app import catalog as catalog_module
+from app import files, tables
 from app.catalog import Catalog
 from app.llm.base import LLMRequest
 from app.spec import define_agent, define_model, define_prompt
-from tests.conftest import client_for, wait_for
+from tests.conftest import ROOT, client_for, wait_for
 from tests.test_engine import settle, stored
 
 
@@ -139,3 +140,25 @@ async def _events(app: Any, tid: uuid.UUID) -> list[dict[str, Any]]:
     async with app.state.sessions() as session:
         rows = (await session.execute(select(tables.Event).where(tables.Event.thread_id == tid))).scalars()
         return [{"type": r.type, "data": r.data} for r in rows]
+
+
+async def test_the_janitor_collects_file_content_nothing_points_at(app_factory: Any) -> None:
+    app = await app_factory(
+        catalog_module.load(ROOT / "agents"), with_worker=True, cleanup_interval=0.2, blob_grace_seconds=0
+    )
+    client = client_for(app)
+    tid = uuid.UUID((await client.post("/threads", json={"agent": "assistant"})).json()["id"])
+    async with app.state.sessions() as session, session.begin():
+        await files.write_bytes(session, tid, "/keep.txt", b"kept")
+        await files.write_bytes(session, tid, "/drop.txt", b"dropped")
+        await files.unlink(session, tid, "/drop.txt")
+
+    async def blobs() -> list[int]:
+        async with app.state.sessions() as session:
+            return list((await session.execute(text("SELECT size FROM blobs ORDER BY size"))).scalars())
+
+    await wait_for(lambda: _equals(blobs, [4]))
+
+
+async def _equals(read: Any, expected: Any) -> bool:
+    return bool(await read() == expected)

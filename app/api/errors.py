@@ -21,6 +21,7 @@ STATUS: dict[type[errors.AgentsError], int] = {
     errors.Conflict: 409,
     errors.MissingVariables: 422,
     errors.TooLarge: 413,
+    errors.NotAnImage: 422,
     errors.NotReady: 503,
     errors.LeaseLost: 503,
     errors.ConfigError: 500,

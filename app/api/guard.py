@@ -12,6 +12,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from app.api import errors
 
 FILES = re.compile(r"^/threads/[^/]+/fs/")  # raw file uploads: any type, the file size limit
+MESSAGES = re.compile(r"^/threads/[^/]+/messages/?$")  # JSON, or multipart with files
 
 
 class Guard:
@@ -34,17 +35,22 @@ class Guard:
             return errors.envelope(400, "invalid_request", "NUL characters are not allowed in URLs.")
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         length = headers.get("content-length", "0")
+        media = headers.get("content-type", "").split(";")[0].strip().lower()
         upload = scope["method"] == "PUT" and FILES.match(scope["path"]) is not None
+        multipart = (
+            scope["method"] == "POST" and media == "multipart/form-data" and MESSAGES.match(scope["path"]) is not None
+        )
         limit = self.max_file_bytes if upload else self.max_body_bytes
+        if multipart:  # files and the other fields
+            limit = self.max_file_bytes + self.max_body_bytes
         if length.isdigit() and int(length) > limit:
             return errors.envelope(413, "too_large", f"The body exceeds the limit of {limit} bytes.")
         has_body = length != "0" or "transfer-encoding" in headers
-        if scope["method"] in ("POST", "PUT", "PATCH") and has_body and not upload:
-            media = headers.get("content-type", "").split(";")[0].strip().lower()
-            if media != "application/json" and not media.endswith("+json"):
-                return errors.envelope(
-                    415,
-                    "unsupported_media_type",
-                    f"Send a JSON body with `Content-Type: application/json` (got `{media or 'none'}`).",
-                )
+        json_body = media == "application/json" or media.endswith("+json")
+        if scope["method"] in ("POST", "PUT", "PATCH") and has_body and not (upload or multipart or json_body):
+            return errors.envelope(
+                415,
+                "unsupported_media_type",
+                f"Send a JSON body with `Content-Type: application/json` (got `{media or 'none'}`).",
+            )
         return None

@@ -235,11 +235,26 @@ class FileRecord(BaseModel):
     size: int
     mime_type: str | None
     etag: str | None
+    width: int | None = None
+    height: int | None = None
 
 
 class FileList(BaseModel):
     path: str
     entries: list[FileRecord]
+
+
+class GrepMatch(BaseModel):
+    path: str
+    line: int
+    text: str
+
+
+class GrepResult(BaseModel):
+    """Lines of the thread's text files that match `pattern` (at most 1000)."""
+
+    pattern: str
+    matches: list[GrepMatch]
 
 
 class FileUsage(BaseModel):

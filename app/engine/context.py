@@ -9,7 +9,7 @@ from typing import Any
 from app import env as env_store
 from app import tables
 from app.catalog import Catalog
-from app.llm.base import LLMMessage, LLMRequest, LLMTool, ToolCall
+from app.llm.base import LLMImage, LLMMessage, LLMRequest, LLMTool, ToolCall
 from app.spec.definitions import PromptDefinition, PromptEnvPart, PromptIncludePart, SideConfig, ToolEntry
 
 
@@ -121,9 +121,38 @@ def _visible(rows: list[tables.Message], side: str, prompt: PromptDefinition, tu
     return out
 
 
+MAX_IMAGE_BYTES = 5 * 1024 * 1024  # larger images are named, not sent (providers refuse bigger inline images)
+
+
+def described(text: str | None, attachments: list[dict[str, Any]] | None) -> str:
+    """A message's text with its attachments named, so a model that sees no image still knows the files exist."""
+    if not attachments:
+        return text or ""
+    lines = []
+    for a in attachments:
+        facts = [str(a.get("mime_type") or "file"), f"{a.get('size', 0)} bytes"]
+        if a.get("width") and a.get("height"):
+            facts.append(f"{a['width']}x{a['height']}")
+        lines.append(f"- {a.get('path')} ({', '.join(facts)})")
+    note = "Attached files:\n" + "\n".join(lines)
+    return f"{text}\n\n{note}" if text else note
+
+
+def _images(attachments: list[dict[str, Any]] | None) -> list[LLMImage]:
+    return [
+        LLMImage(mime_type=str(a["mime_type"]), path=str(a["path"]))
+        for a in attachments or []
+        if str(a.get("mime_type", "")).startswith("image/")
+        and "svg" not in str(a.get("mime_type"))
+        and int(a.get("size") or 0) <= MAX_IMAGE_BYTES
+        and a.get("path")
+    ]
+
+
 def history(rows: list[tables.Message], side: str, prompt: PromptDefinition, turn_start: int) -> list[LLMMessage]:
     """The history in the acting side's perspective: its own messages as `assistant`, the other side's as
-    `user`, the other side's tool traffic left out, and only complete call/result pairs."""
+    `user`, the other side's tool traffic left out, and only complete call/result pairs. Attachments are named
+    in the text; image attachments of `user` messages are also carried as images (see `build_request`)."""
     visible = _visible(rows, side, prompt, turn_start)
     results = {r.tool_call_id: r for r in visible if r.role == "tool"}
     out: list[LLMMessage] = []
@@ -145,9 +174,11 @@ def history(rows: list[tables.Message], side: str, prompt: PromptDefinition, tur
                 out.append(message)
             for call in calls:
                 result = results[call["id"]]
-                out.append(LLMMessage("tool", result.content or "", tool_call_id=result.tool_call_id, name=result.name))
-        elif row.content:
-            out.append(LLMMessage("user", row.content))
+                content = described(result.content, result.attachments)
+                out.append(LLMMessage("tool", content, tool_call_id=result.tool_call_id, name=result.name))
+        elif row.content or row.attachments:
+            message = LLMMessage("user", described(row.content, row.attachments), images=_images(row.attachments))
+            out.append(message)
     return out
 
 
@@ -162,10 +193,12 @@ def build_request(
 ) -> LLMRequest:
     """Everything the model of `prompt` is sent for the acting side's next step."""
     model = catalog.models[prompt.model]
-    messages = [
-        LLMMessage("system", render_prompt(catalog, prompt, env)),
-        *history(rows, acting, prompt, turn_start),
-    ]
+    past = history(rows, acting, prompt, turn_start)
+    recent = len(past) - prompt.recent_image_threshold
+    for index, message in enumerate(past):  # only the most recent messages keep real images (the spec's default: 10)
+        if index < recent or not model.capabilities.supports_images:
+            message.images = []
+    messages = [LLMMessage("system", render_prompt(catalog, prompt, env)), *past]
     tools = [LLMTool(t.name, t.description, t.parameters) for t in offered_tools(catalog, prompt, side)]
     return LLMRequest(
         model=model.model or model.name,

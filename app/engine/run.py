@@ -6,6 +6,7 @@ transaction spans an LLM call or a tool call.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import uuid
 from collections.abc import AsyncIterator
@@ -19,8 +20,8 @@ from cryptography.fernet import Fernet
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from app import attachments, errors, events, files, messages, queue, tables, threads
 from app import env as env_store
-from app import errors, events, messages, queue, tables, threads
 from app.catalog import Catalog
 from app.engine import calls, context, hooks, stops, tools
 from app.engine.state import RunState, deliver_tool
@@ -33,6 +34,7 @@ from app.llm.base import (
 )
 from app.settings import Settings
 from app.spec.definitions import AgentDefinition, PromptDefinition, SideConfig
+from app.spec.results import ToolResult
 from app.spec.state import ExecutionState
 
 log = logging.getLogger(__name__)
@@ -307,6 +309,7 @@ class Engine:
                 await events.append(session, thread.id, "error", {"code": "missing_variable", "message": str(exc)})
                 return None
             request.messages = await hook_runner.prefilter_llm_history(request.messages)
+            await attachments.inline_images(session, thread.id, request.messages)
             if last is not None and last.status == "pending":  # redo an interrupted call into the same row
                 await messages.save(session, last, content=None, tool_calls=None, reasoning_content=None)
                 message = last
@@ -416,15 +419,17 @@ class Engine:
                 context=self._context(thread),
             )
         outcome = await tools.execute(self._catalog, offered, call, state)
+        outcome = await tools.check_attachments(step.config, outcome, state)
         result = await hook_runner.after_tool_call(call, outcome.result)
         fields: dict[str, Any] | None = None
         if result is not None:
             result = await hook_runner.before_store_tool_result(call, result)
             outcome = replace(outcome, result=result)
-            content, attachments = stops.stored_result(step.config, outcome)
+            content, bound = stops.stored_result(step.config, outcome)
             fields = {"side": step.side, "name": name, "tool_call_id": call["id"], "content": content}
-            if attachments:
-                fields["attachments"] = attachments
+            refs = await self._attachments(claim, bound, result)
+            if refs:
+                fields["attachments"] = refs
             fields = await hook_runner.before_create_message("tool", {**fields, "tool_status": result.status})
         async with self._tx(claim) as (session, thread):
             if fields is None:  # an `after_tool_call_*` hook removed the call and its result from history
@@ -440,6 +445,26 @@ class Engine:
         if fields is not None:
             await hook_runner.after_create_message(row)
         return outcome
+
+    async def _attachments(self, claim: queue.Claim, bound: list[str], result: ToolResult) -> list[dict[str, Any]]:
+        """References for a tool message: the files a session tool's `attachmentsProperty` names, and the files a
+        tool returned, stored under `/attachments/` (§9)."""
+        if not bound and not result.attachments:
+            return []
+        refs: list[dict[str, Any]] = []
+        async with self._tx(claim) as (session, thread):
+            for path in bound:
+                with contextlib.suppress(errors.AgentsError):  # checked before; a racing delete leaves it out
+                    refs.append(attachments.reference(await files.stat(session, thread.id, path)))
+            for item in result.attachments:
+                try:
+                    data = attachments.decode(item.data, item.name)
+                except errors.Invalid:
+                    log.warning("tool result attachment %r is not valid base64; left out", item.name)
+                    continue
+                limit = max(self._settings.max_file_bytes, len(data))  # a tool's own output is not refused
+                refs.append(await attachments.store(session, thread.id, item.name, data, item.mime_type, limit))
+        return refs
 
     async def _crashed(self, session: AsyncSession, thread: tables.Thread) -> None:
         """The same step crashed its worker `MAX_ATTEMPTS` times: fail the session instead of looping."""

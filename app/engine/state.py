@@ -18,6 +18,7 @@ from app import errors, events, lifecycle, messages, queue, tables, threads
 from app.catalog import Catalog
 from app.engine import tools
 from app.engine.context import Env, offered_tools
+from app.engine.files import FileMethods
 from app.llm.base import ToolCall
 from app.spec.definitions import AgentDefinition, ModelDefinition, PromptDefinition
 from app.spec.results import ToolResult
@@ -28,7 +29,7 @@ INJECT_ROLES = ("user", "assistant", "system")
 QUEUE_ROLES = ("user", "assistant")
 
 
-class RunState:
+class RunState(FileMethods):
     """The state of one thread; inside its own execution every write is fenced by the lease.
 
     `transaction` opens a transaction on the locked thread row. `queue_call` (given during a tool call) adds a

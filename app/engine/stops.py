@@ -38,9 +38,9 @@ def payload(binding: SessionToolConfig, outcome: Outcome) -> dict[str, Any]:
     return {"content": content or "", "attachments": list(attachments)}
 
 
-def stored_result(side: SideConfig | None, outcome: Outcome) -> tuple[str, list[dict[str, Any]]]:
+def stored_result(side: SideConfig | None, outcome: Outcome) -> tuple[str, list[str]]:
     """The tool message of a call: a successful session tool bound in object form stores its mapped payload,
-    with the paths of `attachmentsProperty` attached (§5); anything else stores its result text."""
+    with the paths of `attachmentsProperty` to attach (§5); anything else stores its result text."""
     if side is not None and outcome.result.status == "success":
         name = outcome.call["function"]["name"]
         for which in ("stop", "fail", "status"):
@@ -51,8 +51,7 @@ def stored_result(side: SideConfig | None, outcome: Outcome) -> tuple[str, list[
                 and (binding.message_property or binding.attachments_property)
             ):
                 mapped = payload(binding, outcome)
-                paths = [p for p in mapped["attachments"] if isinstance(p, str)]
-                return mapped["content"], [{"path": p, "name": p.rsplit("/", 1)[-1]} for p in paths]
+                return mapped["content"], [p for p in mapped["attachments"] if isinstance(p, str)]
     return outcome.result.text, []
 
 

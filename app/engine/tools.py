@@ -11,8 +11,10 @@ from pydantic import BaseModel, ValidationError
 
 from app.catalog import Catalog
 from app.engine.context import OfferedTool, parse_arguments
+from app.errors import AgentsError
 from app.llm.base import ToolCall
 from app.spec.define import ToolDefinition
+from app.spec.definitions import SideConfig
 from app.spec.results import ToolResult
 
 if TYPE_CHECKING:  # state.py runs tools itself (`invoke_tool`)
@@ -87,6 +89,35 @@ async def execute(catalog: Catalog, offered: dict[str, OfferedTool], call: ToolC
         return Outcome(call, ToolResult(status="success", result="ok"), arguments)
     tool_state = state.with_tool(call["id"], tool.entry.options, tool.entry.env)
     return Outcome(call, await run(name, catalog.tools[name], arguments, tool_state), arguments)
+
+
+async def check_attachments(side: SideConfig | None, outcome: Outcome, state: RunState) -> Outcome:
+    """A session tool's `attachmentsProperty` must name files of this thread; otherwise the call is an error the
+    model sees (and the session does not end on it)."""
+    if side is None or outcome.result.status != "success" or not outcome.arguments:
+        return outcome
+    name = outcome.call["function"]["name"]
+    for which in ("stop", "fail", "status"):
+        binding = side.binding(which)
+        if binding is None or binding.name != name or not binding.attachments_property:
+            continue
+        paths = outcome.arguments.get(binding.attachments_property) or []
+        paths = [paths] if isinstance(paths, str) else paths
+        if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
+            text = f"`{binding.attachments_property}` must be a list of file paths"
+            return Outcome(outcome.call, _error(f"Invalid arguments for tool `{name}`: {text}"), outcome.arguments)
+        missing = []
+        for path in paths:
+            try:
+                record = await state.stat_file(path)
+            except AgentsError as exc:  # a malformed path
+                return Outcome(outcome.call, _error(f"`{name}`: {exc.message}"), outcome.arguments)
+            if record is None or record.type != "file":
+                missing.append(path)
+        if missing:
+            text = f"`{name}`: these attachments are not files of this thread: {', '.join(missing)}"
+            return Outcome(outcome.call, _error(text), outcome.arguments)
+    return outcome
 
 
 async def run(name: str, definition: ToolDefinition, arguments: dict[str, Any], state: RunState) -> ToolResult:

@@ -31,6 +31,7 @@ class LLMImage:
     mime_type: str
     data: str | None = None
     url: str | None = None
+    path: str | None = None  # a file of the thread, read into `data` by the engine before the request is sent
 
 
 @dataclass

@@ -20,16 +20,32 @@ from app.spec.definitions import (
     VariableDefinition,
 )
 from app.spec.results import ToolAttachment, ToolResult
-from app.spec.state import ExecutionState, MessagesResult, StateLog, StateMessage, ThreadState
+from app.spec.state import (
+    ExecutionState,
+    FileRecord,
+    FileStats,
+    FindResult,
+    GrepMatch,
+    MessagesResult,
+    ReaddirResult,
+    StateLog,
+    StateMessage,
+    ThreadState,
+)
 
 __all__ = [
     "AgentDefinition",
     "ExecutionState",
+    "FileRecord",
+    "FileStats",
+    "FindResult",
+    "GrepMatch",
     "HookDefinition",
     "LLMMessage",
     "MessagesResult",
     "ModelDefinition",
     "PromptDefinition",
+    "ReaddirResult",
     "SessionToolConfig",
     "SideConfig",
     "StateLog",

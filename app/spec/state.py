@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal, Protocol
@@ -74,13 +75,50 @@ class StateLog(BaseModel):
     created_at: datetime
 
 
+class FileRecord(BaseModel):
+    """An entry of the thread's file tree; `sha256` addresses a file's content (None for directories)."""
+
+    path: str
+    name: str
+    type: Literal["file", "directory"]
+    size: int
+    mime_type: str | None = None
+    sha256: str | None = None
+    width: int | None = None
+    height: int | None = None
+
+
+class ReaddirResult(BaseModel):
+    path: str
+    entries: list[FileRecord]
+
+
+class FileStats(BaseModel):
+    files: int
+    directories: int
+    bytes: int
+
+
+class GrepMatch(BaseModel):
+    """A matching line of a text file (`line` is 1-based)."""
+
+    path: str
+    line: int
+    text: str
+
+
+class FindResult(BaseModel):
+    pattern: str
+    entries: list[FileRecord]
+
+
 class ThreadState(Protocol):
     """What a tool gets as `state`.
 
     Inside the thread's own execution (`execution` is set) everything is allowed. Outside it (custom endpoints,
     handles on other threads) reads, `queue_message`, `queue_tool`, `invoke_tool` and `emit` work, while
     `inject_message`, `update_message`, `delete_message` and `set_env` raise `OutsideExecution`: they would race
-    the running step. Files, effects and child/parent handles are not part of this server version yet.
+    the running step. Effects and child/parent handles are not part of this server version yet.
     """
 
     # -- identity --------------------------------------------------------------------------------------------
@@ -232,6 +270,58 @@ class ThreadState(Protocol):
         During a tool call, the call joins the running step (the model sees it among the step's calls); otherwise
         it is queued, and delivered as a side's own call before its next LLM call (an idle thread starts a run).
         """
+        ...
+
+    # -- files ---------------------------------------------------------------------------------------------
+    # Absolute POSIX paths; `..`, NUL and control characters are refused (`BadPath`). Content is stored once per
+    # SHA-256, so writing a copy costs nothing.
+
+    async def write_file(self, path: str, data: bytes | str, mime_type: str | None = None) -> FileRecord:
+        """Store `data` at `path` (text is UTF-8), creating missing directories and replacing a file there."""
+        ...
+
+    async def read_file(self, path: str) -> bytes | None:
+        """A file's bytes, or None if there is no file at `path`."""
+        ...
+
+    async def read_file_stream(self, path: str) -> AsyncIterator[bytes] | None:
+        """A file's bytes chunk by chunk (about 1 MB each), or None if there is no file at `path`."""
+        ...
+
+    async def stat_file(self, path: str) -> FileRecord | None:
+        """The entry at `path`, or None."""
+        ...
+
+    async def readdir_file(self, path: str = "/") -> ReaddirResult:
+        """The entries directly inside a directory."""
+        ...
+
+    async def unlink_file(self, path: str) -> None:
+        """Delete a file."""
+        ...
+
+    async def mkdir_file(self, path: str) -> FileRecord:
+        """Make a directory and its missing parents."""
+        ...
+
+    async def rmdir_file(self, path: str) -> None:
+        """Delete an empty directory."""
+        ...
+
+    async def get_file_stats(self) -> FileStats:
+        """How many files and directories the thread has, and the bytes its files hold."""
+        ...
+
+    async def grep_files(self, pattern: str) -> list[GrepMatch]:
+        """Lines of the thread's text files matching the regular expression `pattern` (at most 1000)."""
+        ...
+
+    async def find_files(self, pattern: str) -> FindResult:
+        """Entries whose path matches a glob: `*.md` (any folder), `/reports/**/*.pdf`."""
+        ...
+
+    async def get_file_thumbnail(self, path: str) -> bytes | None:
+        """A JPEG thumbnail (at most 256 px) of the image at `path`, or None if it is not a readable image."""
         ...
 
     # -- events ----------------------------------------------------------------------------------------------

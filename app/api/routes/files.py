@@ -6,10 +6,10 @@ import urllib.parse
 import uuid
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, Request, Response
+from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from app import blobs, files, threads
+from app import blobs, errors, files, threads
 from app.api import schemas
 from app.api.deps import CurrentUser, SessionDep, SettingsDep, sessions
 
@@ -20,6 +20,7 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"model": schemas.Error},
     404: {"model": schemas.Error},
     409: {"model": schemas.Error},
+    422: {"model": schemas.Error},
 }
 DOWNLOAD_ONLY = {"text/html", "application/xhtml+xml", "image/svg+xml"}  # never rendered inline from our origin
 
@@ -32,6 +33,8 @@ def _record(entry: files.Entry) -> schemas.FileRecord:
         size=entry.size,
         mime_type=entry.mime_type,
         etag=entry.sha256,
+        width=entry.width,
+        height=entry.height,
     )
 
 
@@ -41,13 +44,25 @@ def _listing(path: str, entries: list[files.Entry]) -> schemas.FileList:
 
 @router.get("/threads/{thread_id}/fs", responses=ERRORS, response_model=None)
 async def root(
-    thread_id: uuid.UUID, session: SessionDep, who: CurrentUser, stats: bool = False
-) -> schemas.FileList | schemas.FileUsage:
-    """The root directory's entries; `?stats=1` the thread's file usage."""
+    thread_id: uuid.UUID,
+    session: SessionDep,
+    who: CurrentUser,
+    stats: bool = False,
+    grep: Annotated[str | None, Query(description="a regular expression: matching lines of text files")] = None,
+    find: Annotated[str | None, Query(description="a glob (`*.md`, `/reports/**/*.pdf`): matching paths")] = None,
+) -> schemas.FileList | schemas.FileUsage | schemas.GrepResult:
+    """The root directory's entries; `?stats=1` the thread's file usage; `?grep=` or `?find=` a search."""
     thread = await threads.get(session, thread_id, who)
     if stats:
         usage = await files.usage(session, thread.id)
         return schemas.FileUsage(files=usage.files, directories=usage.directories, bytes=usage.bytes)
+    if grep is not None:
+        found = await files.grep(session, thread.id, grep)
+        return schemas.GrepResult(
+            pattern=grep, matches=[schemas.GrepMatch(path=m.path, line=m.line, text=m.text) for m in found]
+        )
+    if find is not None:
+        return schemas.FileList(path="/", entries=[_record(e) for e in await files.find(session, thread.id, find)])
     return _listing("/", await files.readdir(session, thread.id, "/"))
 
 
@@ -59,17 +74,24 @@ async def download(
     session: SessionDep,
     who: CurrentUser,
     if_none_match: Annotated[str | None, Header()] = None,
+    thumbnail: bool = False,
 ) -> Response:
-    """A file's bytes, streamed (a directory gives its listing)."""
+    """A file's bytes, streamed (a directory gives its listing); `?thumbnail=1` a JPEG thumbnail of an image."""
     thread = await threads.get(session, thread_id, who)
     entry = await files.stat(session, thread.id, path)
     if entry.is_dir:
         listing = _listing(entry.path, await files.readdir(session, thread.id, entry.path))
         return JSONResponse(listing.model_dump())
     assert entry.sha256 is not None
-    etag = f'"{entry.sha256}"'
+    etag = f'"{entry.sha256}-thumb"' if thumbnail else f'"{entry.sha256}"'
     if if_none_match is not None and etag in [t.strip() for t in if_none_match.split(",")]:
         return Response(status_code=304, headers={"ETag": etag})
+    if thumbnail:
+        image = await files.thumbnail(session, thread.id, entry.path)
+        if image is None:
+            raise errors.NotAnImage(f"{entry.path} is not an image a thumbnail can be made of.", path=entry.path)
+        headers = {"ETag": etag, "X-Content-Type-Options": "nosniff", "Cache-Control": "private, max-age=3600"}
+        return Response(image, media_type="image/jpeg", headers=headers)
     media = (entry.mime_type or "application/octet-stream").split(";")[0].strip().lower()
     disposition = "attachment" if media in DOWNLOAD_ONLY else "inline"
     headers = {

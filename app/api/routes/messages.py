@@ -2,28 +2,48 @@
 
 from __future__ import annotations
 
+import json
 import uuid
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Request
+from fastapi.exceptions import RequestValidationError
+from pydantic import ValidationError
 from sqlalchemy.ext.asyncio import AsyncSession
+from starlette.datastructures import FormData, UploadFile
 
-from app import errors, lifecycle, messages, queue, tables, threads
+from app import attachments, errors, lifecycle, messages, queue, tables, threads
 from app.api import schemas
-from app.api.deps import CurrentUser, SessionDep
+from app.api.deps import CurrentUser, SessionDep, SettingsDep
 
 router = APIRouter(tags=["messages"])
 
 ERRORS: dict[int | str, dict[str, Any]] = {401: {"model": schemas.Error}, 404: {"model": schemas.Error}}
 
 
-async def enqueue_message(session: AsyncSession, thread: tables.Thread, body: schemas.MessageIn) -> uuid.UUID:
-    """Queue a message for delivery; the thread runs it when a worker claims it (§2)."""
+MAX_UPLOADS = 20  # files in one multipart message
+
+
+async def enqueue_message(
+    session: AsyncSession,
+    thread: tables.Thread,
+    body: schemas.MessageIn,
+    limit: int,
+    uploads: list[UploadFile] | None = None,
+) -> uuid.UUID:
+    """Store the message's attachments under `/attachments/` and queue it for delivery; the thread runs it when a
+    worker claims it (§2)."""
     if thread.terminated_at is not None:
         raise errors.ThreadTerminated()
-    if body.attachments:
-        raise errors.Invalid("Attachments are not supported by this server version yet; send text content only.")
+    refs = [
+        await attachments.store(session, thread.id, a.name, attachments.decode(a.data, a.name), a.mime_type, limit)
+        for a in body.attachments
+    ]
+    for upload in uploads or []:
+        name = upload.filename or "file"
+        refs.append(await attachments.store(session, thread.id, name, _chunks(upload), upload.content_type, limit))
     message_id = uuid.uuid4()
     payload = {
         "id": str(message_id),
@@ -31,6 +51,7 @@ async def enqueue_message(session: AsyncSession, thread: tables.Thread, body: sc
         "content": body.content,
         "silent": body.silent,
         "metadata": body.metadata,
+        "attachments": refs,
         "queued_at": datetime.now(UTC).isoformat(),
     }
     await queue.enqueue(session, thread.id, queue.Kind.MESSAGE, payload)
@@ -41,17 +62,89 @@ async def enqueue_message(session: AsyncSession, thread: tables.Thread, body: sc
     return message_id
 
 
+async def _chunks(upload: UploadFile) -> AsyncIterator[bytes]:
+    while piece := await upload.read(1024 * 1024):
+        yield piece
+
+
+def _validated(data: Any) -> schemas.MessageIn:
+    try:
+        return schemas.MessageIn.model_validate(data)
+    except ValidationError as exc:
+        raise RequestValidationError(exc.errors()) from None
+
+
+def _from_form(form: FormData) -> tuple[schemas.MessageIn, list[UploadFile]]:
+    """A multipart message: the `content`, `role`, `silent` and `metadata` (JSON) fields, every file part."""
+    fields: dict[str, Any] = {}
+    uploads: list[UploadFile] = []
+    for key, value in form.multi_items():
+        if isinstance(value, UploadFile):
+            uploads.append(value)
+        elif key in ("content", "role"):
+            fields[key] = value
+        elif key == "silent":
+            fields[key] = value.strip().lower() in ("1", "true", "yes", "on")
+        elif key == "metadata":
+            try:
+                fields[key] = json.loads(value)
+            except ValueError:
+                raise errors.Invalid("The `metadata` field must be a JSON object.") from None
+        else:
+            raise errors.Invalid(f"Unknown field `{key}`: send `content`, `role`, `silent`, `metadata` and files.")
+    if len(uploads) > MAX_UPLOADS:
+        raise errors.Invalid(f"At most {MAX_UPLOADS} files per message.")
+    return _validated(fields), uploads
+
+
+_BODY = {
+    "required": True,
+    "content": {
+        "application/json": {"schema": {"$ref": "#/components/schemas/MessageIn"}},
+        "multipart/form-data": {
+            "schema": {
+                "type": "object",
+                "properties": {
+                    "content": {"type": "string"},
+                    "role": {"type": "string", "enum": ["user", "assistant", "system"]},
+                    "silent": {"type": "boolean"},
+                    "metadata": {"type": "string", "description": "a JSON object"},
+                    "files": {"type": "array", "items": {"type": "string", "format": "binary"}},
+                },
+            }
+        },
+    },
+}
+
+
 @router.post(
     "/threads/{thread_id}/messages",
     status_code=202,
-    responses={**ERRORS, 409: {"model": schemas.Error}, 415: {"model": schemas.Error}},
+    responses={
+        **ERRORS,
+        409: {"model": schemas.Error},
+        413: {"model": schemas.Error},
+        415: {"model": schemas.Error},
+    },
+    openapi_extra={"requestBody": _BODY},
 )
 async def post_message(
-    thread_id: uuid.UUID, body: schemas.MessageIn, session: SessionDep, who: CurrentUser
+    thread_id: uuid.UUID, request: Request, session: SessionDep, who: CurrentUser, settings: SettingsDep
 ) -> schemas.Queued:
-    """Queue a message; a `user` message makes side A act."""
+    """Queue a message (JSON with base64 `attachments`, or multipart with files); a `user` message makes side A
+    act. Attachments are stored under `/attachments/` in the thread's files."""
+    media = request.headers.get("content-type", "").split(";")[0].strip().lower()
     thread = await threads.get(session, thread_id, who, lock=True)
-    message_id = await enqueue_message(session, thread, body)
+    if media == "multipart/form-data":
+        async with request.form(max_files=MAX_UPLOADS + 1, max_fields=50) as form:
+            body, uploads = _from_form(form)
+            message_id = await enqueue_message(session, thread, body, settings.max_file_bytes, uploads)
+    else:
+        try:
+            body = schemas.MessageIn.model_validate_json(await request.body())
+        except ValidationError as exc:
+            raise RequestValidationError(exc.errors()) from None
+        message_id = await enqueue_message(session, thread, body, settings.max_file_bytes)
     await session.commit()
     return schemas.Queued(message_id=message_id)
 
@@ -71,7 +164,7 @@ def _queued(row: tables.Inbox) -> schemas.Message:
         silent=bool(p.get("silent")),
         depth=0,
         parent_id=None,
-        attachments=[],
+        attachments=p.get("attachments") or [],
         reasoning_content=None,
         metadata={**(p.get("metadata") or {}), "queued": True},
         subagent_id=None,

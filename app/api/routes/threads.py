@@ -11,7 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import env, errors, events, lifecycle, tables, threads
 from app.api import schemas
-from app.api.deps import CatalogDep, CurrentUser, SessionDep
+from app.api.deps import CatalogDep, CurrentUser, SessionDep, SettingsDep
 from app.api.routes.messages import enqueue_message
 from app.catalog import Catalog
 
@@ -72,7 +72,12 @@ def missing_variables(catalog: Catalog, agent: str, provided: set[str]) -> list[
 
 @router.post("/threads", status_code=201, responses={**ERRORS, 422: {"model": schemas.Error}})
 async def create_thread(
-    body: schemas.ThreadIn, request: Request, session: SessionDep, who: CurrentUser, catalog: CatalogDep
+    body: schemas.ThreadIn,
+    request: Request,
+    session: SessionDep,
+    who: CurrentUser,
+    catalog: CatalogDep,
+    settings: SettingsDep,
 ) -> schemas.Thread:
     """Create a thread of an agent; `messages` are queued in order."""
     agent = catalog.agent(body.agent)
@@ -86,7 +91,7 @@ async def create_thread(
     row = await threads.create(session, agent, who, name=body.name, tags=body.tags)
     await env.set_thread(session, request.app.state.fernet, row.id, body.env, set(body.secrets) | declared_secret)
     for message in body.messages:
-        await enqueue_message(session, row, message)
+        await enqueue_message(session, row, message, settings.max_file_bytes)
     await events.append_lifecycle(session, row, "thread_created")
     result = await view(session, row, 0)
     await session.commit()
