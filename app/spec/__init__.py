@@ -2,12 +2,14 @@
 
 from app.llm.base import LLMMessage
 from app.spec.define import (
+    EndpointDefinition,
     HookDefinition,
     ToolDefinition,
     define_agent,
     define_hook,
     define_model,
     define_prompt,
+    define_thread_endpoint,
     define_tool,
 )
 from app.spec.definitions import (
@@ -24,6 +26,7 @@ from app.spec.state import ExecutionState, MessagesResult, StateLog, StateMessag
 
 __all__ = [
     "AgentDefinition",
+    "EndpointDefinition",
     "ExecutionState",
     "HookDefinition",
     "LLMMessage",
@@ -44,5 +47,6 @@ __all__ = [
     "define_hook",
     "define_model",
     "define_prompt",
+    "define_thread_endpoint",
     "define_tool",
 ]
