@@ -138,9 +138,10 @@ def builtin(route: Route) -> bool:
     return first.kind == "static" and first.value in RESERVED
 
 
-def reserved(parts: list[str]) -> bool:
-    """Whether a request path (its segments after `/threads/{id}/`) is in a built-in route's namespace."""
-    return bool(parts) and parts[0] in RESERVED
+def unreserved_regex() -> str:
+    """A regex of the paths under `/threads/{id}/` whose first segment is not a reserved name."""
+    names = "|".join(sorted(map(re.escape, RESERVED)))
+    return rf"(?!(?:{names})(?:/|$))[^/].*"
 
 
 def split(path: str) -> list[str]:

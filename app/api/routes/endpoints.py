@@ -1,17 +1,21 @@
-"""Custom thread endpoints: every method on `/threads/{id}` and under it, mounted after the built-in routes (which
-always win) and dispatched to the catalog's endpoints (`http-api.md`, Custom thread endpoints)."""
+"""Custom thread endpoints: the methods of `/threads/{id}` and every path under it that no built-in route owns,
+dispatched to the catalog's endpoints (`http-api.md`, Custom thread endpoints).
+
+The router is mounted after the built-in routes, and its paths never start with a built-in route's name, so the
+built-in routes keep their own answers (405 with `Allow`, trailing-slash redirects) for every method.
+"""
 
 from __future__ import annotations
 
 import logging
 import uuid
+from typing import Any
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
-from fastapi.routing import APIRoute
 from pydantic_core import PydanticSerializationError, to_jsonable_python
+from starlette.convertors import Convertor, register_url_convertor
 from starlette.exceptions import HTTPException
-from starlette.routing import Match
 
 from app import endpoints as routing
 from app import errors, threads
@@ -22,25 +26,38 @@ router = APIRouter(tags=["endpoints"])
 log = logging.getLogger(__name__)
 
 
+class EndpointPath(Convertor[str]):
+    """A path under `/threads/{id}/` that does not start with a built-in route's name."""
+
+    regex = routing.unreserved_regex()
+
+    def convert(self, value: str) -> str:
+        return value
+
+    def to_string(self, value: str) -> str:
+        return value
+
+
+register_url_convertor("endpoint", EndpointPath())
+ROOT_METHODS = [m for m in routing.METHODS if m not in routing.THREAD_METHODS]  # the others are built-in
+
+
 # The caller is checked on a short session of its own: no session is held while the handler runs.
-@router.api_route("/threads/{thread_id}", methods=list(routing.METHODS), include_in_schema=False)
-@router.api_route("/threads/{thread_id}/{path:path}", methods=list(routing.METHODS), include_in_schema=False)
+@router.api_route("/threads/{thread_id}", methods=ROOT_METHODS, include_in_schema=False)
+@router.api_route("/threads/{thread_id}/{path:endpoint}", methods=list(routing.METHODS), include_in_schema=False)
 async def dispatch(thread_id: uuid.UUID, request: Request, who: StreamUser, catalog: CatalogDep) -> Response:
     """Run the endpoint the path resolves to, with a `ThreadState` outside the thread's execution."""
     path = str(request.path_params.get("path", ""))
-    builtin = _builtin_methods(request)
-    if routing.reserved(routing.split(path)):  # a built-in route's path: answer as the built-in routes would
-        _refuse(builtin)
-        raise HTTPException(404, "Not Found")
     async with sessions(request)() as session:
         thread = await threads.get(session, thread_id, who)
     match = catalog.endpoints.match(request.method, path)
     if match is None or match.route is None or match.endpoint is None:
-        _refuse(builtin | set(match.allow if match else ()))
+        allow = set(match.allow if match else ())
+        _refuse(allow | (routing.THREAD_METHODS if not routing.split(path) else set()))
         raise errors.EndpointNotFound(f"No endpoint of this thread answers `{request.method} /{path.strip('/')}`.")
     state = await outside.state(sessions(request), catalog, request.app.state.fernet, thread.id)
     try:
-        result = await match.endpoint.fn(request, state, match.params)
+        result: Any = await match.endpoint.fn(request, state, match.params)
     except (errors.AgentsError, HTTPException):  # meant for the client: the error table answers them
         raise
     except Exception as exc:
@@ -59,19 +76,8 @@ async def dispatch(thread_id: uuid.UUID, request: Request, who: StreamUser, cata
         ) from exc
 
 
-def _builtin_methods(request: Request) -> set[str]:
-    """The methods of the built-in routes whose path is the request's (it reached us: its method is not theirs)."""
-    methods: set[str] = set()
-    for route in request.app.router.routes:
-        if isinstance(route, APIRoute) and route.endpoint is not dispatch:
-            matched, _ = route.matches(request.scope)
-            if matched is not Match.NONE:
-                methods |= route.methods or set()
-    return methods
-
-
 def _refuse(allow: set[str]) -> None:
     """405 if the path answers other methods."""
     if allow:
-        ordered = [m for m in routing.METHODS if m in allow] + sorted(allow - set(routing.METHODS))
+        ordered = [m for m in routing.METHODS if m in allow]
         raise HTTPException(405, "Method Not Allowed", headers={"Allow": ", ".join(ordered)})
