@@ -17,6 +17,7 @@ from app import catalog, endpoints, keys
 from app.api.app import create_app
 from app.settings import Settings
 from tests.conftest import ROOT, client_for, wait_for
+from tests.test_cli import agents
 
 # -- file names to routes -----------------------------------------------------------------------------------
 
@@ -245,6 +246,15 @@ def test_endpoint_load_errors_name_file_field_and_fix(tmp_path: Path) -> None:
         catalog.load(tmp_path)
 
 
+def test_agents_check_reports_endpoint_problems(tmp_path: Path) -> None:
+    write(tmp_path, {"endpoints/fs/[...rest].put.py": endpoint()})
+    result = agents("--agents-dir", str(tmp_path), "check")
+    assert result.returncode == 1
+    assert "endpoints/fs/[...rest].put.py: route: `PUT /threads/{id}/fs/[...rest]` is a built-in thread route" in (
+        result.stdout
+    )
+
+
 # -- over HTTP ----------------------------------------------------------------------------------------------
 
 ENDPOINTS = {
@@ -299,6 +309,15 @@ ENDPOINTS = {
         @define_thread_endpoint
         async def inject(request, state, params):
             await state.inject_message("user", "sneaky")
+    """,
+    "endpoints/env/[name].py": """
+        from app.spec import define_thread_endpoint
+
+        @define_thread_endpoint
+        async def env(request, state, params):
+            if request.query_params.get("set"):
+                await state.set_env(params["name"], request.query_params["set"])
+            return {"value": await state.env(params["name"])}
     """,
     "endpoints/boom.py": """
         from app.spec import define_thread_endpoint
@@ -401,6 +420,18 @@ async def test_state_refuses_own_execution_writes_with_a_clear_error(app_factory
         assert error["code"] == "outside_execution"
         assert "only allowed inside the thread's own execution" in error["message"]
         assert (await client.get(f"/threads/{tid}/messages")).json()["messages"] == []
+
+
+async def test_state_env_resolves_the_thread_env_and_refuses_set_env(app_factory: Any, tmp_path: Path) -> None:
+    app = await start(app_factory, tmp_path)
+    async with client_for(app) as client:
+        body = {"agent": "assistant", "env": {"COLOR": "blue", "TOKEN": "s3"}, "secrets": ["TOKEN"]}
+        tid = (await client.post("/threads", json=body)).json()["id"]
+        assert (await client.get(f"/threads/{tid}/env/COLOR")).json() == {"value": "blue"}
+        assert (await client.get(f"/threads/{tid}/env/TOKEN")).json() == {"value": "s3"}  # decrypted for the handler
+        refused = await client.get(f"/threads/{tid}/env/COLOR?set=red")
+        assert refused.status_code == 409 and refused.json()["error"]["code"] == "outside_execution"
+        assert (await client.get(f"/threads/{tid}/env/COLOR")).json() == {"value": "blue"}
 
 
 async def test_a_failing_endpoint_is_a_500_without_its_details(
