@@ -19,8 +19,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ValidationError
 from pydantic.alias_generators import to_snake
 
+from app import endpoints as routing
 from app.errors import AgentNotFound, AgentsError
-from app.spec.define import HookDefinition, ToolDefinition, collecting
+from app.spec.define import EndpointDefinition, HookDefinition, ToolDefinition, collecting
 from app.spec.definitions import (
     CALLABLE_FIELDS,
     HANDOFF_FIELDS,
@@ -43,7 +44,9 @@ _KINDS: dict[str, tuple[type, str, str]] = {  # folder → (class, noun, how to 
     "agents": (AgentDefinition, "agent", "define_agent(...)"),
     "tools": (ToolDefinition, "tool", "@define_tool(...) on an async function"),
     "hooks": (HookDefinition, "hook", '@define_hook("<hook name>") on an async function'),
+    "endpoints": (EndpointDefinition, "endpoint", "@define_thread_endpoint on an async function"),
 }
+_ONE_PER_FILE = ("tools", "hooks", "endpoints")  # folders whose file name (or path) names the definition
 _FOLDERS = {cls: folder for folder, (cls, _, _) in _KINDS.items()}
 _ENTRY_FIELDS = {  # what a `tools` entry is → the object-form fields that fit it
     "callable": CALLABLE_FIELDS,
@@ -92,6 +95,7 @@ class Catalog:
     tools: Mapping[str, ToolDefinition]
     hooks: Mapping[str, HookDefinition] = dataclasses.field(default_factory=lambda: types.MappingProxyType({}))
     warnings: tuple[Problem, ...] = ()
+    endpoints: routing.Router[EndpointDefinition] = dataclasses.field(default_factory=routing.Router)
 
     def agent(self, name: str) -> AgentDefinition:
         """The agent called `name`."""
@@ -173,9 +177,9 @@ def _build(root: Path) -> tuple[Catalog, list[Problem]]:
     problems: list[Problem] = []
     package = "agents_catalog._" + hashlib.sha256(str(root).encode()).hexdigest()[:12]
     for kind, (cls, noun, how) in _KINDS.items():
-        for path in sorted(p for p in (root / kind).glob("*.py") if not p.name.startswith("_")):
+        for path in _sources(root / kind, nested=kind == "endpoints"):
             rel = _relative(path, root)
-            found, file_problems = _execute(path, f"{package}.{kind}.{path.stem}", rel)
+            found, file_problems = _execute(path, f"{package}.{kind}.{_module(path, root / kind)}", rel)
             problems += file_problems
             if any(p.severity == "error" for p in file_problems):
                 continue
@@ -184,12 +188,14 @@ def _build(root: Path) -> tuple[Catalog, list[Problem]]:
                 message = f"defines a {_KINDS[folder][1]}, which belongs in {folder}/"
                 problems.append(Problem(rel, "", message, f"move it to {folder}/"))
             mine: list[Any] = [d for d in found if isinstance(d, cls)]
-            if not mine or (kind in ("tools", "hooks") and len(mine) > 1):
+            if not mine or (kind in _ONE_PER_FILE and len(mine) > 1):
                 fix = f"define one with {how}, or start the file name with `_` if it is a helper"
                 problems.append(Problem(rel, "", f"defines {len(mine)} {noun}s", fix))
                 continue
             if kind in ("tools", "hooks"):
                 mine[0].name = path.stem  # the file name is the tool name, or the hook id
+            elif kind == "endpoints":
+                mine[0].name = path.relative_to(root / kind).as_posix()  # the file path is the route
             for definition in mine:
                 if (kind, definition.name) in files:
                     first = files[(kind, definition.name)]
@@ -202,9 +208,38 @@ def _build(root: Path) -> tuple[Catalog, list[Problem]]:
     catalog = Catalog(
         root, proxies["models"], proxies["prompts"], proxies["agents"], proxies["tools"], hooks=proxies["hooks"]
     )
+    router, route_problems = _routes(defs["endpoints"], files)
+    problems += route_problems
+    catalog = replace(catalog, endpoints=router)
     if not any(p.severity == "error" for p in problems):  # references mean little while a file is broken
         problems += _cross_check(catalog, files)
     return catalog, problems
+
+
+# -- custom thread endpoints -------------------------------------------------------------------------------
+
+
+def _sources(folder: Path, *, nested: bool) -> list[Path]:
+    """The definition files of a folder (of its subfolders too if `nested`); `_` marks a helper file or folder."""
+    found = folder.rglob("*.py") if nested else folder.glob("*.py")
+    return sorted(p for p in found if not any(part.startswith("_") for part in p.relative_to(folder).parts))
+
+
+def _module(path: Path, folder: Path) -> str:
+    """A module name for the file, unique within its folder (endpoint files nest and have brackets and dots)."""
+    rel = path.relative_to(folder).with_suffix("").as_posix()
+    if rel.isidentifier():
+        return rel
+    return "_" + hashlib.sha256(rel.encode()).hexdigest()[:12]
+
+
+def _routes(
+    defs: Mapping[str, EndpointDefinition], files: Mapping[tuple[str, str], str]
+) -> tuple[routing.Router[EndpointDefinition], list[Problem]]:
+    """The endpoints' router; a file whose route is unusable, built-in or taken is a problem."""
+    router, refused = routing.build(defs)
+    problems = [Problem(files[("endpoints", name)], exc.field, exc.message, exc.fix) for name, exc in refused]
+    return router, problems
 
 
 def _relative(path: Path, root: Path) -> str:

@@ -131,3 +131,15 @@ class TooLarge(AgentsError):
     """The content exceeds the size limit."""
 
     code = "too_large"
+
+
+class EndpointNotFound(NotFound):
+    """No custom endpoint of this thread answers this path."""
+
+    code = "endpoint_not_found"
+
+
+class EndpointFailed(AgentsError):
+    """A custom endpoint failed; the error has been logged."""
+
+    code = "endpoint_error"

@@ -54,6 +54,15 @@ async def get(session: AsyncSession, thread_id: uuid.UUID, who: Principal, *, lo
     return row
 
 
+async def lock(session: AsyncSession, thread_id: uuid.UUID) -> tables.Thread:
+    """The thread row, locked until the transaction ends (the caller checked who may see it)."""
+    query = select(tables.Thread).where(tables.Thread.id == thread_id).with_for_update()
+    row = (await session.execute(query)).scalar_one_or_none()
+    if row is None:
+        raise errors.ThreadNotFound(f"Thread {thread_id} not found")
+    return row
+
+
 async def list_(
     session: AsyncSession,
     who: Principal,

@@ -15,6 +15,7 @@ from app import crypto, db, keys
 from app.api import errors
 from app.api.guard import Guard
 from app.api.routes import agents, files, health, logs, messages, threads
+from app.api.routes import endpoints as endpoint_routes
 from app.api.routes import events as event_routes
 from app.catalog import Catalog
 from app.engine.run import Engine, llm_http
@@ -90,4 +91,5 @@ def create_app(
         files.router,
     ):
         app.include_router(router)
+    app.include_router(endpoint_routes.router)  # last: it takes every path under a thread, so built-in routes win
     return app

@@ -25,6 +25,7 @@ STATUS: dict[type[errors.AgentsError], int] = {
     errors.NotReady: 503,
     errors.LeaseLost: 503,
     errors.ConfigError: 500,
+    errors.EndpointFailed: 500,
 }
 
 HTTP_CODES = {
@@ -74,7 +75,9 @@ async def _validation(_: Request, exc: Exception) -> JSONResponse:
 async def _http(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, HTTPException)
     code = HTTP_CODES.get(exc.status_code, "error")
-    return envelope(exc.status_code, code, str(exc.detail))
+    response = envelope(exc.status_code, code, str(exc.detail))
+    response.headers.update(exc.headers or {})  # e.g. `Allow` of a 405
+    return response
 
 
 async def _unexpected(_: Request, exc: Exception) -> JSONResponse:

@@ -2,12 +2,14 @@
 
 from app.llm.base import LLMMessage
 from app.spec.define import (
+    EndpointDefinition,
     HookDefinition,
     ToolDefinition,
     define_agent,
     define_hook,
     define_model,
     define_prompt,
+    define_thread_endpoint,
     define_tool,
 )
 from app.spec.definitions import (
@@ -35,6 +37,7 @@ from app.spec.state import (
 
 __all__ = [
     "AgentDefinition",
+    "EndpointDefinition",
     "ExecutionState",
     "FileRecord",
     "FileStats",
@@ -60,5 +63,6 @@ __all__ = [
     "define_hook",
     "define_model",
     "define_prompt",
+    "define_thread_endpoint",
     "define_tool",
 ]

@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 from pydantic import BaseModel
 
@@ -189,3 +189,50 @@ def define_hook(hook_name: str) -> Callable[[HookFunction], HookDefinition]:
         return _register(HookDefinition(hook=hook_name, fn=fn, name=fn.__name__))
 
     return wrap
+
+
+# -- custom thread endpoints -------------------------------------------------------------------------------
+
+EndpointFunction = Callable[..., Awaitable[Any]]
+ENDPOINT_PARAMS = ("request", "state", "params")
+
+
+@dataclass
+class EndpointDefinition:
+    """A custom thread endpoint: its async handler `(request, state, params)`; the file path is its route.
+
+    `name` is the file's path inside `endpoints/` (set by the loader).
+    """
+
+    fn: EndpointFunction
+    description: str = ""
+    name: str = ""
+
+
+@overload
+def define_thread_endpoint(fn: EndpointFunction, /) -> EndpointDefinition: ...
+
+
+@overload
+def define_thread_endpoint(*, description: str = "") -> Callable[[EndpointFunction], EndpointDefinition]: ...
+
+
+def define_thread_endpoint(
+    fn: EndpointFunction | None = None, /, *, description: str = ""
+) -> EndpointDefinition | Callable[[EndpointFunction], EndpointDefinition]:
+    """Decorate an async function `(request, state, params)` as a thread endpoint, bare or with a `description`.
+
+    The handler gets the Starlette `Request`, a `ThreadState` whose `execution` is `None`, and the path's
+    parameters; it returns a Starlette `Response` (sent as it is) or something JSON-serialisable (sent as 200 JSON).
+    """
+
+    def wrap(handler: EndpointFunction) -> EndpointDefinition:
+        if not inspect.iscoroutinefunction(handler):
+            raise TypeError(f"endpoint `{handler.__name__}` must be an `async def` function")
+        try:
+            inspect.signature(handler).bind(*ENDPOINT_PARAMS)
+        except TypeError:
+            raise TypeError(f"endpoint `{handler.__name__}` must take ({', '.join(ENDPOINT_PARAMS)})") from None
+        return _register(EndpointDefinition(fn=handler, description=description, name=handler.__name__))
+
+    return wrap if fn is None else wrap(fn)
