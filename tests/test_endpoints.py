@@ -333,6 +333,13 @@ ENDPOINTS = {
         async def opaque(request, state, params):
             return object()
     """,
+    "endpoints/echo.post.py": """
+        from app.spec import define_thread_endpoint
+
+        @define_thread_endpoint
+        async def echo(request, state, params):
+            return {"body": (await request.body()).decode(), "type": request.headers.get("content-type")}
+    """,
 }
 
 
@@ -472,3 +479,13 @@ async def test_auth_and_another_users_thread(app_factory: Any, tmp_path: Path) -
             assert response.status_code == 404 and response.json()["error"]["code"] == "thread_not_found"
         assert (await anonymous.get(f"/threads/{tid}/summary")).status_code == 401
         assert (await a.get(f"/threads/{tid}/messages")).json()["messages"] == []
+
+
+async def test_a_custom_endpoint_may_take_a_non_json_body(app_factory: Any, tmp_path: Path) -> None:
+    app = await start(app_factory, tmp_path)
+    async with client_for(app) as client:
+        tid = (await client.post("/threads", json={"agent": "assistant"})).json()["id"]
+        echoed = await client.post(f"/threads/{tid}/echo", content=b"a,b\n1,2", headers={"content-type": "text/csv"})
+        assert echoed.json() == {"body": "a,b\n1,2", "type": "text/csv"}
+        refused = await client.post(f"/threads/{tid}/stop", content=b"x", headers={"content-type": "text/plain"})
+        assert refused.status_code == 415  # built-in routes still take JSON only

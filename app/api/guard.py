@@ -9,10 +9,17 @@ import re
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from app import endpoints
 from app.api import errors
 
 FILES = re.compile(r"^/threads/[^/]+/fs/")  # raw file uploads: any type, the file size limit
 MESSAGES = re.compile(r"^/threads/[^/]+/messages/?$")  # JSON, or multipart with files
+CUSTOM = re.compile(r"^/threads/[^/]+/([^/]+)")  # a custom thread endpoint reads whatever body it likes
+
+
+def _custom(path: str) -> bool:
+    match = CUSTOM.match(path)
+    return match is not None and match.group(1) not in endpoints.RESERVED
 
 
 class Guard:
@@ -47,7 +54,8 @@ class Guard:
             return errors.envelope(413, "too_large", f"The body exceeds the limit of {limit} bytes.")
         has_body = length != "0" or "transfer-encoding" in headers
         json_body = media == "application/json" or media.endswith("+json")
-        if scope["method"] in ("POST", "PUT", "PATCH") and has_body and not (upload or multipart or json_body):
+        free = upload or multipart or json_body or _custom(scope["path"])
+        if scope["method"] in ("POST", "PUT", "PATCH") and has_body and not free:
             return errors.envelope(
                 415,
                 "unsupported_media_type",
