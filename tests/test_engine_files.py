@@ -63,3 +63,21 @@ async def test_every_file_method(app_factory: Any) -> None:
     with pytest.raises(errors.Invalid):
         await state.write_file("/x", 42)  # type: ignore[arg-type]
     assert [e.name for e in (await state.readdir_file("/")).entries] == ["pics", "reports"]
+
+
+async def test_the_example_assistant_writes_a_report_file(app_factory: Any) -> None:
+    from tests.test_attachments import settle
+
+    app = await app_factory(load_catalog(ROOT / "agents"), with_worker=True)
+    client = client_for(app)
+    tid = (await client.post("/threads", json={"agent": "assistant"})).json()["id"]
+    await client.post(f"/threads/{tid}/messages", json={"content": "What is 6 * 7?"})
+    await settle(client, tid)
+    await client.post(f"/threads/{tid}/messages", json={"content": "Please write a report."})
+    await settle(client, tid)
+    last = (await client.get(f"/threads/{tid}/messages")).json()["messages"][-1]
+    assert last["content"].startswith("I wrote the report to /reports/conversation-report.md")
+    report = await client.get(f"/threads/{tid}/fs/reports/conversation-report.md")
+    assert report.headers["content-type"].startswith("text/markdown")
+    assert report.text.splitlines()[:3] == ["# Conversation report", "", "- **user**: What is 6 * 7?"]
+    assert "- **assistant**: The answer is 42." in report.text

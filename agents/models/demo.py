@@ -1,7 +1,7 @@
 """The demo assistant's model: offline by default, a real one when `AGENTS_PROVIDER` is set.
 
 Offline it is the `test` provider with a small `respond` function: it calls `calculate` for arithmetic, `get_time`
-when asked the time, and answers tool results in words. With `AGENTS_PROVIDER=openai|anthropic` (and optionally
+when asked the time, `write_report` when asked for a report, and answers tool results in words. With `AGENTS_PROVIDER=openai|anthropic` (and optionally
 `AGENTS_MODEL`, `AGENTS_BASE_URL`) it is that provider's model; the key comes from `OPENAI_API_KEY` /
 `ANTHROPIC_API_KEY` (see the README).
 """
@@ -16,9 +16,13 @@ ARITHMETIC = re.compile(r"[-+*/().\d\s]*\d\s*[-+*/]\s*[-+*/().\d\s]+")
 
 def respond(request):
     last = request.messages[-1]
+    if last.role == "tool" and last.name == "write_report":
+        return {"text": f"I wrote the report to {last.content}."}
     if last.role == "tool":
         return {"text": f"The answer is {last.content}."}
     text = last.content or ""
+    if "report" in text.lower():
+        return {"tool_calls": [{"name": "write_report", "arguments": {"title": "Conversation report"}}]}
     match = ARITHMETIC.search(text)
     if match:
         return {"tool_calls": [{"name": "calculate", "arguments": {"expression": match.group().strip()}}]}
@@ -26,7 +30,7 @@ def respond(request):
         return {"tool_calls": [{"name": "get_time", "arguments": {}}]}
     return {
         "text": "I am the demo assistant on the offline `test` model. "
-        "Ask me to calculate something like 2 + 2 * 3, or ask me for the time."
+        "Ask me to calculate something like 2 + 2 * 3, ask me for the time, or ask for a report."
     }
 
 
