@@ -2,8 +2,8 @@
 
 Offline it is the `test` provider with a small `respond` function: it calls `calculate` for arithmetic, `get_time`
 when asked the time, `write_report` when asked for a report, and answers tool results in words. With
-`AGENTS_PROVIDER=openai|anthropic` (and optionally `AGENTS_MODEL`, `AGENTS_BASE_URL`) it is that provider's model; the key comes from `OPENAI_API_KEY` /
-`ANTHROPIC_API_KEY` (see the README).
+`AGENTS_PROVIDER=openai|anthropic` (and optionally `AGENTS_MODEL`, `AGENTS_BASE_URL`) it is that provider's model;
+the key comes from `OPENAI_API_KEY` / `ANTHROPIC_API_KEY` (see the README).
 """
 
 import os
