@@ -20,7 +20,7 @@ from pydantic import BaseModel, ValidationError
 from pydantic.alias_generators import to_snake
 
 from app.errors import AgentNotFound, AgentsError
-from app.spec.define import HookDefinition, ToolDefinition, collecting
+from app.spec.define import EffectDefinition, HookDefinition, ToolDefinition, collecting
 from app.spec.definitions import (
     CALLABLE_FIELDS,
     HANDOFF_FIELDS,
@@ -43,6 +43,7 @@ _KINDS: dict[str, tuple[type, str, str]] = {  # folder → (class, noun, how to 
     "agents": (AgentDefinition, "agent", "define_agent(...)"),
     "tools": (ToolDefinition, "tool", "@define_tool(...) on an async function"),
     "hooks": (HookDefinition, "hook", '@define_hook("<hook name>") on an async function'),
+    "effects": (EffectDefinition, "effect", "@define_effect(...) on an async function"),
 }
 _FOLDERS = {cls: folder for folder, (cls, _, _) in _KINDS.items()}
 _ENTRY_FIELDS = {  # what a `tools` entry is → the object-form fields that fit it
@@ -91,6 +92,7 @@ class Catalog:
     agents: Mapping[str, AgentDefinition]
     tools: Mapping[str, ToolDefinition]
     hooks: Mapping[str, HookDefinition] = dataclasses.field(default_factory=lambda: types.MappingProxyType({}))
+    effects: Mapping[str, EffectDefinition] = dataclasses.field(default_factory=lambda: types.MappingProxyType({}))
     warnings: tuple[Problem, ...] = ()
 
     def agent(self, name: str) -> AgentDefinition:
@@ -184,12 +186,12 @@ def _build(root: Path) -> tuple[Catalog, list[Problem]]:
                 message = f"defines a {_KINDS[folder][1]}, which belongs in {folder}/"
                 problems.append(Problem(rel, "", message, f"move it to {folder}/"))
             mine: list[Any] = [d for d in found if isinstance(d, cls)]
-            if not mine or (kind in ("tools", "hooks") and len(mine) > 1):
+            if not mine or (kind in ("tools", "hooks", "effects") and len(mine) > 1):
                 fix = f"define one with {how}, or start the file name with `_` if it is a helper"
                 problems.append(Problem(rel, "", f"defines {len(mine)} {noun}s", fix))
                 continue
-            if kind in ("tools", "hooks"):
-                mine[0].name = path.stem  # the file name is the tool name, or the hook id
+            if kind in ("tools", "hooks", "effects"):
+                mine[0].name = path.stem  # the file name is the tool name, the hook id, or the effect name
             for definition in mine:
                 if (kind, definition.name) in files:
                     first = files[(kind, definition.name)]
@@ -202,6 +204,7 @@ def _build(root: Path) -> tuple[Catalog, list[Problem]]:
     catalog = Catalog(
         root, proxies["models"], proxies["prompts"], proxies["agents"], proxies["tools"], hooks=proxies["hooks"]
     )
+    catalog = replace(catalog, effects=proxies["effects"])
     if not any(p.severity == "error" for p in problems):  # references mean little while a file is broken
         problems += _cross_check(catalog, files)
     return catalog, problems

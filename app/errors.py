@@ -125,3 +125,21 @@ class TooLarge(AgentsError):
     """The content exceeds the size limit."""
 
     code = "too_large"
+
+
+class EffectNotFound(NotFound):
+    """Effect not found."""
+
+    code = "effect_not_found"
+
+
+class UnknownEffect(Invalid):
+    """No effect of that name is defined."""
+
+    code = "unknown_effect"
+
+
+class EffectNotCancellable(Conflict):
+    """The effect already ran, is running, or failed: only a scheduled or queued effect can be cancelled."""
+
+    code = "effect_not_cancellable"

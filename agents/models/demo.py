@@ -1,7 +1,8 @@
 """The demo assistant's model: offline by default, a real one when `AGENTS_PROVIDER` is set.
 
 Offline it is the `test` provider with a small `respond` function: it calls `calculate` for arithmetic, `get_time`
-when asked the time, and answers tool results in words. With `AGENTS_PROVIDER=openai|anthropic` (and optionally
+when asked the time, `set_reminder` for "remind me in N seconds to ...", and answers tool results and reminders in
+words. With `AGENTS_PROVIDER=openai|anthropic` (and optionally
 `AGENTS_MODEL`, `AGENTS_BASE_URL`) it is that provider's model; the key comes from `OPENAI_API_KEY` /
 `ANTHROPIC_API_KEY` (see the README).
 """
@@ -12,13 +13,22 @@ import re
 from app.spec import define_model
 
 ARITHMETIC = re.compile(r"[-+*/().\d\s]*\d\s*[-+*/]\s*[-+*/().\d\s]+")
+REMIND = re.compile(r"remind me in (\d+(?:\.\d+)?) seconds? to (.+)", re.IGNORECASE)
 
 
 def respond(request):
     last = request.messages[-1]
     if last.role == "tool":
+        if str(last.content or "").startswith("Reminder set"):
+            return {"text": "Done: I will remind you."}
         return {"text": f"The answer is {last.content}."}
     text = last.content or ""
+    if text.startswith("Reminder: "):
+        return {"text": f"Here is your reminder: {text.removeprefix('Reminder: ')}"}
+    reminder = REMIND.search(text)
+    if reminder:
+        arguments = {"text": reminder.group(2).strip().rstrip("."), "delay_seconds": float(reminder.group(1))}
+        return {"tool_calls": [{"name": "set_reminder", "arguments": arguments}]}
     match = ARITHMETIC.search(text)
     if match:
         return {"tool_calls": [{"name": "calculate", "arguments": {"expression": match.group().strip()}}]}

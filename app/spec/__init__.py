@@ -2,9 +2,11 @@
 
 from app.llm.base import LLMMessage
 from app.spec.define import (
+    EffectDefinition,
     HookDefinition,
     ToolDefinition,
     define_agent,
+    define_effect,
     define_hook,
     define_model,
     define_prompt,
@@ -20,16 +22,18 @@ from app.spec.definitions import (
     VariableDefinition,
 )
 from app.spec.results import ToolAttachment, ToolResult
-from app.spec.state import ExecutionState, MessagesResult, StateLog, StateMessage, ThreadState
+from app.spec.state import ExecutionState, MessagesResult, ScheduledEffect, StateLog, StateMessage, ThreadState
 
 __all__ = [
     "AgentDefinition",
+    "EffectDefinition",
     "ExecutionState",
     "HookDefinition",
     "LLMMessage",
     "MessagesResult",
     "ModelDefinition",
     "PromptDefinition",
+    "ScheduledEffect",
     "SessionToolConfig",
     "SideConfig",
     "StateLog",
@@ -41,6 +45,7 @@ __all__ = [
     "ToolResult",
     "VariableDefinition",
     "define_agent",
+    "define_effect",
     "define_hook",
     "define_model",
     "define_prompt",
