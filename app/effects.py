@@ -103,8 +103,13 @@ async def cancel(session: AsyncSession, thread_id: uuid.UUID, effect_id: uuid.UU
 
 
 async def cancel_all(session: AsyncSession, thread_id: uuid.UUID) -> None:
-    """Cancel every effect of the thread that has not started (the thread was terminated)."""
+    """The thread was terminated: cancel its effects that have not started, fail one that is running."""
     await session.execute(_CANCEL.where(tables.Effect.thread_id == thread_id))
+    await session.execute(
+        update(tables.Effect)
+        .where(tables.Effect.thread_id == thread_id, tables.Effect.status == Status.RUNNING)
+        .values(status=Status.FAILED, last_error="the thread was terminated while it ran", updated_at=func.now())
+    )
 
 
 # CLAIM_DUE: due scheduled effects, oldest first, skipping rows (and threads) another transaction holds — so two

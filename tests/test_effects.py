@@ -4,7 +4,6 @@ restarts, cancellable, listed over HTTP; a failing handler is recorded and never
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import uuid
 from pathlib import Path
 from typing import Any
@@ -285,8 +284,23 @@ async def test_another_users_effects_are_not_found(app_factory: Any) -> None:
         assert (await a.get(f"/threads/{uuid.uuid4()}/effects")).status_code == 404
 
 
-def test_the_example_agents_define_remind() -> None:
-    example = load_catalog(ROOT / "agents")
-    assert "remind" in example.effects and "set_reminder" in example.tools
-    assert example.effects["remind"].args_model is not None
-    assert dataclasses.is_dataclass(example.effects["remind"])
+async def test_the_example_assistant_sets_a_reminder(app_factory: Any) -> None:
+    app = await app_factory(load_catalog(ROOT / "agents"), with_worker=True)
+    client = client_for(app)
+    tid = (await client.post("/threads", json={"agent": "assistant"})).json()["id"]
+    await client.post(f"/threads/{tid}/messages", json={"content": "Remind me in 1 second to stretch."})
+
+    async def reminded() -> list[dict[str, Any]] | None:
+        rows = await stored(client, tid)
+        return rows if rows[-1]["content"] == "Here is your reminder: stretch" else None
+
+    rows = await wait_for(reminded)
+    assert [(r["role"], r["content"]) for r in rows if r["role"] != "tool"] == [
+        ("user", "Remind me in 1 second to stretch."),
+        ("assistant", None),
+        ("assistant", "Done: I will remind you."),
+        ("user", "Reminder: stretch"),
+        ("assistant", "Here is your reminder: stretch"),
+    ]
+    [effect] = await listed(client, tid)
+    assert (effect["name"], effect["args"], effect["status"]) == ("remind", {"text": "stretch"}, "done")
