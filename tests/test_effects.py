@@ -24,7 +24,7 @@ from tests.conftest import ROOT, client_for, wait_for
 from tests.test_engine import settle, stored
 from tests.test_state import outside
 
-handled: list[dict[str, Any]] = []  # what the handlers saw, in order
+handled: list[dict[str, Any]] = []  # what the effects saw, and the LLM calls and tools around them, in order
 
 
 class PingArgs(BaseModel):
@@ -58,12 +58,23 @@ async def later(state: ThreadState, args: LaterArgs) -> str:
     return await state.schedule_effect("ping", {"text": args.text}, args.delay_ms)
 
 
+@define_tool(description="Schedule `probe` now, then work long enough for the timer to queue it.")
+async def busy(state: ThreadState) -> str:
+    await state.schedule_effect("probe")
+    await asyncio.sleep(1.2)  # six timer polls
+    handled.append({"tool": "busy"})
+    return "worked"
+
+
 def respond(request: LLMRequest) -> dict[str, Any]:
     """Schedule on `remind <text> in <ms>`; answer a reminder by echoing it."""
     last = request.messages[-1]
     content = str(last.content or "")
+    handled.append({"llm": content})
     if last.role == "tool":
         return {"text": "scheduled"}
+    if content == "work":
+        return {"tool_calls": [{"name": "busy", "arguments": {}}]}
     if content.startswith("remind "):
         text, _, delay = content.removeprefix("remind ").rpartition(" in ")
         return {"tool_calls": [{"name": "later", "arguments": {"text": text, "delay_ms": int(delay)}}]}
@@ -72,14 +83,14 @@ def respond(request: LLMRequest) -> dict[str, Any]:
 
 def catalog() -> Catalog:
     model = define_model(name="m", provider="test", respond=respond)
-    prompt = define_prompt(name="p", model="m", prompt="Be brief.", include_chat=True, tools=["later"])
+    prompt = define_prompt(name="p", model="m", prompt="Be brief.", include_chat=True, tools=["later", "busy"])
     agent = define_agent(name="agent", side_a={"prompt": "p"})
     return Catalog(
         root=Path("."),
         models={"m": model},
         prompts={"p": prompt},
         agents={"agent": agent},
-        tools={"later": later},
+        tools={"later": later, "busy": busy},
         effects={e.name: e for e in (ping, probe, boom)},
     )
 
@@ -135,9 +146,10 @@ async def test_an_effect_fires_once_and_wakes_the_thread(app_factory: Any) -> No
         ("assistant", "noted: Reminder: stretch"),
     ]
     await asyncio.sleep(0.6)  # a few more timer polls: nothing fires twice
-    assert [r["effect"] for r in handled] == ["ping"]
-    assert handled[0]["execution"] is None
-    assert handled[0]["context"] == {"effect": {"id": effect["id"], "name": "ping", "attempt": 1}}
+    ran = [r for r in handled if "effect" in r]
+    assert [r["effect"] for r in ran] == ["ping"]
+    assert ran[0]["execution"] is None
+    assert ran[0]["context"] == {"effect": {"id": effect["id"], "name": "ping", "attempt": 1}}
     assert len(await stored(client, tid)) == len(rows)
 
 
@@ -155,6 +167,39 @@ async def test_an_effect_on_an_idle_thread_starts_no_turn_by_itself(app_factory:
     async with app.state.sessions() as session:  # the inbox row went with the handler's end
         count = select(func.count()).where(tables.Inbox.thread_id == uuid.UUID(tid))
         assert (await session.execute(count)).scalar_one() == 0
+
+
+async def test_an_effect_due_mid_turn_runs_before_the_next_llm_call(app_factory: Any) -> None:
+    _, client, tid = await started(app_factory)
+    await client.post(f"/threads/{tid}/messages", json={"content": "work"})
+    await settle(client, tid)
+    assert [next(iter(r.values())) for r in handled] == ["work", "busy", "probe", "worked"]  # first keys
+    assert [e["status"] for e in await listed(client, tid)] == ["done"]
+
+
+async def test_each_due_effect_is_queued_by_exactly_one_timer(app_factory: Any) -> None:
+    app = await app_factory(catalog())  # no worker: the timers are the four sessions below
+    client = client_for(app)
+    tids = [uuid.UUID((await client.post("/threads", json={"agent": "agent"})).json()["id"]) for _ in range(5)]
+    async with app.state.sessions() as session, session.begin():
+        for i in range(40):
+            await effects.schedule(session, tids[i % 5], "probe", {}, 0)
+
+    async def timer() -> int:
+        total = 0
+        while True:
+            async with app.state.sessions() as session, session.begin():
+                count = await effects.claim_due(session, 3)
+            total += count
+            if count == 0:
+                return total
+
+    assert sum(await asyncio.gather(*(timer() for _ in range(4)))) == 40
+    async with app.state.sessions() as session:
+        rows = list((await session.execute(select(tables.Inbox).where(tables.Inbox.kind == "effect"))).scalars())
+        threads = list((await session.execute(select(tables.Thread))).scalars())
+    assert len({r.payload["effect_id"] for r in rows}) == len(rows) == 40
+    assert all(t.runnable_since is not None for t in threads)
 
 
 async def test_a_scheduled_effect_survives_a_worker_restart(app_factory: Any, settings: Settings) -> None:
@@ -175,7 +220,7 @@ async def test_a_scheduled_effect_survives_a_worker_restart(app_factory: Any, se
         ("user", "Reminder: water"),
         ("assistant", "noted: Reminder: water"),
     ]
-    assert len(handled) == 1
+    assert [r["effect"] for r in handled if "effect" in r] == ["ping"]
 
 
 async def test_effects_can_be_cancelled_and_then_never_fire(app_factory: Any) -> None:
@@ -198,7 +243,7 @@ async def test_effects_can_be_cancelled_and_then_never_fire(app_factory: Any) ->
 
     assert (await final(client, tid, kept))["status"] == "done"
     await asyncio.sleep(0.6)
-    assert [r["effect"] for r in handled] == ["probe"]
+    assert [r["effect"] for r in handled if "effect" in r] == ["probe"]
     statuses = {e["id"]: e["status"] for e in await listed(client, tid)}
     assert statuses == {by_http: "cancelled", by_state: "cancelled", kept: "done"}
     assert await stored(client, tid) == []
@@ -217,7 +262,7 @@ async def test_a_handler_that_raises_is_failed_and_the_thread_goes_on(app_factor
     assert (failed["status"], failed["attempts"]) == ("failed", 1)
     assert failed["last_error"] == "RuntimeError: kaboom"
     await asyncio.sleep(0.6)
-    assert [r["effect"] for r in handled] == ["boom"]  # no retry
+    assert [r["effect"] for r in handled if "effect" in r] == ["boom"]  # no retry
     await client.post(f"/threads/{tid}/messages", json={"content": "still there?"})
     await settle(client, tid)
     assert [r["content"] for r in await stored(client, tid)] == ["still there?", "noted: still there?"]
