@@ -16,6 +16,7 @@ from sqlalchemy import func, select
 from app import effects, errors, keys, tables
 from app.api.app import create_app
 from app.catalog import Catalog
+from app.catalog import check as catalog_check
 from app.catalog import load as load_catalog
 from app.llm.base import LLMRequest
 from app.settings import Settings
@@ -349,3 +350,32 @@ async def test_the_example_assistant_sets_a_reminder(app_factory: Any) -> None:
     ]
     [effect] = await listed(client, tid)
     assert (effect["name"], effect["args"], effect["status"]) == ("remind", {"text": "stretch"}, "done")
+
+
+def test_the_catalog_names_an_effect_after_its_file_and_checks_it(tmp_path: Path) -> None:
+    (tmp_path / "effects").mkdir()
+    (tmp_path / "effects" / "nudge.py").write_text(
+        "from pydantic import BaseModel\nfrom app.spec import define_effect\n"
+        "class Args(BaseModel):\n    text: str\n"
+        "@define_effect(description='n')\nasync def send(state, args: Args): pass\n"
+    )
+    loaded = load_catalog(tmp_path)
+    assert list(loaded.effects) == ["nudge"]
+    assert (loaded.effects["nudge"].fn.__name__, loaded.effects["nudge"].description) == ("send", "n")
+    (tmp_path / "effects" / "two.py").write_text(
+        "from app.spec import define_effect\n"
+        "@define_effect(description='a')\nasync def a(state): pass\n"
+        "@define_effect(description='b')\nasync def b(state): pass\n"
+    )
+    (tmp_path / "effects" / "sync.py").write_text(
+        "from app.spec import define_effect\n@define_effect(description='s')\ndef s(state): pass\n"
+    )
+    (tmp_path / "effects" / "loose.py").write_text(
+        "from app.spec import define_effect\n@define_effect(description='l')\nasync def l(state, args: dict): pass\n"
+    )
+    problems = {p.file.rsplit("/", 1)[-1]: p.message for p in catalog_check(tmp_path)}
+    assert problems == {
+        "loose.py": "TypeError on line 2: effect `l`: annotate `args` with a pydantic model class",
+        "sync.py": "TypeError on line 2: effect `s` must be an `async def` function",
+        "two.py": "defines 2 effects",
+    }
