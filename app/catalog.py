@@ -21,7 +21,7 @@ from pydantic.alias_generators import to_snake
 
 from app import endpoints as routing
 from app.errors import AgentNotFound, AgentsError
-from app.spec.define import EndpointDefinition, HookDefinition, ToolDefinition, collecting
+from app.spec.define import EffectDefinition, EndpointDefinition, HookDefinition, ToolDefinition, collecting
 from app.spec.definitions import (
     CALLABLE_FIELDS,
     HANDOFF_FIELDS,
@@ -45,8 +45,9 @@ _KINDS: dict[str, tuple[type, str, str]] = {  # folder → (class, noun, how to 
     "tools": (ToolDefinition, "tool", "@define_tool(...) on an async function"),
     "hooks": (HookDefinition, "hook", '@define_hook("<hook name>") on an async function'),
     "endpoints": (EndpointDefinition, "endpoint", "@define_thread_endpoint on an async function"),
+    "effects": (EffectDefinition, "effect", "@define_effect(...) on an async function"),
 }
-_ONE_PER_FILE = ("tools", "hooks", "endpoints")  # folders whose file name (or path) names the definition
+_ONE_PER_FILE = ("tools", "hooks", "effects", "endpoints")  # folders whose file name (or path) names the definition
 _FOLDERS = {cls: folder for folder, (cls, _, _) in _KINDS.items()}
 _ENTRY_FIELDS = {  # what a `tools` entry is → the object-form fields that fit it
     "callable": CALLABLE_FIELDS,
@@ -94,6 +95,7 @@ class Catalog:
     agents: Mapping[str, AgentDefinition]
     tools: Mapping[str, ToolDefinition]
     hooks: Mapping[str, HookDefinition] = dataclasses.field(default_factory=lambda: types.MappingProxyType({}))
+    effects: Mapping[str, EffectDefinition] = dataclasses.field(default_factory=lambda: types.MappingProxyType({}))
     warnings: tuple[Problem, ...] = ()
     endpoints: routing.Router[EndpointDefinition] = dataclasses.field(default_factory=routing.Router)
 
@@ -192,8 +194,8 @@ def _build(root: Path) -> tuple[Catalog, list[Problem]]:
                 fix = f"define one with {how}, or start the file name with `_` if it is a helper"
                 problems.append(Problem(rel, "", f"defines {len(mine)} {noun}s", fix))
                 continue
-            if kind in ("tools", "hooks"):
-                mine[0].name = path.stem  # the file name is the tool name, or the hook id
+            if kind in ("tools", "hooks", "effects"):
+                mine[0].name = path.stem  # the file name is the tool name, the hook id, or the effect name
             elif kind == "endpoints":
                 mine[0].name = path.relative_to(root / kind).as_posix()  # the file path is the route
             for definition in mine:
@@ -210,7 +212,7 @@ def _build(root: Path) -> tuple[Catalog, list[Problem]]:
     )
     router, route_problems = _routes(defs["endpoints"], files)
     problems += route_problems
-    catalog = replace(catalog, endpoints=router)
+    catalog = replace(catalog, endpoints=router, effects=proxies["effects"])
     if not any(p.severity == "error" for p in problems):  # references mean little while a file is broken
         problems += _cross_check(catalog, files)
     return catalog, problems

@@ -143,3 +143,21 @@ class EndpointFailed(AgentsError):
     """A custom endpoint failed; the error has been logged."""
 
     code = "endpoint_error"
+
+
+class EffectNotFound(NotFound):
+    """Effect not found."""
+
+    code = "effect_not_found"
+
+
+class UnknownEffect(Invalid):
+    """No effect of that name is defined."""
+
+    code = "unknown_effect"
+
+
+class EffectNotCancellable(Conflict):
+    """The effect already ran, is running, or failed: only a scheduled or queued effect can be cancelled."""
+
+    code = "effect_not_cancellable"

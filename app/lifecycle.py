@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy import func, select, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import env, errors, events, messages, queue, tables, threads
+from app import effects, env, errors, events, messages, queue, tables, threads
 
 CONTROL_CHANNEL = "agents_control"
 STOPPED = "Execution stopped by user"
@@ -114,6 +114,7 @@ async def terminate(session: AsyncSession, thread: tables.Thread) -> list[uuid.U
         if row.session_status == "running":
             await threads.end_session(session, row, "failure", "terminated")
         await session.execute(sa.delete(tables.Inbox).where(tables.Inbox.thread_id == row.id))
+        await effects.cancel_all(session, row.id)
         row.terminated_at = datetime.now(UTC)
         row.stopped = False
         row.side = None

@@ -25,6 +25,7 @@ class Kind:
     MESSAGE = "message"
     CONTINUE = "continue"
     TOOL = "tool"  # `state.queue_tool` outside a tool call: `{call: ToolCall}`
+    EFFECT = "effect"  # a due effect (`app/effects.py`): `{effect_id, name}`; consumed when its handler finished
 
 
 @dataclass(frozen=True)
@@ -123,11 +124,32 @@ async def heartbeat(conn: AsyncConnection, claims: list[Claim], lease_seconds: f
 
 
 async def take_inbox(session: AsyncSession, thread_id: uuid.UUID) -> list[tables.Inbox]:
-    """Remove and return the thread's pending input in order (the caller holds the fenced row lock)."""
-    rows = (
-        await session.execute(delete(tables.Inbox).where(tables.Inbox.thread_id == thread_id).returning(tables.Inbox))
-    ).scalars()
-    return sorted(rows, key=lambda r: r.id)
+    """Remove and return the thread's pending input in order (the caller holds the fenced row lock).
+
+    Effect rows stay: each is removed by `drop` in the transaction that records its handler's end (`next_effect`).
+    """
+    query = (
+        delete(tables.Inbox)
+        .where(tables.Inbox.thread_id == thread_id, tables.Inbox.kind != Kind.EFFECT)
+        .returning(tables.Inbox)
+    )
+    return sorted((await session.execute(query)).scalars(), key=lambda r: r.id)
+
+
+async def next_effect(session: AsyncSession, thread_id: uuid.UUID) -> tables.Inbox | None:
+    """The thread's oldest effect inbox row, left in place until its handler finished."""
+    query = (
+        select(tables.Inbox)
+        .where(tables.Inbox.thread_id == thread_id, tables.Inbox.kind == Kind.EFFECT)
+        .order_by(tables.Inbox.id)
+        .limit(1)
+    )
+    return (await session.execute(query)).scalar_one_or_none()
+
+
+async def drop(session: AsyncSession, inbox_id: int) -> None:
+    """Remove one inbox row."""
+    await session.execute(delete(tables.Inbox).where(tables.Inbox.id == inbox_id))
 
 
 async def pending(session: AsyncSession, thread_id: uuid.UUID) -> list[tables.Inbox]:

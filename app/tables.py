@@ -275,3 +275,25 @@ class File(Base):
     updated_at: Mapped[datetime] = _now()
 
     __table_args__ = (Index("files_sha256", "sha256"),)
+
+
+class Effect(Base):
+    """A scheduled effect (`semantics.md` §10); `app/effects.py` documents its statuses."""
+
+    __tablename__ = "effects"
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True)
+    thread_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("threads.id", ondelete="CASCADE"))
+    name: Mapped[str] = mapped_column(String(200))
+    args: Mapped[dict[str, Any]]
+    run_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    status: Mapped[str] = mapped_column(String(20), server_default="scheduled")
+    attempts: Mapped[int] = mapped_column(Integer, server_default="0")
+    last_error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = _now()
+    updated_at: Mapped[datetime] = _now()
+
+    __table_args__ = (
+        Index("effects_due", "run_at", postgresql_where=text("status = 'scheduled'")),
+        Index("effects_thread", "thread_id", "run_at"),
+    )

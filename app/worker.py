@@ -2,7 +2,8 @@
 
 Wake-up policy: a NOTIFY on the wake-up channel, the poll interval, or a slot freeing up — whichever comes first.
 Leases are renewed by one heartbeat task on its own connection; a lease that is lost cancels its execution, and so
-does a NOTIFY on the control channel (a stop or terminate revoked the lease).
+does a NOTIFY on the control channel (a stop or terminate revoked the lease). An effects timer moves due effects
+into their threads' inboxes every poll interval.
 """
 
 from __future__ import annotations
@@ -17,11 +18,13 @@ import uuid
 import asyncpg
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, async_sessionmaker
 
-from app import blobs, events, lifecycle, queue
+from app import blobs, effects, events, lifecycle, queue
 from app.engine.run import Engine
 from app.settings import Settings, plain_url
 
 log = logging.getLogger(__name__)
+
+EFFECTS_BATCH = 100  # due effects queued per transaction
 
 
 class Worker:
@@ -50,6 +53,7 @@ class Worker:
         await listener.add_listener(lifecycle.CONTROL_CHANNEL, lambda *args: self._abandon(args[3]))
         heartbeat = asyncio.create_task(self._heartbeat(stop), name="heartbeat")
         janitor = asyncio.create_task(self._janitor(stop), name="janitor")
+        timer = asyncio.create_task(self._effects_timer(stop), name="effects-timer")
         log.info("worker %s started with %d slots", self.owner, self._settings.worker_concurrency)
         try:
             while not stop.is_set():
@@ -59,6 +63,7 @@ class Worker:
         finally:
             heartbeat.cancel()
             janitor.cancel()
+            timer.cancel()
             await self._drain()
             with contextlib.suppress(Exception):
                 await listener.close()
@@ -134,6 +139,19 @@ class Worker:
             except Exception:
                 log.exception("cleanup sweep failed; trying again later")
             await asyncio.sleep(self._settings.cleanup_interval)
+
+    async def _effects_timer(self, stop: asyncio.Event) -> None:
+        """Queue due effects into their threads' inboxes; every worker runs one (`SKIP LOCKED` gives each row to
+        exactly one), and the rows are durable, so a restart loses nothing."""
+        while not stop.is_set():
+            try:
+                while True:
+                    async with self._sessions() as session, session.begin():
+                        if await effects.claim_due(session, EFFECTS_BATCH) < EFFECTS_BATCH:
+                            break
+            except Exception:
+                log.exception("queueing due effects failed; trying again at the next poll")
+            await asyncio.sleep(self._settings.poll_interval)
 
     def _cancel_lost(self, lost: set[uuid.UUID]) -> None:
         """The heartbeat found these leases gone: their executions must stop at once and write nothing."""

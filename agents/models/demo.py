@@ -1,9 +1,10 @@
 """The demo assistant's model: offline by default, a real one when `AGENTS_PROVIDER` is set.
 
 Offline it is the `test` provider with a small `respond` function: it calls `calculate` for arithmetic, `get_time`
-when asked the time, `write_report` when asked for a report, and answers tool results in words. With
-`AGENTS_PROVIDER=openai|anthropic` (and optionally `AGENTS_MODEL`, `AGENTS_BASE_URL`) it is that provider's model;
-the key comes from `OPENAI_API_KEY` / `ANTHROPIC_API_KEY` (see the README).
+when asked the time, `write_report` when asked for a report, `set_reminder` for "remind me in N seconds to ...",
+and answers tool results and reminders in words. With `AGENTS_PROVIDER=openai|anthropic` (and optionally
+`AGENTS_MODEL`, `AGENTS_BASE_URL`) it is that provider's model; the key comes from `OPENAI_API_KEY` /
+`ANTHROPIC_API_KEY` (see the README).
 """
 
 import os
@@ -12,6 +13,7 @@ import re
 from app.spec import define_model
 
 ARITHMETIC = re.compile(r"[-+*/().\d\s]*\d\s*[-+*/]\s*[-+*/().\d\s]+")
+REMIND = re.compile(r"remind me in (\d+(?:\.\d+)?) seconds? to (.+)", re.IGNORECASE)
 
 
 def respond(request):
@@ -19,8 +21,16 @@ def respond(request):
     if last.role == "tool" and last.name == "write_report":
         return {"text": f"I wrote the report to {last.content}."}
     if last.role == "tool":
+        if str(last.content or "").startswith("Reminder set"):
+            return {"text": "Done: I will remind you."}
         return {"text": f"The answer is {last.content}."}
     text = last.content or ""
+    if text.startswith("Reminder: "):
+        return {"text": f"Here is your reminder: {text.removeprefix('Reminder: ')}"}
+    reminder = REMIND.search(text)
+    if reminder:
+        arguments = {"text": reminder.group(2).strip().rstrip("."), "delay_seconds": float(reminder.group(1))}
+        return {"tool_calls": [{"name": "set_reminder", "arguments": arguments}]}
     if "report" in text.lower():
         return {"tool_calls": [{"name": "write_report", "arguments": {"title": "Conversation report"}}]}
     match = ARITHMETIC.search(text)

@@ -261,3 +261,21 @@ class FileUsage(BaseModel):
     files: int
     directories: int
     bytes: int
+
+
+class Effect(BaseModel):
+    """A scheduled effect; `status` ∈ scheduled, queued, running, done, failed, cancelled."""
+
+    id: uuid.UUID
+    name: str
+    args: dict[str, Any]
+    run_at: datetime
+    status: str
+    attempts: int
+    last_error: str | None
+    created_at: datetime
+    updated_at: datetime
+
+
+class EffectList(BaseModel):
+    effects: list[Effect]

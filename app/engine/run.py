@@ -23,7 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from app import attachments, errors, events, files, messages, queue, tables, threads
 from app import env as env_store
 from app.catalog import Catalog
-from app.engine import calls, context, hooks, stops, tools
+from app.engine import calls, context, effects, hooks, stops, tools
 from app.engine.state import RunState, deliver_tool
 from app.hub import Publisher
 from app.llm import retry
@@ -116,6 +116,7 @@ class Engine:
     # -- one execution -------------------------------------------------------------------------------------
 
     async def _run(self, claim: queue.Claim) -> None:
+        await effects.run_queued(self._catalog, self._fernet, lambda: self._tx(claim))
         async with self._tx(claim) as (session, thread):
             if thread.terminated_at is not None or thread.stopped:
                 return
@@ -267,7 +268,8 @@ class Engine:
         await threads.set_status(session, thread, "idle")
 
     async def _open_step(self, claim: queue.Claim, agent: AgentDefinition) -> Step | None:
-        """Deliver input, then either resume unanswered tool calls or open a new LLM call into a pending message."""
+        """Run due effects and deliver input, then either resume unanswered tool calls or open a new LLM call."""
+        await effects.run_queued(self._catalog, self._fernet, lambda: self._tx(claim))
         async with self._tx(claim) as (session, thread):
             acting = await self._deliver(session, thread, agent, mid_turn=thread.turn_steps > 0)
             if acting is not None:  # input between two turns picks who answers it (§2)

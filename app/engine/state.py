@@ -10,9 +10,11 @@ from datetime import datetime
 from typing import Any, Literal
 
 from cryptography.fernet import Fernet
+from pydantic import ValidationError
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from app import effects as effect_store
 from app import env as env_store
 from app import errors, events, lifecycle, messages, queue, tables, threads
 from app.catalog import Catalog
@@ -20,9 +22,10 @@ from app.engine import tools
 from app.engine.context import Env, offered_tools
 from app.engine.files import FileMethods
 from app.llm.base import ToolCall
+from app.spec.define import EffectDefinition
 from app.spec.definitions import AgentDefinition, ModelDefinition, PromptDefinition
 from app.spec.results import ToolResult
-from app.spec.state import ExecutionState, MessagesResult, StateLog, StateMessage
+from app.spec.state import ExecutionState, MessagesResult, ScheduledEffect, StateLog, StateMessage
 
 Transaction = Callable[[], AbstractAsyncContextManager[tuple[AsyncSession, tables.Thread]]]
 INJECT_ROLES = ("user", "assistant", "system")
@@ -325,6 +328,40 @@ class RunState(FileMethods):
         async with self._transaction() as (session, thread):
             await lifecycle.terminate(session, thread)
 
+    # -- effects -------------------------------------------------------------------------------------------
+
+    async def schedule_effect(self, name: str, args: dict[str, Any] | None = None, delay_ms: float = 0) -> str:
+        definition = self._catalog.effects.get(name)
+        if definition is None:
+            known = ", ".join(sorted(self._catalog.effects)) or "none"
+            raise errors.UnknownEffect(f"Unknown effect `{name}`. Defined effects: {known}")
+        args = {} if args is None else args
+        problem = effect_args_problem(definition, args)
+        if problem is not None:
+            raise errors.Invalid(f"`state.schedule_effect`: {problem}")
+        if isinstance(delay_ms, bool) or not isinstance(delay_ms, int | float) or not 0 <= delay_ms <= MAX_DELAY_MS:
+            raise errors.Invalid("`state.schedule_effect`: `delay_ms` must be a number of milliseconds, 0 to 10 years")
+        async with self._transaction() as (session, thread):
+            if thread.terminated_at is not None:
+                raise errors.ThreadTerminated()
+            row = await effect_store.schedule(session, thread.id, name, args, delay_ms)
+        return str(row.id)
+
+    async def get_scheduled_effects(self, name: str | None = None) -> list[ScheduledEffect]:
+        async with self._transaction() as (session, thread):
+            rows = await effect_store.list_(session, thread.id, name=name, pending=True)
+        return [scheduled_effect(r) for r in rows]
+
+    async def remove_scheduled_effect(self, effect_id: str) -> bool:
+        key = _uuid(effect_id)
+        if key is None:
+            return False
+        async with self._transaction() as (session, thread):
+            try:
+                return await effect_store.cancel(session, thread.id, key)
+            except (errors.EffectNotFound, errors.EffectNotCancellable):
+                return False
+
     # -- derived states ------------------------------------------------------------------------------------
 
     def with_tool(self, tool_call_id: str, options: dict[str, Any], tool_env: dict[str, str]) -> RunState:
@@ -379,6 +416,42 @@ async def _calling_message(session: AsyncSession, thread_id: uuid.UUID, tool_cal
         .limit(1)
     )
     return (await session.execute(query)).scalar_one_or_none()
+
+
+# -- effects ---------------------------------------------------------------------------------------------------
+
+MAX_DELAY_MS = 10 * 366 * 86_400_000
+
+
+def effect_args_problem(definition: EffectDefinition, args: Any) -> str | None:
+    """What is wrong with an effect's arguments (JSON, then its argument model), or None."""
+    if not isinstance(args, dict):
+        return "the arguments must be a dict"
+    try:
+        _refuse_nul(args)
+        json.dumps(args, allow_nan=False)
+    except (errors.Invalid, TypeError, ValueError) as exc:
+        return f"the arguments must be JSON: {exc}"
+    if definition.args_model is None:
+        return None
+    try:
+        definition.args_model.model_validate(args)
+    except ValidationError as exc:
+        problems = "; ".join(f"`{'.'.join(str(p) for p in e['loc']) or 'arguments'}`: {e['msg']}" for e in exc.errors())
+        return f"invalid arguments for effect `{definition.name}`: {problems}"
+    return None
+
+
+def scheduled_effect(row: tables.Effect) -> ScheduledEffect:
+    return ScheduledEffect(
+        id=str(row.id),
+        name=row.name,
+        args=row.args,
+        run_at=row.run_at,
+        status=row.status,
+        attempts=row.attempts,
+        created_at=row.created_at,
+    )
 
 
 def _message(row: tables.Message) -> StateMessage:

@@ -2,10 +2,12 @@
 
 from app.llm.base import LLMMessage
 from app.spec.define import (
+    EffectDefinition,
     EndpointDefinition,
     HookDefinition,
     ToolDefinition,
     define_agent,
+    define_effect,
     define_hook,
     define_model,
     define_prompt,
@@ -30,6 +32,7 @@ from app.spec.state import (
     GrepMatch,
     MessagesResult,
     ReaddirResult,
+    ScheduledEffect,
     StateLog,
     StateMessage,
     ThreadState,
@@ -37,6 +40,7 @@ from app.spec.state import (
 
 __all__ = [
     "AgentDefinition",
+    "EffectDefinition",
     "EndpointDefinition",
     "ExecutionState",
     "FileRecord",
@@ -49,6 +53,7 @@ __all__ = [
     "ModelDefinition",
     "PromptDefinition",
     "ReaddirResult",
+    "ScheduledEffect",
     "SessionToolConfig",
     "SideConfig",
     "StateLog",
@@ -60,6 +65,7 @@ __all__ = [
     "ToolResult",
     "VariableDefinition",
     "define_agent",
+    "define_effect",
     "define_hook",
     "define_model",
     "define_prompt",

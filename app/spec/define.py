@@ -88,16 +88,16 @@ def close_objects(schema: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-def _args_model(fn: ToolFunction) -> type[BaseModel] | None:
+def _args_model(fn: ToolFunction, noun: str = "tool") -> type[BaseModel] | None:
     params = list(inspect.signature(fn).parameters.values())
     if len(params) not in (1, 2):
-        raise TypeError(f"tool `{fn.__name__}` must take (state) or (state, args)")
+        raise TypeError(f"{noun} `{fn.__name__}` must take (state) or (state, args)")
     if len(params) == 1:
         return None
     hints = typing.get_type_hints(fn)
     model = hints.get(params[1].name)
     if not (inspect.isclass(model) and issubclass(model, BaseModel)):
-        raise TypeError(f"tool `{fn.__name__}`: annotate `{params[1].name}` with a pydantic model class")
+        raise TypeError(f"{noun} `{fn.__name__}`: annotate `{params[1].name}` with a pydantic model class")
     return model
 
 
@@ -236,3 +236,36 @@ def define_thread_endpoint(
         return _register(EndpointDefinition(fn=handler, description=description, name=handler.__name__))
 
     return wrap if fn is None else wrap(fn)
+
+
+# -- effects -----------------------------------------------------------------------------------------------
+
+EffectFunction = Callable[..., Awaitable[Any]]
+
+
+@dataclass
+class EffectDefinition:
+    """An effect: an async function `(state[, args])` run when a scheduled effect falls due; the file name names it."""
+
+    fn: EffectFunction
+    description: str
+    args_model: type[BaseModel] | None
+    name: str = ""
+
+
+def define_effect(*, description: str) -> Callable[[EffectFunction], EffectDefinition]:
+    """Decorate an async function `(state)` or `(state, args: ArgsModel)` as an effect (`semantics.md` §10).
+
+    `state.schedule_effect(name, args, delay_ms)` stores it; when due it runs inside the thread's single flight,
+    outside any transaction, with `state.execution` None and `state.context["effect"] == {id, name, attempt}`.
+    It runs at least once: a handler must tolerate being run again after a crash (`attempt` > 1).
+    """
+
+    def wrap(fn: EffectFunction) -> EffectDefinition:
+        if not inspect.iscoroutinefunction(fn):
+            raise TypeError(f"effect `{fn.__name__}` must be an `async def` function")
+        return _register(
+            EffectDefinition(fn=fn, description=description, args_model=_args_model(fn, "effect"), name=fn.__name__)
+        )
+
+    return wrap

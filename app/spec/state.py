@@ -112,13 +112,25 @@ class FindResult(BaseModel):
     entries: list[FileRecord]
 
 
+class ScheduledEffect(BaseModel):
+    """An effect stored by `schedule_effect`; `status` is one of `app/effects.py`'s statuses."""
+
+    id: str
+    name: str
+    args: dict[str, Any]
+    run_at: datetime
+    status: str
+    attempts: int
+    created_at: datetime
+
+
 class ThreadState(Protocol):
     """What a tool gets as `state`.
 
     Inside the thread's own execution (`execution` is set) everything is allowed. Outside it (custom endpoints,
     handles on other threads) reads, `queue_message`, `queue_tool`, `invoke_tool` and `emit` work, while
     `inject_message`, `update_message`, `delete_message` and `set_env` raise `OutsideExecution`: they would race
-    the running step. Effects and child/parent handles are not part of this server version yet.
+    the running step. Child/parent handles are not part of this server version yet.
     """
 
     # -- identity --------------------------------------------------------------------------------------------
@@ -333,4 +345,21 @@ class ThreadState(Protocol):
     async def terminate(self) -> None:
         """End this thread (and its descendants) for good: the running execution stops without writing more,
         and later input is refused with `Thread is terminated` (§11)."""
+        ...
+
+    # -- effects ---------------------------------------------------------------------------------------------
+
+    async def schedule_effect(self, name: str, args: dict[str, Any] | None = None, delay_ms: float = 0) -> str:
+        """Store a durable effect that runs `delay_ms` from now (at least once, even across restarts); return its id.
+
+        `args` are validated against the effect's argument model now; an unknown name raises `UnknownEffect`.
+        """
+        ...
+
+    async def get_scheduled_effects(self, name: str | None = None) -> list[ScheduledEffect]:
+        """The thread's effects that have not started yet (`scheduled` or `queued`), by due time."""
+        ...
+
+    async def remove_scheduled_effect(self, effect_id: str) -> bool:
+        """Cancel an effect that has not started; False if there is none such (unknown, started or finished)."""
         ...

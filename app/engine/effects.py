@@ -1,0 +1,64 @@
+"""Running due effects inside the thread's single flight (`semantics.md` §10).
+
+The engine calls `run_queued` before it delivers input, so an effect runs before the next LLM call of a running
+thread, and on an idle thread it starts no turn by itself (only messages it queues do). Each handler runs outside
+any transaction: one fenced transaction counts the start, another records the end and consumes the inbox row, so a
+worker that dies in between leaves the row for the next execution (at least once).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from cryptography.fernet import Fernet
+
+from app import effects as effect_store
+from app import env as env_store
+from app import queue
+from app.catalog import Catalog
+from app.engine.context import Env
+from app.engine.state import RunState, Transaction, effect_args_problem
+
+log = logging.getLogger(__name__)
+
+
+async def run_queued(catalog: Catalog, fernet: Fernet, transaction: Transaction) -> None:
+    """Run every effect waiting in the thread's inbox, oldest first, one at a time."""
+    while True:
+        async with transaction() as (session, thread):
+            item = await queue.next_effect(session, thread.id)
+            if item is None:
+                return
+            effect = await effect_store.start(session, item)
+            if effect is None:
+                continue
+            agent = catalog.agent(thread.agent)
+            side = agent.side("b" if thread.side == "b" else "a")
+            prompt_env = dict(catalog.prompts[side.prompt].env) if side is not None else {}
+            env = Env(await env_store.thread_values(session, fernet, thread.id), dict(agent.env), prompt_env)
+        context: dict[str, Any] = {"effect": {"id": str(effect.id), "name": effect.name, "attempt": effect.attempts}}
+        state = RunState(thread, env, transaction, None, context, catalog=catalog, fernet=fernet)
+        error = await _call(catalog, effect.name, effect.args, state)
+        async with transaction() as (session, thread):
+            await effect_store.finish(session, effect, item, error)
+            thread.attempt = 1  # progress was made: a step after it starts with a fresh crash budget
+
+
+async def _call(catalog: Catalog, name: str, args: dict[str, Any], state: RunState) -> str | None:
+    """Validate the arguments and run the handler; what went wrong, as text, or None."""
+    definition = catalog.effects.get(name)
+    if definition is None:
+        return f"no effect `{name}` is defined (any more)"
+    problem = effect_args_problem(definition, args)
+    if problem is not None:
+        return problem
+    try:
+        if definition.args_model is None:
+            await definition.fn(state)
+        else:
+            await definition.fn(state, definition.args_model.model_validate(args))
+    except Exception as exc:
+        log.warning("effect %s of thread %s raised", name, state.thread_id, exc_info=True)
+        return f"{type(exc).__name__}: {exc}"
+    return None
