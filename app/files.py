@@ -6,6 +6,7 @@ is needed (and the reverse), is a `FileConflict`. Bad paths are refused before a
 
 from __future__ import annotations
 
+import asyncio
 import mimetypes
 import posixpath
 import re
@@ -301,7 +302,7 @@ async def thumbnail(session: AsyncSession, thread_id: uuid.UUID, path: str) -> b
     if entry.is_dir or entry.sha256 is None or not images.is_image(entry.mime_type):
         return None
     data = b"".join([piece async for piece in blobs.chunks(session, entry.sha256)])
-    return images.thumbnail(data)
+    return await asyncio.to_thread(images.thumbnail, data)  # decoding is CPU work: keep the event loop free
 
 
 @dataclass(frozen=True)

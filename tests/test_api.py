@@ -83,6 +83,9 @@ async def test_health_ready_openapi(client: httpx.AsyncClient) -> None:
         "/agents",
     ):
         assert path in spec["paths"]
+    body = spec["paths"]["/threads/{thread_id}/messages"]["post"]["requestBody"]["content"]
+    assert set(body) == {"application/json", "multipart/form-data"}
+    assert body["application/json"]["schema"]["$ref"].split("/")[-1] in spec["components"]["schemas"]
 
 
 async def test_ready_is_503_when_migrations_are_behind(client: httpx.AsyncClient, app: FastAPI) -> None:

@@ -310,3 +310,17 @@ async def test_copy_between_threads_shares_the_blob_and_rewrites_the_path(app_fa
         assert (await session.execute(select(func.count()).select_from(tables.Blob))).scalar_one() == 1
         copied = await files.stat(session, uuid.UUID(destination), ref["path"])
     assert copied.sha256 == put.json()["etag"]
+
+
+async def test_messages_given_at_thread_creation_may_carry_attachments(app_factory: Any) -> None:
+    app = await app_factory(catalog(Model("ok")))
+    client = client_for(app)
+    attachment = {"name": "brief.md", "mime_type": "text/markdown", "data": base64.b64encode(b"# Brief").decode()}
+    created = await client.post(
+        "/threads", json={"agent": "agent", "messages": [{"content": "read this", "attachments": [attachment]}]}
+    )
+    assert created.status_code == 201, created.text
+    [queued] = await history(client, created.json()["id"])
+    [ref] = queued["attachments"]
+    assert ref["name"] == "brief.md" and ref["size"] == 7
+    assert (await client.get(f"/threads/{created.json()['id']}/fs{ref['path']}")).content == b"# Brief"
