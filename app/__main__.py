@@ -1,4 +1,4 @@
-"""`agents <command>`: serve | api | worker | migrate | check | keys — argument parsing and dispatch only."""
+"""`agents <command>`: serve | api | worker | migrate | check | keys | env — argument parsing and dispatch only."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import uvicorn
 
 from app import catalog as catalog_mod
-from app import crypto, db, errors, keys
+from app import crypto, db, env, errors, keys
 from app.catalog import Catalog
 from app.hub import Publisher
 from app.settings import Settings, plain_url
@@ -158,6 +158,30 @@ async def _keys(settings: Settings, args: argparse.Namespace) -> None:
         await engine.dispose()
 
 
+async def _env(settings: Settings, args: argparse.Namespace) -> None:
+    assert settings.database_url
+    scope, owner = ("user", args.user) if args.user else ("instance", env.INSTANCE)
+    where = f"user {args.user}" if args.user else "the instance"
+    engine = db.create_engine(settings.database_url, 1)
+    try:
+        async with db.sessionmaker(engine)() as session, session.begin():
+            if args.env_command == "set":
+                env.check(args.name, args.value)
+                secret = {args.name} if args.secret else set()
+                await env.put(session, crypto.server_key(settings), scope, owner, {args.name: args.value}, secret)
+                print(f"set {'secret ' if args.secret else ''}{args.name} for {where}")
+            elif args.env_command == "list":
+                values, types = await env.public(session, scope, owner)
+                for name, kind in types.items():
+                    print(f"{name}={'***' if kind == 'secret' else values[name]}  ({kind})")
+            elif await env.remove(session, scope, owner, [args.name]) == 0:
+                raise SystemExit(f"no variable {args.name} for {where}")
+            else:
+                print(f"deleted {args.name} for {where}")
+    finally:
+        await engine.dispose()
+
+
 def _check(settings: Settings) -> int:
     problems = catalog_mod.check(settings.agents_dir)
     for problem in problems:
@@ -193,6 +217,18 @@ def parser() -> argparse.ArgumentParser:
     ks.add_parser("list", help="list keys")
     kr = ks.add_parser("revoke", help="revoke a key by id or prefix")
     kr.add_argument("key")
+    e = sub.add_parser("env", help="instance and user variables (threads of every user inherit instance ones)")
+    es = e.add_subparsers(dest="env_command", required=True)
+    for name, text in (("set", "set a value"), ("list", "list values (secrets masked)"), ("delete", "remove a value")):
+        c = es.add_parser(name, help=text)
+        whose = c.add_mutually_exclusive_group()
+        whose.add_argument("--instance", action="store_true", help="the instance's values (the default)")
+        whose.add_argument("--user", help="this user's values")
+        if name != "list":
+            c.add_argument("name")
+        if name == "set":
+            c.add_argument("value")
+            c.add_argument("--secret", action="store_true", help="encrypt it; it is never shown again")
     return p
 
 
@@ -215,6 +251,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "check":
             return _check(settings)
+        if args.command in ("serve", "api", "worker"):
+            crypto.server_key(settings)  # before anything starts: a missing key off loopback refuses start-up
         if args.command in ("serve", "api"):
             _serve(settings, with_worker=args.command == "serve", migrate=args.command == "serve")
             return 0
@@ -226,6 +264,8 @@ def main(argv: list[str] | None = None) -> int:
                 asyncio.run(_worker(settings))
             elif args.command == "keys":
                 asyncio.run(_keys(settings, args))
+            elif args.command == "env":
+                asyncio.run(_env(settings, args))
     except errors.AgentsError as exc:
         raise SystemExit(f"error: {exc.message}") from exc
     return 0

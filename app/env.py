@@ -1,16 +1,20 @@
-"""Variable values at thread scope (user and instance scopes share the table)."""
+"""Variable values at thread, user and instance scope (one table; secrets encrypted with the server key)."""
 
 from __future__ import annotations
 
+import re
 import uuid
 from dataclasses import dataclass
 
 from cryptography.fernet import Fernet
-from sqlalchemy import delete, select
+from sqlalchemy import delete, func, or_, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import crypto, tables
+from app import crypto, errors, tables
+
+INSTANCE = ""  # the owner of instance-scoped values
+NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 
 
 @dataclass(frozen=True)
@@ -21,27 +25,107 @@ class Value:
     type: str
 
 
+@dataclass(frozen=True)
+class Layers:
+    """The stored values a thread resolves, highest first (secrets decrypted: for the engine only)."""
+
+    thread: dict[str, Value]
+    user: dict[str, Value]
+    instance: dict[str, Value]
+
+
+def check(name: str, value: str) -> None:
+    """Refuse a name that is not an identifier, or a value Postgres cannot store."""
+    if not NAME.fullmatch(name):
+        raise errors.Invalid(f"`{name[:200]}` is not a variable name: use letters, digits and `_`, not a digit first")
+    if "\x00" in value:
+        raise errors.Invalid(f"the value of `{name}` contains a NUL character")
+
+
+async def put(
+    session: AsyncSession, fernet: Fernet, scope: str, owner: str, values: dict[str, str], secret: set[str]
+) -> None:
+    """Upsert values of one scope; names in `secret` are encrypted."""
+    for name, value in values.items():
+        kind = "secret" if name in secret else "text"
+        stored = crypto.encrypt(fernet, value) if kind == "secret" else value
+        stmt = insert(tables.EnvValue).values(scope=scope, owner=owner, name=name, type=kind, value=stored)
+        await session.execute(
+            stmt.on_conflict_do_update(
+                constraint="env_values_scope_owner_name", set_={"type": kind, "value": stored, "updated_at": func.now()}
+            )
+        )
+
+
+async def remove(session: AsyncSession, scope: str, owner: str, names: list[str]) -> int:
+    """Delete values of one scope; returns how many there were."""
+    result = await session.execute(
+        delete(tables.EnvValue).where(
+            tables.EnvValue.scope == scope, tables.EnvValue.owner == owner, tables.EnvValue.name.in_(names)
+        )
+    )
+    return int(result.rowcount)  # type: ignore[attr-defined]
+
+
+async def public(session: AsyncSession, scope: str, owner: str) -> tuple[dict[str, str | None], dict[str, str]]:
+    """(`env`, `env_types`) of one scope as the API shows them: secret values are null."""
+    rows = (
+        await session.execute(
+            select(tables.EnvValue)
+            .where(tables.EnvValue.scope == scope, tables.EnvValue.owner == owner)
+            .order_by(tables.EnvValue.name)
+        )
+    ).scalars()
+    env: dict[str, str | None] = {}
+    types: dict[str, str] = {}
+    for r in rows:
+        env[r.name] = None if r.type == "secret" else r.value
+        types[r.name] = r.type
+    return env, types
+
+
+async def names(session: AsyncSession, user_id: str) -> set[str]:
+    """Names the user's and the instance's values define (what a new thread of the user inherits)."""
+    rows = await session.execute(
+        select(tables.EnvValue.name).where(
+            or_(
+                (tables.EnvValue.scope == "user") & (tables.EnvValue.owner == user_id),
+                (tables.EnvValue.scope == "instance") & (tables.EnvValue.owner == INSTANCE),
+            )
+        )
+    )
+    return set(rows.scalars())
+
+
+async def layers(session: AsyncSession, fernet: Fernet, thread_id: uuid.UUID, user_id: str) -> Layers:
+    """The thread's, its owner's and the instance's values in one query, secrets decrypted (for the engine only)."""
+    rows = (
+        await session.execute(
+            select(tables.EnvValue).where(
+                or_(
+                    (tables.EnvValue.scope == "thread") & (tables.EnvValue.owner == str(thread_id)),
+                    (tables.EnvValue.scope == "user") & (tables.EnvValue.owner == user_id),
+                    (tables.EnvValue.scope == "instance") & (tables.EnvValue.owner == INSTANCE),
+                )
+            )
+        )
+    ).scalars()
+    found = Layers({}, {}, {})
+    for r in rows:
+        value = Value(crypto.decrypt(fernet, r.value) if r.type == "secret" else r.value, r.type)
+        getattr(found, r.scope)[r.name] = value
+    return found
+
+
 async def set_thread(
     session: AsyncSession, fernet: Fernet, thread_id: uuid.UUID, values: dict[str, str], secret: set[str]
 ) -> None:
     """Upsert thread-scoped values; names in `secret` are encrypted."""
-    for name, value in values.items():
-        kind = "secret" if name in secret else "text"
-        stored = crypto.encrypt(fernet, value) if kind == "secret" else value
-        stmt = insert(tables.EnvValue).values(scope="thread", owner=str(thread_id), name=name, type=kind, value=stored)
-        await session.execute(
-            stmt.on_conflict_do_update(constraint="env_values_scope_owner_name", set_={"type": kind, "value": stored})
-        )
+    await put(session, fernet, "thread", str(thread_id), values, secret)
 
 
 async def delete_thread(session: AsyncSession, thread_id: uuid.UUID, names: list[str]) -> None:
-    await session.execute(
-        delete(tables.EnvValue).where(
-            tables.EnvValue.scope == "thread",
-            tables.EnvValue.owner == str(thread_id),
-            tables.EnvValue.name.in_(names),
-        )
-    )
+    await remove(session, "thread", str(thread_id), names)
 
 
 async def thread_types(session: AsyncSession, thread_id: uuid.UUID) -> dict[str, str]:
@@ -54,29 +138,9 @@ async def thread_types(session: AsyncSession, thread_id: uuid.UUID) -> dict[str,
     return {r.name: r.type for r in rows}
 
 
-async def thread_values(session: AsyncSession, fernet: Fernet, thread_id: uuid.UUID) -> dict[str, Value]:
-    """The thread's values, secrets decrypted (for the engine only)."""
-    rows = (
-        await session.execute(
-            select(tables.EnvValue).where(tables.EnvValue.scope == "thread", tables.EnvValue.owner == str(thread_id))
-        )
-    ).scalars()
-    return {r.name: Value(crypto.decrypt(fernet, r.value) if r.type == "secret" else r.value, r.type) for r in rows}
-
-
 async def public_view(session: AsyncSession, thread_id: uuid.UUID) -> tuple[dict[str, str | None], dict[str, str]]:
     """(`env`, `env_types`) as the API shows them: secret values are null."""
-    rows = (
-        await session.execute(
-            select(tables.EnvValue).where(tables.EnvValue.scope == "thread", tables.EnvValue.owner == str(thread_id))
-        )
-    ).scalars()
-    env: dict[str, str | None] = {}
-    types: dict[str, str] = {}
-    for r in rows:
-        env[r.name] = None if r.type == "secret" else r.value
-        types[r.name] = r.type
-    return env, types
+    return await public(session, "thread", str(thread_id))
 
 
 async def delete_all(session: AsyncSession, thread_id: uuid.UUID) -> None:

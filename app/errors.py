@@ -85,6 +85,12 @@ class Unauthorized(AgentsError):
     code = "unauthorized"
 
 
+class Forbidden(AgentsError):
+    """This needs an admin key."""
+
+    code = "forbidden"
+
+
 class NotReady(AgentsError):
     """The service is not ready."""
 

@@ -66,3 +66,31 @@ def test_serve_refuses_a_public_bind_without_keys(database_url: str, tmp_path: P
 def test_serve_refuses_a_public_bind_without_a_secret_key(database_url: str, tmp_path: Path) -> None:
     result = agents("serve", "--host", "0.0.0.0", env={"DATABASE_URL": database_url, "DATA_DIR": str(tmp_path)})
     assert result.returncode != 0 and "SECRET_KEY" in result.stderr
+
+
+def test_env_set_list_delete(database_url: str, tmp_path: Path) -> None:
+    env = {"DATABASE_URL": database_url, "DATA_DIR": str(tmp_path)}
+    assert agents("env", "set", "REGION", "eu", env=env).returncode == 0
+    secret = agents("env", "set", "--instance", "TOKEN", "cli-s3cret", "--secret", env=env)
+    assert secret.returncode == 0 and "cli-s3cret" not in secret.stdout
+    assert agents("env", "set", "--user", "alice", "REGION", "us", env=env).returncode == 0
+    listed = agents("env", "list", env=env)
+    assert listed.returncode == 0 and listed.stdout.splitlines() == ["REGION=eu  (text)", "TOKEN=***  (secret)"]
+    assert agents("env", "list", "--user", "alice", env=env).stdout.splitlines() == ["REGION=us  (text)"]
+    assert agents("env", "list", "--user", "bob", env=env).stdout == ""
+    assert agents("env", "delete", "--user", "alice", "REGION", env=env).returncode == 0
+    gone = agents("env", "delete", "--user", "alice", "REGION", env=env)
+    assert gone.returncode != 0 and "no variable REGION" in gone.stderr
+    bad = agents("env", "set", "1BAD", "x", env=env)
+    assert bad.returncode != 0 and "not a variable name" in bad.stderr and "Traceback" not in bad.stderr
+    assert agents("env", "set", "--user", "u", "--instance", "X", "y", env=env).returncode != 0
+
+
+def test_worker_and_api_refuse_to_start_without_a_secret_key_off_loopback(database_url: str, tmp_path: Path) -> None:
+    env = {"DATABASE_URL": database_url, "DATA_DIR": str(tmp_path), "HOST": "0.0.0.0"}
+    for command in ("worker", "api"):
+        result = agents(command, env=env)
+        assert result.returncode == 1, result.stderr
+        assert "SECRET_KEY is missing" in result.stderr and "Traceback" not in result.stderr
+    weak = agents("serve", "--host", "0.0.0.0", env={**env, "SECRET_KEY": "changeme"})
+    assert weak.returncode == 1 and "SECRET_KEY" in weak.stderr and "Traceback" not in weak.stderr

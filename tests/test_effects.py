@@ -46,7 +46,11 @@ async def probe(state: ThreadState) -> None:
 @define_effect(description="Always raises.")
 async def boom(state: ThreadState) -> None:
     handled.append({"effect": "boom", "context": dict(state.context), "execution": state.execution})
-    raise RuntimeError("kaboom")
+    try:
+        token = " " + await state.env("TOKEN")
+    except LookupError:
+        token = ""
+    raise RuntimeError(f"kaboom{token}")
 
 
 class LaterArgs(BaseModel):
@@ -267,6 +271,16 @@ async def test_a_handler_that_raises_is_failed_and_the_thread_goes_on(app_factor
     await client.post(f"/threads/{tid}/messages", json={"content": "still there?"})
     await settle(client, tid)
     assert [r["content"] for r in await stored(client, tid)] == ["still there?", "noted: still there?"]
+
+
+async def test_a_handler_error_never_shows_a_secret(app_factory: Any) -> None:
+    app = await app_factory(catalog(), with_worker=True)
+    client = client_for(app)
+    body = {"agent": "agent", "env": {"TOKEN": "tok-very-secret"}, "secrets": ["TOKEN"]}
+    tid = (await client.post("/threads", json=body)).json()["id"]
+    state = await outside(app, tid)
+    failed = await final(client, tid, await state.schedule_effect("boom", delay_ms=0))
+    assert failed["last_error"] == "RuntimeError: kaboom ***"
 
 
 async def test_a_crashed_handler_runs_again_and_at_most_three_times(app_factory: Any) -> None:

@@ -17,6 +17,7 @@ log = logging.getLogger(__name__)
 STATUS: dict[type[errors.AgentsError], int] = {
     errors.Invalid: 400,
     errors.Unauthorized: 401,
+    errors.Forbidden: 403,
     errors.NotFound: 404,
     errors.Conflict: 409,
     errors.MissingVariables: 422,
@@ -31,6 +32,7 @@ STATUS: dict[type[errors.AgentsError], int] = {
 HTTP_CODES = {
     400: "bad_request",
     401: "unauthorized",
+    403: "forbidden",
     404: "not_found",
     405: "method_not_allowed",
     406: "not_acceptable",

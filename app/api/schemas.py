@@ -65,6 +65,26 @@ class ThreadPatch(In):
     env_delete: list[str] = Field(default_factory=list)
 
 
+class EnvIn(In):
+    value: str = Field(max_length=100_000)
+    type: Literal["text", "secret"] = "text"
+
+
+class EnvVariable(BaseModel):
+    """One user or instance value; a secret's `value` is null."""
+
+    name: str
+    type: Literal["text", "secret"]
+    value: str | None
+
+
+class EnvList(BaseModel):
+    """A scope's values: `env` has null for secrets, `env_types` every name's type."""
+
+    env: dict[str, str | None]
+    env_types: dict[str, str]
+
+
 class Deleted(BaseModel):
     deleted: list[uuid.UUID]
 

@@ -14,6 +14,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 from sqlalchemy import func, select, update
@@ -35,6 +36,7 @@ from app.llm.base import (
     TextDelta,
 )
 from app.spec.definitions import ModelDefinition, PromptDefinition
+from app.spec.results import ToolResult
 
 Transaction = Callable[[], AbstractAsyncContextManager[tuple[AsyncSession, tables.Thread]]]
 
@@ -77,6 +79,30 @@ def scrub(text: str, secrets: list[str]) -> str:
         if secret:
             text = text.replace(secret, "***")
     return text
+
+
+def scrub_result(result: ToolResult, secrets: list[str]) -> ToolResult:
+    """A tool result with known secret values masked in what is stored, shown to models and returned."""
+    if not secrets:
+        return result
+    changes = {
+        key: scrub(value, secrets)
+        for key in ("result", "error", "stack")
+        if isinstance(value := getattr(result, key), str)
+    }
+    if result.error_data:
+        changes["error_data"] = _scrub_data(result.error_data, secrets)
+    return result.model_copy(update=changes)
+
+
+def _scrub_data(value: Any, secrets: list[str]) -> Any:
+    if isinstance(value, str):
+        return scrub(value, secrets)
+    if isinstance(value, dict):
+        return {k: _scrub_data(v, secrets) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_scrub_data(v, secrets) for v in value]
+    return value
 
 
 def empty(response: LLMResponse) -> bool:

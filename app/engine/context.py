@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+from cryptography.fernet import Fernet
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import env as env_store
 from app import tables
@@ -16,30 +19,95 @@ from app.spec.definitions import PromptDefinition, PromptEnvPart, PromptIncludeP
 class MissingVariable(LookupError):
     """A variable nothing defines."""
 
-    def __init__(self, name: str) -> None:
-        super().__init__(f"Variable `{name}` is not set: define it on the thread, the agent or the prompt")
+    def __init__(self, name: str, text: str | None = None) -> None:
+        super().__init__(
+            text
+            or f"Variable `{name}` is not set: define it on the thread, the user, the instance, the agent or the prompt"
+        )
         self.name = name
+
+
+class SecretInPrompt(MissingVariable):
+    """A prompt `env` part that resolves to a secret value: secrets are never rendered into prompts."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name, f"Variable `{name}` is secret and is never rendered into a prompt: read it in a tool")
 
 
 @dataclass(frozen=True)
 class Env:
-    """Variable resolution, highest first: thread → agent → tool config → prompt (§8)."""
+    """Variable resolution, highest first: thread → user → instance → agent → tool config → prompt (§8)."""
 
     thread: dict[str, env_store.Value]
     agent: dict[str, str]
     prompt: dict[str, str]
+    user: dict[str, env_store.Value] = field(default_factory=dict)
+    instance: dict[str, env_store.Value] = field(default_factory=dict)
+    declared_secret: frozenset[str] = frozenset()  # names the agent's graph declares `secret`
+
+    def _stored(self, name: str) -> env_store.Value | None:
+        for layer in (self.thread, self.user, self.instance):
+            if name in layer:
+                return layer[name]
+        return None
 
     def get(self, name: str, tool_env: dict[str, str] | None = None) -> str:
-        if name in self.thread:
-            return self.thread[name].value
+        stored = self._stored(name)
+        if stored is not None:
+            return stored.value
         for layer in (self.agent, tool_env or {}, self.prompt):
             if name in layer:
                 return layer[name]
         raise MissingVariable(name)
 
+    def is_secret(self, name: str) -> bool:
+        stored = self._stored(name)
+        return name in self.declared_secret or (stored is not None and stored.type == "secret")
+
     def secrets(self) -> list[str]:
-        """Known secret values, for scrubbing."""
-        return [v.value for v in self.thread.values() if v.type == "secret" and v.value]
+        """Known secret values of every stored layer, for scrubbing (longest first, so none is left half-masked)."""
+        found = {
+            v.value
+            for layer in (self.thread, self.user, self.instance)
+            for name, v in layer.items()
+            if v.value and (v.type == "secret" or name in self.declared_secret)
+        }
+        return sorted(found, key=len, reverse=True)
+
+    def mask(self, value: Any) -> Any:
+        """`value` (text, or JSON-like data) with every known secret value replaced by `***`."""
+        secrets = self.secrets()
+        return _masked(value, secrets) if secrets else value
+
+
+def _masked(value: Any, secrets: list[str]) -> Any:
+    if isinstance(value, str):
+        for secret in secrets:
+            value = value.replace(secret, "***")
+        return value
+    if isinstance(value, dict):
+        return {_masked(k, secrets): _masked(v, secrets) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_masked(v, secrets) for v in value]
+    return value
+
+
+async def load_env(
+    session: AsyncSession, fernet: Fernet, catalog: Catalog, thread: tables.Thread, prompt: PromptDefinition | None
+) -> Env:
+    """The `Env` of a thread's step: its stored layers, its agent's and its prompt's `env` (the one place that
+    builds one for a thread)."""
+    agent = catalog.agent(thread.agent)
+    stored = await env_store.layers(session, fernet, thread.id, thread.user_id)
+    declared = frozenset(v.name for v in catalog.variables_of_agent(agent.name) if v.type == "secret")
+    return Env(
+        stored.thread,
+        dict(agent.env),
+        dict(prompt.env) if prompt is not None else {},
+        user=stored.user,
+        instance=stored.instance,
+        declared_secret=declared,
+    )
 
 
 def render_prompt(catalog: Catalog, prompt: PromptDefinition, env: Env) -> str:
@@ -51,6 +119,8 @@ def render_prompt(catalog: Catalog, prompt: PromptDefinition, env: Env) -> str:
         if isinstance(part, PromptIncludePart):
             out.append(render_prompt(catalog, catalog.prompts[part.prompt], env))
         elif isinstance(part, PromptEnvPart):
+            if env.is_secret(part.property):
+                raise SecretInPrompt(part.property)
             out.append(env.get(part.property))
         else:
             out.append(part.content)

@@ -14,10 +14,9 @@ from typing import Any
 from cryptography.fernet import Fernet
 
 from app import effects as effect_store
-from app import env as env_store
 from app import queue
 from app.catalog import Catalog
-from app.engine.context import Env
+from app.engine.context import load_env
 from app.engine.state import RunState, Transaction, effect_args_problem
 
 log = logging.getLogger(__name__)
@@ -33,13 +32,14 @@ async def run_queued(catalog: Catalog, fernet: Fernet, transaction: Transaction)
             effect = await effect_store.start(session, item)
             if effect is None:
                 continue
-            agent = catalog.agent(thread.agent)
-            side = agent.side("b" if thread.side == "b" else "a")
-            prompt_env = dict(catalog.prompts[side.prompt].env) if side is not None else {}
-            env = Env(await env_store.thread_values(session, fernet, thread.id), dict(agent.env), prompt_env)
+            side = catalog.agent(thread.agent).side("b" if thread.side == "b" else "a")
+            prompt = catalog.prompts[side.prompt] if side is not None else None
+            env = await load_env(session, fernet, catalog, thread, prompt)
         context: dict[str, Any] = {"effect": {"id": str(effect.id), "name": effect.name, "attempt": effect.attempts}}
         state = RunState(thread, env, transaction, None, context, catalog=catalog, fernet=fernet)
-        error = await _call(catalog, effect.name, effect.args, state)
+        error = env.mask(await _call(catalog, effect.name, effect.args, state))  # shown by the API: no secrets
+        if error is not None:
+            log.warning("effect %s (%s) of thread %s failed: %s", effect.name, effect.id, thread.id, error)
         async with transaction() as (session, thread):
             await effect_store.finish(session, effect, item, error)
             thread.attempt = 1  # progress was made: a step after it starts with a fresh crash budget
@@ -59,6 +59,5 @@ async def _call(catalog: Catalog, name: str, args: dict[str, Any], state: RunSta
         else:
             await definition.fn(state, definition.args_model.model_validate(args))
     except Exception as exc:
-        log.warning("effect %s of thread %s raised", name, state.thread_id, exc_info=True)
         return f"{type(exc).__name__}: {exc}"
     return None

@@ -13,10 +13,9 @@ from cryptography.fernet import Fernet
 from sqlalchemy import inspect, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import env as env_store
 from app import errors, messages, tables
 from app.catalog import Catalog
-from app.engine.context import Env, _visible
+from app.engine.context import Env, _visible, load_env
 from app.engine.state import RunState, Transaction
 from app.llm.base import LLMMessage, ToolCall
 from app.spec.define import HookDefinition
@@ -68,7 +67,7 @@ async def prepare(
     if not definitions:
         return Hooks()
     if env is None:
-        env = Env(await env_store.thread_values(session, fernet, thread.id), dict(agent.env), dict(prompt.env))
+        env = await load_env(session, fernet, catalog, thread, prompt)
     execution = ExecutionState(
         side="b" if side == "b" else "a",
         step=thread.session_steps,

@@ -13,10 +13,9 @@ from contextlib import asynccontextmanager
 from cryptography.fernet import Fernet
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app import env as env_store
 from app import tables, threads
 from app.catalog import Catalog
-from app.engine.context import Env
+from app.engine.context import load_env
 from app.engine.state import RunState
 
 
@@ -33,6 +32,6 @@ async def state(
     async with transaction() as (session, thread):
         agent = catalog.agent(thread.agent)
         side = agent.side("b" if thread.side == "b" else "a")  # the acting side's prompt, as the engine resolves it
-        prompt_env = dict(catalog.prompts[side.prompt].env) if side is not None else {}
-        env = Env(await env_store.thread_values(session, fernet, thread.id), dict(agent.env), prompt_env)
+        prompt = catalog.prompts[side.prompt] if side is not None else None
+        env = await load_env(session, fernet, catalog, thread, prompt)
     return RunState(thread, env, transaction, None, {}, catalog=catalog, fernet=fernet)

@@ -21,7 +21,6 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app import attachments, errors, events, files, messages, queue, tables, threads
-from app import env as env_store
 from app.catalog import Catalog
 from app.engine import calls, context, effects, hooks, stops, tools
 from app.engine.state import RunState, deliver_tool
@@ -282,11 +281,7 @@ class Engine:
                 (r for r in reversed(rows) if r.role != "tool" and r.side == side and r.position >= turn_start),
                 None,
             )
-            env = context.Env(
-                await env_store.thread_values(session, self._fernet, thread.id),
-                dict(agent.env),
-                dict(prompt.env),
-            )
+            env = await context.load_env(session, self._fernet, self._catalog, thread, prompt)
             if last is not None and last.status == "completed" and last.tool_calls:
                 answered = {r.tool_call_id for r in rows if r.role == "tool"}
                 missing = [c for c in last.tool_calls if c["id"] not in answered]
@@ -421,6 +416,7 @@ class Engine:
                 context=self._context(thread),
             )
         outcome = await tools.execute(self._catalog, offered, call, state)
+        outcome = replace(outcome, result=calls.scrub_result(outcome.result, step.env.secrets()))  # a tool's echo
         outcome = await tools.check_attachments(step.config, outcome, state)
         result = await hook_runner.after_tool_call(call, outcome.result)
         fields: dict[str, Any] | None = None
@@ -489,7 +485,10 @@ class Engine:
             for row in await messages.history(session, thread.id):
                 if row.status == "pending":
                     await messages.save(session, row, status="failed")
-            await events.append(session, thread.id, "error", {"code": code, "message": message})
+            known: list[str] = []
+            with contextlib.suppress(errors.AgentsError):  # e.g. a secret the current key cannot decrypt
+                known = (await context.load_env(session, self._fernet, self._catalog, thread, None)).secrets()
+            await events.append(session, thread.id, "error", {"code": code, "message": calls.scrub(message, known)})
             await self._end_session(session, thread, stops.Verdict("session", "crashed", "failure"))
 
 

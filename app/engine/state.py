@@ -319,8 +319,9 @@ class RunState(FileMethods):
     # -- events --------------------------------------------------------------------------------------------
 
     async def emit(self, event: str, data: Any) -> None:
+        payload = self._env.mask({"event_type": event, "data": data})  # a tool may echo a secret: never in events
         async with self._transaction() as (session, thread):
-            await events.append(session, thread.id, "event", {"event_type": event, "data": data})
+            await events.append(session, thread.id, "event", payload)
 
     # -- lifecycle -----------------------------------------------------------------------------------------
 

@@ -131,6 +131,6 @@ async def run(name: str, definition: ToolDefinition, arguments: dict[str, Any], 
     try:
         value = await (definition.fn(state) if args is None else definition.fn(state, args))
     except Exception as exc:
-        log.info("tool %s raised %r", name, exc)
+        log.info("tool %s raised %s", name, type(exc).__name__)  # the text may hold a secret: it goes to the result
         return _error(f"Tool `{name}` failed: {type(exc).__name__}: {exc}")
     return normalise(value)

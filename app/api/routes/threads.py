@@ -84,7 +84,7 @@ async def create_thread(
     unknown_secrets = sorted(set(body.secrets) - set(body.env))
     if unknown_secrets:
         raise errors.Invalid(f"`secrets` names variables not in `env`: {', '.join(unknown_secrets)}")
-    missing = missing_variables(catalog, agent.name, set(body.env))
+    missing = missing_variables(catalog, agent.name, set(body.env) | await env.names(session, who.user_id))
     if missing:
         raise errors.MissingVariables(f"Missing required variables: {', '.join(missing)}", missing=missing)
     declared_secret = {v.name for v in catalog.variables_of_agent(agent.name) if v.type == "secret"}
@@ -181,7 +181,12 @@ async def terminate_thread(thread_id: uuid.UUID, session: SessionDep, who: Curre
 
 @router.patch("/threads/{thread_id}", responses={**ERRORS, 400: {"model": schemas.Error}})
 async def update_thread(
-    thread_id: uuid.UUID, body: schemas.ThreadPatch, request: Request, session: SessionDep, who: CurrentUser
+    thread_id: uuid.UUID,
+    body: schemas.ThreadPatch,
+    request: Request,
+    session: SessionDep,
+    who: CurrentUser,
+    catalog: CatalogDep,
 ) -> schemas.Thread:
     """Change the thread's name, tags or env (secrets stay secret; `env_delete` removes values)."""
     thread = await threads.get(session, thread_id, who, lock=True)
@@ -194,7 +199,9 @@ async def update_thread(
         thread.tags = body.tags
     if body.env:
         stored_secret = {n for n, t in (await env.thread_types(session, thread.id)).items() if t == "secret"}
-        await env.set_thread(session, request.app.state.fernet, thread.id, body.env, set(body.secrets) | stored_secret)
+        declared_secret = {v.name for v in catalog.variables_of_agent(thread.agent) if v.type == "secret"}
+        secret = set(body.secrets) | stored_secret | declared_secret
+        await env.set_thread(session, request.app.state.fernet, thread.id, body.env, secret)
     if body.env_delete:
         await env.delete_thread(session, thread.id, body.env_delete)
     thread.updated_at = datetime.now(UTC)

@@ -1,0 +1,71 @@
+"""User and instance env: the caller's own values, and (admin keys) the instance's; secret values never leave."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from fastapi import APIRouter, Request
+
+from app import env, errors
+from app.api import schemas
+from app.api.deps import CurrentUser, SessionDep
+from app.keys import Principal
+
+router = APIRouter(tags=["env"])
+
+Scope = Literal["user", "instance"]
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    400: {"model": schemas.Error},
+    401: {"model": schemas.Error},
+    403: {"model": schemas.Error},
+}
+
+
+def _owner(scope: Scope, who: Principal) -> str:
+    """Whose values a caller reaches in a scope: their own, or (admins only) the instance's."""
+    if scope == "user":
+        return who.user_id
+    if not who.admin:
+        raise errors.Forbidden("Instance env needs an admin key (`agents keys create --admin`).")
+    return env.INSTANCE
+
+
+@router.get("/env/{scope}", responses=ERRORS)
+async def list_env(scope: Scope, session: SessionDep, who: CurrentUser) -> schemas.EnvList:
+    """The scope's names and types; text values shown, secret values null."""
+    values, types = await env.public(session, scope, _owner(scope, who))
+    return schemas.EnvList(env=values, env_types=types)
+
+
+@router.get("/env/{scope}/{name}", responses={**ERRORS, 404: {"model": schemas.Error}})
+async def get_env(scope: Scope, name: str, session: SessionDep, who: CurrentUser) -> schemas.EnvVariable:
+    """One value (null when secret)."""
+    values, types = await env.public(session, scope, _owner(scope, who))
+    if name not in types:
+        raise errors.NotFound(f"No {scope} variable `{name}`.")
+    return schemas.EnvVariable(name=name, type=types[name], value=values[name])
+
+
+@router.put("/env/{scope}/{name}", responses=ERRORS)
+async def put_env(
+    scope: Scope, name: str, body: schemas.EnvIn, request: Request, session: SessionDep, who: CurrentUser
+) -> schemas.EnvVariable:
+    """Set a value; `type: "secret"` stores it encrypted and it is never returned."""
+    owner = _owner(scope, who)
+    env.check(name, body.value)
+    secret = {name} if body.type == "secret" else set()
+    await env.put(session, request.app.state.fernet, scope, owner, {name: body.value}, secret)
+    await session.commit()
+    return schemas.EnvVariable(name=name, type=body.type, value=None if body.type == "secret" else body.value)
+
+
+@router.delete("/env/{scope}/{name}", responses={**ERRORS, 404: {"model": schemas.Error}})
+async def delete_env(scope: Scope, name: str, session: SessionDep, who: CurrentUser) -> schemas.EnvVariable:
+    """Remove a value; 404 when there is none."""
+    owner = _owner(scope, who)
+    values, types = await env.public(session, scope, owner)
+    if name not in types or await env.remove(session, scope, owner, [name]) == 0:
+        raise errors.NotFound(f"No {scope} variable `{name}`.")
+    await session.commit()
+    return schemas.EnvVariable(name=name, type=types[name], value=values[name])

@@ -1,0 +1,281 @@
+"""Variables: resolution across thread, user, instance, agent, tool config and prompt; the user and instance routes;
+secrets that never leave (`semantics.md` §8)."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fastapi import FastAPI
+from sqlalchemy import select
+
+from app import events, keys, tables
+from app.catalog import Catalog
+from app.spec import ThreadState, define_agent, define_model, define_prompt, define_tool
+from tests.conftest import client_for, wait_for
+
+LEVELS = ["thread", "user", "instance", "agent", "tool", "prompt"]
+
+
+@define_tool(description="Reads X.")
+async def read_x(state: ThreadState) -> str:
+    return await state.env("X")
+
+
+@define_tool(description="Echoes every secret, in its result and in a custom event.")
+async def echo(state: ThreadState) -> str:
+    values = [await state.env("T_SECRET"), await state.env("U_SECRET"), await state.env("I_SECRET")]
+    await state.emit("debug", {"keys": values, values[0]: "as a key too"})
+    return " ".join(values)
+
+
+@define_tool(description="Fails, naming a secret.")
+async def boom(state: ThreadState) -> str:
+    raise RuntimeError(f"cannot connect with {await state.env('I_SECRET')}")
+
+
+TOOLS = {t.name: t for t in (read_x, echo, boom)}
+
+
+def catalog(
+    script: list[Any],
+    *,
+    agent_env: dict[str, str] | None = None,
+    tool_env: dict[str, str] | None = None,
+    prompt_env: dict[str, str] | None = None,
+    variables: list[dict[str, Any]] | None = None,
+    prompt: Any = "sys",
+) -> Catalog:
+    model = define_model(name="m", provider="test", script=script)
+    p = define_prompt(
+        name="p",
+        tool_description="t",
+        model="m",
+        prompt=prompt,
+        tools=[{"name": "read_x", "env": tool_env or {}}, "echo", "boom"],
+        env=prompt_env or {},
+        variables=variables or [],
+    )
+    agent = define_agent(name="agent", side_a={"prompt": "p"}, env=agent_env or {})
+    return Catalog(root=Path("."), models={"m": model}, prompts={"p": p}, agents={"agent": agent}, tools=TOOLS)
+
+
+async def key(app: FastAPI, user: str, admin: bool = False) -> str:
+    async with app.state.sessions() as s, s.begin():
+        _, plain = await keys.create(s, user, admin)
+    return plain
+
+
+async def settle(client: httpx.AsyncClient, tid: str) -> dict[str, Any]:
+    async def idle() -> dict[str, Any] | None:
+        thread: dict[str, Any] = (await client.get(f"/threads/{tid}")).json()
+        return thread if thread["status"] == "idle" and thread["session"]["number"] > 0 else None
+
+    result: dict[str, Any] = await wait_for(idle)
+    return result
+
+
+async def run(client: httpx.AsyncClient, **body: Any) -> tuple[str, list[dict[str, Any]]]:
+    created = await client.post("/threads", json={"agent": "agent", **body})
+    assert created.status_code == 201, created.text
+    tid = created.json()["id"]
+    assert (await client.post(f"/threads/{tid}/messages", json={"content": "go"})).status_code == 202
+    await settle(client, tid)
+    rows = (await client.get(f"/threads/{tid}/messages", params={"include_silent": True})).json()["messages"]
+    return tid, rows
+
+
+# -- resolution ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("level", LEVELS)
+async def test_each_level_beats_the_ones_below(app_factory: Any, level: str) -> None:
+    """X is defined at `level` and at every lower level, each with its level's name: `level` wins."""
+    defined = LEVELS[LEVELS.index(level) :]
+
+    def at(name: str) -> dict[str, str]:
+        return {"X": name} if name in defined else {}
+
+    cat = catalog(
+        [{"tool_calls": [{"name": "read_x"}]}, "ok"],
+        agent_env=at("agent"),
+        tool_env=at("tool"),
+        prompt_env=at("prompt"),
+    )
+    app = await app_factory(cat, with_worker=True)
+    async with client_for(app) as client:  # open mode: the caller is the local admin
+        for scope in ("user", "instance"):
+            if scope in defined:
+                response = await client.put(f"/env/{scope}/X", json={"value": scope})
+                assert response.status_code == 200, response.text
+        _, rows = await run(client, env=at("thread"))
+    assert [m["content"] for m in rows if m["role"] == "tool"] == [level]
+
+
+async def test_state_env_names_a_variable_nothing_defines(app_factory: Any) -> None:
+    app = await app_factory(catalog([{"tool_calls": [{"name": "read_x"}]}, "ok"]), with_worker=True)
+    async with client_for(app) as client:
+        _, rows = await run(client)
+    (result,) = [m for m in rows if m["role"] == "tool"]
+    assert result["tool_status"] == "error" and "`X` is not set" in result["content"]
+
+
+async def test_user_values_are_the_thread_owners(app_factory: Any) -> None:
+    app = await app_factory(catalog([{"tool_calls": [{"name": "read_x"}]}, "ok"]), with_worker=True)
+    alice, bob = await key(app, "alice"), await key(app, "bob")
+    async with client_for(app, alice) as a, client_for(app, bob) as b:
+        assert (await a.put("/env/user/X", json={"value": "alice's"})).status_code == 200
+        _, rows = await run(b)
+        assert "`X` is not set" in next(m["content"] for m in rows if m["role"] == "tool")
+        _, rows = await run(a)
+        assert next(m["content"] for m in rows if m["role"] == "tool") == "alice's"
+
+
+async def test_a_secret_is_never_rendered_into_a_prompt(app_factory: Any) -> None:
+    cat = catalog(["never"], prompt=[{"type": "text", "content": "Use "}, {"type": "env", "property": "X"}])
+    app = await app_factory(cat, with_worker=True)
+    async with client_for(app) as client:
+        assert (await client.put("/env/instance/X", json={"value": "hidden-value", "type": "secret"})).is_success
+        created = (await client.post("/threads", json={"agent": "agent"})).json()
+        await client.post(f"/threads/{created['id']}/messages", json={"content": "go"})
+        thread = await settle(client, created["id"])
+    assert thread["session"]["reason"] == "llm_error"
+    async with app.state.sessions() as session:
+        found = [r.data for r in await events.read(session, uuid.UUID(created["id"]), 0) if r.type == "error"]
+    assert found[0]["code"] == "missing_variable" and "`X` is secret" in found[0]["message"]
+
+
+# -- required variables at creation ---------------------------------------------------------------------------
+
+
+async def test_missing_variables_are_satisfied_by_user_and_instance_env(app_factory: Any) -> None:
+    variables = [{"name": "REGION", "required": True}, {"name": "TOKEN", "type": "secret", "required": True}]
+    app = await app_factory(catalog(["ok"], variables=variables))
+    alice, bob, admin = await key(app, "alice"), await key(app, "bob"), await key(app, "root", admin=True)
+    async with client_for(app, alice) as a, client_for(app, bob) as b, client_for(app, admin) as root:
+        refused = await a.post("/threads", json={"agent": "agent"})
+        assert refused.status_code == 422 and refused.json()["error"]["details"]["missing"] == ["REGION", "TOKEN"]
+        assert (await a.put("/env/user/REGION", json={"value": "eu"})).status_code == 200
+        assert (await root.put("/env/instance/TOKEN", json={"value": "tok", "type": "secret"})).status_code == 200
+        created = await a.post("/threads", json={"agent": "agent"})
+        assert created.status_code == 201, created.text
+        assert created.json()["env"] == {}  # inherited values stay where they are
+        refused = await b.post("/threads", json={"agent": "agent"})
+        assert refused.status_code == 422 and refused.json()["error"]["details"]["missing"] == ["REGION"]
+
+
+# -- the routes -----------------------------------------------------------------------------------------------
+
+
+async def test_user_env_routes_reach_only_the_callers_own_values(app_factory: Any) -> None:
+    app = await app_factory(catalog(["ok"]))
+    alice, bob = await key(app, "alice"), await key(app, "bob")
+    async with client_for(app, alice) as a, client_for(app, bob) as b:
+        put = await a.put("/env/user/REGION", json={"value": "eu"})
+        assert put.json() == {"name": "REGION", "type": "text", "value": "eu"}
+        put = await a.put("/env/user/TOKEN", json={"value": "s3cr3t-value", "type": "secret"})
+        assert put.json() == {"name": "TOKEN", "type": "secret", "value": None}
+        listed = await a.get("/env/user")
+        assert listed.json() == {
+            "env": {"REGION": "eu", "TOKEN": None},
+            "env_types": {"REGION": "text", "TOKEN": "secret"},
+        }
+        assert (await a.get("/env/user/TOKEN")).json() == {"name": "TOKEN", "type": "secret", "value": None}
+        assert "s3cr3t-value" not in listed.text
+        assert (await b.get("/env/user")).json() == {"env": {}, "env_types": {}}
+        assert (await b.get("/env/user/REGION")).status_code == 404
+        assert (await b.delete("/env/user/REGION")).status_code == 404
+        assert (await a.delete("/env/user/REGION")).status_code == 200
+        assert (await a.delete("/env/user/REGION")).status_code == 404
+        assert list((await a.get("/env/user")).json()["env"]) == ["TOKEN"]
+        assert (await a.put("/env/user/REGION", json={"value": "us", "type": "secret"})).json()["value"] is None
+        assert (await a.put("/env/user/REGION", json={"value": "us"})).json()["value"] == "us"  # back to text
+        bad = await a.put("/env/user/1BAD", json={"value": "x"})
+        assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_request"
+        assert (await a.put("/env/user/A-B", json={"value": "x"})).status_code == 400
+        assert (await a.put("/env/user/OK", json={"value": "a\x00b"})).status_code == 422
+        assert (await a.put("/env/user/OK", json={"value": "x", "type": "public"})).status_code == 422
+        assert (await a.put("/env/user/OK", json={"value": 3})).status_code == 422
+    async with client_for(app) as anonymous:
+        assert (await anonymous.get("/env/user")).status_code == 401
+
+
+async def test_instance_env_routes_are_for_admin_keys(app_factory: Any) -> None:
+    app = await app_factory(catalog(["ok"]))
+    alice, admin = await key(app, "alice"), await key(app, "root", admin=True)
+    async with client_for(app, alice) as a, client_for(app, admin) as root:
+        for response in (
+            await a.get("/env/instance"),
+            await a.put("/env/instance/X", json={"value": "v"}),
+            await a.delete("/env/instance/X"),
+            await a.get("/env/instance/X"),
+        ):
+            assert response.status_code == 403 and response.json()["error"]["code"] == "forbidden"
+        assert (await root.put("/env/instance/X", json={"value": "v"})).status_code == 200
+        assert (await root.put("/env/instance/S", json={"value": "inst-s3cret", "type": "secret"})).status_code == 200
+        listed = (await root.get("/env/instance")).json()
+        assert listed == {"env": {"S": None, "X": "v"}, "env_types": {"S": "secret", "X": "text"}}
+        assert (await root.get("/env/user")).json()["env"] == {}  # the admin's own values are another scope
+        assert (await root.delete("/env/instance/X")).status_code == 200
+        assert (await root.get("/env/instance/X")).status_code == 404
+
+
+async def test_patch_thread_env_keeps_secrets_secret(app_factory: Any) -> None:
+    variables = [{"name": "API_KEY", "type": "secret"}]
+    app = await app_factory(catalog(["ok"], variables=variables))
+    async with client_for(app) as client:
+        tid = (await client.post("/threads", json={"agent": "agent", "env": {"A": "1"}, "secrets": ["A"]})).json()["id"]
+        patched = await client.patch(f"/threads/{tid}", json={"env": {"A": "2", "API_KEY": "k", "B": "b"}})
+        assert patched.status_code == 200, patched.text
+        assert patched.json()["env"] == {"A": None, "API_KEY": None, "B": "b"}
+        assert patched.json()["env_types"] == {"A": "secret", "API_KEY": "secret", "B": "text"}
+        patched = await client.patch(f"/threads/{tid}", json={"env": {"C": "c"}, "secrets": ["C"], "env_delete": ["B"]})
+        assert patched.json()["env"] == {"A": None, "API_KEY": None, "C": None}
+        assert (await client.patch(f"/threads/{tid}", json={"secrets": ["Z"]})).status_code == 400
+
+
+# -- secrets never leave --------------------------------------------------------------------------------------
+
+SECRETS = ("thread-s3cret-111", "user-s3cret-222", "inst-s3cret-333")
+
+
+async def test_secrets_of_every_level_never_appear(app_factory: Any, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    script = [
+        {"tool_calls": [{"name": "echo"}, {"name": "boom"}]},
+        {"error": f"upstream refused key {SECRETS[1]} for {SECRETS[0]}", "status": 400},
+    ]
+    app = await app_factory(catalog(script), with_worker=True)
+    admin = await key(app, "local", admin=True)
+    async with client_for(app, admin) as client:
+        await client.put("/env/user/U_SECRET", json={"value": SECRETS[1], "type": "secret"})
+        await client.put("/env/instance/I_SECRET", json={"value": SECRETS[2], "type": "secret"})
+        tid, rows = await run(client, env={"T_SECRET": SECRETS[0]}, secrets=["T_SECRET"])
+        tool_rows = [m for m in rows if m["role"] == "tool"]
+        assert tool_rows[0]["content"] == "*** *** ***"
+        assert tool_rows[1]["content"] == "Tool `boom` failed: RuntimeError: cannot connect with ***"
+        responses = [
+            await client.get(f"/threads/{tid}"),
+            await client.get("/threads"),
+            await client.get(f"/threads/{tid}/messages", params={"include_silent": True}),
+            await client.get(f"/threads/{tid}/logs"),
+            await client.get("/env/user"),
+            await client.get("/env/user/U_SECRET"),
+            await client.get("/env/instance"),
+        ]
+        logged = (await client.get(f"/threads/{tid}/logs")).json()["logs"]
+        assert any("***" in (log["error"] or "") for log in logged)
+    async with app.state.sessions() as session:
+        stored = [r.data for r in await events.read(session, uuid.UUID(tid), 0)]
+        values = list((await session.execute(select(tables.EnvValue.value))).scalars())
+        messages = [(m.content, m.tool_calls) for m in (await session.execute(select(tables.Message))).scalars()]
+    assert any(e.get("code") == "llm_error" and "***" in e["message"] for e in stored)
+    assert {"event_type": "debug", "data": {"keys": ["***"] * 3, "***": "as a key too"}} in stored
+    texts = [r.text for r in responses] + [repr(stored), repr(values), repr(messages), caplog.text]
+    for secret in SECRETS:
+        for text in texts:
+            assert secret not in text
