@@ -143,6 +143,21 @@ async def public_view(session: AsyncSession, thread_id: uuid.UUID) -> tuple[dict
     return await public(session, "thread", str(thread_id))
 
 
+async def copy_thread(session: AsyncSession, source: uuid.UUID, destination: uuid.UUID, exclude: set[str]) -> None:
+    """Give a child a copy of its parent's thread values (still encrypted), leaving out `exclude` (§6.7)."""
+    rows = (
+        await session.execute(
+            select(tables.EnvValue).where(tables.EnvValue.scope == "thread", tables.EnvValue.owner == str(source))
+        )
+    ).scalars()
+    for row in rows:
+        if row.name not in exclude:
+            session.add(
+                tables.EnvValue(scope="thread", owner=str(destination), name=row.name, type=row.type, value=row.value)
+            )
+    await session.flush()
+
+
 async def delete_all(session: AsyncSession, thread_id: uuid.UUID) -> None:
     """Every value of a thread (it is being deleted)."""
     await session.execute(

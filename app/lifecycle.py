@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy import func, select, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import effects, env, errors, events, messages, queue, tables, threads
+from app import effects, env, errors, events, messages, queue, subagents, tables, threads
 
 CONTROL_CHANNEL = "agents_control"
 STOPPED = "Execution stopped by user"
@@ -63,8 +63,12 @@ async def stop(session: AsyncSession, thread: tables.Thread) -> None:
         return
     await _close_open_work(session, thread, STOPPED)
     await messages.add(session, thread.id, "system", content=STOPPED, session_number=thread.session_number)
+    for child in await subagents.children(session, thread.id):  # the blocking child it waits on (§11)
+        if child.parent_call_id is not None and child.terminated_at is None:
+            await (stop(session, child) if child.resumable else terminate(session, child))
     if thread.session_status == "running":
         await threads.end_session(session, thread, "failure", "stopped_by_user")
+        await subagents.report(session, thread)
     thread.stopped = True
     thread.side = None
     await _revoke(session, thread)
@@ -111,8 +115,11 @@ async def terminate(session: AsyncSession, thread: tables.Thread) -> list[uuid.U
         if row is None or row.terminated_at is not None:
             continue
         await _close_open_work(session, row, "Thread terminated")
-        if row.session_status == "running":
+        running = row.session_status == "running"
+        if running:
             await threads.end_session(session, row, "failure", "terminated")
+        if running or row.parent_call_id is not None:  # a waiting parent gets the failure, never silence
+            await subagents.report(session, row, failure=subagents.STOPPED_EARLY.format(reason="terminated"))
         await session.execute(sa.delete(tables.Inbox).where(tables.Inbox.thread_id == row.id))
         await effects.cancel_all(session, row.id)
         row.terminated_at = datetime.now(UTC)

@@ -135,8 +135,10 @@ async def enqueue(
     *,
     silent: bool = False,
     metadata: dict[str, Any] | None = None,
+    attachments: list[dict[str, Any]] | None = None,
 ) -> uuid.UUID:
-    """Queue a message for delivery (§2) and return the id it will be stored with; the thread row is locked."""
+    """Queue a message for delivery (§2) and return the id it will be stored with; the thread row is locked.
+    A `metadata.subagent_id` is kept on the stored message (the child it speaks for)."""
     if thread.terminated_at is not None:
         raise errors.ThreadTerminated()
     message_id = uuid.uuid4()
@@ -146,6 +148,7 @@ async def enqueue(
         "content": content,
         "silent": silent,
         "metadata": metadata or {},
+        "attachments": attachments or [],
         "queued_at": datetime.now(UTC).isoformat(),
     }
     await queue.enqueue(session, thread.id, queue.Kind.MESSAGE, payload)

@@ -25,6 +25,8 @@ class Kind:
     MESSAGE = "message"
     CONTINUE = "continue"
     TOOL = "tool"  # `state.queue_tool` outside a tool call: `{call: ToolCall}`
+    CHILD_RESULT = "child_result"  # a blocking child's session ended: `{call_id, name, child_id, status, content,
+    # attachments}` answers the parent's open tool call
     EFFECT = "effect"  # a due effect (`app/effects.py`): `{effect_id, name}`; consumed when its handler finished
 
 

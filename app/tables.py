@@ -78,6 +78,18 @@ class Thread(Base):
     lease_expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     attempt: Mapped[int] = mapped_column(Integer, server_default="0")
     event_seq: Mapped[int] = mapped_column(BigInteger, server_default="0")
+    step_open: Mapped[bool] = mapped_column(Boolean, server_default="false")  # a step's tools are not all evaluated
+    # the registry entry of a child (§6.5)
+    title: Mapped[str | None] = mapped_column(Text)
+    description: Mapped[str | None] = mapped_column(Text)
+    resumable: Mapped[bool] = mapped_column(Boolean, server_default="false")
+    blocking: Mapped[bool] = mapped_column(Boolean, server_default="true")
+    receives_messages: Mapped[str | None] = mapped_column(String(10))
+    parent_communication: Mapped[str | None] = mapped_column(String(10))
+    spawn_group_id: Mapped[uuid.UUID | None]
+    parent_call_id: Mapped[str | None] = mapped_column(String(200))  # the parent's tool call a session answers
+    parent_call_name: Mapped[str | None] = mapped_column(String(200))
+    terminal: Mapped[bool] = mapped_column(Boolean, server_default="false")  # its agent has terminal session tools
 
     __table_args__ = (
         Index("threads_runnable", "runnable_since", postgresql_where=text("runnable_since IS NOT NULL")),
@@ -235,6 +247,25 @@ class ApiKey(Base):
     created_at: Mapped[datetime] = _now()
     last_used_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class VariableRequest(Base):
+    """A subagent creation waiting for scoped variables (§6.7): the original payload, what is missing."""
+
+    __tablename__ = "variable_requests"
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True)
+    parent_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("threads.id", ondelete="CASCADE"))
+    agent: Mapped[str] = mapped_column(String(200))
+    required: Mapped[list[Any]] = mapped_column(JSONB, server_default="[]")
+    missing: Mapped[list[Any]] = mapped_column(JSONB, server_default="[]")
+    payload: Mapped[dict[str, Any]] = mapped_column(JSONB, server_default="{}")
+    status: Mapped[str] = mapped_column(String(20), server_default="pending")
+    child_id: Mapped[uuid.UUID | None]
+    created_at: Mapped[datetime] = _now()
+    updated_at: Mapped[datetime] = _now()
+
+    __table_args__ = (Index("variable_requests_parent", "parent_id"),)
 
 
 class Blob(Base):

@@ -299,3 +299,24 @@ class Effect(BaseModel):
 
 class EffectList(BaseModel):
     effects: list[Effect]
+
+
+class SubagentEntry(BaseModel):
+    """The spec's `SubagentRegistryEntry`: `status` is `running`, `idle`, `waiting`, `failed`, `terminated` or the
+    free text of the child's last status report."""
+
+    reference: uuid.UUID
+    name: str
+    title: str | None
+    description: str | None
+    resumable: bool
+    blocking: bool
+    thread_name: str | None
+    spawn_group_id: uuid.UUID | None
+    created_at: datetime
+    status: str
+    parent_communication: Literal["implicit", "explicit"]
+
+
+class SubagentList(BaseModel):
+    subagents: list[SubagentEntry]

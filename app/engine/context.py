@@ -132,7 +132,7 @@ class OfferedTool:
     """A tool the acting side may call, and what backs it."""
 
     name: str
-    kind: str  # "callable" | "session"
+    kind: str  # "callable" | "session" | "subagent" | "subagent_create" | "subagent_message"
     entry: ToolEntry
     description: str
     parameters: dict[str, Any]
@@ -173,6 +173,10 @@ def offered_tools(catalog: Catalog, prompt: PromptDefinition, side: SideConfig) 
                 f"Call `{name}` to end or report on the session.",
                 session_tool_schema(side, name),
             )
+    from app.engine import subagents  # it builds on `OfferedTool`: imported here, not at the top
+
+    for child_tool in subagents.offered(catalog, prompt):
+        offered.setdefault(child_tool.name, child_tool)
     return list(offered.values())
 
 

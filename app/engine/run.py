@@ -21,8 +21,9 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app import attachments, errors, events, files, messages, queue, tables, threads
+from app import subagents as child_registry
 from app.catalog import Catalog
-from app.engine import calls, context, effects, hooks, stops, tools
+from app.engine import calls, context, effects, hooks, stops, subagents, tools
 from app.engine.state import RunState, deliver_tool
 from app.hub import Publisher
 from app.llm import retry
@@ -125,7 +126,8 @@ class Engine:
                 await self._crashed(session, thread)
                 return
             acting = await self._deliver(session, thread, agent, mid_turn=False)
-            if acting is None and thread.status != "running":
+            resuming = thread.step_open and thread.session_status == "running"  # a child's result came back
+            if acting is None and thread.status != "running" and not resuming:
                 await threads.set_status(session, thread, "idle")
                 return
             if acting is not None:
@@ -155,6 +157,7 @@ class Engine:
                     silent=bool(p.get("silent")),
                     metadata_=p.get("metadata") or {},
                     attachments=p.get("attachments") or [],
+                    subagent_id=_uuid((p.get("metadata") or {}).get("subagent_id")),
                     session_number=thread.session_number,
                 )
                 await hook_runner.after_create_message(msg)
@@ -166,6 +169,8 @@ class Engine:
                     acting = "b" if agent.type == "dual_ai" else None
             elif row.kind == queue.Kind.CONTINUE:
                 acting = row.payload.get("side", "a")
+            elif row.kind == queue.Kind.CHILD_RESULT:  # a blocking subagent call is answered (§6.4)
+                await _answer(session, thread, row.payload)
             elif row.kind == queue.Kind.TOOL:  # `state.queue_tool` outside a tool call (§7.4)
                 msg = await deliver_tool(session, thread, row.payload)
                 first = msg.position if first is None else first
@@ -209,9 +214,13 @@ class Engine:
         step.config = side_config
         outcomes = []
         for call in step.calls:  # `state.queue_tool` may append to `step.calls` while they run
-            outcomes.append(await self._run_tool(claim, step, offered, call))
+            outcome = await self._run_tool(claim, step, offered, call)
+            if outcome is None:  # parked on a blocking subagent: the child's result resumes this step
+                return False
+            outcomes.append(outcome)
         async with self._tx(claim) as (session, thread):
             thread.attempt = 1  # the step is done: the next one starts with a fresh crash budget
+            thread.step_open = False
             if not step.response.text.strip() and not step.response.tool_calls:
                 verdict = stops.Verdict("turn", "empty_response")
             else:
@@ -265,6 +274,7 @@ class Engine:
         assert verdict.status is not None and verdict.reason is not None
         await threads.end_session(session, thread, verdict.status, verdict.reason, verdict.result)
         await threads.set_status(session, thread, "idle")
+        await child_registry.report(session, thread)  # a child hands its result to its parent in this transaction
 
     async def _open_step(self, claim: queue.Claim, agent: AgentDefinition) -> Step | None:
         """Run due effects and deliver input, then either resume unanswered tool calls or open a new LLM call."""
@@ -285,7 +295,8 @@ class Engine:
             if last is not None and last.status == "completed" and last.tool_calls:
                 answered = {r.tool_call_id for r in rows if r.role == "tool"}
                 missing = [c for c in last.tool_calls if c["id"] not in answered]
-                if missing:  # a crash between the model's answer and its tool results: run what is left
+                # a crash between the model's answer and its tool results, or a subagent's result: run what is left
+                if missing or thread.step_open:
                     response = LLMResponse(text=last.content or "", tool_calls=list(last.tool_calls))
                     return Step(side, thread.session_steps, calls=missing, response=response, env=env)
             redo = last is not None and last.status == "pending"  # a call a crash interrupted: the same step again
@@ -363,6 +374,7 @@ class Engine:
             await messages.save(session, message, **await hook_runner.before_update_message(message, updates))
             await hook_runner.after_update_message(message)
             thread.last_message_at = datetime.now(UTC)
+            thread.step_open = bool(response.tool_calls)  # until the step's stops are evaluated
             return response
 
     @staticmethod
@@ -382,10 +394,37 @@ class Engine:
 
     # -- tools ---------------------------------------------------------------------------------------------
 
+    async def _subagent(self, claim: queue.Claim, step: Step, tool: context.OfferedTool, call: ToolCall) -> Any:
+        """A subagent tool call (§6): its result now, or None when the parent parks on a blocking child."""
+        name = call["function"]["name"]
+        async with self._tx(claim) as (session, thread):
+            await events.append(session, thread.id, "tool_started", {"tool": name, "tool_call_id": call["id"]})
+            _, prompt = self._prompt_of(self._catalog.agent(thread.agent), step.side)
+            done = await subagents.call(session, self._catalog, thread, step.side, prompt, tool, call)
+            if isinstance(done, subagents.Parked):
+                return None
+            await messages.add(
+                session,
+                thread.id,
+                "tool",
+                side=step.side,
+                name=name,
+                tool_call_id=call["id"],
+                content=done.result.text,
+                tool_status=done.result.status,
+                subagent_id=done.child,
+                session_number=thread.session_number,
+            )
+            data = {"tool": name, "tool_call_id": call["id"], "status": done.result.status}
+            await events.append(session, thread.id, "tool_completed", data)
+        return tools.Outcome(call, done.result, None)
+
     async def _run_tool(
         self, claim: queue.Claim, step: Step, offered: dict[str, context.OfferedTool], call: ToolCall
-    ) -> tools.Outcome:
+    ) -> tools.Outcome | None:
         name = call["function"]["name"]
+        if name in offered and offered[name].kind in subagents.KINDS:
+            return await self._subagent(claim, step, offered[name], call)  # type: ignore[no-any-return]
         async with self._tx(claim) as (session, thread):
             await events.append(session, thread.id, "tool_started", {"tool": name, "tool_call_id": call["id"]})
             execution = ExecutionState(
@@ -490,6 +529,39 @@ class Engine:
                 known = (await context.load_env(session, self._fernet, self._catalog, thread, None)).secrets()
             await events.append(session, thread.id, "error", {"code": code, "message": calls.scrub(message, known)})
             await self._end_session(session, thread, stops.Verdict("session", "crashed", "failure"))
+
+
+def _uuid(value: Any) -> uuid.UUID | None:
+    try:
+        return uuid.UUID(str(value)) if value else None
+    except ValueError:
+        return None
+
+
+async def _answer(session: AsyncSession, thread: tables.Thread, payload: dict[str, Any]) -> None:
+    """Store a blocking subagent's result as the answer of the call it kept open (unless a stop answered it)."""
+    answered = await session.execute(
+        select(tables.Message.id).where(
+            tables.Message.thread_id == thread.id, tables.Message.tool_call_id == payload["call_id"]
+        )
+    )
+    if answered.first() is not None:
+        return
+    await messages.add(
+        session,
+        thread.id,
+        "tool",
+        side=thread.side or "a",
+        name=payload.get("name"),
+        tool_call_id=payload["call_id"],
+        content=payload["content"],
+        tool_status=payload["status"],
+        attachments=payload.get("attachments") or [],
+        subagent_id=uuid.UUID(payload["child_id"]),
+        session_number=thread.session_number,
+    )
+    data = {"tool": payload.get("name"), "tool_call_id": payload["call_id"], "status": payload["status"]}
+    await events.append(session, thread.id, "tool_completed", data)
 
 
 async def _answered_position(session: AsyncSession, thread_id: uuid.UUID, side: str) -> int:

@@ -17,6 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from app import effects as effect_store
 from app import env as env_store
 from app import errors, events, lifecycle, messages, queue, tables, threads
+from app import subagents as child_registry
 from app.catalog import Catalog
 from app.engine import tools
 from app.engine.context import Env, offered_tools
@@ -322,6 +323,26 @@ class RunState(FileMethods):
         payload = self._env.mask({"event_type": event, "data": data})  # a tool may echo a secret: never in events
         async with self._transaction() as (session, thread):
             await events.append(session, thread.id, "event", payload)
+
+    # -- subagents ----------------------------------------------------------------------------------------
+
+    async def notify_parent(self, content: str) -> None:
+        if not isinstance(content, str) or not content:
+            raise errors.Invalid("`state.notify_parent` takes a non-empty string")
+        _refuse_nul(content)
+        content = self._env.mask(content)
+        async with self._transaction() as (session, thread):
+            await child_registry.notify_parent(session, thread, content)
+
+    async def set_status(self, text: str) -> None:
+        if not isinstance(text, str) or not text or len(text) > 1000:
+            raise errors.Invalid("`state.set_status` takes a string of 1 to 1000 characters")
+        _refuse_nul(text)
+        async with self._transaction() as (session, thread):
+            thread.status_text = self._env.mask(text)
+            data = {"status": thread.status, "status_text": thread.status_text}
+            await events.append(session, thread.id, "thread_status", data)
+            await child_registry.announce(session, thread)
 
     # -- lifecycle -----------------------------------------------------------------------------------------
 

@@ -342,6 +342,17 @@ class ThreadState(Protocol):
         """Send a custom `event` to the thread's stream."""
         ...
 
+    # -- subagents ------------------------------------------------------------------------------------------
+
+    async def notify_parent(self, content: str) -> None:
+        """Send the parent a silent message naming this subagent (`Subagent (reference: …) sent the following
+        message: …`); say in plain words whether you need an answer. Raises for a thread without a parent."""
+        ...
+
+    async def set_status(self, text: str) -> None:
+        """Set this thread's status text: the parent's registry shows it as this subagent's status."""
+        ...
+
     async def terminate(self) -> None:
         """End this thread (and its descendants) for good: the running execution stops without writing more,
         and later input is refused with `Thread is terminated` (§11)."""

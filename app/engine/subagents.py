@@ -1,0 +1,239 @@
+"""Subagent tools (§6.2–§6.4): what the model is offered, and what calling one does.
+
+A call runs in one fenced transaction of the parent: it creates the child (or addresses an existing one), copies the
+attachments parent → child, queues the child's input, and either answers at once (non-blocking) or parks the parent
+as `waiting` on that child (blocking) — the parent's execution then ends and holds no worker and no lease; the
+child's `report` (`app/subagents.py`) wakes it with the result.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from app import errors, files, subagents, tables, threads
+from app.catalog import Catalog
+from app.engine.context import OfferedTool, parse_arguments
+from app.llm.base import ToolCall
+from app.spec.definitions import AgentDefinition, PromptDefinition, ToolEntry
+from app.spec.results import ToolResult
+
+CREATE = "subagent_create"
+MESSAGE = "subagent_message"
+KINDS = frozenset({"subagent", CREATE, MESSAGE})
+LIMIT = (
+    'Subagent instance limit reached for "{agent}" ({limit}). Use subagent_message with an existing reference '
+    "instead. Active references: {ids}"
+)
+INACTIVE = 'Subagent reference "{id}" is not active.'
+QUEUED = "The message was queued for the subagent. Reference: {id}"
+PATHS = {"type": "array", "items": {"type": "string"}, "description": "paths of files of this thread to hand over"}
+
+
+@dataclass(frozen=True)
+class Parked:
+    """The parent waits on `child` (a blocking call): nothing is answered now."""
+
+    child: uuid.UUID
+
+
+@dataclass(frozen=True)
+class Answered:
+    """The call's result now; `child` is the subagent it concerns, if one was reached."""
+
+    result: ToolResult
+    child: uuid.UUID | None = None
+
+
+def _targets(catalog: Catalog, prompt: PromptDefinition) -> list[tuple[ToolEntry, AgentDefinition]]:
+    """The prompt's subagent entries: agents of type `dual_ai` (an `ai_human` agent there is a handoff)."""
+    found = []
+    for entry in prompt.tool_entries():
+        agent = catalog.agents.get(entry.name)
+        if agent is not None and catalog.kind_of(entry.name) == "agent" and agent.type == "dual_ai":
+            found.append((entry, agent))
+    return found
+
+
+def _schema(catalog: Catalog, agent: AgentDefinition) -> dict[str, Any]:
+    """The child's side A prompt's `requiredSchema`, else `{message, attachments?}` (§6.2)."""
+    prompt = catalog.prompts[agent.side_a.prompt]
+    if prompt.required_schema is not None:
+        return prompt.schema_for_tool()
+    return {
+        "type": "object",
+        "properties": {"message": {"type": "string"}, "attachments": PATHS},
+        "required": ["message"],
+        "additionalProperties": False,
+    }
+
+
+def offered(catalog: Catalog, prompt: PromptDefinition) -> list[OfferedTool]:
+    """Non-resumable subagents as tools named after them; resumable ones behind `subagent_create` /
+    `subagent_message`."""
+    tools: list[OfferedTool] = []
+    resumable: list[str] = []
+    for entry, agent in _targets(catalog, prompt):
+        if entry.resumable:
+            resumable.append(agent.name)
+            continue
+        tools.append(OfferedTool(agent.name, "subagent", entry, agent.tool_description or "", _schema(catalog, agent)))
+    if resumable:
+        names = ", ".join(f"`{n}` ({catalog.agents[n].tool_description})" for n in resumable)
+        create = {
+            "type": "object",
+            "properties": {
+                "agent": {"type": "string", "enum": resumable},
+                "message": {"type": "string"},
+                "attachments": PATHS,
+                "name": {"type": "string", "description": "a name for this instance"},
+            },
+            "required": ["agent", "message", "attachments"],
+            "additionalProperties": False,
+        }
+        send = {
+            "type": "object",
+            "properties": {"referenceId": {"type": "string"}, "message": {"type": "string"}, "attachments": PATHS},
+            "required": ["referenceId", "message", "attachments"],
+            "additionalProperties": False,
+        }
+        tools.append(OfferedTool(CREATE, CREATE, ToolEntry(name=CREATE), f"Start a subagent: {names}.", create))
+        tools.append(
+            OfferedTool(MESSAGE, MESSAGE, ToolEntry(name=MESSAGE), "Send a message to a subagent you started.", send)
+        )
+    return tools
+
+
+def _error(text: str) -> Answered:
+    return Answered(ToolResult(status="error", error=text))
+
+
+def _terminal(agent: AgentDefinition) -> bool:
+    sides = [s for s in (agent.side_a, agent.side_b) if s is not None]
+    return any(s.binding("stop") or s.binding("fail") for s in sides)
+
+
+async def _check_paths(session: AsyncSession, thread_id: uuid.UUID, paths: Any) -> list[str] | Answered:
+    """The attachment paths of a call, each a file of the parent, or an error result naming what is wrong."""
+    if paths is None:
+        return []
+    if isinstance(paths, str):
+        paths = [paths]
+    if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
+        return _error("`attachments` must be a list of file paths")
+    for path in paths:
+        try:
+            entry = await files.stat(session, thread_id, path)
+        except errors.AgentsError:
+            entry = None
+        if entry is None or entry.is_dir:
+            return _error(f"Attachment not found: {path}")
+    return list(paths)
+
+
+async def call(
+    session: AsyncSession,
+    catalog: Catalog,
+    parent: tables.Thread,
+    side: str,
+    prompt: PromptDefinition,
+    tool: OfferedTool,
+    call: ToolCall,
+) -> Answered | Parked:
+    """Run a subagent tool call inside the parent's fenced transaction."""
+    waiting = await subagents.waiting_on(session, parent.id, call["id"])
+    if waiting is not None:  # the call was made before a crash: keep waiting on the same child
+        await threads.set_status(session, parent, "waiting")
+        return Parked(waiting.id)
+    try:
+        arguments = parse_arguments(call["function"]["arguments"])
+    except ValueError as exc:
+        return _error(f"Invalid arguments for tool `{tool.name}`: {exc}")
+    if tool.kind == MESSAGE:
+        return await _message(session, parent, tool, call, arguments)
+    if tool.kind == CREATE:
+        name = arguments.get("agent")
+        target = next(((e, a) for e, a in _targets(catalog, prompt) if a.name == name and e.resumable), None)
+        if target is None:
+            return _error(f"`agent` must be one of the resumable subagents offered: {name!r} is not")
+        entry, agent = target
+        if not isinstance(arguments.get("message"), str):
+            return _error("`message` must be a string")
+        content, paths_arg, label = arguments["message"], arguments.get("attachments"), arguments.get("name")
+        limit = entry.resumable.max_instances if entry.resumable else None
+        if limit is not None:
+            live = [c for c in await subagents.children(session, parent.id) if c.agent == agent.name]
+            live = [c for c in live if c.terminated_at is None]
+            if len(live) >= limit:
+                ids = ", ".join(str(c.id) for c in live)
+                return _error(LIMIT.format(agent=agent.name, limit=limit, ids=ids))
+    else:
+        entry, agent = tool.entry, catalog.agents[tool.name]
+        prop = entry.init_user_message_property or "message"
+        value = arguments.get(prop)
+        content = value if isinstance(value, str) else json.dumps(arguments)
+        paths_arg = arguments.get(entry.init_attachments_property or "attachments")
+        label = arguments.get(entry.init_agent_name_property) if entry.init_agent_name_property else None
+    paths = await _check_paths(session, parent.id, paths_arg)
+    if isinstance(paths, Answered):
+        return paths
+    resumable = entry.resumable or None
+    scoped = {v.name for v in catalog.variables_of_agent(agent.name) if v.scoped}
+    child = await subagents.create(
+        session,
+        parent,
+        agent=agent.name,
+        agent_type=agent.type,
+        owner_side=side,
+        title=agent.title,
+        description=agent.tool_description or agent.description,
+        resumable=resumable is not None,
+        blocking=entry.blocking,
+        receives_messages=resumable.receives_messages if resumable else None,
+        parent_communication=resumable.parent_communication if resumable else "implicit",
+        terminal=_terminal(agent),
+        name=str(label) if isinstance(label, str | int | float) and str(label) else None,
+        scoped=scoped,
+    )
+    refs = await subagents.copy_files(session, parent.id, paths, child.id)
+    await subagents.send(session, child, "user", content, refs)
+    return await _wait_or_answer(session, parent, child, call, tool, subagents.CREATED.format(id=child.id))
+
+
+async def _message(
+    session: AsyncSession, parent: tables.Thread, tool: OfferedTool, call: ToolCall, arguments: dict[str, Any]
+) -> Answered | Parked:
+    """`subagent_message`: queue a message into a live resumable child of this parent."""
+    reference = arguments.get("referenceId")
+    child = None
+    try:
+        child = await session.get(tables.Thread, uuid.UUID(str(reference)), with_for_update=True)
+    except ValueError:
+        child = None
+    if child is None or child.parent_id != parent.id or child.terminated_at is not None or not child.resumable:
+        return _error(INACTIVE.format(id=reference))
+    if not isinstance(arguments.get("message"), str):
+        return _error("`message` must be a string")
+    paths = await _check_paths(session, parent.id, arguments.get("attachments"))
+    if isinstance(paths, Answered):
+        return paths
+    refs = await subagents.copy_files(session, parent.id, paths, child.id)
+    role = "assistant" if child.receives_messages == "side_b" else "user"
+    await subagents.send(session, child, role, arguments["message"], refs)
+    return await _wait_or_answer(session, parent, child, call, tool, QUEUED.format(id=child.id))
+
+
+async def _wait_or_answer(
+    session: AsyncSession, parent: tables.Thread, child: tables.Thread, call: ToolCall, tool: OfferedTool, text: str
+) -> Answered | Parked:
+    if not child.blocking:
+        return Answered(ToolResult(status="success", result=text), child.id)
+    child.parent_call_id = call["id"]
+    child.parent_call_name = tool.name
+    await threads.set_status(session, parent, "waiting")
+    await subagents.announce(session, child)
+    return Parked(child.id)

@@ -1,0 +1,216 @@
+"""Child threads (§6): creating one, the parent's registry of them, and reporting a child's session to its parent.
+
+A child is a thread with `parent_id`; its registry fields (title, description, resumable, blocking, …) live on its
+row. When a child's session ends, `report` runs **in the transaction that ends it**: a blocking call the parent waits
+on gets a `child_result` inbox row (the parent becomes runnable again), anything else with implicit communication
+becomes a silent queued message to the parent. So a crash anywhere in the tree never loses a child's result.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from app import attachments, env, errors, events, messages, queue, tables, threads
+
+CREATED = "The subagent was initiated successfully. Reference: {id}"
+SUCCESS = "Subagent (reference: {id}) has returned the following result:\n\n{result}"
+FAILURE = "Subagent (reference: {id}) has reported a failure:\n\n{result}"
+RETURNED = "\n\nThe subagent also returned the following attachment(s):\n\n{paths}"
+NOTIFIED = "Subagent (reference: {id}) sent the following message:\n\n{content}"
+STOPPED_EARLY = (
+    "Subagent execution stopped before completion ({reason}). "
+    "It did not call a terminal session tool (sessionStop/sessionFail)."
+)
+REFERENCE = "\n\nReference: {id}"
+
+
+async def create(
+    session: AsyncSession,
+    parent: tables.Thread,
+    *,
+    agent: str,
+    agent_type: str,
+    owner_side: str,
+    title: str | None,
+    description: str | None,
+    resumable: bool,
+    blocking: bool,
+    receives_messages: str | None,
+    parent_communication: str,
+    terminal: bool,
+    name: str | None = None,
+    scoped: set[str] | None = None,
+    spawn_group_id: uuid.UUID | None = None,
+) -> tables.Thread:
+    """A child thread of `parent` with a copy of its thread env (scoped names left out, §6.7)."""
+    child_id = uuid.uuid4()
+    child = tables.Thread(
+        id=child_id,
+        agent=agent,
+        type=agent_type,
+        parent_id=parent.id,
+        root_id=parent.root_id or parent.id,
+        owner_side=owner_side,
+        user_id=parent.user_id,
+        name=name,
+        tags=[f"name:{name}"] if name else [],
+        status="idle",
+        session_number=0,
+        title=title,
+        description=description,
+        resumable=resumable,
+        blocking=blocking,
+        receives_messages=receives_messages,
+        parent_communication=parent_communication,
+        terminal=terminal,
+        spawn_group_id=spawn_group_id,
+    )
+    session.add(child)
+    await session.flush()
+    await session.refresh(child)
+    await env.copy_thread(session, parent.id, child.id, exclude=scoped or set())
+    await events.append_lifecycle(session, child, "thread_created")
+    await events.append(session, parent.id, "subagent_created", entry(child))
+    return child
+
+
+async def send(
+    session: AsyncSession,
+    child: tables.Thread,
+    role: str,
+    content: str,
+    refs: list[dict[str, Any]] | None = None,
+    *,
+    silent: bool = False,
+) -> uuid.UUID:
+    """Queue a message into the child (its side A for `user`, side B for `assistant`)."""
+    return await messages.enqueue(session, child, role, content, silent=silent, attachments=refs or [])
+
+
+async def copy_files(
+    session: AsyncSession, source: uuid.UUID, paths: list[str], destination: uuid.UUID
+) -> list[dict[str, Any]]:
+    """Copy files between threads (same blobs), returning destination-local references; a missing path raises
+    `FileNotFound` naming it."""
+    return [await attachments.copy(session, source, path, destination) for path in paths]
+
+
+def status_of(child: tables.Thread) -> str:
+    """The registry status: `terminated`, the free text of the last status report, or the run state."""
+    if child.terminated_at is not None:
+        return "terminated"
+    if child.status_text:
+        return child.status_text
+    if child.status in ("running", "queued"):
+        return "running"
+    if child.status == "waiting":
+        return "waiting"
+    if child.session_status == "failure":
+        return "failed"
+    return "idle"
+
+
+def entry(child: tables.Thread) -> dict[str, Any]:
+    """The spec's `SubagentRegistryEntry` (snake_case)."""
+    return {
+        "reference": str(child.id),
+        "name": child.agent,
+        "title": child.title,
+        "description": child.description,
+        "resumable": child.resumable,
+        "blocking": child.blocking,
+        "thread_name": child.name,
+        "spawn_group_id": str(child.spawn_group_id) if child.spawn_group_id else None,
+        "created_at": child.created_at.isoformat(),
+        "status": status_of(child),
+        "parent_communication": child.parent_communication or "implicit",
+    }
+
+
+async def children(session: AsyncSession, parent_id: uuid.UUID) -> list[tables.Thread]:
+    """The parent's children, oldest first."""
+    query = select(tables.Thread).where(tables.Thread.parent_id == parent_id).order_by(tables.Thread.created_at)
+    return list((await session.execute(query)).scalars())
+
+
+async def waiting_on(session: AsyncSession, parent_id: uuid.UUID, call_id: str) -> tables.Thread | None:
+    """The child whose session answers the parent's tool call `call_id`, if one is still running."""
+    query = select(tables.Thread).where(tables.Thread.parent_id == parent_id, tables.Thread.parent_call_id == call_id)
+    return (await session.execute(query)).scalars().first()
+
+
+async def announce(session: AsyncSession, child: tables.Thread) -> None:
+    """Tell the parent's stream the child's registry entry changed."""
+    if child.parent_id is not None:
+        await events.append(session, child.parent_id, "subagent_status", entry(child))
+
+
+async def result_of(session: AsyncSession, child: tables.Thread) -> tuple[bool, str, list[str]]:
+    """(succeeded, text, child paths of returned attachments) of the child's session that just ended (§6.4)."""
+    result = child.session_result or {}
+    if child.session_reason in ("session_stop", "session_fail"):
+        paths = [p for p in result.get("attachments") or [] if isinstance(p, str)]
+        return child.session_reason == "session_stop", str(result.get("content") or ""), paths
+    if child.terminal or child.session_status == "failure":
+        return False, STOPPED_EARLY.format(reason=child.session_reason or "unknown"), []
+    rows = await messages.history(session, child.id, session_number=child.session_number)
+    last = next((r for r in reversed(rows) if r.role != "tool" and r.content and r.depth == 0), None)
+    return True, last.content if last is not None and last.content else "", []
+
+
+async def report(session: AsyncSession, child: tables.Thread, *, failure: str | None = None) -> None:
+    """The child's session ended (this transaction ends it): hand its result to the parent, and end a
+    non-resumable child for good. `failure` reports that instead (the child is being terminated)."""
+    if child.parent_id is None:
+        return
+    parent = await threads.lock(session, child.parent_id)
+    ok, text, paths = (False, failure, []) if failure is not None else await result_of(session, child)
+    refs: list[dict[str, Any]] = []
+    for path in paths:
+        try:
+            refs.append(await attachments.copy(session, child.id, path, parent.id))
+        except (errors.FileNotFound, errors.FileConflict, errors.BadPath):
+            text += f"\n\n(The attachment {path} could not be copied: it is not a file of the subagent.)"
+    if child.parent_call_id is not None:  # a blocking call waits: its result ends the wait
+        payload = {
+            "call_id": child.parent_call_id,
+            "name": child.parent_call_name,
+            "child_id": str(child.id),
+            "status": "success" if ok else "error",
+            "content": text + REFERENCE.format(id=child.id),
+            "attachments": refs,
+        }
+        child.parent_call_id = None
+        child.parent_call_name = None
+        if parent.terminated_at is None:
+            await queue.enqueue(session, parent.id, queue.Kind.CHILD_RESULT, payload)
+            if parent.status == "waiting":
+                await threads.set_status(session, parent, "queued")
+    elif child.parent_communication != "explicit" and parent.terminated_at is None:
+        body = (SUCCESS if ok else FAILURE).format(id=child.id, result=text)
+        if refs:
+            body += RETURNED.format(paths="\n".join(r["path"] for r in refs))
+        role = "assistant" if child.owner_side == "b" else "user"
+        await messages.enqueue(
+            session, parent, role, body, silent=True, metadata={"subagent_id": str(child.id)}, attachments=refs
+        )
+    if not child.resumable and child.terminated_at is None and failure is None:  # one session, then it ends
+        child.terminated_at = datetime.now(UTC)
+        await events.append(session, child.id, "thread_terminated", {})
+        await threads.set_status(session, child, "terminated")
+    await announce(session, child)
+
+
+async def notify_parent(session: AsyncSession, child: tables.Thread, content: str) -> None:
+    """`state.notify_parent`: a silent message to the parent naming the child (§6.4)."""
+    if child.parent_id is None:
+        raise errors.Invalid("`state.notify_parent` is for subagents: this thread has no parent")
+    parent = await threads.lock(session, child.parent_id)
+    role = "assistant" if child.owner_side == "b" else "user"
+    body = NOTIFIED.format(id=child.id, content=content)
+    await messages.enqueue(session, parent, role, body, silent=True, metadata={"subagent_id": str(child.id)})

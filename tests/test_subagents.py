@@ -1,0 +1,359 @@
+"""Subagents (§6): blocking × resumable, the exact parent-notification texts, attachments both ways, the registry,
+`maxInstances`, explicit communication, and cascades."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+from fastapi import FastAPI
+from sqlalchemy import select
+
+from app import tables
+from app.catalog import Catalog
+from app.llm.base import LLMRequest
+from app.spec import ThreadState, define_agent, define_model, define_prompt, define_tool
+from tests.conftest import client_for, wait_for
+from tests.test_engine import event_types, stored
+
+REF = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+@define_tool(description="Write the note the reviewer approves.")
+async def write_note(state: ThreadState) -> str:
+    record = await state.write_file("/out/note.txt", "checked by qa\n", "text/plain")
+    return record.path
+
+
+@define_tool(description="Ask the parent something.")
+async def ask_parent(state: ThreadState) -> str:
+    await state.notify_parent("Which colour? I need an answer.")
+    await state.set_status("asking the parent")
+    await state.write_file("/out/note.txt", "asked\n")
+    return "asked"
+
+
+class Brain:
+    """One `respond` for every prompt: it dispatches on the system prompt and records what each prompt saw."""
+
+    def __init__(self, boss: Any, reviewer: str = "approve", hold: asyncio.Event | None = None) -> None:
+        self.boss = boss
+        self.reviewer = reviewer
+        self.hold = hold
+        self.seen: dict[str, list[LLMRequest]] = {}
+
+    async def __call__(self, request: LLMRequest) -> Any:
+        who = (request.messages[0].content or "").split(".")[0]
+        self.seen.setdefault(who, []).append(request)
+        last = request.messages[-1]
+        if who == "boss":
+            return self.boss(request)
+        if who == "worker":
+            if self.hold is not None:
+                await self.hold.wait()
+            if last.role == "tool":
+                return "draft ready"
+            if "explicit" in (last.content or ""):
+                return {"tool_calls": [{"name": "ask_parent"}]}
+            return {"tool_calls": [{"name": "write_note"}]}
+        # the reviewer
+        if self.reviewer == "approve":
+            return {
+                "tool_calls": [{"name": "approve", "arguments": {"summary": "looks good", "files": ["/out/note.txt"]}}]
+            }
+        if self.reviewer == "reject":
+            return {"tool_calls": [{"name": "reject", "arguments": {"reason": "too vague"}}]}
+        return "keep going"  # never a terminal tool: the turn cap ends the session
+
+
+def catalog(brain: Brain, entry: dict[str, Any], *, terminal: bool = True) -> Catalog:
+    model = define_model(name="m", provider="test", respond=brain)
+    boss = define_prompt(name="boss", model="m", prompt="boss. Delegate.", include_chat=True,
+                         include_past_tools=True, tools=[entry])  # fmt: skip
+    worker = define_prompt(name="worker", model="m", prompt="worker. Do it.", include_chat=True,
+                           include_past_tools=True, tools=["write_note", "ask_parent"])  # fmt: skip
+    reviewer = define_prompt(name="reviewer", model="m", prompt="reviewer. Check it.", include_chat=True)
+    sides: dict[str, Any] = {"label": "Reviewer", "prompt": "reviewer", "stop_on_response": True}
+    if terminal:
+        sides["session_stop"] = {"name": "approve", "message_property": "summary", "attachments_property": "files"}
+        sides["session_fail"] = {"name": "reject", "message_property": "reason"}
+    qa = define_agent(
+        name="qa", type="dual_ai", title="QA", expose_as_tool=True, tool_description="Checks work.",
+        max_session_turns=4, side_a={"label": "Worker", "prompt": "worker", "stop_on_response": True}, side_b=sides,
+    )  # fmt: skip
+    agent = define_agent(name="boss", side_a={"prompt": "boss"})
+    return Catalog(
+        root=Path("."),
+        models={"m": model},
+        prompts={"boss": boss, "worker": worker, "reviewer": reviewer},
+        agents={"boss": agent, "qa": qa},
+        tools={"write_note": write_note, "ask_parent": ask_parent},
+    )
+
+
+def delegate(**extra: Any) -> Any:
+    """The boss: delegates the user's first message, then reports what came back."""
+
+    def boss(request: LLMRequest) -> Any:
+        last = request.messages[-1]
+        if last.role == "user" and last.content and last.content.startswith("go"):
+            return {"tool_calls": [{"name": "qa", "arguments": {"message": "check the report", **extra}}]}
+        return f"boss saw: {last.content}"
+
+    return boss
+
+
+async def start(app_factory: Any, cat: Catalog) -> tuple[FastAPI, httpx.AsyncClient, str]:
+    app: FastAPI = await app_factory(cat, with_worker=True)
+    client = client_for(app)
+    created = await client.post("/threads", json={"agent": "boss"})
+    assert created.status_code == 201, created.text
+    return app, client, created.json()["id"]
+
+
+async def until(client: httpx.AsyncClient, tid: str, check: Any, timeout: float = 15) -> list[dict[str, Any]]:
+    async def ready() -> list[dict[str, Any]] | None:
+        rows = await stored(client, tid)
+        return rows if check(rows) else None
+
+    result: list[dict[str, Any]] = await wait_for(ready, timeout=timeout)
+    return result
+
+
+def said(text: str) -> Any:
+    return lambda rows: any(r["role"] == "assistant" and (r["content"] or "").startswith(text) for r in rows)
+
+
+async def registry(client: httpx.AsyncClient, tid: str) -> list[dict[str, Any]]:
+    response = await client.get(f"/threads/{tid}/subagents")
+    assert response.status_code == 200, response.text
+    return list(response.json()["subagents"])
+
+
+# -- blocking, non-resumable --------------------------------------------------------------------------------
+
+
+async def test_blocking_child_parks_the_parent_without_a_lease_and_answers_the_call(app_factory: Any) -> None:
+    hold = asyncio.Event()
+    brain = Brain(delegate(attachments=["/brief.txt"]), hold=hold)
+    app, client, tid = await start(app_factory, catalog(brain, {"name": "qa"}))
+    await client.put(f"/threads/{tid}/fs/brief.txt", content=b"the brief", headers={"content-type": "text/plain"})
+    await client.post(f"/threads/{tid}/messages", json={"content": "go"})
+
+    async def parked() -> bool:
+        async with app.state.sessions() as session:
+            row = await session.get(tables.Thread, uuid.UUID(tid))
+            return bool(row and row.status == "waiting" and row.lease_token is None and row.runnable_since is None)
+
+    await wait_for(parked)  # the parent waits on its child holding no worker and no lease
+    [child] = await registry(client, tid)
+    assert (child["name"], child["title"], child["description"]) == ("qa", "QA", "Checks work.")
+    assert (child["resumable"], child["blocking"], child["status"]) == (False, True, "running")
+    hold.set()
+    rows = await until(client, tid, said("boss saw"))
+    tool = next(r for r in rows if r["role"] == "tool")
+    cid = child["reference"]
+    assert tool["content"] == f"looks good\n\nReference: {cid}" and tool["tool_status"] == "success"
+    assert tool["subagent_id"] == cid
+    [ref] = tool["attachments"]  # copied child → parent, with a parent-local path
+    assert ref["path"].startswith("/attachments/note-") and ref["name"] == "note.txt"
+    assert (await client.get(f"/threads/{tid}/fs{ref['path']}")).content == b"checked by qa\n"
+    assert rows[-1]["content"].startswith(f"boss saw: looks good\n\nReference: {cid}")
+    # the child got the parent's attachment under a child-local path, and ran one session, then ended
+    first = (await stored(client, cid))[0]
+    assert first["content"] == "check the report" and first["role"] == "user"
+    [brief] = first["attachments"]
+    assert brief["path"].startswith("/attachments/brief-") and brief["name"] == "brief.txt"
+    assert (await client.get(f"/threads/{cid}/fs{brief['path']}")).content == b"the brief"
+    child_thread = (await client.get(f"/threads/{cid}")).json()
+    assert child_thread["status"] == "terminated" and child_thread["parent_id"] == tid
+    assert (await registry(client, tid))[0]["status"] == "terminated"
+    kinds = [e for e, _ in await event_types(client, tid)]
+    assert "subagent_created" in kinds and "subagent_status" in kinds
+    statuses = [d["status"] for e, d in await event_types(client, tid) if e == "thread_status"]
+    assert "waiting" in statuses
+
+
+async def test_a_failed_blocking_child_is_an_error_result(app_factory: Any) -> None:
+    brain = Brain(delegate(), reviewer="reject")
+    _app, client, tid = await start(app_factory, catalog(brain, {"name": "qa"}))
+    await client.post(f"/threads/{tid}/messages", json={"content": "go"})
+    rows = await until(client, tid, said("boss saw"))
+    tool = next(r for r in rows if r["role"] == "tool")
+    assert tool["tool_status"] == "error"
+    assert re.fullmatch(r"too vague\n\nReference: " + REF.pattern, tool["content"])
+
+
+async def test_a_child_that_never_calls_a_terminal_tool_stopped_before_completion(app_factory: Any) -> None:
+    brain = Brain(delegate(), reviewer="loop")
+    _app, client, tid = await start(app_factory, catalog(brain, {"name": "qa", "blocking": False}))
+    await client.post(f"/threads/{tid}/messages", json={"content": "go"})
+    rows = await until(client, tid, lambda rs: any("has reported a failure" in (r["content"] or "") for r in rs))
+    message = next(r for r in rows if "has reported a failure" in (r["content"] or ""))
+    cid = message["metadata"]["subagent_id"]
+    assert message["content"] == (
+        f"Subagent (reference: {cid}) has reported a failure:\n\nSubagent execution stopped before completion "
+        "(max_session_turns). It did not call a terminal session tool (sessionStop/sessionFail)."
+    )
+
+
+async def test_an_agent_without_terminal_tools_returns_its_last_message(app_factory: Any) -> None:
+    brain = Brain(delegate(), reviewer="loop")
+    _app, client, tid = await start(app_factory, catalog(brain, {"name": "qa"}, terminal=False))
+    await client.post(f"/threads/{tid}/messages", json={"content": "go"})
+    rows = await until(client, tid, said("boss saw"))
+    tool = next(r for r in rows if r["role"] == "tool")
+    assert tool["tool_status"] == "success" and tool["content"].startswith("keep going\n\nReference: ")
+
+
+# -- non-blocking -------------------------------------------------------------------------------------------
+
+
+async def test_non_blocking_child_reports_with_the_exact_texts(app_factory: Any) -> None:
+    brain = Brain(delegate())
+    _app, client, tid = await start(app_factory, catalog(brain, {"name": "qa", "blocking": False}))
+    await client.post(f"/threads/{tid}/messages", json={"content": "go"})
+    rows = await until(client, tid, lambda rs: sum(bool(r["role"] == "assistant" and r["content"]) for r in rs) >= 2)
+    tool = next(r for r in rows if r["role"] == "tool")
+    cid = tool["subagent_id"]
+    assert tool["content"] == f"The subagent was initiated successfully. Reference: {cid}"
+    report = next(r for r in rows if (r["metadata"] or {}).get("subagent_id") == cid)
+    assert report["silent"] is True and report["role"] == "user" and report["subagent_id"] == cid
+    [ref] = report["attachments"]
+    assert report["content"] == (
+        f"Subagent (reference: {cid}) has returned the following result:\n\nlooks good"
+        f"\n\nThe subagent also returned the following attachment(s):\n\n{ref['path']}"
+    )
+    assert rows[-1]["content"].startswith(f"boss saw: Subagent (reference: {cid})")
+
+
+# -- resumable ----------------------------------------------------------------------------------------------
+
+
+def manager(script: list[Any]) -> Any:
+    """The boss calls the tools of `script` in order, one per LLM call, then answers in words."""
+    calls = iter(script)
+
+    def boss(request: LLMRequest) -> Any:
+        step = next(calls, None)
+        if step is None:
+            return f"boss saw: {request.messages[-1].content}"
+        return {"tool_calls": [step(request) if callable(step) else step]}
+
+    return boss
+
+
+def reference(request: LLMRequest) -> str:
+    text = "\n".join(m.content or "" for m in request.messages if m.role == "tool")
+    found = REF.findall(text)
+    assert found, text
+    return str(found[0])
+
+
+async def test_resumable_create_limit_message_and_later_sessions(app_factory: Any) -> None:
+    create = {"name": "subagent_create", "arguments": {"agent": "qa", "message": "first job", "attachments": []}}
+    script = [
+        create,
+        create,  # over maxInstances
+        lambda r: {"name": "subagent_message",
+                   "arguments": {"referenceId": reference(r), "message": "second job", "attachments": []}},
+        {"name": "subagent_message",
+         "arguments": {"referenceId": str(uuid.uuid4()), "message": "x", "attachments": []}},
+    ]  # fmt: skip
+    brain = Brain(manager(script))
+    entry = {"name": "qa", "resumable": {"receives_messages": "side_a", "max_instances": 1}}
+    _app, client, tid = await start(app_factory, catalog(brain, entry))
+    offered = None
+    await client.post(f"/threads/{tid}/messages", json={"content": "start"})
+    rows = await until(client, tid, said("boss saw"), timeout=20)
+    offered = {t.name: t for t in brain.seen["boss"][0].tools}
+    assert "qa" not in offered and {"subagent_create", "subagent_message"} <= set(offered)
+    assert offered["subagent_create"].parameters["properties"]["agent"]["enum"] == ["qa"]
+    tools_ = [r for r in rows if r["role"] == "tool"]
+    cid = tools_[0]["subagent_id"]
+    assert tools_[0]["content"] == f"looks good\n\nReference: {cid}"  # blocking by default
+    assert tools_[1]["content"] == (
+        'Subagent instance limit reached for "qa" (1). Use subagent_message with an existing reference instead. '
+        f"Active references: {cid}"
+    )
+    assert tools_[2]["content"] == f"looks good\n\nReference: {cid}"  # a second session of the same child
+    assert re.fullmatch(r'Subagent reference "' + REF.pattern + r'" is not active\.', tools_[3]["content"])
+    child = (await client.get(f"/threads/{cid}")).json()
+    assert child["status"] == "idle" and child["session"]["number"] == 2  # still addressable
+    [entry_] = await registry(client, tid)
+    assert entry_["resumable"] is True and entry_["status"] == "idle"
+    worker_inputs = [r["content"] for r in await stored(client, cid) if r["role"] == "user" and r["side"] == "b"]
+    assert worker_inputs[:1] == ["first job"] and "second job" in worker_inputs
+
+
+async def test_explicit_communication_sends_only_what_the_child_says(app_factory: Any) -> None:
+    create = {"name": "subagent_create", "arguments": {"agent": "qa", "message": "explicit job", "attachments": []}}
+    brain = Brain(manager([create]))
+    entry = {
+        "name": "qa",
+        "blocking": False,
+        "resumable": {"receives_messages": "side_a", "parent_communication": "explicit"},
+    }
+    _app, client, tid = await start(app_factory, catalog(brain, entry))
+    await client.post(f"/threads/{tid}/messages", json={"content": "start"})
+    rows = await until(client, tid, lambda rs: any("sent the following message" in (r["content"] or "") for r in rs))
+    cid = next(r for r in rows if r["role"] == "tool")["subagent_id"]
+    note = next(r for r in rows if "sent the following message" in (r["content"] or ""))
+    assert (
+        note["content"] == f"Subagent (reference: {cid}) sent the following message:\n\nWhich colour? I need an answer."
+    )
+    assert note["silent"] and note["metadata"]["subagent_id"] == cid
+
+    async def child_done() -> bool:
+        return bool((await client.get(f"/threads/{cid}")).json()["status"] == "idle")
+
+    await wait_for(child_done)
+    await asyncio.sleep(0.5)
+    rows = await stored(client, tid)
+    assert not any("has returned the following result" in (r["content"] or "") for r in rows)  # explicit: no report
+    assert (await registry(client, tid))[0]["status"] == "asking the parent"
+
+
+# -- lifecycle ----------------------------------------------------------------------------------------------
+
+
+async def test_terminating_or_deleting_a_parent_takes_its_children(app_factory: Any) -> None:
+    hold = asyncio.Event()
+    brain = Brain(delegate(), hold=hold)
+    app, client, tid = await start(app_factory, catalog(brain, {"name": "qa"}))
+    await client.post(f"/threads/{tid}/messages", json={"content": "go"})
+
+    async def child() -> str | None:
+        entries = await registry(client, tid)
+        return entries[0]["reference"] if entries else None
+
+    cid = await wait_for(child)
+    assert (await client.post(f"/threads/{tid}/terminate")).status_code == 200
+    assert (await client.get(f"/threads/{cid}")).json()["status"] == "terminated"
+    hold.set()
+    assert (await client.delete(f"/threads/{tid}")).json()["deleted"] == [cid, tid]
+    async with app.state.sessions() as session:
+        left = (await session.execute(select(tables.Thread.id))).scalars().all()
+    assert left == []
+
+
+async def test_stopping_a_waiting_parent_terminates_its_blocking_child(app_factory: Any) -> None:
+    hold = asyncio.Event()
+    brain = Brain(delegate(), hold=hold)
+    _app, client, tid = await start(app_factory, catalog(brain, {"name": "qa"}))
+    await client.post(f"/threads/{tid}/messages", json={"content": "go"})
+
+    async def waiting() -> bool:
+        return bool((await client.get(f"/threads/{tid}")).json()["status"] == "waiting")
+
+    await wait_for(waiting)
+    cid = (await registry(client, tid))[0]["reference"]
+    assert (await client.post(f"/threads/{tid}/stop")).status_code == 200
+    assert (await client.get(f"/threads/{cid}")).json()["status"] == "terminated"
+    tool = next(r for r in await stored(client, tid) if r["role"] == "tool")
+    assert tool["content"] == "Execution stopped by user" and tool["tool_status"] == "error"
+    hold.set()
