@@ -316,3 +316,35 @@ async def test_three_crashes_at_one_step_fail_the_session_instead_of_looping(clu
         (stored[1]["id"], "assistant", "failed"),
     ]
     assert "crashed 3 times at step 1" in json.loads(errors[0]["data"])["message"]
+
+
+async def test_the_parent_gets_its_blocking_childs_result_after_a_kill_9(cluster: ClusterFactory) -> None:
+    c = await cluster(workers=1)
+    async with httpx.AsyncClient(base_url=c.base) as client:
+        created = await client.post("/threads", json={"agent": "tree_boss"})
+        tid = created.json()["id"]
+        assert (await client.post(f"/threads/{tid}/messages", json={"content": "delegate"})).status_code == 202
+
+        async def child_call_in_flight() -> list[dict[str, Any]] | None:
+            status = await c.db.fetchval("SELECT status FROM threads WHERE id = $1", tid)
+            tries = read_jsonl(c.crash_dir / "tree.jsonl")
+            return tries if status == "waiting" and tries else None
+
+        tries = await c.wait(child_call_in_flight, 20, "the parent waits and the child's call runs")
+        victim = c.worker(tries[0]["pid"])  # the one worker: it ran the parent and runs the child
+        victim.send_signal(signal.SIGKILL)
+        assert victim.wait(10) == -signal.SIGKILL
+        await cluster(workers=1, api=False)  # a fresh worker picks the child up when its lease expires
+
+        async def answered() -> list[dict[str, Any]] | None:
+            rows = (await client.get(f"/threads/{tid}/messages")).json()["messages"]
+            return rows if rows and rows[-1]["role"] == "assistant" and rows[-1]["content"] else None
+
+        rows = await c.wait(answered, 30, "the parent answers with the child's result")
+        children = (await client.get(f"/threads/{tid}/subagents")).json()["subagents"]
+    assert len(children) == 1  # the child was not created twice
+    cid = children[0]["reference"]
+    assert [r["role"] for r in rows] == ["user", "assistant", "tool", "assistant"]
+    assert rows[2]["content"] == f"approved\n\nReference: {cid}"
+    assert rows[3]["content"] == f"boss got: approved\n\nReference: {cid}"
+    assert len(read_jsonl(c.crash_dir / "tree.jsonl")) == 2  # the child's interrupted call was made again
