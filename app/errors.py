@@ -97,6 +97,20 @@ class NotReady(AgentsError):
     code = "not_ready"
 
 
+class Contention(AgentsError):
+    """The database broke a lock cycle (a deadlock) or a serialization conflict; try again."""
+
+    code = "contention"
+
+    @staticmethod
+    def of(exc: BaseException) -> bool:
+        """Whether a driver error is one (SQLSTATE 40P01 deadlock, 40001 serialization failure)."""
+        code = getattr(getattr(exc, "orig", None), "pgcode", None) or getattr(
+            getattr(exc, "orig", None), "sqlstate", None
+        )
+        return code in ("40P01", "40001")
+
+
 class LeaseLost(AgentsError):
     """This execution no longer holds the thread's lease; it must stop without writing."""
 

@@ -17,6 +17,9 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from app import effects, env, errors, events, messages, queue, subagents, tables, threads
 
 CONTROL_CHANNEL = "agents_control"
+# Thread rows are locked FOR NO KEY UPDATE: a child's transaction that updates its own row twice checks its
+# `parent_id` foreign key with FOR KEY SHARE on the parent, which FOR UPDATE would block (and deadlock with).
+NKU = {"key_share": True}
 STOPPED = "Execution stopped by user"
 
 
@@ -111,7 +114,7 @@ async def terminate(session: AsyncSession, thread: tables.Thread) -> list[uuid.U
     ids = [r.id for r in await session.execute(_DESCENDANTS, {"id": thread.id})]
     done: list[uuid.UUID] = []
     for thread_id in ids:
-        row = thread if thread_id == thread.id else await session.get(tables.Thread, thread_id, with_for_update=True)
+        row = thread if thread_id == thread.id else await session.get(tables.Thread, thread_id, with_for_update=NKU)
         if row is None or row.terminated_at is not None:
             continue
         await _close_open_work(session, row, "Thread terminated")

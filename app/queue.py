@@ -71,7 +71,7 @@ _CLAIM = text(
           AND terminated_at IS NULL AND NOT stopped AND status <> 'waiting'
         ORDER BY runnable_since
         LIMIT 1
-        FOR UPDATE SKIP LOCKED
+        FOR NO KEY UPDATE SKIP LOCKED
     )
     RETURNING id, attempt
     """
@@ -94,7 +94,7 @@ async def fence(session: AsyncSession, claim: Claim) -> tables.Thread:
         await session.execute(
             select(tables.Thread)
             .where(tables.Thread.id == claim.thread_id, tables.Thread.lease_token == claim.token)
-            .with_for_update()
+            .with_for_update(key_share=True)  # FOR NO KEY UPDATE (see `app/lifecycle.py`)
             .execution_options(populate_existing=True)
         )
     ).scalar_one_or_none()
@@ -103,12 +103,26 @@ async def fence(session: AsyncSession, claim: Claim) -> tables.Thread:
     return thread
 
 
-# HEARTBEAT: renew every lease this process holds in one statement; a missing id is a lost lease.
+# HEARTBEAT: renew every lease this process holds in one statement. Rows another transaction has locked are skipped,
+# not waited for: a terminate or delete cascade locks a parent and then its children, and a heartbeat waiting on one of
+# them while holding another would deadlock with it. A skipped lease is renewed at the next beat (a third of the lease
+# later); fencing keeps it safe even if it expired meanwhile.
 _HEARTBEAT = text(
     """
     UPDATE threads SET lease_expires_at = now() + make_interval(secs => :lease)
-    WHERE (id, lease_token) IN (SELECT * FROM unnest(CAST(:ids AS uuid[]), CAST(:tokens AS uuid[])))
+    WHERE id IN (
+        SELECT id FROM threads
+        WHERE (id, lease_token) IN (SELECT * FROM unnest(CAST(:ids AS uuid[]), CAST(:tokens AS uuid[])))
+        FOR NO KEY UPDATE SKIP LOCKED
+    )
     RETURNING id
+    """
+)
+# HELD: of the leases a heartbeat skipped, those still ours (a plain read: it waits for nothing).
+_HELD = text(
+    """
+    SELECT id FROM threads
+    WHERE (id, lease_token) IN (SELECT * FROM unnest(CAST(:ids AS uuid[]), CAST(:tokens AS uuid[])))
     """
 )
 
@@ -122,6 +136,10 @@ async def heartbeat(conn: AsyncConnection, claims: list[Claim], lease_seconds: f
         {"ids": [c.thread_id for c in claims], "tokens": [c.token for c in claims], "lease": lease_seconds},
     )
     kept = {r.id for r in rows}
+    skipped = [c for c in claims if c.thread_id not in kept]
+    if skipped:
+        held = await conn.execute(_HELD, {"ids": [c.thread_id for c in skipped], "tokens": [c.token for c in skipped]})
+        kept |= {r.id for r in held}
     return {c.thread_id for c in claims} - kept
 
 

@@ -47,7 +47,7 @@ async def get(session: AsyncSession, thread_id: uuid.UUID, who: Principal, *, lo
     if not who.admin:
         query = query.where(tables.Thread.user_id == who.user_id)
     if lock:
-        query = query.with_for_update()
+        query = query.with_for_update(key_share=True)  # FOR NO KEY UPDATE: FK checks of children pass
     row = (await session.execute(query)).scalar_one_or_none()
     if row is None:
         raise errors.ThreadNotFound(f"Thread {thread_id} not found")
@@ -56,7 +56,7 @@ async def get(session: AsyncSession, thread_id: uuid.UUID, who: Principal, *, lo
 
 async def lock(session: AsyncSession, thread_id: uuid.UUID) -> tables.Thread:
     """The thread row, locked until the transaction ends (the caller checked who may see it)."""
-    query = select(tables.Thread).where(tables.Thread.id == thread_id).with_for_update()
+    query = select(tables.Thread).where(tables.Thread.id == thread_id).with_for_update(key_share=True)
     row = (await session.execute(query)).scalar_one_or_none()
     if row is None:
         raise errors.ThreadNotFound(f"Thread {thread_id} not found")

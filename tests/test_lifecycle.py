@@ -163,3 +163,31 @@ async def test_input_posted_during_a_step_is_delivered_before_the_next_call(app_
         ("assistant", "answer to user: extra"),
     ]
     assert thread["session"]["turns"] == 1  # mid-turn input joins the history; the turn goes on
+
+
+async def test_a_real_deadlock_is_recognised_as_contention(app_factory: Any) -> None:
+    from sqlalchemy import text
+    from sqlalchemy.exc import DBAPIError
+
+    from app import errors
+
+    app = await app_factory(catalog())
+    client = client_for(app)
+    a, b = [(await client.post("/threads", json={"agent": "agent"})).json()["id"] for _ in range(2)]
+    lock = text("SELECT id FROM threads WHERE id = :id FOR UPDATE")
+    first_locked, second_locked = asyncio.Event(), asyncio.Event()
+    failures: list[BaseException] = []
+
+    async def take(mine: str, other: str, locked: asyncio.Event, wait: asyncio.Event) -> None:
+        try:
+            async with app.state.sessions() as session, session.begin():
+                await session.execute(lock, {"id": mine})
+                locked.set()
+                await wait.wait()
+                await session.execute(lock, {"id": other})
+        except DBAPIError as exc:
+            failures.append(exc)
+
+    await asyncio.gather(take(a, b, first_locked, second_locked), take(b, a, second_locked, first_locked))
+    [failure] = failures  # Postgres broke the cycle by failing one of the two
+    assert errors.Contention.of(failure)

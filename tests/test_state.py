@@ -288,7 +288,7 @@ async def outside(app: FastAPI, tid: str) -> RunState:
     @asynccontextmanager
     async def transaction() -> AsyncIterator[tuple[AsyncSession, tables.Thread]]:
         async with app.state.sessions() as session, session.begin():
-            query = select(tables.Thread).where(tables.Thread.id == uuid.UUID(tid)).with_for_update()
+            query = select(tables.Thread).where(tables.Thread.id == uuid.UUID(tid)).with_for_update(key_share=True)
             yield session, (await session.execute(query)).scalar_one()
 
     async with transaction() as (_, thread):

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import uuid
 from pathlib import Path
@@ -35,6 +36,21 @@ async def ask_parent(state: ThreadState) -> str:
     await state.set_status("asking the parent")
     await state.write_file("/out/note.txt", "asked\n")
     return "asked"
+
+
+@define_tool(description="Look at the children.")
+async def inspect_children(state: ThreadState) -> dict[str, Any]:
+    [child] = state.children
+    handle = await state.get_child_thread(child.reference)
+    assert handle is not None and handle.execution is None
+    parent = await handle.get_parent_thread()
+    assert await state.get_child_thread(str(uuid.uuid4())) is None
+    return {
+        "child": [child.name, child.status, child.resumable],
+        "child_first_message": (await handle.get_messages(include_silent=True)).messages[0].content,
+        "childs_parent": parent.thread_id if parent else None,
+        "my_parent": await state.get_parent_thread(),
+    }
 
 
 class Brain:
@@ -73,7 +89,7 @@ class Brain:
 def catalog(brain: Brain, entry: dict[str, Any], *, terminal: bool = True) -> Catalog:
     model = define_model(name="m", provider="test", respond=brain)
     boss = define_prompt(name="boss", model="m", prompt="boss. Delegate.", include_chat=True,
-                         include_past_tools=True, tools=[entry])  # fmt: skip
+                         include_past_tools=True, tools=[entry, "inspect_children"])  # fmt: skip
     worker = define_prompt(name="worker", model="m", prompt="worker. Do it.", include_chat=True,
                            include_past_tools=True, tools=["write_note", "ask_parent"])  # fmt: skip
     reviewer = define_prompt(name="reviewer", model="m", prompt="reviewer. Check it.", include_chat=True)
@@ -91,7 +107,7 @@ def catalog(brain: Brain, entry: dict[str, Any], *, terminal: bool = True) -> Ca
         models={"m": model},
         prompts={"boss": boss, "worker": worker, "reviewer": reviewer},
         agents={"boss": agent, "qa": qa},
-        tools={"write_note": write_note, "ask_parent": ask_parent},
+        tools={"write_note": write_note, "ask_parent": ask_parent, "inspect_children": inspect_children},
     )
 
 
@@ -357,3 +373,18 @@ async def test_stopping_a_waiting_parent_terminates_its_blocking_child(app_facto
     tool = next(r for r in await stored(client, tid) if r["role"] == "tool")
     assert tool["content"] == "Execution stopped by user" and tool["tool_status"] == "error"
     hold.set()
+
+
+async def test_children_and_handles_on_child_and_parent_threads(app_factory: Any) -> None:
+    script = [
+        {"name": "qa", "arguments": {"message": "check it"}},
+        {"name": "inspect_children", "arguments": {}},
+    ]
+    brain = Brain(manager(script))
+    _app, client, tid = await start(app_factory, catalog(brain, {"name": "qa", "blocking": False}))
+    await client.post(f"/threads/{tid}/messages", json={"content": "start"})
+    rows = await until(client, tid, lambda rs: any(r["name"] == "inspect_children" for r in rs if r["role"] == "tool"))
+    result = json.loads(next(r["content"] for r in rows if r["name"] == "inspect_children"))
+    assert result["child"][0] == "qa" and result["child"][2] is False
+    assert result["child_first_message"] == "check it"
+    assert result["childs_parent"] == tid and result["my_parent"] is None

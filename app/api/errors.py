@@ -8,6 +8,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import DBAPIError
 from starlette.exceptions import HTTPException
 
 from app import errors
@@ -25,6 +26,7 @@ STATUS: dict[type[errors.AgentsError], int] = {
     errors.NotAnImage: 422,
     errors.NotReady: 503,
     errors.LeaseLost: 503,
+    errors.Contention: 503,
     errors.ConfigError: 500,
     errors.EndpointFailed: 500,
 }
@@ -82,6 +84,14 @@ async def _http(_: Request, exc: Exception) -> JSONResponse:
     return response
 
 
+async def _driver(request: Request, exc: Exception) -> JSONResponse:
+    if errors.Contention.of(exc):  # a lock cycle the database broke: nothing was written, the client may retry
+        response = envelope(503, "contention", "The thread was busy; nothing was changed. Try again.")
+        response.headers["Retry-After"] = "1"
+        return response
+    return await _unexpected(request, exc)
+
+
 async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
     log.exception("unexpected error", exc_info=exc)
     return envelope(500, "internal_error", "Something went wrong on our side; the error has been logged.")
@@ -92,4 +102,5 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(errors.AgentsError, _domain)
     app.add_exception_handler(RequestValidationError, _validation)
     app.add_exception_handler(HTTPException, _http)
+    app.add_exception_handler(DBAPIError, _driver)
     app.add_exception_handler(Exception, _unexpected)

@@ -12,6 +12,7 @@ import logging
 from typing import Any
 
 from cryptography.fernet import Fernet
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app import effects as effect_store
 from app import queue
@@ -22,7 +23,9 @@ from app.engine.state import RunState, Transaction, effect_args_problem
 log = logging.getLogger(__name__)
 
 
-async def run_queued(catalog: Catalog, fernet: Fernet, transaction: Transaction) -> None:
+async def run_queued(
+    catalog: Catalog, fernet: Fernet, transaction: Transaction, sessions: async_sessionmaker[AsyncSession]
+) -> None:
     """Run every effect waiting in the thread's inbox, oldest first, one at a time."""
     while True:
         async with transaction() as (session, thread):
@@ -36,7 +39,7 @@ async def run_queued(catalog: Catalog, fernet: Fernet, transaction: Transaction)
             prompt = catalog.prompts[side.prompt] if side is not None else None
             env = await load_env(session, fernet, catalog, thread, prompt)
         context: dict[str, Any] = {"effect": {"id": str(effect.id), "name": effect.name, "attempt": effect.attempts}}
-        state = RunState(thread, env, transaction, None, context, catalog=catalog, fernet=fernet)
+        state = RunState(thread, env, transaction, None, context, catalog=catalog, fernet=fernet, sessions=sessions)
         error = env.mask(await _call(catalog, effect.name, effect.args, state))  # shown by the API: no secrets
         if error is not None:
             log.warning("effect %s (%s) of thread %s failed: %s", effect.name, effect.id, thread.id, error)

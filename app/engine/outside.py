@@ -13,10 +13,11 @@ from contextlib import asynccontextmanager
 from cryptography.fernet import Fernet
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app import tables, threads
+from app import subagents, tables, threads
 from app.catalog import Catalog
 from app.engine.context import load_env
 from app.engine.state import RunState
+from app.spec.state import SubagentEntry
 
 
 async def state(
@@ -34,4 +35,9 @@ async def state(
         side = agent.side("b" if thread.side == "b" else "a")  # the acting side's prompt, as the engine resolves it
         prompt = catalog.prompts[side.prompt] if side is not None else None
         env = await load_env(session, fernet, catalog, thread, prompt)
-    return RunState(thread, env, transaction, None, {}, catalog=catalog, fernet=fernet)
+        children = [
+            SubagentEntry.model_validate(subagents.entry(c)) for c in await subagents.children(session, thread.id)
+        ]
+    return RunState(
+        thread, env, transaction, None, {}, catalog=catalog, fernet=fernet, sessions=sessions, children=children
+    )

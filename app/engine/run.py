@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 from cryptography.fernet import Fernet
 from sqlalchemy import func, select
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app import attachments, errors, events, files, messages, queue, tables, threads
@@ -35,7 +36,7 @@ from app.llm.base import (
 from app.settings import Settings
 from app.spec.definitions import AgentDefinition, PromptDefinition, SideConfig
 from app.spec.results import ToolResult
-from app.spec.state import ExecutionState
+from app.spec.state import ExecutionState, SubagentEntry
 
 log = logging.getLogger(__name__)
 
@@ -87,8 +88,13 @@ class Engine:
     @asynccontextmanager
     async def _tx(self, claim: queue.Claim) -> AsyncIterator[tuple[AsyncSession, tables.Thread]]:
         """A transaction on the thread row, fenced by the claim's lease token."""
-        async with self._sessions() as session, session.begin():
-            yield session, await queue.fence(session, claim)
+        try:
+            async with self._sessions() as session, session.begin():
+                yield session, await queue.fence(session, claim)
+        except DBAPIError as exc:
+            if errors.Contention.of(exc):
+                raise errors.Contention() from exc
+            raise
 
     async def execute(self, claim: queue.Claim) -> None:
         """Run a claimed thread until it has nothing left to do, then release it."""
@@ -96,7 +102,7 @@ class Engine:
         try:
             try:
                 await self._run(claim)
-            except errors.LeaseLost:
+            except (errors.LeaseLost, errors.Contention):
                 raise
             except Exception as exc:
                 log.exception("execution of thread %s failed", claim.thread_id)
@@ -105,6 +111,11 @@ class Engine:
                 await queue.release(session, claim)
         except errors.LeaseLost:
             log.warning("lost the lease of thread %s; stopping without writing", claim.thread_id)
+        except errors.Contention:  # like a crash: what was not committed is redone from what is stored
+            log.warning("thread %s hit a lock cycle; handing it back to run again", claim.thread_id)
+            with contextlib.suppress(errors.LeaseLost):
+                async with self._sessions() as session, session.begin():
+                    await queue.release(session, claim, again=True, keep_attempt=True)
         finally:
             self._contexts.pop(claim.token, None)
 
@@ -116,7 +127,7 @@ class Engine:
     # -- one execution -------------------------------------------------------------------------------------
 
     async def _run(self, claim: queue.Claim) -> None:
-        await effects.run_queued(self._catalog, self._fernet, lambda: self._tx(claim))
+        await effects.run_queued(self._catalog, self._fernet, lambda: self._tx(claim), self._sessions)
         async with self._tx(claim) as (session, thread):
             if thread.terminated_at is not None or thread.stopped:
                 return
@@ -278,7 +289,7 @@ class Engine:
 
     async def _open_step(self, claim: queue.Claim, agent: AgentDefinition) -> Step | None:
         """Run due effects and deliver input, then either resume unanswered tool calls or open a new LLM call."""
-        await effects.run_queued(self._catalog, self._fernet, lambda: self._tx(claim))
+        await effects.run_queued(self._catalog, self._fernet, lambda: self._tx(claim), self._sessions)
         async with self._tx(claim) as (session, thread):
             acting = await self._deliver(session, thread, agent, mid_turn=thread.turn_steps > 0)
             if acting is not None:  # input between two turns picks who answers it (§2)
@@ -394,6 +405,13 @@ class Engine:
 
     # -- tools ---------------------------------------------------------------------------------------------
 
+    @staticmethod
+    async def _children(session: AsyncSession, thread: tables.Thread) -> list[SubagentEntry]:
+        return [
+            SubagentEntry.model_validate(child_registry.entry(c))
+            for c in await child_registry.children(session, thread.id)
+        ]
+
     async def _subagent(self, claim: queue.Claim, step: Step, tool: context.OfferedTool, call: ToolCall) -> Any:
         """A subagent tool call (§6): its result now, or None when the parent parks on a blocking child."""
         name = call["function"]["name"]
@@ -443,6 +461,8 @@ class Engine:
                 catalog=self._catalog,
                 fernet=self._fernet,
                 queue_call=step.calls.append,
+                sessions=self._sessions,
+                children=await self._children(session, thread),
             )
             hook_runner = await hooks.prepare(  # its hooks run between this step's transactions, not inside one
                 self._catalog,

@@ -12,7 +12,7 @@ from typing import Any, Literal
 from cryptography.fernet import Fernet
 from pydantic import ValidationError
 from sqlalchemy import func, select
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app import effects as effect_store
 from app import env as env_store
@@ -26,7 +26,14 @@ from app.llm.base import ToolCall
 from app.spec.define import EffectDefinition
 from app.spec.definitions import AgentDefinition, ModelDefinition, PromptDefinition
 from app.spec.results import ToolResult
-from app.spec.state import ExecutionState, MessagesResult, ScheduledEffect, StateLog, StateMessage
+from app.spec.state import (
+    ExecutionState,
+    MessagesResult,
+    ScheduledEffect,
+    StateLog,
+    StateMessage,
+    SubagentEntry,
+)
 
 Transaction = Callable[[], AbstractAsyncContextManager[tuple[AsyncSession, tables.Thread]]]
 INJECT_ROLES = ("user", "assistant", "system")
@@ -52,6 +59,8 @@ class RunState(FileMethods):
         catalog: Catalog,
         fernet: Fernet,
         queue_call: Callable[[ToolCall], None] | None = None,
+        sessions: async_sessionmaker[AsyncSession] | None = None,
+        children: list[SubagentEntry] | None = None,
     ) -> None:
         self._thread = thread
         self._env = env
@@ -62,6 +71,8 @@ class RunState(FileMethods):
         self._catalog = catalog
         self._fernet = fernet
         self._queue_call = queue_call
+        self._sessions = sessions
+        self._children = children or []
 
     # -- identity ------------------------------------------------------------------------------------------
 
@@ -80,6 +91,10 @@ class RunState(FileMethods):
     @property
     def created_at(self) -> datetime:
         return self._thread.created_at
+
+    @property
+    def children(self) -> list[SubagentEntry]:
+        return list(self._children)
 
     @property
     def terminated(self) -> bool:
@@ -344,6 +359,27 @@ class RunState(FileMethods):
             await events.append(session, thread.id, "thread_status", data)
             await child_registry.announce(session, thread)
 
+    async def get_child_thread(self, reference: str) -> RunState | None:
+        key = _uuid(reference)
+        if key is None:
+            return None
+        async with self._transaction() as (session, thread):
+            child = await session.get(tables.Thread, key)
+            if child is None or child.parent_id != thread.id:
+                return None
+        return await self._other(key)
+
+    async def get_parent_thread(self) -> RunState | None:
+        parent = self._thread.parent_id
+        return None if parent is None else await self._other(parent)
+
+    async def _other(self, thread_id: uuid.UUID) -> RunState:
+        if self._sessions is None:
+            raise errors.OutsideExecution("handles on other threads are not available here")
+        from app.engine import outside  # it builds on this module
+
+        return await outside.state(self._sessions, self._catalog, self._fernet, thread_id)
+
     # -- lifecycle -----------------------------------------------------------------------------------------
 
     async def terminate(self) -> None:
@@ -410,6 +446,8 @@ class RunState(FileMethods):
             catalog=self._catalog,
             fernet=self._fernet,
             queue_call=self._queue_call,
+            sessions=self._sessions,
+            children=self._children,
         )
 
 

@@ -211,7 +211,7 @@ async def _message(
     reference = arguments.get("referenceId")
     child = None
     try:
-        child = await session.get(tables.Thread, uuid.UUID(str(reference)), with_for_update=True)
+        child = await session.get(tables.Thread, uuid.UUID(str(reference)), with_for_update={"key_share": True})
     except ValueError:
         child = None
     if child is None or child.parent_id != parent.id or child.terminated_at is not None or not child.resumable:

@@ -35,6 +35,7 @@ from app.spec.state import (
     ScheduledEffect,
     StateLog,
     StateMessage,
+    SubagentEntry,
     ThreadState,
 )
 
@@ -58,6 +59,7 @@ __all__ = [
     "SideConfig",
     "StateLog",
     "StateMessage",
+    "SubagentEntry",
     "ThreadState",
     "ToolAttachment",
     "ToolDefinition",

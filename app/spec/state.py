@@ -124,6 +124,22 @@ class ScheduledEffect(BaseModel):
     created_at: datetime
 
 
+class SubagentEntry(BaseModel):
+    """A child in its parent's registry (the spec's `SubagentRegistryEntry`)."""
+
+    reference: str
+    name: str
+    title: str | None = None
+    description: str | None = None
+    resumable: bool
+    blocking: bool
+    thread_name: str | None = None
+    spawn_group_id: str | None = None
+    created_at: datetime
+    status: str
+    parent_communication: str
+
+
 class ThreadState(Protocol):
     """What a tool gets as `state`.
 
@@ -150,6 +166,11 @@ class ThreadState(Protocol):
     @property
     def terminated(self) -> bool:
         """Whether the thread was terminated (it then refuses all input)."""
+        ...
+
+    @property
+    def children(self) -> list[SubagentEntry]:
+        """This thread's subagents as they were when this state was made (the start of the tool call)."""
         ...
 
     @property
@@ -351,6 +372,15 @@ class ThreadState(Protocol):
 
     async def set_status(self, text: str) -> None:
         """Set this thread's status text: the parent's registry shows it as this subagent's status."""
+        ...
+
+    async def get_child_thread(self, reference: str) -> ThreadState | None:
+        """A state of one of this thread's children (outside its execution: reads, files, `queue_message`, `emit`,
+        `terminate`), or None if `reference` is not a child of this thread."""
+        ...
+
+    async def get_parent_thread(self) -> ThreadState | None:
+        """A state of this thread's parent (outside its execution), or None for a top-level thread."""
         ...
 
     async def terminate(self) -> None:
