@@ -12,7 +12,7 @@ from fastapi import FastAPI
 from pydantic import BaseModel
 from sqlalchemy import select
 
-from app import queue, tables
+from app import events, queue, tables
 from app.catalog import Catalog
 from app.engine import subprompts
 from app.llm.base import LLMRequest
@@ -191,9 +191,13 @@ async def test_result_shaping(app_factory: Any, flags: dict[str, bool], expected
     sub = Recorder(
         {"text": "Here.", "tool_calls": [{"name": "add", "arguments": {"a": 1, "b": 2}}, {"name": "explode"}]}
     )
-    _, client, tid = await start(app_factory, catalog(main, sub, {"name": "helper", **flags}))
+    app, client, tid = await start(app_factory, catalog(main, sub, {"name": "helper", **flags}))
     await say(client, tid, "go")
     assert result_of(await listed(client, tid))["content"] == expected
+    async with app.state.sessions() as session:
+        stream = [(r.type, r.data) for r in await events.read(session, uuid.UUID(tid), 0)]
+    started = [(d["tool"], d.get("depth", 0)) for t, d in stream if t == "tool_started"]
+    assert started == [("helper", 0), ("add", 1), ("explode", 1)]  # deeper events are hidden at depth=0
     deeper = [m for m in await listed(client, tid, depth=1) if m["depth"] == 1]
     assert [(m["role"], m["name"], m["content"], m["tool_status"]) for m in deeper[2:]] == [
         ("tool", "add", "3", "success"),

@@ -116,10 +116,6 @@ class Runner:
                 "session_number": thread.session_number,
                 "metadata_": {"subprompt_call": execution.tool_call_id, "subprompt_run": run},
             }
-            text = _first_message(entry, arguments)
-            await messages.add(
-                session, thread.id, "user", side="b" if side == "a" else "a", content=text, attachments=refs, **tags
-            )
             rows = [r for r in await messages.history(session, thread.id) if r.depth == 0]
             try:
                 request = context.build_request(
@@ -128,6 +124,10 @@ class Runner:
             except context.MissingVariable as exc:
                 return _error(f"Subprompt `{name}` failed: {exc}")
             request.tools = [t for t in request.tools if t.name in offered]
+            text = _first_message(entry, arguments)
+            await messages.add(
+                session, thread.id, "user", side="b" if side == "a" else "a", content=text, attachments=refs, **tags
+            )
             first = LLMMessage("user", context.described(text, refs))
             if self._catalog.models[prompt.model].capabilities.supports_images:
                 first.images = context._images(refs)
@@ -165,10 +165,13 @@ class Runner:
         side: str,
         tags: dict[str, Any],
     ) -> tools.Outcome:
-        """Run one tool call of the subprompt's answer and store its result beside the answer."""
+        """Run one tool call of the subprompt's answer and store its result beside the answer (its events carry
+        the depth, so streams that leave deeper messages out leave them out too)."""
         name = call["function"]["name"]
+        depth = tags["depth"]
         async with state._transaction() as (session, thread):
-            await events.append(session, thread.id, "tool_started", {"tool": name, "tool_call_id": call["id"]})
+            data = {"tool": name, "tool_call_id": call["id"], "depth": depth}
+            await events.append(session, thread.id, "tool_started", data)
         outcome = await tools.execute(self._catalog, offered, call, state)
         outcome = replace(outcome, result=calls.scrub_result(outcome.result, state._env.secrets()))
         async with state._transaction() as (session, thread):
@@ -183,10 +186,7 @@ class Runner:
                 tool_status=outcome.result.status,
                 **tags,
             )
-            status = outcome.result.status
-            await events.append(
-                session, thread.id, "tool_completed", {"tool": name, "tool_call_id": call["id"], "status": status}
-            )
+            await events.append(session, thread.id, "tool_completed", {**data, "status": outcome.result.status})
         return outcome
 
 
