@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import delete, func, select, text
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 from app import errors, tables
@@ -103,43 +104,40 @@ async def fence(session: AsyncSession, claim: Claim) -> tables.Thread:
     return thread
 
 
-# HEARTBEAT: renew every lease this process holds in one statement. Rows another transaction has locked are skipped,
-# not waited for: a terminate or delete cascade locks a parent and then its children, and a heartbeat waiting on one of
-# them while holding another would deadlock with it. A skipped lease is renewed at the next beat (a third of the lease
-# later); fencing keeps it safe even if it expired meanwhile.
+# HEARTBEAT: renew every lease this process holds in one statement; a missing id is a lost lease.
 _HEARTBEAT = text(
     """
     UPDATE threads SET lease_expires_at = now() + make_interval(secs => :lease)
-    WHERE id IN (
-        SELECT id FROM threads
-        WHERE (id, lease_token) IN (SELECT * FROM unnest(CAST(:ids AS uuid[]), CAST(:tokens AS uuid[])))
-        FOR NO KEY UPDATE SKIP LOCKED
-    )
+    WHERE (id, lease_token) IN (SELECT * FROM unnest(CAST(:ids AS uuid[]), CAST(:tokens AS uuid[])))
     RETURNING id
     """
 )
-# HELD: of the leases a heartbeat skipped, those still ours (a plain read: it waits for nothing).
-_HELD = text(
-    """
-    SELECT id FROM threads
-    WHERE (id, lease_token) IN (SELECT * FROM unnest(CAST(:ids AS uuid[]), CAST(:tokens AS uuid[])))
-    """
-)
+# The one statement waits at most this long for a row lock. Holding some rows while waiting for another could close a
+# lock cycle with a terminate or delete cascade (it locks a parent, then its children): after the timeout the leases
+# are renewed one row per transaction, which holds nothing while it waits.
+_SHORT_WAIT = text("SET LOCAL lock_timeout = '200ms'")
+LOCK_TIMEOUT = "55P03"
 
 
 async def heartbeat(conn: AsyncConnection, claims: list[Claim], lease_seconds: float) -> set[uuid.UUID]:
-    """Renew the leases of `claims`; return the thread ids whose lease was lost."""
+    """Renew the leases of `claims` (on a connection outside any transaction); return the ids whose lease was lost."""
     if not claims:
         return set()
-    rows = await conn.execute(
-        _HEARTBEAT,
-        {"ids": [c.thread_id for c in claims], "tokens": [c.token for c in claims], "lease": lease_seconds},
-    )
-    kept = {r.id for r in rows}
-    skipped = [c for c in claims if c.thread_id not in kept]
-    if skipped:
-        held = await conn.execute(_HELD, {"ids": [c.thread_id for c in skipped], "tokens": [c.token for c in skipped]})
-        kept |= {r.id for r in held}
+
+    def params(some: list[Claim]) -> dict[str, Any]:
+        return {"ids": [c.thread_id for c in some], "tokens": [c.token for c in some], "lease": lease_seconds}
+
+    try:
+        async with conn.begin():
+            await conn.execute(_SHORT_WAIT)
+            kept = {r.id for r in await conn.execute(_HEARTBEAT, params(claims))}
+    except DBAPIError as exc:
+        if getattr(exc.orig, "pgcode", None) != LOCK_TIMEOUT and getattr(exc.orig, "sqlstate", None) != LOCK_TIMEOUT:
+            raise
+        kept = set()
+        for claim in claims:
+            async with conn.begin():
+                kept |= {r.id for r in await conn.execute(_HEARTBEAT, params([claim]))}
     return {c.thread_id for c in claims} - kept
 
 

@@ -521,7 +521,7 @@ async def test_invoke_tool_returns_results_without_storing(app_factory: Any) -> 
     assert got[1][0] == "error" and "Invalid arguments for tool `add`" in got[1][1] and "`b`" in got[1][1]
     assert got[2] == ["error", "Tool `explode` failed: RuntimeError: kaboom"]
     assert got[3][0] == "error" and got[3][1].startswith("Unknown tool `nope`. Available tools: add, count, drop")
-    assert got[4] == ["error", "`p` is a prompt: this server version cannot invoke subprompts yet"]
+    assert got[4] == ["error", "Invalid arguments for tool `p`: missing `message`"]
     assert got[5] == ["error", "`agent` is an agent: subagents and handoffs cannot be run with `invoke_tool`"]
     assert [d["tool"] for t, d in await stored_events(app, tid) if t == "tool_started"] == ["invoker"]
 

@@ -139,8 +139,11 @@ class Caller:
         prompt: PromptDefinition,
         request: LLMRequest,
         env: Env,
+        depth: int = 0,
     ) -> Result:
-        """Try the prompt's model and its fallbacks until one answers; an empty answer is asked again once."""
+        """Try the prompt's model and its fallbacks until one answers; an empty answer is asked again once.
+
+        `depth` is the message's (a subprompt's message is deeper than 0), for its chunk events."""
         chain = retry.chain(self._catalog, prompt.model)
         last: Result | None = None
         previous: uuid.UUID | None = None
@@ -157,7 +160,7 @@ class Caller:
                     )
             attempt = _Attempt(definition, 1, fallback_of=previous if index > 0 else None)
             while attempt.number <= self._policy.attempts:
-                last, previous = await self._attempt(tx, message_id, prompt, request, env, attempt)
+                last, previous = await self._attempt(tx, message_id, prompt, request, env, attempt, depth)
                 response = last.response
                 if isinstance(response, LLMResponse):
                     if not empty(response) or asked_again:
@@ -180,6 +183,7 @@ class Caller:
         request: LLMRequest,
         env: Env,
         attempt: _Attempt,
+        depth: int,
     ) -> tuple[Result, uuid.UUID]:
         definition = attempt.model
         async with tx() as (session, thread):
@@ -197,7 +201,7 @@ class Caller:
             max_tokens=definition.capabilities.max_output_tokens,
         )
         context = CallContext(str(thread_id), call_index, key)
-        result = await self._stream(tx, thread_id, request, definition, context, message_id, attempt.number)
+        result = await self._stream(tx, thread_id, request, definition, context, message_id, attempt.number, depth)
         result.response = _recovered(result.response, definition, request, f"recovered_{message_id.hex[:12]}")
         if isinstance(result.response, ProviderError):
             result.response.message = scrub(result.response.message, secrets)
@@ -227,6 +231,7 @@ class Caller:
         context: CallContext,
         message_id: uuid.UUID,
         attempt: int,
+        depth: int,
     ) -> Result:
         """One request, its deltas published live; a provider error or timeout comes back as the response."""
         started = time.monotonic()
@@ -247,7 +252,7 @@ class Caller:
                 kind = "message_chunk" if isinstance(event, TextDelta) else "reasoning_chunk"
                 if ttft is None:
                     ttft = (time.monotonic() - started) * 1000
-                data = {"message_id": str(message_id), "depth": 0, "offset": offsets[kind], "chunk": event.text}
+                data = {"message_id": str(message_id), "depth": depth, "offset": offsets[kind], "chunk": event.text}
                 await self._publisher.publish(thread_id, kind, {**data, "attempt": attempt})
                 offsets[kind] += len(event.text)
                 if kind == "message_chunk":

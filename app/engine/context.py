@@ -13,6 +13,7 @@ from app import env as env_store
 from app import tables
 from app.catalog import Catalog
 from app.llm.base import LLMImage, LLMMessage, LLMRequest, LLMTool, ToolCall
+from app.spec.define import close_objects
 from app.spec.definitions import PromptDefinition, PromptEnvPart, PromptIncludePart, SideConfig, ToolEntry
 
 
@@ -132,7 +133,7 @@ class OfferedTool:
     """A tool the acting side may call, and what backs it."""
 
     name: str
-    kind: str  # "callable" | "session" | "subagent" | "subagent_create" | "subagent_message"
+    kind: str  # "callable" | "session" | "subprompt" | "handoff" | "subagent" | "subagent_create" | "subagent_message"
     entry: ToolEntry
     description: str
     parameters: dict[str, Any]
@@ -159,6 +160,8 @@ def offered_tools(catalog: Catalog, prompt: PromptDefinition, side: SideConfig) 
         tool = catalog.tools.get(entry.name)
         if tool is not None:
             offered[entry.name] = OfferedTool(entry.name, "callable", entry, tool.description, tool.parameters())
+        elif (composed := _composed(catalog, entry)) is not None:
+            offered[entry.name] = composed
     for name in side.session_tool_names():
         if name in offered:
             continue
@@ -178,6 +181,25 @@ def offered_tools(catalog: Catalog, prompt: PromptDefinition, side: SideConfig) 
     for child_tool in subagents.offered(catalog, prompt):
         offered.setdefault(child_tool.name, child_tool)
     return list(offered.values())
+
+
+HANDOFF_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"message": {"type": "string", "description": "An optional note for the agent taking over."}},
+    "additionalProperties": False,
+}
+
+
+def _composed(catalog: Catalog, entry: ToolEntry) -> OfferedTool | None:
+    """A prompt offered as a subprompt (§7.2), or an `ai_human` agent offered as a handoff (§7.3)."""
+    prompt = catalog.prompts.get(entry.name)
+    if prompt is not None:
+        schema = close_objects(prompt.schema_for_tool())
+        return OfferedTool(entry.name, "subprompt", entry, prompt.tool_description or "", schema)
+    agent = catalog.agents.get(entry.name)
+    if agent is not None and agent.type == "ai_human":
+        return OfferedTool(entry.name, "handoff", entry, agent.tool_description or "", HANDOFF_SCHEMA)
+    return None
 
 
 def _visible(rows: list[tables.Message], side: str, prompt: PromptDefinition, turn_start: int) -> list[tables.Message]:

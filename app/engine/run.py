@@ -24,7 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from app import attachments, errors, events, files, messages, queue, tables, threads
 from app import subagents as child_registry
 from app.catalog import Catalog
-from app.engine import calls, context, effects, hooks, stops, subagents, tools
+from app.engine import calls, context, effects, handoffs, hooks, stops, subagents, subprompts, tools
 from app.engine.state import RunState, deliver_tool
 from app.hub import Publisher
 from app.llm import retry
@@ -55,6 +55,7 @@ class Step:
     response: LLMResponse | None = None
     env: context.Env | None = None
     config: SideConfig | None = None  # the acting side's config, for its session tool bindings
+    agent: AgentDefinition | None = None  # the thread's agent as the step began (a handoff switches it, §7.3)
 
 
 def llm_http() -> httpx.AsyncClient:
@@ -84,6 +85,7 @@ class Engine:
             catalog, publisher, http, retry.Policy.from_settings(settings), settings.process_env
         )
         self._contexts: dict[uuid.UUID, dict[str, Any]] = {}  # per execution, by lease token
+        self._subprompts = subprompts.Runner(catalog, self._caller)
 
     @asynccontextmanager
     async def _tx(self, claim: queue.Claim) -> AsyncIterator[tuple[AsyncSession, tables.Thread]]:
@@ -215,6 +217,7 @@ class Engine:
         step = await self._open_step(claim, agent)
         if step is None:
             return False
+        agent = step.agent or agent
         side_config, prompt = self._prompt_of(agent, step.side)
         if step.response is None:
             response = await self._call(claim, step, prompt, side_config)
@@ -236,6 +239,7 @@ class Engine:
                 verdict = stops.Verdict("turn", "empty_response")
             else:
                 verdict = stops.evaluate(agent, side_config, step.response, outcomes, thread.turn_steps)
+            verdict = handoffs.next_turn(thread, offered, outcomes, verdict)
             await events.append(
                 session,
                 thread.id,
@@ -291,6 +295,7 @@ class Engine:
         """Run due effects and deliver input, then either resume unanswered tool calls or open a new LLM call."""
         await effects.run_queued(self._catalog, self._fernet, lambda: self._tx(claim), self._sessions)
         async with self._tx(claim) as (session, thread):
+            agent = self._catalog.agent(thread.agent)  # a handoff may have switched it (§7.3)
             acting = await self._deliver(session, thread, agent, mid_turn=thread.turn_steps > 0)
             if acting is not None:  # input between two turns picks who answers it (§2)
                 await self._start_turn(session, thread, acting)
@@ -299,7 +304,11 @@ class Engine:
             rows = await messages.history(session, thread.id)
             turn_start = thread.turn_start or 0
             last = next(
-                (r for r in reversed(rows) if r.role != "tool" and r.side == side and r.position >= turn_start),
+                (
+                    r
+                    for r in reversed(rows)
+                    if r.role != "tool" and r.side == side and r.position >= turn_start and r.depth == 0
+                ),
                 None,
             )
             env = await context.load_env(session, self._fernet, self._catalog, thread, prompt)
@@ -309,7 +318,7 @@ class Engine:
                 # a crash between the model's answer and its tool results, or a subagent's result: run what is left
                 if missing or thread.step_open:
                     response = LLMResponse(text=last.content or "", tool_calls=list(last.tool_calls))
-                    return Step(side, thread.session_steps, calls=missing, response=response, env=env)
+                    return Step(side, thread.session_steps, calls=missing, response=response, env=env, agent=agent)
             redo = last is not None and last.status == "pending"  # a call a crash interrupted: the same step again
             if thread.session_steps >= self._settings.max_session_steps and not redo:
                 await self._end_session(session, thread, stops.Verdict("session", "max_total_steps", "failure"))
@@ -346,7 +355,7 @@ class Engine:
                 message = await messages.add(session, thread.id, messages.role_of(side), **fields)
                 await hook_runner.after_create_message(message)
             await events.append(session, thread.id, "step_started", {"step": thread.session_steps, "side": side})
-            return Step(side, thread.session_steps, message.id, request, env=env)
+            return Step(side, thread.session_steps, message.id, request, env=env, agent=agent)
 
     # -- the model -----------------------------------------------------------------------------------------
 
@@ -463,6 +472,7 @@ class Engine:
                 queue_call=step.calls.append,
                 sessions=self._sessions,
                 children=await self._children(session, thread),
+                subprompts=self._subprompts,
             )
             hook_runner = await hooks.prepare(  # its hooks run between this step's transactions, not inside one
                 self._catalog,

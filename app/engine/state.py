@@ -7,7 +7,7 @@ import uuid
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from datetime import datetime
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from cryptography.fernet import Fernet
 from pydantic import ValidationError
@@ -19,12 +19,12 @@ from app import env as env_store
 from app import errors, events, lifecycle, messages, queue, tables, threads
 from app import subagents as child_registry
 from app.catalog import Catalog
-from app.engine import tools
+from app.engine import handoffs, tools
 from app.engine.context import Env, offered_tools
 from app.engine.files import FileMethods
 from app.llm.base import ToolCall
 from app.spec.define import EffectDefinition
-from app.spec.definitions import AgentDefinition, ModelDefinition, PromptDefinition
+from app.spec.definitions import AgentDefinition, ModelDefinition, PromptDefinition, ToolEntry
 from app.spec.results import ToolResult
 from app.spec.state import (
     ExecutionState,
@@ -35,6 +35,9 @@ from app.spec.state import (
     SubagentEntry,
 )
 
+if TYPE_CHECKING:  # subprompts.py builds states itself
+    from app.engine.subprompts import Runner
+
 Transaction = Callable[[], AbstractAsyncContextManager[tuple[AsyncSession, tables.Thread]]]
 INJECT_ROLES = ("user", "assistant", "system")
 QUEUE_ROLES = ("user", "assistant")
@@ -44,7 +47,8 @@ class RunState(FileMethods):
     """The state of one thread; inside its own execution every write is fenced by the lease.
 
     `transaction` opens a transaction on the locked thread row. `queue_call` (given during a tool call) adds a
-    tool call to the running step's list of calls still to run.
+    tool call to the running step's list of calls still to run. `subprompts` (given inside an execution) runs
+    subprompt steps.
     """
 
     def __init__(
@@ -61,6 +65,7 @@ class RunState(FileMethods):
         queue_call: Callable[[ToolCall], None] | None = None,
         sessions: async_sessionmaker[AsyncSession] | None = None,
         children: list[SubagentEntry] | None = None,
+        subprompts: Runner | None = None,
     ) -> None:
         self._thread = thread
         self._env = env
@@ -73,6 +78,7 @@ class RunState(FileMethods):
         self._queue_call = queue_call
         self._sessions = sessions
         self._children = children or []
+        self._subprompts = subprompts
 
     # -- identity ------------------------------------------------------------------------------------------
 
@@ -277,9 +283,9 @@ class RunState(FileMethods):
         definition = self._catalog.tools.get(name)
         if definition is None:
             kind = self._catalog.kind_of(name)
-            if kind == "prompt":
-                text = f"`{name}` is a prompt: this server version cannot invoke subprompts yet"
-            elif kind == "agent":
+            if kind == "prompt":  # no tool message is stored for the call itself (§7.4)
+                return await self.run_subprompt(ToolEntry(name=name), dict(args or {}))
+            if kind == "agent":
                 text = f"`{name}` is an agent: subagents and handoffs cannot be run with `invoke_tool`"
             else:
                 text = f"Unknown tool `{name}`. Available tools: {', '.join(self.get_tool_names()) or 'none'}"
@@ -287,6 +293,18 @@ class RunState(FileMethods):
         # the invoked tool runs inside the caller's execution and tool call, without a tool config
         state = self._derive(self._execution, None)
         return await tools.run(name, definition, dict(args or {}), state)
+
+    async def run_subprompt(self, entry: ToolEntry, arguments: dict[str, Any]) -> ToolResult:
+        """One step of the prompt `entry.name` in this thread, as its tool result (§7.2)."""
+        if self._subprompts is None or self._execution is None:
+            text = f"`{entry.name}` is a prompt: subprompts run only in a tool call of the thread's own execution"
+            return ToolResult(status="error", error=text)
+        return await self._subprompts.run(self, entry, arguments)
+
+    async def hand_off(self, agent: str) -> ToolResult:
+        """Hand the thread to `agent`, as a handoff tool call does (§7.3)."""
+        async with self._transaction() as (session, thread):
+            return await handoffs.switch(session, thread, self._catalog, agent)
 
     async def queue_tool(self, name: str, args: dict[str, Any] | None = None) -> str:
         if args is not None and not isinstance(args, dict):
@@ -448,6 +466,7 @@ class RunState(FileMethods):
             queue_call=self._queue_call,
             sessions=self._sessions,
             children=self._children,
+            subprompts=self._subprompts,
         )
 
 

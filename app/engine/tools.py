@@ -88,7 +88,14 @@ async def execute(catalog: Catalog, offered: dict[str, OfferedTool], call: ToolC
             return Outcome(call, _error(f"Invalid arguments for tool `{name}`: {problem}"), arguments)
         return Outcome(call, ToolResult(status="success", result="ok"), arguments)
     tool_state = state.with_tool(call["id"], tool.entry.options, tool.entry.env)
-    return Outcome(call, await run(name, catalog.tools[name], arguments, tool_state), arguments)
+    if tool.kind == "subprompt":
+        return Outcome(call, await tool_state.run_subprompt(tool.entry, arguments), arguments)
+    if tool.kind == "handoff":
+        return Outcome(call, await tool_state.hand_off(name), arguments)
+    definition = catalog.tools.get(name)
+    if definition is None:  # a kind this path cannot run (the step loop runs it itself)
+        return Outcome(call, _error(f"Tool `{name}` cannot be called here"), arguments)
+    return Outcome(call, await run(name, definition, arguments, tool_state), arguments)
 
 
 async def check_attachments(side: SideConfig | None, outcome: Outcome, state: RunState) -> Outcome:

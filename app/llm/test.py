@@ -73,7 +73,7 @@ class TestModel:
             yield TextDelta(text[start : start + size])
         calls: list[ToolCall] = [
             {
-                "id": c.id or f"call_{ctx.call_index}_{i}",
+                "id": c.id or f"call_{d.name}_{ctx.call_index}_{i}",  # unique per thread, across its models
                 "type": "function",
                 "function": {"name": c.name, "arguments": json.dumps(c.arguments)},
             }

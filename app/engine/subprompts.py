@@ -1,0 +1,293 @@
+"""Subprompts (`semantics.md` §7.2): a prompt called as a tool runs one step — one LLM call and the tools it
+returns — in the caller's thread.
+
+Its messages (a first `user` message, the answer, the results of its tool calls) are stored one level deeper than
+the message that made the call (`depth + 1`, `parent_id` = that message), so listings leave them out unless `depth`
+asks. It sees the chat (depth 0) only with `include_chat`, earlier tool traffic only with `include_past_tools`.
+
+Crash safety: every message of a run is tagged (`metadata.subprompt_call`, `metadata.subprompt_run`) with the tool
+call it runs in and the execution that ran it. A crash leaves that call unanswered and the resumed step runs it
+again; the new run first deletes what runs of the same call by earlier executions stored (and what their nested
+subprompts stored), so nothing is duplicated. Runs of one execution keep each other's messages.
+
+The result, sections joined by a blank line, each present when its flag is on and it has something to say:
+
+    <the final text>                                           include_text_response
+
+    Tool calls:                                                include_tool_calls (successful calls)
+    - add {"a": 1, "b": 2} → 3
+
+    Errors:                                                    include_errors (failed calls)
+    - explode {} → Tool `explode` failed: RuntimeError: kaboom
+
+A failed LLM call (after retries and fallbacks) is an error result, `Subprompt `<name>` failed: <error>` (the
+error text only with `include_errors`), and the calling step goes on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from dataclasses import replace
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+from sqlalchemy import delete, select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from app import attachments, errors, events, files, messages, tables
+from app.catalog import Catalog
+from app.engine import calls, context, tools
+from app.engine.state import RunState
+from app.llm.base import LLMMessage, ProviderError, ToolCall
+from app.spec.definitions import PromptDefinition, SideConfig, ToolEntry
+from app.spec.results import ToolResult
+
+MAX_DEPTH = 8  # subprompts calling subprompts: a prompt that offers itself must not recurse forever
+_CHAT_ONLY = 2**62  # a turn start after every message: the whole chat is "earlier turns" to a subprompt
+_TYPES: dict[str, type | tuple[type, ...]] = {
+    "string": str,
+    "integer": int,
+    "number": (int, float),
+    "boolean": bool,
+    "array": list,
+    "object": dict,
+}
+
+
+def _error(text: str) -> ToolResult:
+    return ToolResult(status="error", error=text)
+
+
+class Runner:
+    """Runs the subprompt steps of one engine (it makes their LLM calls with the engine's caller)."""
+
+    def __init__(self, catalog: Catalog, caller: calls.Caller) -> None:
+        self._catalog = catalog
+        self._caller = caller
+
+    async def run(self, state: RunState, entry: ToolEntry, arguments: dict[str, Any]) -> ToolResult:
+        """One step of prompt `entry.name` for the tool call `state.execution.tool_call_id`; its tool result."""
+        name = entry.name
+        prompt = self._catalog.prompts[name]
+        problem = arguments_problem(prompt, arguments)
+        if problem is not None:
+            return _error(f"Invalid arguments for tool `{name}`: {problem}")
+        paths = arguments.get(entry.init_attachments_property) if entry.init_attachments_property else None
+        paths = [paths] if isinstance(paths, str) else paths or []
+        if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
+            return _error(f"Invalid arguments for tool `{name}`: `{entry.init_attachments_property}` must be paths")
+        execution = state.execution
+        assert execution is not None
+        side = execution.side
+        env = replace(state._env, prompt=dict(prompt.env))  # the subprompt's own `env` layer
+        sub_state = RunState(
+            state._thread,
+            env,
+            state._transaction,
+            execution,
+            state._context,
+            catalog=self._catalog,
+            fernet=state._fernet,
+            subprompts=self,
+        )
+        offered = {
+            t.name: t
+            for t in context.offered_tools(self._catalog, prompt, SideConfig(prompt=name))
+            if t.kind != "handoff"  # a step inside a step cannot hand the thread over
+        }
+        async with state._transaction() as (session, thread):
+            parent = await _calling(session, thread.id, execution.tool_call_id)
+            depth = parent.depth + 1 if parent is not None else 1
+            if depth > MAX_DEPTH:
+                return _error(f"Subprompt `{name}` not run: subprompts nest at most {MAX_DEPTH} deep")
+            refs, missing = await _references(session, thread.id, paths)
+            if missing:
+                return _error(
+                    f"Provided attachment path(s) not found in this thread: {', '.join(missing)}. Use an exact "
+                    "/attachments/... path that exists in this thread, then try again."
+                )
+            run = hashlib.sha256((thread.lease_token or uuid.UUID(int=0)).bytes).hexdigest()[:16]
+            await _forget(session, thread.id, execution.tool_call_id or "", run)
+            tags: dict[str, Any] = {
+                "depth": depth,
+                "parent_id": parent.id if parent is not None else None,
+                "session_number": thread.session_number,
+                "metadata_": {"subprompt_call": execution.tool_call_id, "subprompt_run": run},
+            }
+            rows = [r for r in await messages.history(session, thread.id) if r.depth == 0]
+            try:
+                request = context.build_request(
+                    self._catalog, prompt, SideConfig(prompt=name), side, rows, _CHAT_ONLY, env
+                )
+            except context.MissingVariable as exc:
+                return _error(f"Subprompt `{name}` failed: {exc}")
+            request.tools = [t for t in request.tools if t.name in offered]
+            text = _first_message(entry, arguments)
+            await messages.add(
+                session, thread.id, "user", side="b" if side == "a" else "a", content=text, attachments=refs, **tags
+            )
+            first = LLMMessage("user", context.described(text, refs))
+            if self._catalog.models[prompt.model].capabilities.supports_images:
+                first.images = context._images(refs)
+            request.messages.append(first)
+            await attachments.inline_images(session, thread.id, request.messages)
+            fields = {"side": side, "status": "pending", "prompt": name, "model": prompt.model, **tags}
+            pending = await messages.add(session, thread.id, messages.role_of(side), **fields)
+        result = await self._caller.call(state._transaction, pending.id, prompt, request, env, depth)
+        response = result.response
+        async with state._transaction() as (session, thread):
+            message = await messages.get(session, thread.id, pending.id)
+            if isinstance(response, ProviderError):
+                await messages.save(session, message, status="failed")
+                detail = f": {response.message}" if entry.include_errors else ""
+                return _error(f"Subprompt `{name}` failed{detail}")
+            await messages.save(
+                session,
+                message,
+                status="completed",
+                content=response.text or None,
+                tool_calls=list(response.tool_calls) or None,
+                reasoning_content=response.reasoning,
+                reasoning_details=response.reasoning_details,
+                model=result.model.name,
+                usage=response.usage.as_dict(),
+            )
+        outcomes = [await self._tool(sub_state, offered, call, side, tags) for call in response.tool_calls]
+        return ToolResult(status="success", result=shape(entry, response.text, outcomes))
+
+    async def _tool(
+        self,
+        state: RunState,
+        offered: dict[str, context.OfferedTool],
+        call: ToolCall,
+        side: str,
+        tags: dict[str, Any],
+    ) -> tools.Outcome:
+        """Run one tool call of the subprompt's answer and store its result beside the answer (its events carry
+        the depth, so streams that leave deeper messages out leave them out too)."""
+        name = call["function"]["name"]
+        depth = tags["depth"]
+        async with state._transaction() as (session, thread):
+            data = {"tool": name, "tool_call_id": call["id"], "depth": depth}
+            await events.append(session, thread.id, "tool_started", data)
+        outcome = await tools.execute(self._catalog, offered, call, state)
+        outcome = replace(outcome, result=calls.scrub_result(outcome.result, state._env.secrets()))
+        async with state._transaction() as (session, thread):
+            await messages.add(
+                session,
+                thread.id,
+                "tool",
+                side=side,
+                name=name,
+                tool_call_id=call["id"],
+                content=outcome.result.text,
+                tool_status=outcome.result.status,
+                **tags,
+            )
+            await events.append(session, thread.id, "tool_completed", {**data, "status": outcome.result.status})
+        return outcome
+
+
+def shape(entry: ToolEntry, text: str, outcomes: list[tools.Outcome]) -> str:
+    """The result text of a subprompt run, as the module docstring describes it."""
+    sections = []
+    if entry.include_text_response and text.strip():
+        sections.append(text.strip())
+    done = [_line(o) for o in outcomes if o.result.status == "success"]
+    failed = [_line(o) for o in outcomes if o.result.status != "success"]
+    if entry.include_tool_calls and done:
+        sections.append("Tool calls:\n" + "\n".join(done))
+    if entry.include_errors and failed:
+        sections.append("Errors:\n" + "\n".join(failed))
+    return "\n\n".join(sections)
+
+
+def _line(outcome: tools.Outcome) -> str:
+    function = outcome.call["function"]
+    arguments = json.dumps(outcome.arguments) if outcome.arguments is not None else function["arguments"]
+    return f"- {function['name']} {arguments} → {outcome.result.text}"
+
+
+def _first_message(entry: ToolEntry, arguments: dict[str, Any]) -> str:
+    """The subprompt's first `user` message: the argument `init_user_message_property` names (default `message`),
+    or, if the arguments have no such property, all of them as JSON."""
+    value = arguments.get(entry.init_user_message_property or "message")
+    if value is None:
+        return json.dumps(arguments)
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def arguments_problem(prompt: PromptDefinition, arguments: dict[str, Any]) -> str | None:
+    """What is wrong with a subprompt's arguments: its pydantic `required_schema`, else the top level of its JSON
+    Schema (required properties, their types, no others if it says so)."""
+    schema = prompt.required_schema
+    if isinstance(schema, type) and issubclass(schema, BaseModel):
+        try:
+            schema.model_validate(arguments)
+        except ValidationError as exc:
+            return "; ".join(f"`{'.'.join(str(p) for p in e['loc']) or 'arguments'}`: {e['msg']}" for e in exc.errors())
+        return None
+    shape_ = prompt.schema_for_tool()
+    props: dict[str, Any] = shape_.get("properties", {})
+    missing = [p for p in shape_.get("required", []) if p not in arguments]
+    if missing:
+        return "missing " + ", ".join(f"`{p}`" for p in missing)
+    if shape_.get("additionalProperties") is False:
+        unknown = [k for k in arguments if k not in props]
+        if unknown:
+            return "unknown " + ", ".join(f"`{k}`" for k in unknown)
+    for key, value in arguments.items():
+        expected = _TYPES.get(str((props.get(key) or {}).get("type")))
+        if expected is not None and (not isinstance(value, expected) or isinstance(value, bool) != (expected is bool)):
+            return f"`{key}` must be of type {props[key]['type']}"
+    return None
+
+
+async def _calling(session: AsyncSession, thread_id: uuid.UUID, tool_call_id: str | None) -> tables.Message | None:
+    """The message holding the tool call a run happens in (a top-level or a subprompt's answer)."""
+    if tool_call_id is None:
+        return None
+    query = (
+        select(tables.Message)
+        .where(tables.Message.thread_id == thread_id, tables.Message.tool_calls.contains([{"id": tool_call_id}]))
+        .order_by(tables.Message.position.desc())
+        .limit(1)
+    )
+    return (await session.execute(query)).scalar_one_or_none()
+
+
+async def _references(session: AsyncSession, thread_id: uuid.UUID, paths: list[str]) -> tuple[list[Any], list[str]]:
+    """Attachment references for `paths`, and the paths that name no file of the thread."""
+    refs, missing = [], []
+    for path in paths:
+        try:
+            entry = await files.stat(session, thread_id, path)
+        except (errors.FileNotFound, errors.BadPath):
+            missing.append(path)
+            continue
+        if entry.is_dir:
+            missing.append(path)
+        else:
+            refs.append(attachments.reference(entry))
+    return refs, missing
+
+
+async def _forget(session: AsyncSession, thread_id: uuid.UUID, tool_call_id: str, run: str) -> None:
+    """Delete what runs of call `tool_call_id` by other executions stored, with their nested runs' messages."""
+    message = tables.Message
+    query = select(message.id).where(
+        message.thread_id == thread_id,
+        message.depth > 0,
+        message.metadata_["subprompt_call"].astext == tool_call_id,
+        message.metadata_["subprompt_run"].astext != run,
+    )
+    found = list((await session.execute(query)).scalars())
+    frontier = found
+    while frontier:
+        query = select(message.id).where(message.thread_id == thread_id, message.parent_id.in_(frontier))
+        frontier = list((await session.execute(query)).scalars())
+        found += frontier
+    if found:
+        await session.execute(delete(message).where(message.id.in_(found)))

@@ -1,0 +1,146 @@
+"""Handoffs (§7.3): an `ai_human` agent in an `ai_human` prompt's tools hands the thread over, in the same run."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+from fastapi import FastAPI
+
+from app import events
+from app.catalog import Catalog
+from app.llm.base import LLMRequest
+from app.spec import define_agent, define_model, define_prompt
+from tests.conftest import client_for, wait_for
+
+
+class Recorder:
+    """A `test` model's `respond`: answers with `replies` in order (then `done`) and keeps every request."""
+
+    def __init__(self, *replies: Any) -> None:
+        self.replies = list(replies)
+        self.requests: list[LLMRequest] = []
+
+    def __call__(self, request: LLMRequest) -> Any:
+        self.requests.append(request)
+        n = len(self.requests)
+        return self.replies[n - 1] if n <= len(self.replies) else "done"
+
+
+def call(name: str, **arguments: Any) -> dict[str, Any]:
+    return {"tool_calls": [{"name": name, "arguments": arguments}]}
+
+
+def catalog(front: Recorder, desk: Recorder, billing: Recorder, **front_side: Any) -> Catalog:
+    models = {
+        name: define_model(name=name, provider="test", respond=respond)
+        for name, respond in (("m_front", front), ("m_desk", desk), ("m_billing", billing))
+    }
+    common = {"include_chat": True, "include_past_tools": True}
+    prompts = {
+        "front": define_prompt(name="front", model="m_front", prompt="You onboard.", tools=["scheduler"], **common),
+        "desk": define_prompt(name="desk", model="m_desk", prompt="You schedule.", tools=["billing"], **common),
+        "bills": define_prompt(name="bills", model="m_billing", prompt="You bill.", **common),
+    }
+    agents = {
+        "onboarding": define_agent(name="onboarding", side_a={"prompt": "front", **front_side}),
+        "scheduler": define_agent(
+            name="scheduler", side_a={"prompt": "desk"}, expose_as_tool=True, tool_description="Books meetings."
+        ),
+        "billing": define_agent(
+            name="billing", side_a={"prompt": "bills"}, expose_as_tool=True, tool_description="Handles invoices."
+        ),
+    }
+    return Catalog(root=Path("."), models=models, prompts=prompts, agents=agents, tools={})
+
+
+async def start(app_factory: Any, cat: Catalog) -> tuple[FastAPI, httpx.AsyncClient, str]:
+    app: FastAPI = await app_factory(cat, with_worker=True)
+    client = client_for(app)
+    created = await client.post("/threads", json={"agent": "onboarding"})
+    assert created.status_code == 201, created.text
+    assert created.json()["origin_agent"] is None
+    return app, client, created.json()["id"]
+
+
+async def say(client: httpx.AsyncClient, tid: str, content: str, replies: int) -> list[dict[str, Any]]:
+    """Post a message and wait until the thread is idle with `replies` assistant answers in all."""
+    assert (await client.post(f"/threads/{tid}/messages", json={"content": content})).status_code == 202
+
+    async def answered() -> list[dict[str, Any]] | None:
+        thread = (await client.get(f"/threads/{tid}")).json()
+        rows: list[dict[str, Any]] = (await client.get(f"/threads/{tid}/messages")).json()["messages"]
+        texts = [m for m in rows if m["role"] == "assistant" and m["content"]]
+        return rows if thread["status"] == "idle" and len(texts) == replies else None
+
+    result: list[dict[str, Any]] = await wait_for(answered)
+    return result
+
+
+async def stored_events(app: FastAPI, tid: str) -> list[tuple[str, dict[str, Any]]]:
+    async with app.state.sessions() as session:
+        rows = await events.read(session, uuid.UUID(tid), 0)
+    return [(r.type, r.data) for r in rows]
+
+
+async def test_a_handoff_switches_the_agent_and_the_new_one_answers_at_once(app_factory: Any) -> None:
+    front = Recorder(call("scheduler", message="They want a meeting."))
+    desk = Recorder("When would suit you?", "Booked for tomorrow.")
+    app, client, tid = await start(app_factory, catalog(front, desk, Recorder()))
+    rows = await say(client, tid, "I need a meeting.", replies=1)
+    assert [(m["role"], m["content"], m["model"]) for m in rows] == [
+        ("user", "I need a meeting.", None),
+        ("assistant", None, "m_front"),
+        ("tool", "Handoff complete", None),
+        ("assistant", "When would suit you?", "m_desk"),
+    ]
+    assert rows[2]["tool_status"] == "success" and rows[2]["name"] == "scheduler"
+    # the front prompt was offered the handoff, described by the target agent
+    offered = {t.name: (t.description, t.parameters) for t in front.requests[0].tools}
+    assert offered["scheduler"][0] == "Books meetings."
+    assert offered["scheduler"][1]["properties"] == {
+        "message": {"type": "string", "description": "An optional note for the agent taking over."}
+    }
+    # the new agent answered with its own prompt and tools, seeing the input and the handoff
+    request = desk.requests[0]
+    assert request.messages[0].content == "You schedule."
+    assert [t.name for t in request.tools] == ["billing"]
+    assert request.messages[1].content == "I need a meeting."
+    assert request.messages[-1].content == "Handoff complete"
+    thread = (await client.get(f"/threads/{tid}")).json()
+    assert (thread["agent"], thread["origin_agent"]) == ("scheduler", "onboarding")
+    assert thread["session"]["turns"] == 1  # the handoff is not a turn: only the new agent's answer ended one
+    stream = await stored_events(app, tid)
+    assert ("agent_handoff", {"from_agent": "onboarding", "to_agent": "scheduler"}) in stream
+    assert [d for t, d in stream if t == "turn_ended"] == [{"side": "a", "reason": "stop_on_response"}]
+    # the next human message goes to the new agent
+    rows = await say(client, tid, "Tomorrow, please.", replies=2)
+    assert rows[-1]["content"] == "Booked for tomorrow." and rows[-1]["model"] == "m_desk"
+    assert len(front.requests) == 1 and len(desk.requests) == 2
+
+
+async def test_origin_agent_is_the_first_agent_after_two_handoffs(app_factory: Any) -> None:
+    front = Recorder(call("scheduler"))
+    desk = Recorder(call("billing", message="Invoice question."))
+    billing = Recorder("Your invoice is paid.")
+    app, client, tid = await start(app_factory, catalog(front, desk, billing))
+    rows = await say(client, tid, "About my invoice.", replies=1)
+    assert rows[-1]["content"] == "Your invoice is paid." and rows[-1]["model"] == "m_billing"
+    thread = (await client.get(f"/threads/{tid}")).json()
+    assert (thread["agent"], thread["origin_agent"]) == ("billing", "onboarding")
+    handoffs = [d for t, d in await stored_events(app, tid) if t == "agent_handoff"]
+    assert handoffs == [
+        {"from_agent": "onboarding", "to_agent": "scheduler"},
+        {"from_agent": "scheduler", "to_agent": "billing"},
+    ]
+
+
+async def test_a_handoff_starts_a_fresh_turn_for_the_step_cap(app_factory: Any) -> None:
+    """`max_steps: 1` would end the old agent's turn after the handoff step; the new agent still acts."""
+    front = Recorder(call("scheduler"))
+    desk = Recorder("Hello from the desk.")
+    _, client, tid = await start(app_factory, catalog(front, desk, Recorder(), max_steps=1))
+    rows = await say(client, tid, "hi", replies=1)
+    assert rows[-1]["content"] == "Hello from the desk."

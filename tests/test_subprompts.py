@@ -1,0 +1,359 @@
+"""Subprompts (§7.2): a prompt offered as a tool runs one step in the caller's thread, one level deeper."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fastapi import FastAPI
+from pydantic import BaseModel
+from sqlalchemy import select
+
+from app import events, queue, tables
+from app.catalog import Catalog
+from app.engine import subprompts
+from app.llm.base import LLMRequest
+from app.spec import ThreadState, ToolEntry, define_agent, define_model, define_prompt, define_tool
+from tests.conftest import client_for, wait_for
+
+
+class AddArgs(BaseModel):
+    a: int
+    b: int
+
+
+@define_tool(description="Add two integers.")
+async def add(state: ThreadState, args: AddArgs) -> str:
+    return str(args.a + args.b)
+
+
+@define_tool(description="Always fails.")
+async def explode(state: ThreadState) -> str:
+    raise RuntimeError("kaboom")
+
+
+@define_tool(description="Invokes the helper subprompt.")
+async def invoker(state: ThreadState) -> str:
+    result = await state.invoke_tool("helper", {"message": "from a tool"})
+    return f"{result.status}: {result.text}"
+
+
+class Recorder:
+    """A `test` model's `respond`: answers with `replies` in order (then `done`) and keeps every request."""
+
+    def __init__(self, *replies: Any) -> None:
+        self.replies = list(replies)
+        self.requests: list[LLMRequest] = []
+
+    def __call__(self, request: LLMRequest) -> Any:
+        self.requests.append(request)
+        n = len(self.requests)
+        return self.replies[n - 1] if n <= len(self.replies) else "done"
+
+    def seen(self, index: int = -1) -> list[tuple[str, str | None]]:
+        return [(m.role, m.content) for m in self.requests[index].messages]
+
+
+def call(name: str, **arguments: Any) -> dict[str, Any]:
+    return {"tool_calls": [{"name": name, "arguments": arguments}]}
+
+
+class Query(BaseModel):
+    query: str
+    limit: int = 3
+
+
+def catalog(main: Recorder, sub: Recorder, entry: str | dict[str, Any] = "helper", **helper: Any) -> Catalog:
+    tools = {t.name: t for t in (add, explode, invoker)}
+    models = {
+        "m": define_model(name="m", provider="test", respond=main),
+        "s": define_model(name="s", provider="test", respond=sub, chunk_size=2),
+    }
+    prompts = {
+        "p": define_prompt(
+            name="p",
+            model="m",
+            prompt="You coordinate.",
+            include_chat=True,
+            include_past_tools=True,
+            tools=[entry, "add", "invoker", "search"],
+        ),
+        "helper": define_prompt(
+            **{
+                "name": "helper",
+                "tool_description": "Polishes text.",
+                "model": "s",
+                "prompt": "You polish.",
+                "tools": ["add", "explode"],
+                **helper,
+            }
+        ),
+        "search": define_prompt(
+            name="search", tool_description="Searches.", model="s", prompt="You search.", required_schema=Query
+        ),
+    }
+    agent = define_agent(name="agent", side_a={"prompt": "p"})
+    return Catalog(root=Path("."), models=models, prompts=prompts, agents={"agent": agent}, tools=tools)
+
+
+async def start(app_factory: Any, cat: Catalog) -> tuple[FastAPI, httpx.AsyncClient, str]:
+    app: FastAPI = await app_factory(cat, with_worker=True)
+    client = client_for(app)
+    created = await client.post("/threads", json={"agent": "agent"})
+    assert created.status_code == 201, created.text
+    return app, client, created.json()["id"]
+
+
+async def say(client: httpx.AsyncClient, tid: str, content: str, sessions: int = 1) -> None:
+    assert (await client.post(f"/threads/{tid}/messages", json={"content": content})).status_code == 202
+
+    async def idle() -> bool:
+        thread = (await client.get(f"/threads/{tid}")).json()
+        return bool(thread["status"] == "idle" and thread["session"]["number"] >= sessions)
+
+    await wait_for(idle)
+
+
+async def listed(client: httpx.AsyncClient, tid: str, depth: int = 0) -> list[dict[str, Any]]:
+    body = (await client.get(f"/threads/{tid}/messages", params={"depth": depth})).json()
+    return list(body["messages"])
+
+
+def result_of(rows: list[dict[str, Any]], name: str = "helper") -> dict[str, Any]:
+    return next(m for m in rows if m["role"] == "tool" and m["name"] == name and m["depth"] == 0)
+
+
+async def test_offered_as_a_tool_with_its_schema(app_factory: Any) -> None:
+    main = Recorder("hi")
+    _, client, tid = await start(app_factory, catalog(main, Recorder()))
+    await say(client, tid, "hello")
+    offered = {t.name: (t.description, t.parameters) for t in main.requests[0].tools}
+    assert offered["helper"] == (
+        "Polishes text.",
+        {
+            "type": "object",
+            "properties": {"message": {"type": "string"}},
+            "required": ["message"],
+            "additionalProperties": False,
+        },
+    )
+    description, schema = offered["search"]
+    assert description == "Searches."
+    assert schema["required"] == ["query"] and set(schema["properties"]) == {"query", "limit"}
+    assert schema["additionalProperties"] is False
+
+
+async def test_one_step_in_the_same_thread_one_level_deeper(app_factory: Any) -> None:
+    main = Recorder(call("helper", message="polish: hi there"), "Sent.")
+    sub = Recorder("Hi there!")
+    _, client, tid = await start(app_factory, catalog(main, sub))
+    await say(client, tid, "write hi")
+    top = await listed(client, tid)
+    assert [(m["role"], m["depth"]) for m in top] == [("user", 0), ("assistant", 0), ("tool", 0), ("assistant", 0)]
+    assert result_of(top)["content"] == "Hi there!" and result_of(top)["tool_status"] == "success"
+    everything = await listed(client, tid, depth=1)
+    caller = everything[1]
+    deeper = [m for m in everything if m["depth"] == 1]
+    assert [(m["role"], m["content"], m["status"]) for m in deeper] == [
+        ("user", "polish: hi there", "completed"),
+        ("assistant", "Hi there!", "completed"),
+    ]
+    assert all(m["parent_id"] == caller["id"] for m in deeper)
+    assert deeper[1]["model"] == "s" and deeper[1]["side"] == "a"
+    # the subprompt's call: its own system prompt and tools, no chat (include_chat is false by default)
+    assert sub.seen(0) == [("system", "You polish."), ("user", "polish: hi there")]
+    assert [t.name for t in sub.requests[0].tools] == ["add", "explode"]
+    # the caller's next call sees the result as the tool's answer, not the subprompt's own messages
+    assert main.seen(1)[-1] == ("tool", "Hi there!")
+    thread = (await client.get(f"/threads/{tid}")).json()
+    assert thread["session"]["status"] == "running" and thread["session"]["turns"] == 1
+
+
+ERRORS = "Errors:\n- explode {} → Tool `explode` failed: RuntimeError: kaboom"
+FULL = f'Here.\n\nTool calls:\n- add {{"a": 1, "b": 2}} → 3\n\n{ERRORS}'
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        ({}, FULL),
+        ({"include_text_response": False}, FULL.removeprefix("Here.\n\n")),
+        ({"include_tool_calls": False}, f"Here.\n\n{ERRORS}"),
+        ({"include_errors": False}, 'Here.\n\nTool calls:\n- add {"a": 1, "b": 2} → 3'),
+        ({"include_text_response": False, "include_tool_calls": False, "include_errors": False}, ""),
+    ],
+)
+async def test_result_shaping(app_factory: Any, flags: dict[str, bool], expected: str) -> None:
+    main = Recorder(call("helper", message="go"), "ok")
+    sub = Recorder(
+        {"text": "Here.", "tool_calls": [{"name": "add", "arguments": {"a": 1, "b": 2}}, {"name": "explode"}]}
+    )
+    app, client, tid = await start(app_factory, catalog(main, sub, {"name": "helper", **flags}))
+    await say(client, tid, "go")
+    assert result_of(await listed(client, tid))["content"] == expected
+    async with app.state.sessions() as session:
+        stream = [(r.type, r.data) for r in await events.read(session, uuid.UUID(tid), 0)]
+    started = [(d["tool"], d.get("depth", 0)) for t, d in stream if t == "tool_started"]
+    assert started == [("helper", 0), ("add", 1), ("explode", 1)]  # deeper events are hidden at depth=0
+    deeper = [m for m in await listed(client, tid, depth=1) if m["depth"] == 1]
+    assert [(m["role"], m["name"], m["content"], m["tool_status"]) for m in deeper[2:]] == [
+        ("tool", "add", "3", "success"),
+        ("tool", "explode", "Tool `explode` failed: RuntimeError: kaboom", "error"),
+    ]
+    assert deeper[2]["tool_call_id"] == deeper[1]["tool_calls"][0]["id"]
+    assert len(sub.requests) == 1  # one step: the results are not sent back to the subprompt's model
+
+
+@pytest.mark.parametrize("include_chat", [False, True])
+async def test_include_chat_decides_what_the_subprompt_sees(app_factory: Any, include_chat: bool) -> None:
+    main = Recorder("Hello Ann.", {"text": "Let me polish.", **call("helper", message="a greeting")}, "ok")
+    sub = Recorder("Dear Ann,")
+    _, client, tid = await start(app_factory, catalog(main, sub, include_chat=include_chat))
+    await say(client, tid, "My name is Ann.")
+    await say(client, tid, "Write me a greeting.")
+    chat = [
+        ("user", "My name is Ann."),
+        ("assistant", "Hello Ann."),
+        ("user", "Write me a greeting."),
+        ("assistant", "Let me polish."),  # the calling message, without its unanswered call
+    ]
+    assert sub.seen(0) == [("system", "You polish."), *(chat if include_chat else []), ("user", "a greeting")]
+
+
+@pytest.mark.parametrize("past_tools", [False, True])
+async def test_past_tools_only_with_include_past_tools(app_factory: Any, past_tools: bool) -> None:
+    main = Recorder(call("add", a=2, b=2), "4.", call("helper", message="x"), "ok")
+    sub = Recorder("polished")
+    _, client, tid = await start(app_factory, catalog(main, sub, include_chat=True, include_past_tools=past_tools))
+    await say(client, tid, "2+2?")
+    await say(client, tid, "polish")
+    tools = [("assistant", None), ("tool", "4")] if past_tools else []
+    chat = [("user", "2+2?"), *tools, ("assistant", "4."), ("user", "polish")]
+    assert sub.seen(0) == [("system", "You polish."), *chat, ("user", "x")]
+
+
+async def test_first_message_and_attachments_from_the_arguments(app_factory: Any) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"text": {"type": "string"}, "files": {"type": "array", "items": {"type": "string"}}},
+        "required": ["text"],
+    }
+    entry = {"name": "helper", "init_user_message_property": "text", "init_attachments_property": "files"}
+    main = Recorder(
+        call("helper", text="Summarise this.", files=["/attachments/note.txt"]),
+        call("helper", text="again", files=["/attachments/missing.txt"]),
+        call("helper", text=5),
+        "ok",
+    )
+    sub = Recorder("A note.")
+    _, client, tid = await start(app_factory, catalog(main, sub, entry, required_schema=schema))
+    put = await client.put(
+        f"/threads/{tid}/fs/attachments/note.txt", content=b"hello", headers={"content-type": "text/plain"}
+    )
+    assert put.status_code == 201
+    await say(client, tid, "summarise my note")
+    assert sub.seen(0)[-1] == (
+        "user",
+        "Summarise this.\n\nAttached files:\n- /attachments/note.txt (text/plain, 5 bytes)",
+    )
+    first = next(m for m in await listed(client, tid, depth=1) if m["depth"] == 1)
+    assert first["attachments"] == [
+        {"path": "/attachments/note.txt", "name": "note.txt", "mime_type": "text/plain", "size": 5}
+    ]
+    errors = [m["content"] for m in await listed(client, tid) if m["role"] == "tool"][1:]
+    assert errors == [
+        "Provided attachment path(s) not found in this thread: /attachments/missing.txt. Use an exact "
+        "/attachments/... path that exists in this thread, then try again.",
+        "Invalid arguments for tool `helper`: `text` must be of type string",
+    ]
+    assert len(sub.requests) == 1
+
+
+async def test_without_the_named_property_the_arguments_are_the_message(app_factory: Any) -> None:
+    main = Recorder(call("search", query="cats", limit=2), call("search", limit=2), "ok")
+    sub = Recorder("found")
+    _, client, tid = await start(app_factory, catalog(main, sub))
+    await say(client, tid, "search cats")
+    assert sub.seen(0) == [("system", "You search."), ("user", '{"query": "cats", "limit": 2}')]
+    refused = [m for m in await listed(client, tid) if m["role"] == "tool"][1]
+    assert refused["tool_status"] == "error"
+    assert refused["content"] == "Invalid arguments for tool `search`: `query`: Field required"
+
+
+async def test_subprompts_nest(app_factory: Any) -> None:
+    main = Recorder(call("helper", message="outer"), "ok")
+    sub = Recorder(call("search", query="inner"), "inner result")
+    _, client, tid = await start(app_factory, catalog(main, sub, tools=["search"]))
+    await say(client, tid, "go")
+    rows = await listed(client, tid, depth=2)
+    outer = next(m for m in rows if m["depth"] == 1 and m["role"] == "assistant")
+    inner = [m for m in rows if m["depth"] == 2]
+    assert [(m["role"], m["content"]) for m in inner] == [("user", '{"query": "inner"}'), ("assistant", "inner result")]
+    assert all(m["parent_id"] == outer["id"] for m in inner)
+    assert result_of(rows)["content"] == 'Tool calls:\n- search {"query": "inner"} → inner result'
+
+
+async def test_an_llm_error_is_an_error_result_and_the_caller_goes_on(app_factory: Any) -> None:
+    main = Recorder(call("helper", message="go"), "It failed, sorry.")
+    sub = Recorder({"error": "model refused", "status": 400})
+    _, client, tid = await start(app_factory, catalog(main, sub))
+    await say(client, tid, "go")
+    top = await listed(client, tid)
+    assert result_of(top)["tool_status"] == "error"
+    assert result_of(top)["content"] == "Subprompt `helper` failed: model refused"
+    assert top[-1]["content"] == "It failed, sorry."
+    failed = [m for m in await listed(client, tid, depth=1) if m["depth"] == 1 and m["role"] == "assistant"]
+    assert [m["status"] for m in failed] == ["failed"]
+    thread = (await client.get(f"/threads/{tid}")).json()
+    assert thread["session"]["status"] == "running"
+
+
+async def test_invoke_tool_runs_a_subprompt_without_a_tool_message_for_it(app_factory: Any) -> None:
+    main = Recorder(call("invoker"), "ok")
+    sub = Recorder("polished by invoke")
+    _, client, tid = await start(app_factory, catalog(main, sub))
+    await say(client, tid, "go")
+    top = await listed(client, tid)
+    assert result_of(top, "invoker")["content"] == "success: polished by invoke"
+    deeper = [m for m in await listed(client, tid, depth=1) if m["depth"] == 1]
+    assert [(m["role"], m["content"]) for m in deeper] == [
+        ("user", "from a tool"),
+        ("assistant", "polished by invoke"),
+    ]
+    assert deeper[0]["parent_id"] == top[1]["id"]
+
+
+async def test_a_rerun_after_a_crash_replaces_the_interrupted_run(app_factory: Any) -> None:
+    """A crash between the subprompt's messages and the caller's tool result: the resumed step runs the call
+    again, and the messages the interrupted execution's run stored go first."""
+    main = Recorder(call("helper", message="go"), "ok")
+    sub = Recorder("first", "second")
+    app, client, tid = await start(app_factory, catalog(main, sub))
+    await say(client, tid, "go")
+    call_id = (await listed(client, tid))[1]["tool_calls"][0]["id"]
+    async with app.state.sessions() as session, session.begin():  # what a worker killed there leaves behind
+        message = tables.Message
+        later = select(message).where((message.tool_call_id == call_id) | (message.content == "ok"))
+        for row in (await session.execute(later)).scalars():
+            await session.delete(row)
+        thread = await session.get(tables.Thread, uuid.UUID(tid))
+        assert thread is not None
+        thread.status, thread.side, thread.turn_steps = "running", "a", 1
+        await queue.mark_runnable(session, thread.id)
+
+    async def rerun() -> list[dict[str, Any]] | None:
+        rows = await listed(client, tid, depth=1)
+        done = any(m["content"] == "second" for m in rows) and rows[-1]["content"] == "done"
+        return rows if done else None
+
+    rows = await wait_for(rerun)
+    deeper = [m for m in rows if m["depth"] == 1]
+    assert [(m["role"], m["content"]) for m in deeper] == [("user", "go"), ("assistant", "second")]
+    assert [m["content"] for m in rows if m["role"] == "tool"] == ["second"]
+
+
+def test_shape_of_a_plain_answer() -> None:
+    assert subprompts.shape(ToolEntry(name="x"), "  text  ", []) == "text"
