@@ -26,6 +26,7 @@ class Kind:
     MESSAGE = "message"
     CONTINUE = "continue"
     TOOL = "tool"  # `state.queue_tool` outside a tool call: `{call: ToolCall}`
+    SPAWN = "spawn"  # a new thread whose side A prompt has `immediate` subagents: start them (§6.6)
     CHILD_RESULT = "child_result"  # a blocking child's session ended: `{call_id, name, child_id, status, content,
     # attachments}` answers the parent's open tool call
     EFFECT = "effect"  # a due effect (`app/effects.py`): `{effect_id, name}`; consumed when its handler finished

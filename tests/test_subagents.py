@@ -86,7 +86,9 @@ class Brain:
         return "keep going"  # never a terminal tool: the turn cap ends the session
 
 
-def catalog(brain: Brain, entry: dict[str, Any], *, terminal: bool = True) -> Catalog:
+def catalog(
+    brain: Brain, entry: dict[str, Any], *, terminal: bool = True, variables: list[dict[str, Any]] | None = None
+) -> Catalog:
     model = define_model(name="m", provider="test", respond=brain)
     boss = define_prompt(name="boss", model="m", prompt="boss. Delegate.", include_chat=True,
                          include_past_tools=True, tools=[entry, "inspect_children"])  # fmt: skip
@@ -100,6 +102,7 @@ def catalog(brain: Brain, entry: dict[str, Any], *, terminal: bool = True) -> Ca
     qa = define_agent(
         name="qa", type="dual_ai", title="QA", expose_as_tool=True, tool_description="Checks work.",
         max_session_turns=4, side_a={"label": "Worker", "prompt": "worker", "stop_on_response": True}, side_b=sides,
+        variables=variables or [],
     )  # fmt: skip
     agent = define_agent(name="boss", side_a={"prompt": "boss"})
     return Catalog(
@@ -388,3 +391,72 @@ async def test_children_and_handles_on_child_and_parent_threads(app_factory: Any
     assert result["child"][0] == "qa" and result["child"][2] is False
     assert result["child_first_message"] == "check it"
     assert result["childs_parent"] == tid and result["my_parent"] is None
+
+
+# -- optional and immediate ---------------------------------------------------------------------------------
+
+
+async def test_optional_subagents_exist_only_when_their_env_says_so(app_factory: Any) -> None:
+    brain = Brain(lambda request: "nothing to do")
+    app = await app_factory(catalog(brain, {"name": "qa", "optional": "USE_QA"}), with_worker=True)
+    client = client_for(app)
+    for value, offered in ((None, False), ("no", False), ("Yes", True), ("1", True)):
+        body: dict[str, Any] = {"agent": "boss"}
+        if value is not None:
+            body["env"] = {"USE_QA": value}
+        tid = (await client.post("/threads", json=body)).json()["id"]
+        await client.post(f"/threads/{tid}/messages", json={"content": "hello"})
+        await until(client, tid, said("nothing to do"))
+        assert ("qa" in {t.name for t in brain.seen["boss"][-1].tools}) is offered, value
+
+
+async def test_immediate_children_start_at_thread_creation_without_the_parent_running(app_factory: Any) -> None:
+    brain = Brain(lambda request: "nothing to do")
+    _app, client, tid = await start(app_factory, catalog(brain, {"name": "qa", "immediate": True, "blocking": True}))
+
+    async def spawned() -> list[dict[str, Any]] | None:
+        entries = await registry(client, tid)
+        return entries or None
+
+    [entry] = await wait_for(spawned)
+    assert entry["blocking"] is False  # immediate children never block
+    first = (await stored(client, entry["reference"]))[0]
+    assert first["silent"] and first["role"] == "user"
+    assert first["content"] == "You were started automatically by your parent thread.\n\nChecks work."
+    assert "boss" not in brain.seen  # the parent's model was not called
+
+
+async def test_immediate_fan_out_gives_each_instance_its_own_scoped_values(app_factory: Any) -> None:
+    seen: dict[str, str] = {}
+
+    @define_tool(description="Read the scoped value.")
+    async def read_region(state: ThreadState) -> str:
+        seen[state.thread_id] = await state.env("REGION")
+        await state.write_file("/out/note.txt", "x")
+        return "read"
+
+    brain = Brain(lambda request: "nothing to do")
+    entry = {
+        "name": "qa",
+        "immediate": {"scoped_env": ["REGION"], "name_env": "REGION_NAME"},
+        "resumable": {"receives_messages": "side_a", "max_instances": 2},
+    }
+    scoped = {"name": "REGION", "type": "text", "required": True, "scoped": True}
+    cat = catalog(brain, entry, variables=[scoped])
+    cat.tools["write_note"] = read_region  # type: ignore[index]
+    app = await app_factory(cat, with_worker=True)
+    client = client_for(app)
+    env = {"REGION": "eu", "REGION_NAME": "europe", "REGION__2": "us", "REGION_NAME__2": "america", "REGION__3": "ap"}
+    tid = (await client.post("/threads", json={"agent": "boss", "env": env})).json()["id"]
+
+    async def two() -> list[dict[str, Any]] | None:
+        entries = await registry(client, tid)
+        return entries if len(entries) == 2 and len(seen) == 2 else None
+
+    entries = await wait_for(two)
+    assert sorted(e["thread_name"] for e in entries) == ["america", "europe"]  # capped at max_instances = 2
+    by_name = {e["thread_name"]: e["reference"] for e in entries}
+    assert seen == {by_name["europe"]: "eu", by_name["america"]: "us"}
+    for reference in by_name.values():  # a scoped name is never copied from the parent's thread env
+        child_env = (await client.get(f"/threads/{reference}")).json()["env"]
+        assert "REGION__2" in child_env and child_env.get("REGION") in ("eu", "us")

@@ -153,7 +153,9 @@ def session_tool_schema(side: SideConfig, name: str) -> dict[str, Any]:
     return {"type": "object", "properties": props, "required": sorted(props), "additionalProperties": False}
 
 
-def offered_tools(catalog: Catalog, prompt: PromptDefinition, side: SideConfig) -> list[OfferedTool]:
+def offered_tools(
+    catalog: Catalog, prompt: PromptDefinition, side: SideConfig, env: Env | None = None
+) -> list[OfferedTool]:
     """Callables of the prompt plus the side's session tools (built in when no callable has the name)."""
     offered: dict[str, OfferedTool] = {}
     for entry in prompt.tool_entries():
@@ -178,7 +180,7 @@ def offered_tools(catalog: Catalog, prompt: PromptDefinition, side: SideConfig) 
             )
     from app.engine import subagents  # it builds on `OfferedTool`: imported here, not at the top
 
-    for child_tool in subagents.offered(catalog, prompt):
+    for child_tool in subagents.offered(catalog, prompt, env):
         offered.setdefault(child_tool.name, child_tool)
     return list(offered.values())
 
@@ -295,7 +297,7 @@ def build_request(
         if index < recent or not model.capabilities.supports_images:
             message.images = []
     messages = [LLMMessage("system", render_prompt(catalog, prompt, env)), *past]
-    tools = [LLMTool(t.name, t.description, t.parameters) for t in offered_tools(catalog, prompt, side)]
+    tools = [LLMTool(t.name, t.description, t.parameters) for t in offered_tools(catalog, prompt, side, env)]
     return LLMRequest(
         model=model.model or model.name,
         messages=messages,

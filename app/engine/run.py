@@ -182,6 +182,10 @@ class Engine:
                     acting = "b" if agent.type == "dual_ai" else None
             elif row.kind == queue.Kind.CONTINUE:
                 acting = row.payload.get("side", "a")
+            elif row.kind == queue.Kind.SPAWN:  # a new thread's immediate subagents of side A (§6.6)
+                side_a = self._catalog.prompts[agent.side_a.prompt]
+                env = await context.load_env(session, self._fernet, self._catalog, thread, side_a)
+                await subagents.spawn_immediate(session, self._catalog, self._fernet, thread, "a", side_a, env)
             elif row.kind == queue.Kind.CHILD_RESULT:  # a blocking subagent call is answered (§6.4)
                 await _answer(session, thread, row.payload)
             elif row.kind == queue.Kind.TOOL:  # `state.queue_tool` outside a tool call (§7.4)
@@ -224,7 +228,7 @@ class Engine:
             if response is None:
                 return False
             step.response, step.calls = response, list(response.tool_calls)
-        offered = {t.name: t for t in context.offered_tools(self._catalog, prompt, side_config)}
+        offered = {t.name: t for t in context.offered_tools(self._catalog, prompt, side_config, step.env)}
         step.config = side_config
         outcomes = []
         for call in step.calls:  # `state.queue_tool` may append to `step.calls` while they run
@@ -326,6 +330,8 @@ class Engine:
             if not redo:
                 thread.turn_steps += 1
                 thread.session_steps += 1
+            # `immediate` subagents start before the prompt's first LLM step (and again after a handoff to it)
+            await subagents.spawn_immediate(session, self._catalog, self._fernet, thread, side, prompt, env)
             hook_runner = await hooks.prepare(
                 self._catalog, self._fernet, session, thread, side, env=env, context=self._context(thread)
             )
@@ -427,7 +433,7 @@ class Engine:
         async with self._tx(claim) as (session, thread):
             await events.append(session, thread.id, "tool_started", {"tool": name, "tool_call_id": call["id"]})
             _, prompt = self._prompt_of(self._catalog.agent(thread.agent), step.side)
-            done = await subagents.call(session, self._catalog, thread, step.side, prompt, tool, call)
+            done = await subagents.call(session, self._catalog, thread, step.side, prompt, tool, call, step.env)
             if isinstance(done, subagents.Parked):
                 return None
             await messages.add(

@@ -13,11 +13,13 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from cryptography.fernet import Fernet
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from app import env as env_store
 from app import errors, files, subagents, tables, threads
 from app.catalog import Catalog
-from app.engine.context import OfferedTool, parse_arguments
+from app.engine.context import Env, OfferedTool, parse_arguments
 from app.llm.base import ToolCall
 from app.spec.definitions import AgentDefinition, PromptDefinition, ToolEntry
 from app.spec.results import ToolResult
@@ -49,12 +51,27 @@ class Answered:
     child: uuid.UUID | None = None
 
 
-def _targets(catalog: Catalog, prompt: PromptDefinition) -> list[tuple[ToolEntry, AgentDefinition]]:
-    """The prompt's subagent entries: agents of type `dual_ai` (an `ai_human` agent there is a handoff)."""
+def available(entry: ToolEntry, env: Env | None) -> bool:
+    """`optional: NAME`: the subagent exists for this prompt only when NAME resolves to true, 1 or yes (§6.6)."""
+    if entry.optional is None:
+        return True
+    if env is None:
+        return False
+    try:
+        return env.get(entry.optional).strip().lower() in ("true", "1", "yes")
+    except LookupError:
+        return False
+
+
+def _targets(
+    catalog: Catalog, prompt: PromptDefinition, env: Env | None = None
+) -> list[tuple[ToolEntry, AgentDefinition]]:
+    """The prompt's available subagent entries: agents of type `dual_ai` (an `ai_human` agent is a handoff)."""
     found = []
     for entry in prompt.tool_entries():
         agent = catalog.agents.get(entry.name)
-        if agent is not None and catalog.kind_of(entry.name) == "agent" and agent.type == "dual_ai":
+        dual = agent is not None and catalog.kind_of(entry.name) == "agent" and agent.type == "dual_ai"
+        if dual and agent is not None and available(entry, env):
             found.append((entry, agent))
     return found
 
@@ -72,12 +89,12 @@ def _schema(catalog: Catalog, agent: AgentDefinition) -> dict[str, Any]:
     }
 
 
-def offered(catalog: Catalog, prompt: PromptDefinition) -> list[OfferedTool]:
+def offered(catalog: Catalog, prompt: PromptDefinition, env: Env | None = None) -> list[OfferedTool]:
     """Non-resumable subagents as tools named after them; resumable ones behind `subagent_create` /
     `subagent_message`."""
     tools: list[OfferedTool] = []
     resumable: list[str] = []
-    for entry, agent in _targets(catalog, prompt):
+    for entry, agent in _targets(catalog, prompt, env):
         if entry.resumable:
             resumable.append(agent.name)
             continue
@@ -143,6 +160,7 @@ async def call(
     prompt: PromptDefinition,
     tool: OfferedTool,
     call: ToolCall,
+    env: Env | None = None,
 ) -> Answered | Parked:
     """Run a subagent tool call inside the parent's fenced transaction."""
     waiting = await subagents.waiting_on(session, parent.id, call["id"])
@@ -157,7 +175,7 @@ async def call(
         return await _message(session, parent, tool, call, arguments)
     if tool.kind == CREATE:
         name = arguments.get("agent")
-        target = next(((e, a) for e, a in _targets(catalog, prompt) if a.name == name and e.resumable), None)
+        target = next(((e, a) for e, a in _targets(catalog, prompt, env) if a.name == name and e.resumable), None)
         if target is None:
             return _error(f"`agent` must be one of the resumable subagents offered: {name!r} is not")
         entry, agent = target
@@ -237,3 +255,89 @@ async def _wait_or_answer(
     await threads.set_status(session, parent, "waiting")
     await subagents.announce(session, child)
     return Parked(child.id)
+
+
+STARTED = "You were started automatically by your parent thread."
+
+
+def _instances(entry: ToolEntry, env: Env, limit: int | None) -> list[dict[str, Any]]:
+    """The groups of an `immediate` entry: one for `true`; for the object form, instance 1 reads the scoped names
+    as they are and instance k reads `NAME__k` while the first of them is defined (§6.6)."""
+    config = entry.immediate
+    if config is True:
+        return [{"k": 1, "scoped": {}, "name": None, "description": None}]
+    if not config:
+        return []
+    groups: list[dict[str, Any]] = []
+    names = list(config.scoped_env)
+    k = 1
+    while limit is None or k <= limit:
+        suffix = "" if k == 1 else f"__{k}"
+
+        def value(name: str | None, suffix: str = suffix) -> str | None:
+            if name is None:
+                return None
+            try:
+                return env.get(name + suffix)
+            except LookupError:
+                return None
+
+        if k > 1 and (not names or value(names[0]) is None):
+            break
+        scoped = {n: v for n in names if (v := value(n)) is not None}
+        groups.append(
+            {"k": k, "scoped": scoped, "name": value(config.name_env), "description": value(config.description_env)}
+        )
+        if not names:
+            break
+        k += 1
+    return groups
+
+
+async def spawn_immediate(
+    session: AsyncSession,
+    catalog: Catalog,
+    fernet: Fernet,
+    parent: tables.Thread,
+    side: str,
+    prompt: PromptDefinition,
+    env: Env,
+) -> int:
+    """Start the prompt's `immediate` subagents that have no instance yet (non-blocking, §6.6); how many started."""
+    started = 0
+    existing = None
+    for entry, agent in _targets(catalog, prompt, env):
+        if not entry.immediate:
+            continue
+        limit = entry.resumable.max_instances if entry.resumable else None
+        for group in _instances(entry, env, limit):
+            tag = f"immediate:{agent.name}:{group['k']}"
+            if existing is None:
+                existing = {t for c in await subagents.children(session, parent.id) for t in c.tags}
+            if tag in existing:
+                continue
+            resumable = entry.resumable or None
+            scoped = {v.name for v in catalog.variables_of_agent(agent.name) if v.scoped}
+            child = await subagents.create(
+                session,
+                parent,
+                agent=agent.name,
+                agent_type=agent.type,
+                owner_side=side,
+                title=agent.title,
+                description=group["description"] or agent.tool_description or agent.description,
+                resumable=resumable is not None,
+                blocking=False,
+                receives_messages=resumable.receives_messages if resumable else None,
+                parent_communication=resumable.parent_communication if resumable else "implicit",
+                terminal=_terminal(agent),
+                name=group["name"] or (agent.name if group["k"] == 1 else f"{agent.name}__{group['k']}"),
+                scoped=scoped,
+            )
+            child.tags = [*child.tags, tag]
+            declared = {v.name for v in catalog.variables_of_agent(agent.name) if v.type == "secret"}
+            await env_store.set_thread(session, fernet, child.id, group["scoped"], declared & set(group["scoped"]))
+            text = STARTED + "\n\n" + (child.description or "")
+            await subagents.send(session, child, "user", text.strip(), silent=True)
+            started += 1
+    return started

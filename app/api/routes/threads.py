@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Query, Request
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import env, errors, events, lifecycle, tables, threads
+from app import env, errors, events, lifecycle, queue, tables, threads
 from app.api import schemas
 from app.api.deps import CatalogDep, CurrentUser, SessionDep, SettingsDep
 from app.api.routes.messages import enqueue_message
@@ -90,6 +90,8 @@ async def create_thread(
     declared_secret = {v.name for v in catalog.variables_of_agent(agent.name) if v.type == "secret"}
     row = await threads.create(session, agent, who, name=body.name, tags=body.tags)
     await env.set_thread(session, request.app.state.fernet, row.id, body.env, set(body.secrets) | declared_secret)
+    if any(e.immediate for e in catalog.prompts[agent.side_a.prompt].tool_entries()):
+        await queue.enqueue(session, row.id, queue.Kind.SPAWN, {})  # immediate subagents start at once (§6.6)
     for message in body.messages:
         await enqueue_message(session, row, message, settings.max_file_bytes)
     await events.append_lifecycle(session, row, "thread_created")
