@@ -115,6 +115,18 @@ class Catalog:
             return "agent"
         return None
 
+    def defined_env(self, name: str) -> set[str]:
+        """Variable names the agent's own definitions set: its `env`, its sides' prompts' and their tools' `env`."""
+        definition = self.agent(name)
+        defined = set(definition.env)
+        for side in (definition.side_a, definition.side_b):
+            if side is not None:
+                prompt = self.prompts[side.prompt]
+                defined |= set(prompt.env)
+                for entry in prompt.tool_entries():
+                    defined |= set(entry.env)
+        return defined
+
     def variables_of_agent(self, name: str) -> list[VariableDefinition]:
         """Every variable declared in the agent's graph (`semantics.md` 8), each definition visited once."""
         found: list[VariableDefinition] = []

@@ -111,6 +111,22 @@ class Contention(AgentsError):
         return code in ("40P01", "40001")
 
 
+class StillMissing(MissingVariables):
+    """Required variables are still missing."""
+
+
+class VariableRequestNotFound(NotFound):
+    """No such variable request for this thread."""
+
+    code = "variable_request_not_found"
+
+
+class RequestUsed(Conflict):
+    """The request was already used."""
+
+    code = "already_used"
+
+
 class LeaseLost(AgentsError):
     """This execution no longer holds the thread's lease; it must stop without writing."""
 

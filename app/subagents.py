@@ -12,10 +12,13 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
+from cryptography.fernet import Fernet
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import attachments, env, errors, events, messages, queue, tables, threads
+from app.catalog import Catalog
+from app.spec.definitions import AgentDefinition, ToolEntry
 
 CREATED = "The subagent was initiated successfully. Reference: {id}"
 SUCCESS = "Subagent (reference: {id}) has returned the following result:\n\n{result}"
@@ -27,6 +30,10 @@ STOPPED_EARLY = (
     "It did not call a terminal session tool (sessionStop/sessionFail)."
 )
 REFERENCE = "\n\nReference: {id}"
+ENV_REQUIRED = (
+    'Subagent "{agent}" requires scoped environment variables before it can be created. Provide the missing values '
+    "via GET/POST /threads/{parent}/variables/{request}."
+)
 
 
 async def create(
@@ -214,3 +221,147 @@ async def notify_parent(session: AsyncSession, child: tables.Thread, content: st
     role = "assistant" if child.owner_side == "b" else "user"
     body = NOTIFIED.format(id=child.id, content=content)
     await messages.enqueue(session, parent, role, body, silent=True, metadata={"subagent_id": str(child.id)})
+
+
+def terminal(agent: AgentDefinition) -> bool:
+    """Whether the agent defines terminal session tools (`sessionStop` / `sessionFail`) on a side."""
+    sides = [side for side in (agent.side_a, agent.side_b) if side is not None]
+    return any(side.binding("stop") or side.binding("fail") for side in sides)
+
+
+async def missing_scoped(
+    session: AsyncSession, catalog: Catalog, parent: tables.Thread, agent: str, provided: set[str]
+) -> tuple[list[str], list[str]]:
+    """(required, missing) scoped variables of the child's graph: what the creation provides, the child's own
+    definitions and the user's and instance's values count — the parent's thread env does not (§6.7)."""
+    required = sorted({v.name for v in catalog.variables_of_agent(agent) if v.scoped and v.required})
+    if not required:
+        return [], []
+    defined = provided | catalog.defined_env(agent) | await env.names(session, parent.user_id)
+    return required, [name for name in required if name not in defined]
+
+
+async def start(
+    session: AsyncSession,
+    catalog: Catalog,
+    fernet: Fernet,
+    parent: tables.Thread,
+    *,
+    agent: AgentDefinition,
+    entry: ToolEntry,
+    side: str,
+    content: str,
+    paths: list[str],
+    name: str | None = None,
+    blocking: bool,
+    scoped_env: dict[str, str] | None = None,
+    description: str | None = None,
+    silent: bool = False,
+    tags: list[str] | None = None,
+) -> tables.Thread:
+    """Create a child of `parent` for a subagent entry, hand it its files and scoped values, and queue its first
+    message (to its side A)."""
+    resumable = entry.resumable or None
+    scoped = {v.name for v in catalog.variables_of_agent(agent.name) if v.scoped}
+    child = await create(
+        session,
+        parent,
+        agent=agent.name,
+        agent_type=agent.type,
+        owner_side=side,
+        title=agent.title,
+        description=description or agent.tool_description or agent.description,
+        resumable=resumable is not None,
+        blocking=blocking,
+        receives_messages=resumable.receives_messages if resumable else None,
+        parent_communication=resumable.parent_communication if resumable else "implicit",
+        terminal=terminal(agent),
+        name=name,
+        scoped=scoped,
+    )
+    if tags:
+        child.tags = [*child.tags, *tags]
+    if scoped_env:
+        declared = {v.name for v in catalog.variables_of_agent(agent.name) if v.type == "secret"}
+        await env.set_thread(session, fernet, child.id, scoped_env, declared & set(scoped_env))
+    refs = await copy_files(session, parent.id, paths, child.id)
+    await send(session, child, "user", content, refs, silent=silent)
+    return child
+
+
+async def request_variables(
+    session: AsyncSession,
+    parent: tables.Thread,
+    agent: str,
+    required: list[str],
+    missing: list[str],
+    payload: dict[str, Any],
+) -> tables.VariableRequest:
+    """Store a creation that waits for scoped values (§6.7)."""
+    row = tables.VariableRequest(
+        id=uuid.uuid4(), parent_id=parent.id, agent=agent, required=required, missing=missing, payload=payload
+    )
+    session.add(row)
+    await session.flush()
+    return row
+
+
+async def requested_tags(session: AsyncSession, parent_id: uuid.UUID) -> set[str]:
+    """Tags of the immediate instances the parent's variable requests stand for (they are not started twice)."""
+    rows = await session.execute(
+        select(tables.VariableRequest.payload).where(tables.VariableRequest.parent_id == parent_id)
+    )
+    return {tag for payload in rows.scalars() for tag in payload.get("tags") or []}
+
+
+async def variable_request(
+    session: AsyncSession, parent_id: uuid.UUID, request_id: uuid.UUID
+) -> tables.VariableRequest:
+    row = await session.get(tables.VariableRequest, request_id, with_for_update={"key_share": True})
+    if row is None or row.parent_id != parent_id:
+        raise errors.VariableRequestNotFound(f"Variable request {request_id} not found")
+    return row
+
+
+async def fulfil(
+    session: AsyncSession,
+    catalog: Catalog,
+    fernet: Fernet,
+    parent: tables.Thread,
+    request: tables.VariableRequest,
+    values: dict[str, str],
+) -> tables.Thread:
+    """Create the deferred child from the request's original payload with `values` as its scoped env; the child
+    reports like a non-blocking one. `MissingVariables` (what is still missing), or `Conflict` when used twice."""
+    if request.status != "pending":
+        raise errors.RequestUsed("This variable request was already used")
+    if parent.terminated_at is not None:
+        raise errors.ThreadTerminated()
+    _, missing = await missing_scoped(session, catalog, parent, request.agent, set(values))
+    if missing:
+        raise errors.StillMissing(f"Missing required variables: {', '.join(missing)}", missing=missing)
+    p = request.payload
+    agent = catalog.agent(request.agent)
+    entry = ToolEntry.model_validate(p["entry"])
+    child = await start(
+        session,
+        catalog,
+        fernet,
+        parent,
+        agent=agent,
+        entry=entry,
+        side=p["side"],
+        content=p["content"],
+        paths=p.get("paths") or [],
+        name=p.get("name"),
+        blocking=False,
+        scoped_env={**(p.get("scoped_env") or {}), **values},
+        description=p.get("description"),
+        silent=bool(p.get("silent")),
+        tags=p.get("tags"),
+    )
+    request.status = "success"
+    request.child_id = child.id
+    request.missing = []
+    request.updated_at = datetime.now(UTC)
+    return child

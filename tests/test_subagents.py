@@ -460,3 +460,55 @@ async def test_immediate_fan_out_gives_each_instance_its_own_scoped_values(app_f
     for reference in by_name.values():  # a scoped name is never copied from the parent's thread env
         child_env = (await client.get(f"/threads/{reference}")).json()["env"]
         assert "REGION__2" in child_env and child_env.get("REGION") in ("eu", "us")
+
+
+# -- scoped variables and the bootstrap flow ----------------------------------------------------------------
+
+
+async def test_the_bootstrap_flow_end_to_end(app_factory: Any) -> None:
+    brain = Brain(delegate())
+    token = {"name": "API_TOKEN", "type": "secret", "required": True, "scoped": True}
+    cat = catalog(brain, {"name": "qa"}, variables=[token])
+    app = await app_factory(cat, with_worker=True)
+    client = client_for(app)
+    # the parent's own thread env never satisfies a scoped variable
+    tid = (await client.post("/threads", json={"agent": "boss", "env": {"API_TOKEN": "parent-value"}})).json()["id"]
+    await client.post(f"/threads/{tid}/messages", json={"content": "go"})
+    rows = await until(client, tid, said("boss saw"))
+    tool = next(r for r in rows if r["role"] == "tool")
+    assert tool["tool_status"] == "error" and tool["metadata"]["error_code"] == "subagent_env_required"
+    data = tool["metadata"]["error_data"]
+    request_id = data["request_id"]
+    endpoint = f"/threads/{tid}/variables/{request_id}"
+    assert data == {"request_id": request_id, "endpoint": endpoint, "required": ["API_TOKEN"],
+                    "missing": ["API_TOKEN"], "agent": "qa"}  # fmt: skip
+    assert tool["content"] == (
+        'Subagent "qa" requires scoped environment variables before it can be created. Provide the missing values '
+        f"via GET/POST /threads/{tid}/variables/{request_id}."
+    )
+    assert await registry(client, tid) == []  # nothing was created
+
+    got = (await client.get(endpoint)).json()
+    assert (got["required"], got["missing"], got["status"], got["agent"]) == (
+        ["API_TOKEN"],
+        ["API_TOKEN"],
+        "pending",
+        "qa",
+    )
+    still = await client.post(endpoint, json={"env": {"OTHER": "x"}})
+    assert still.status_code == 400 and still.json()["error"]["details"]["missing"] == ["API_TOKEN"]
+    done = await client.post(endpoint, json={"env": {"API_TOKEN": "tok-123"}})
+    assert done.status_code == 200, done.text
+    cid = done.json()["child_thread_id"]
+    assert done.json() == {"request_id": request_id, "child_thread_id": cid, "status": "success"}
+    assert (await client.post(endpoint, json={"env": {"API_TOKEN": "again"}})).status_code == 409
+
+    child = (await client.get(f"/threads/{cid}")).json()
+    assert child["env"]["API_TOKEN"] is None and child["env_types"]["API_TOKEN"] == "secret"  # stored secret
+    rows = await until(
+        client, tid, lambda rs: any("has returned the following result" in (r["content"] or "") for r in rs)
+    )
+    report = next(r for r in rows if "has returned the following result" in (r["content"] or ""))
+    assert report["content"].startswith(f"Subagent (reference: {cid}) has returned the following result:\n\nlooks good")
+    assert (await client.get(endpoint)).json()["child_thread_id"] == cid
+    assert (await client.get(f"/threads/{tid}/variables/{uuid.uuid4()}")).status_code == 404

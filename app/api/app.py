@@ -14,7 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app import crypto, db, keys
 from app.api import errors
 from app.api.guard import Guard
-from app.api.routes import agents, effects, env, files, health, logs, messages, subagents, threads
+from app.api.routes import agents, effects, env, files, health, logs, messages, subagents, threads, variables
 from app.api.routes import endpoints as endpoint_routes
 from app.api.routes import events as event_routes
 from app.catalog import Catalog
@@ -91,6 +91,7 @@ def create_app(
         files.router,
         effects.router,
         subagents.router,
+        variables.router,
         env.router,
     ):
         app.include_router(router)

@@ -21,6 +21,7 @@ STATUS: dict[type[errors.AgentsError], int] = {
     errors.Forbidden: 403,
     errors.NotFound: 404,
     errors.Conflict: 409,
+    errors.StillMissing: 400,  # the bootstrap POST answers as the reference runtime does
     errors.MissingVariables: 422,
     errors.TooLarge: 413,
     errors.NotAnImage: 422,

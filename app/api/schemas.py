@@ -320,3 +320,25 @@ class SubagentEntry(BaseModel):
 
 class SubagentList(BaseModel):
     subagents: list[SubagentEntry]
+
+
+class VariableRequest(BaseModel):
+    """A subagent creation waiting for scoped variables (§6.7)."""
+
+    request_id: uuid.UUID
+    parent_thread_id: uuid.UUID
+    agent: str
+    required: list[str]
+    missing: list[str]
+    status: Literal["pending", "success"]
+    child_thread_id: uuid.UUID | None = None
+
+
+class VariablesIn(In):
+    env: dict[str, str] = Field(default_factory=dict)
+
+
+class VariablesDone(BaseModel):
+    request_id: uuid.UUID
+    child_thread_id: uuid.UUID
+    status: Literal["success"]

@@ -433,7 +433,9 @@ class Engine:
         async with self._tx(claim) as (session, thread):
             await events.append(session, thread.id, "tool_started", {"tool": name, "tool_call_id": call["id"]})
             _, prompt = self._prompt_of(self._catalog.agent(thread.agent), step.side)
-            done = await subagents.call(session, self._catalog, thread, step.side, prompt, tool, call, step.env)
+            done = await subagents.call(
+                session, self._catalog, thread, step.side, prompt, tool, call, step.env, self._fernet
+            )
             if isinstance(done, subagents.Parked):
                 return None
             await messages.add(
@@ -446,6 +448,9 @@ class Engine:
                 content=done.result.text,
                 tool_status=done.result.status,
                 subagent_id=done.child,
+                metadata_={"error_code": done.result.error_code, "error_data": done.result.error_data}
+                if done.result.error_code
+                else {},
                 session_number=thread.session_number,
             )
             data = {"tool": name, "tool_call_id": call["id"], "status": done.result.status}

@@ -16,8 +16,7 @@ from typing import Any
 from cryptography.fernet import Fernet
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import env as env_store
-from app import errors, files, subagents, tables, threads
+from app import errors, events, files, subagents, tables, threads
 from app.catalog import Catalog
 from app.engine.context import Env, OfferedTool, parse_arguments
 from app.llm.base import ToolCall
@@ -160,7 +159,8 @@ async def call(
     prompt: PromptDefinition,
     tool: OfferedTool,
     call: ToolCall,
-    env: Env | None = None,
+    env: Env | None,
+    fernet: Fernet,
 ) -> Answered | Parked:
     """Run a subagent tool call inside the parent's fenced transaction."""
     waiting = await subagents.waiting_on(session, parent.id, call["id"])
@@ -199,27 +199,45 @@ async def call(
     paths = await _check_paths(session, parent.id, paths_arg)
     if isinstance(paths, Answered):
         return paths
-    resumable = entry.resumable or None
-    scoped = {v.name for v in catalog.variables_of_agent(agent.name) if v.scoped}
-    child = await subagents.create(
+    name = str(label) if isinstance(label, str | int | float) and str(label) else None
+    required, missing = await subagents.missing_scoped(session, catalog, parent, agent.name, set())
+    if missing:  # nothing is created: the values come through the bootstrap routes (§6.7)
+        payload = {
+            "entry": entry.model_dump(mode="json"),
+            "side": side,
+            "content": content,
+            "paths": paths,
+            "name": name,
+        }
+        request = await subagents.request_variables(session, parent, agent.name, required, missing, payload)
+        return Answered(_env_required(parent, agent.name, request))
+    child = await subagents.start(
         session,
+        catalog,
+        fernet,
         parent,
-        agent=agent.name,
-        agent_type=agent.type,
-        owner_side=side,
-        title=agent.title,
-        description=agent.tool_description or agent.description,
-        resumable=resumable is not None,
+        agent=agent,
+        entry=entry,
+        side=side,
+        content=content,
+        paths=paths,
+        name=name,
         blocking=entry.blocking,
-        receives_messages=resumable.receives_messages if resumable else None,
-        parent_communication=resumable.parent_communication if resumable else "implicit",
-        terminal=_terminal(agent),
-        name=str(label) if isinstance(label, str | int | float) and str(label) else None,
-        scoped=scoped,
     )
-    refs = await subagents.copy_files(session, parent.id, paths, child.id)
-    await subagents.send(session, child, "user", content, refs)
     return await _wait_or_answer(session, parent, child, call, tool, subagents.CREATED.format(id=child.id))
+
+
+def _env_required(parent: tables.Thread, agent: str, request: tables.VariableRequest) -> ToolResult:
+    endpoint = f"/threads/{parent.id}/variables/{request.id}"
+    data = {
+        "request_id": str(request.id),
+        "endpoint": endpoint,
+        "required": request.required,
+        "missing": request.missing,
+        "agent": agent,
+    }
+    text = subagents.ENV_REQUIRED.format(agent=agent, parent=parent.id, request=request.id)
+    return ToolResult(status="error", error=text, error_code="subagent_env_required", error_data=data)
 
 
 async def _message(
@@ -314,30 +332,47 @@ async def spawn_immediate(
             tag = f"immediate:{agent.name}:{group['k']}"
             if existing is None:
                 existing = {t for c in await subagents.children(session, parent.id) for t in c.tags}
+                existing |= await subagents.requested_tags(session, parent.id)
             if tag in existing:
                 continue
-            resumable = entry.resumable or None
-            scoped = {v.name for v in catalog.variables_of_agent(agent.name) if v.scoped}
-            child = await subagents.create(
-                session,
-                parent,
-                agent=agent.name,
-                agent_type=agent.type,
-                owner_side=side,
-                title=agent.title,
-                description=group["description"] or agent.tool_description or agent.description,
-                resumable=resumable is not None,
-                blocking=False,
-                receives_messages=resumable.receives_messages if resumable else None,
-                parent_communication=resumable.parent_communication if resumable else "implicit",
-                terminal=_terminal(agent),
-                name=group["name"] or (agent.name if group["k"] == 1 else f"{agent.name}__{group['k']}"),
-                scoped=scoped,
+            name = group["name"] or (agent.name if group["k"] == 1 else f"{agent.name}__{group['k']}")
+            description = group["description"] or agent.tool_description or agent.description
+            text = (STARTED + "\n\n" + (description or "")).strip()
+            required, missing = await subagents.missing_scoped(
+                session, catalog, parent, agent.name, set(group["scoped"])
             )
-            child.tags = [*child.tags, tag]
-            declared = {v.name for v in catalog.variables_of_agent(agent.name) if v.type == "secret"}
-            await env_store.set_thread(session, fernet, child.id, group["scoped"], declared & set(group["scoped"]))
-            text = STARTED + "\n\n" + (child.description or "")
-            await subagents.send(session, child, "user", text.strip(), silent=True)
+            if missing:  # no child yet: the values come through the bootstrap routes (§6.7)
+                payload = {
+                    "entry": entry.model_dump(mode="json"),
+                    "side": side,
+                    "content": text,
+                    "name": name,
+                    "description": description,
+                    "silent": True,
+                    "tags": [tag],
+                    "scoped_env": group["scoped"],
+                }
+                request = await subagents.request_variables(session, parent, agent.name, required, missing, payload)
+                existing.add(tag)
+                data = _env_required(parent, agent.name, request).error_data
+                await events.append(session, parent.id, "event", {"event_type": "subagent_env_required", "data": data})
+                continue
+            await subagents.start(
+                session,
+                catalog,
+                fernet,
+                parent,
+                agent=agent,
+                entry=entry,
+                side=side,
+                content=text,
+                paths=[],
+                name=name,
+                blocking=False,
+                scoped_env=group["scoped"],
+                description=description,
+                silent=True,
+                tags=[tag],
+            )
             started += 1
     return started

@@ -56,15 +56,7 @@ async def view(session: AsyncSession, row: tables.Thread, children: int | None =
 
 def missing_variables(catalog: Catalog, agent: str, provided: set[str]) -> list[str]:
     """Required, non-scoped variables of the agent's graph that nothing defines (§8)."""
-    definition = catalog.agent(agent)
-    defined = set(provided) | set(definition.env)
-    for side in (definition.side_a, definition.side_b):
-        if side is None:
-            continue
-        prompt = catalog.prompts[side.prompt]
-        defined |= set(prompt.env)
-        for entry in prompt.tool_entries():
-            defined |= set(entry.env)
+    defined = set(provided) | catalog.defined_env(agent)
     return sorted(
         {v.name for v in catalog.variables_of_agent(agent) if v.required and not v.scoped and v.name not in defined}
     )

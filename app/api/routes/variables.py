@@ -1,0 +1,56 @@
+"""The scoped-variable bootstrap flow (§6.7): what a deferred subagent still needs, and providing it."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from fastapi import APIRouter, Request
+
+from app import subagents, threads
+from app.api import schemas
+from app.api.deps import CatalogDep, CurrentUser, SessionDep
+
+router = APIRouter(tags=["subagents"])
+
+ERRORS: dict[int | str, dict[str, Any]] = {401: {"model": schemas.Error}, 404: {"model": schemas.Error}}
+
+
+@router.get("/threads/{thread_id}/variables/{request_id}", responses=ERRORS)
+async def get_request(
+    thread_id: uuid.UUID, request_id: uuid.UUID, session: SessionDep, who: CurrentUser
+) -> schemas.VariableRequest:
+    """The names a deferred subagent requires and those still missing (never values)."""
+    thread = await threads.get(session, thread_id, who)
+    row = await subagents.variable_request(session, thread.id, request_id)
+    return schemas.VariableRequest(
+        request_id=row.id,
+        parent_thread_id=row.parent_id,
+        agent=row.agent,
+        required=row.required,
+        missing=row.missing,
+        status=row.status,
+        child_thread_id=row.child_id,
+    )
+
+
+@router.post(
+    "/threads/{thread_id}/variables/{request_id}",
+    responses={**ERRORS, 400: {"model": schemas.Error}, 409: {"model": schemas.Error}},
+)
+async def provide(
+    thread_id: uuid.UUID,
+    request_id: uuid.UUID,
+    body: schemas.VariablesIn,
+    request: Request,
+    session: SessionDep,
+    who: CurrentUser,
+    catalog: CatalogDep,
+) -> schemas.VariablesDone:
+    """Provide the missing values: the deferred subagent is created from the original payload and starts; it
+    reports to the parent like a non-blocking one. 400 while names are still missing, 409 when used twice."""
+    thread = await threads.get(session, thread_id, who, lock=True)
+    row = await subagents.variable_request(session, thread.id, request_id)
+    child = await subagents.fulfil(session, catalog, request.app.state.fernet, thread, row, body.env)
+    await session.commit()
+    return schemas.VariablesDone(request_id=row.id, child_thread_id=child.id, status="success")
