@@ -258,6 +258,7 @@ async def start(
     description: str | None = None,
     silent: bool = False,
     tags: list[str] | None = None,
+    spawn_group_id: uuid.UUID | None = None,
 ) -> tables.Thread:
     """Create a child of `parent` for a subagent entry, hand it its files and scoped values, and queue its first
     message (to its side A)."""
@@ -278,6 +279,7 @@ async def start(
         terminal=terminal(agent),
         name=name,
         scoped=scoped,
+        spawn_group_id=spawn_group_id,
     )
     if tags:
         child.tags = [*child.tags, *tags]
@@ -359,9 +361,31 @@ async def fulfil(
         description=p.get("description"),
         silent=bool(p.get("silent")),
         tags=p.get("tags"),
+        spawn_group_id=uuid.UUID(p["spawn_group_id"]) if p.get("spawn_group_id") else None,
     )
     request.status = "success"
     request.child_id = child.id
     request.missing = []
     request.updated_at = datetime.now(UTC)
     return child
+
+
+async def projections(session: AsyncSession, ids: set[uuid.UUID]) -> dict[uuid.UUID, dict[str, Any]]:
+    """The `subagent_*` fields of messages that speak for these children (§6.5), by child id."""
+    if not ids:
+        return {}
+    rows = (await session.execute(select(tables.Thread).where(tables.Thread.id.in_(ids)))).scalars()
+    out = {}
+    for child in rows:
+        e = entry(child)
+        out[child.id] = {
+            "subagent_name": e["name"],
+            "subagent_title": e["title"],
+            "subagent_description": e["description"],
+            "subagent_status": e["status"],
+            "subagent_resumable": e["resumable"],
+            "subagent_blocking": e["blocking"],
+            "subagent_thread_name": e["thread_name"],
+            "subagent_spawn_group_id": e["spawn_group_id"],
+        }
+    return out

@@ -34,3 +34,34 @@ async def test_the_launch_team_example_runs_the_whole_tree(app_factory: Any) -> 
     ]
     statuses = {s["name"]: s["status"] for s in subagents}
     assert statuses["qa_team"] == "terminated"
+
+
+async def test_the_launch_team_publishes_after_the_bootstrap_flow(app_factory: Any) -> None:
+    app = await app_factory(load_catalog(ROOT / "agents"), with_worker=True)
+    client = client_for(app)
+    body = {
+        "agent": "launch",
+        "env": {"PUBLISH": "yes"},
+        "messages": [{"content": "Write the launch note for the harbour café."}],
+    }
+    tid = (await client.post("/threads", json=body)).json()["id"]
+
+    async def session_ended(number: int) -> dict[str, Any] | None:
+        thread: dict[str, Any] = (await client.get(f"/threads/{tid}")).json()
+        ok = thread["session"]["number"] == number and thread["session"]["status"] == "success"
+        return thread if ok and thread["status"] == "idle" else None
+
+    first = await wait_for(lambda: session_ended(1), timeout=30)
+    content = first["session"]["result"]["content"]
+    assert "Publishing waits for CMS_TOKEN: /threads/" in content
+    endpoint = content.rsplit("CMS_TOKEN: ", 1)[1]
+    assert (await client.get(endpoint)).json()["missing"] == ["CMS_TOKEN"]
+    done = await client.post(endpoint, json={"env": {"CMS_TOKEN": "cms-secret-token"}})
+    assert done.status_code == 200, done.text
+    second = await wait_for(lambda: session_ended(2), timeout=30)
+    assert (
+        second["session"]["result"]["content"]
+        == "Accepted: Published: Published the launch note to the café's website."
+    )
+    publisher = (await client.get(f"/threads/{done.json()['child_thread_id']}")).json()
+    assert publisher["env_types"]["CMS_TOKEN"] == "secret" and publisher["env"]["CMS_TOKEN"] is None

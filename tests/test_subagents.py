@@ -178,6 +178,9 @@ async def test_blocking_child_parks_the_parent_without_a_lease_and_answers_the_c
     cid = child["reference"]
     assert tool["content"] == f"looks good\n\nReference: {cid}" and tool["tool_status"] == "success"
     assert tool["subagent_id"] == cid
+    projected = {k: tool[k] for k in ("subagent_name", "subagent_title", "subagent_status", "subagent_blocking")}
+    assert projected == {"subagent_name": "qa", "subagent_title": "QA", "subagent_status": "terminated",
+                         "subagent_blocking": True}  # fmt: skip
     [ref] = tool["attachments"]  # copied child → parent, with a parent-local path
     assert ref["path"].startswith("/attachments/note-") and ref["name"] == "note.txt"
     assert (await client.get(f"/threads/{tid}/fs{ref['path']}")).content == b"checked by qa\n"
@@ -455,6 +458,7 @@ async def test_immediate_fan_out_gives_each_instance_its_own_scoped_values(app_f
 
     entries = await wait_for(two)
     assert sorted(e["thread_name"] for e in entries) == ["america", "europe"]  # capped at max_instances = 2
+    assert entries[0]["spawn_group_id"] is not None and entries[0]["spawn_group_id"] == entries[1]["spawn_group_id"]
     by_name = {e["thread_name"]: e["reference"] for e in entries}
     assert seen == {by_name["europe"]: "eu", by_name["america"]: "us"}
     for reference in by_name.values():  # a scoped name is never copied from the parent's thread env

@@ -39,3 +39,16 @@ define_agent(
     side_b={"label": "Checker", "prompt": "research_check",
             "session_stop": {"name": "done", "message_property": "findings"}},
 )  # fmt: skip
+define_agent(
+    name="publisher",
+    type="dual_ai",
+    title="Publisher",
+    expose_as_tool=True,
+    tool_description="Publishes a note to the café's website.",
+    max_session_turns=4,
+    variables=[{"name": "CMS_TOKEN", "type": "secret", "required": True, "scoped": True,
+                "description": "The website's API token; given to this subagent only."}],
+    side_a={"label": "Publisher", "prompt": "publish", "stop_on_response": True},
+    side_b={"label": "Editor", "prompt": "publish_check",
+            "session_stop": {"name": "published", "message_property": "summary"}},
+)  # fmt: skip

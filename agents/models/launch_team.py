@@ -24,9 +24,22 @@ def lead(request):
     if "polish" not in done:  # a subprompt: one step, in this thread
         draft = done["qa_team"].split("\n\n")[0]
         return {"tool_calls": [{"name": "polish", "arguments": {"message": draft}}]}
-    research = [m.content for m in request.messages if m.role == "user" and "has returned" in (m.content or "")]
+    offered = {t.name for t in request.tools}
+    if "publisher" in offered and "publisher" not in done:  # needs a scoped CMS_TOKEN: the bootstrap flow (§6.7)
+        return {"tool_calls": [{"name": "publisher", "arguments": {"message": done["polish"]}}]}
+    last = request.messages[-1]
+    if last.role == "user" and "Published the launch note" in (last.content or ""):
+        return "Published: " + last.content.split("\n\n", 1)[1]
+    research = [
+        m.content
+        for m in request.messages
+        if m.role == "user" and "has returned" in (m.content or "") and "Published" not in (m.content or "")
+    ]
     facts = research[-1].split("\n\n", 1)[1] if research else "(the researcher is still at work)"
-    return f"Launch note ready. {done['polish']} Research: {facts}"
+    waiting = ""
+    if done.get("publisher", "").startswith('Subagent "publisher" requires'):
+        waiting = " Publishing waits for CMS_TOKEN: " + done["publisher"].rsplit("via GET/POST ", 1)[1].rstrip(".")
+    return f"Launch note ready. {done['polish']} Research: {facts}{waiting}"
 
 
 def client(request):
@@ -58,12 +71,21 @@ def checker(request):
     return {"tool_calls": [{"name": "done", "arguments": {"findings": facts}}]}
 
 
+def publisher(request):
+    return "Published the launch note to the café's website."
+
+
+def editor(request):
+    text = next((m.content for m in reversed(request.messages) if m.role == "user" and m.content), "")
+    return {"tool_calls": [{"name": "published", "arguments": {"summary": text}}]}
+
+
 def polish(request):
     return "Polished: " + (request.messages[-1].content or "").replace("Approved: ", "").capitalize()
 
 
 ROLES = {"Lead": lead, "Client": client, "Worker": worker, "Reviewer": reviewer, "Researcher": researcher,
-         "Checker": checker, "Polisher": polish}  # fmt: skip
+         "Checker": checker, "Polisher": polish, "Publisher": publisher, "Editor": editor}  # fmt: skip
 
 
 def respond(request):

@@ -13,6 +13,7 @@ define_prompt(
         {"name": "qa_team"},  # a blocking subagent (the default)
         {"name": "researcher", "blocking": False, "resumable": {"receives_messages": "side_a", "max_instances": 2}},
         {"name": "polish", "include_tool_calls": False},  # a subprompt
+        {"name": "publisher", "optional": "PUBLISH", "blocking": False},  # only with PUBLISH=yes; needs CMS_TOKEN
     ],
 )
 define_prompt(name="launch_client", tool_description="Accepts or rejects the note.", model="launch_team",
@@ -28,3 +29,7 @@ define_prompt(name="research_check", tool_description="Checks findings.", model=
               prompt="Checker: hand the findings back.", include_chat=True)  # fmt: skip
 define_prompt(name="polish", tool_description="Polishes a sentence.", model="launch_team",
               prompt="Polisher: make the text shine.")  # fmt: skip
+define_prompt(name="publish", tool_description="Publishes a note.", model="launch_team",
+              prompt="Publisher: publish the note with the CMS token.", include_chat=True)  # fmt: skip
+define_prompt(name="publish_check", tool_description="Confirms publication.", model="launch_team",
+              prompt="Editor: confirm the publication.", include_chat=True)  # fmt: skip

@@ -188,6 +188,15 @@ class Message(BaseModel):
     reasoning_content: str | None
     metadata: dict[str, Any]
     subagent_id: uuid.UUID | None
+    # projected from the registry entry of `subagent_id` (§6.5)
+    subagent_name: str | None = None
+    subagent_title: str | None = None
+    subagent_description: str | None = None
+    subagent_status: str | None = None
+    subagent_resumable: bool | None = None
+    subagent_blocking: bool | None = None
+    subagent_thread_name: str | None = None
+    subagent_spawn_group_id: uuid.UUID | None = None
     model: str | None
     usage: dict[str, Any] | None
     created_at: datetime

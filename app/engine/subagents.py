@@ -328,6 +328,7 @@ async def spawn_immediate(
         if not entry.immediate:
             continue
         limit = entry.resumable.max_instances if entry.resumable else None
+        group_id = uuid.uuid4() if entry.immediate is not True else None  # the instances of one fan-out
         for group in _instances(entry, env, limit):
             tag = f"immediate:{agent.name}:{group['k']}"
             if existing is None:
@@ -351,6 +352,7 @@ async def spawn_immediate(
                     "silent": True,
                     "tags": [tag],
                     "scoped_env": group["scoped"],
+                    "spawn_group_id": str(group_id) if group_id else None,
                 }
                 request = await subagents.request_variables(session, parent, agent.name, required, missing, payload)
                 existing.add(tag)
@@ -373,6 +375,7 @@ async def spawn_immediate(
                 description=description,
                 silent=True,
                 tags=[tag],
+                spawn_group_id=group_id,
             )
             started += 1
     return started

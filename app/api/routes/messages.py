@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from sqlalchemy.ext.asyncio import AsyncSession
 from starlette.datastructures import FormData, UploadFile
 
-from app import attachments, errors, lifecycle, messages, queue, tables, threads
+from app import attachments, errors, lifecycle, messages, queue, subagents, tables, threads
 from app.api import schemas
 from app.api.deps import CurrentUser, SessionDep, SettingsDep
 
@@ -149,6 +149,15 @@ async def post_message(
     return schemas.Queued(message_id=message_id)
 
 
+async def _projected(session: AsyncSession, rows: list[tables.Message]) -> list[schemas.Message]:
+    """Messages with the `subagent_*` fields of the child they speak for."""
+    extra = await subagents.projections(session, {r.subagent_id for r in rows if r.subagent_id is not None})
+    return [
+        schemas.Message.model_validate({**messages.to_dict(r), **extra.get(r.subagent_id or uuid.UUID(int=0), {})})
+        for r in rows
+    ]
+
+
 def _queued(row: tables.Inbox) -> schemas.Message:
     p = row.payload
     return schemas.Message(
@@ -198,7 +207,7 @@ async def list_messages(
         depth=depth,
         since_id=since_id,
     )
-    out = [schemas.Message.model_validate(messages.to_dict(r)) for r in rows]
+    out = await _projected(session, rows)
     if cursor is None:
         queued = [
             _queued(r)
@@ -215,4 +224,5 @@ async def get_message(
 ) -> schemas.Message:
     """One message."""
     thread = await threads.get(session, thread_id, who)
-    return schemas.Message.model_validate(messages.to_dict(await messages.get(session, thread.id, message_id)))
+    [message] = await _projected(session, [await messages.get(session, thread.id, message_id)])
+    return message
