@@ -389,3 +389,16 @@ async def projections(session: AsyncSession, ids: set[uuid.UUID]) -> dict[uuid.U
             "subagent_spawn_group_id": e["spawn_group_id"],
         }
     return out
+
+
+def registry_message(children: list[tables.Thread]) -> str | None:
+    """The system message a parent's model gets after its history when it has children (§6.5), or None."""
+    if not children:
+        return None
+    lines = ["Subagents of this thread (use their reference to address them):"]
+    for child in children:
+        e = entry(child)
+        traits = ["resumable" if e["resumable"] else "one session", "blocking" if e["blocking"] else "non-blocking"]
+        label = f' "{e["thread_name"]}"' if e["thread_name"] else ""
+        lines.append(f"- {e['reference']}: {e['name']}{label} — {e['status']} ({', '.join(traits)})")
+    return "\n".join(lines)

@@ -53,6 +53,15 @@ async def inspect_children(state: ThreadState) -> dict[str, Any]:
     }
 
 
+def last_of(request: LLMRequest) -> Any:
+    """The last message before the registry system message the runtime appends for a parent with children."""
+    return next(
+        m
+        for m in reversed(request.messages)
+        if not (m.role == "system" and (m.content or "").startswith("Subagents of"))
+    )
+
+
 class Brain:
     """One `respond` for every prompt: it dispatches on the system prompt and records what each prompt saw."""
 
@@ -65,7 +74,7 @@ class Brain:
     async def __call__(self, request: LLMRequest) -> Any:
         who = (request.messages[0].content or "").split(".")[0]
         self.seen.setdefault(who, []).append(request)
-        last = request.messages[-1]
+        last = last_of(request)
         if who == "boss":
             return self.boss(request)
         if who == "worker":
@@ -118,7 +127,7 @@ def delegate(**extra: Any) -> Any:
     """The boss: delegates the user's first message, then reports what came back."""
 
     def boss(request: LLMRequest) -> Any:
-        last = request.messages[-1]
+        last = last_of(request)
         if last.role == "user" and last.content and last.content.startswith("go"):
             return {"tool_calls": [{"name": "qa", "arguments": {"message": "check the report", **extra}}]}
         return f"boss saw: {last.content}"
@@ -251,6 +260,11 @@ async def test_non_blocking_child_reports_with_the_exact_texts(app_factory: Any)
         f"\n\nThe subagent also returned the following attachment(s):\n\n{ref['path']}"
     )
     assert rows[-1]["content"].startswith(f"boss saw: Subagent (reference: {cid})")
+    registry = brain.seen["boss"][-1].messages[-1]  # the parent's model sees its children after the history
+    assert registry.role == "system" and registry.content == (
+        "Subagents of this thread (use their reference to address them):\n"
+        f"- {cid}: qa — terminated (one session, non-blocking)"
+    )
 
 
 # -- resumable ----------------------------------------------------------------------------------------------
@@ -263,7 +277,7 @@ def manager(script: list[Any]) -> Any:
     def boss(request: LLMRequest) -> Any:
         step = next(calls, None)
         if step is None:
-            return f"boss saw: {request.messages[-1].content}"
+            return f"boss saw: {last_of(request).content}"
         return {"tool_calls": [step(request) if callable(step) else step]}
 
     return boss

@@ -6,6 +6,13 @@ whatever order the subagents finish in.
 from app.spec import define_model
 
 
+def _last(request):
+    """The last message before the registry of subagents the runtime appends for a parent."""
+    return next(
+        m for m in reversed(request.messages) if not (m.role == "system" and m.content.startswith("Subagents of"))
+    )
+
+
 def _tool_results(request):
     return {m.name: m.content for m in request.messages if m.role == "tool"}
 
@@ -27,7 +34,7 @@ def lead(request):
     offered = {t.name for t in request.tools}
     if "publisher" in offered and "publisher" not in done:  # needs a scoped CMS_TOKEN: the bootstrap flow (§6.7)
         return {"tool_calls": [{"name": "publisher", "arguments": {"message": done["polish"]}}]}
-    last = request.messages[-1]
+    last = _last(request)
     if last.role == "user" and "Published the launch note" in (last.content or ""):
         return "Published: " + last.content.split("\n\n", 1)[1]
     research = [
@@ -43,11 +50,7 @@ def lead(request):
 
 
 def client(request):
-    return {
-        "tool_calls": [
-            {"name": "accept", "arguments": {"summary": "Accepted: " + (request.messages[-1].content or "")}}
-        ]
-    }
+    return {"tool_calls": [{"name": "accept", "arguments": {"summary": "Accepted: " + (_last(request).content or "")}}]}
 
 
 def worker(request):

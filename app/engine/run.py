@@ -29,6 +29,7 @@ from app.engine.state import RunState, deliver_tool
 from app.hub import Publisher
 from app.llm import retry
 from app.llm.base import (
+    LLMMessage,
     LLMResponse,
     ProviderError,
     ToolCall,
@@ -343,6 +344,9 @@ class Engine:
                 await events.append(session, thread.id, "error", {"code": "missing_variable", "message": str(exc)})
                 return None
             request.messages = await hook_runner.prefilter_llm_history(request.messages)
+            registry = child_registry.registry_message(await child_registry.children(session, thread.id))
+            if registry is not None:  # after the history, so the model sees its children's current state
+                request.messages.append(LLMMessage("system", registry))
             await attachments.inline_images(session, thread.id, request.messages)
             if last is not None and last.status == "pending":  # redo an interrupted call into the same row
                 await messages.save(session, last, content=None, tool_calls=None, reasoning_content=None)
