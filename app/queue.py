@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import delete, func, select, text
-from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 from app import errors, tables
@@ -105,7 +104,9 @@ async def fence(session: AsyncSession, claim: Claim) -> tables.Thread:
     return thread
 
 
-# HEARTBEAT: renew every lease this process holds in one statement; a missing id is a lost lease.
+# HEARTBEAT: renew every lease this process holds in one statement; a missing id is a lost lease. If it ever closes a
+# lock cycle (with a terminate or delete cascade locking a parent, then its children), Postgres breaks the cycle and
+# the worker simply beats again at the next interval.
 _HEARTBEAT = text(
     """
     UPDATE threads SET lease_expires_at = now() + make_interval(secs => :lease)
@@ -113,32 +114,17 @@ _HEARTBEAT = text(
     RETURNING id
     """
 )
-# The one statement waits at most this long for a row lock. Holding some rows while waiting for another could close a
-# lock cycle with a terminate or delete cascade (it locks a parent, then its children): after the timeout the leases
-# are renewed one row per transaction, which holds nothing while it waits.
-_SHORT_WAIT = text("SET LOCAL lock_timeout = '200ms'")
-LOCK_TIMEOUT = "55P03"
 
 
 async def heartbeat(conn: AsyncConnection, claims: list[Claim], lease_seconds: float) -> set[uuid.UUID]:
-    """Renew the leases of `claims` (on a connection outside any transaction); return the ids whose lease was lost."""
+    """Renew the leases of `claims` (the caller owns the transaction); return the ids whose lease was lost."""
     if not claims:
         return set()
-
-    def params(some: list[Claim]) -> dict[str, Any]:
-        return {"ids": [c.thread_id for c in some], "tokens": [c.token for c in some], "lease": lease_seconds}
-
-    try:
-        async with conn.begin():
-            await conn.execute(_SHORT_WAIT)
-            kept = {r.id for r in await conn.execute(_HEARTBEAT, params(claims))}
-    except DBAPIError as exc:
-        if getattr(exc.orig, "pgcode", None) != LOCK_TIMEOUT and getattr(exc.orig, "sqlstate", None) != LOCK_TIMEOUT:
-            raise
-        kept = set()
-        for claim in claims:
-            async with conn.begin():
-                kept |= {r.id for r in await conn.execute(_HEARTBEAT, params([claim]))}
+    rows = await conn.execute(
+        _HEARTBEAT,
+        {"ids": [c.thread_id for c in claims], "tokens": [c.token for c in claims], "lease": lease_seconds},
+    )
+    kept = {r.id for r in rows}
     return {c.thread_id for c in claims} - kept
 
 

@@ -107,7 +107,8 @@ class Worker:
                 claims = [c for c, _ in self._running.values()]
                 try:
                     conn = conn or await self._db.connect()
-                    lost = await queue.heartbeat(conn, claims, self._settings.lease_seconds)
+                    async with conn.begin():
+                        lost = await queue.heartbeat(conn, claims, self._settings.lease_seconds)
                 except Exception:
                     log.exception("heartbeat failed; reconnecting")
                     if conn is not None:
