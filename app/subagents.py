@@ -8,7 +8,9 @@ becomes a silent queued message to the parent. So a crash anywhere in the tree n
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -241,53 +243,68 @@ async def missing_scoped(
     return required, [name for name in required if name not in defined]
 
 
+@dataclass(frozen=True)
+class Creation:
+    """Everything needed to start one child; stored as a variable request's payload when it must wait (§6.7)."""
+
+    agent: str
+    entry: ToolEntry
+    side: str
+    content: str
+    blocking: bool
+    paths: list[str] = field(default_factory=list)
+    name: str | None = None
+    description: str | None = None
+    silent: bool = False
+    tags: list[str] = field(default_factory=list)
+    scoped_env: dict[str, str] = field(default_factory=dict)
+    spawn_group_id: uuid.UUID | None = None
+
+    def payload(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["entry"] = self.entry.model_dump(mode="json")
+        data["spawn_group_id"] = str(self.spawn_group_id) if self.spawn_group_id else None
+        return data
+
+    @classmethod
+    def of(cls, payload: dict[str, Any]) -> Creation:
+        group = payload.get("spawn_group_id")
+        fields = {**payload, "entry": ToolEntry.model_validate(payload["entry"])}
+        return cls(**{**fields, "spawn_group_id": uuid.UUID(group) if group else None})
+
+
 async def start(
-    session: AsyncSession,
-    catalog: Catalog,
-    fernet: Fernet,
-    parent: tables.Thread,
-    *,
-    agent: AgentDefinition,
-    entry: ToolEntry,
-    side: str,
-    content: str,
-    paths: list[str],
-    name: str | None = None,
-    blocking: bool,
-    scoped_env: dict[str, str] | None = None,
-    description: str | None = None,
-    silent: bool = False,
-    tags: list[str] | None = None,
-    spawn_group_id: uuid.UUID | None = None,
+    session: AsyncSession, catalog: Catalog, fernet: Fernet, parent: tables.Thread, creation: Creation
 ) -> tables.Thread:
     """Create a child of `parent` for a subagent entry, hand it its files and scoped values, and queue its first
     message (to its side A)."""
-    resumable = entry.resumable or None
+    agent = catalog.agent(creation.agent)
+    resumable = creation.entry.resumable or None
     scoped = {v.name for v in catalog.variables_of_agent(agent.name) if v.scoped}
     child = await create(
         session,
         parent,
         agent=agent.name,
         agent_type=agent.type,
-        owner_side=side,
+        owner_side=creation.side,
         title=agent.title,
-        description=description or agent.tool_description or agent.description,
+        description=creation.description or agent.tool_description or agent.description,
         resumable=resumable is not None,
-        blocking=blocking,
+        blocking=creation.blocking,
         receives_messages=resumable.receives_messages if resumable else None,
         parent_communication=resumable.parent_communication if resumable else "implicit",
         terminal=terminal(agent),
-        name=name,
+        name=creation.name,
         scoped=scoped,
-        spawn_group_id=spawn_group_id,
+        spawn_group_id=creation.spawn_group_id,
     )
-    if tags:
-        child.tags = [*child.tags, *tags]
-    if scoped_env:
+    if creation.tags:
+        child.tags = [*child.tags, *creation.tags]
+    if creation.scoped_env:
         declared = {v.name for v in catalog.variables_of_agent(agent.name) if v.type == "secret"}
-        await env.set_thread(session, fernet, child.id, scoped_env, declared & set(scoped_env))
-    refs = await copy_files(session, parent.id, paths, child.id)
-    await send(session, child, "user", content, refs, silent=silent)
+        await env.set_thread(session, fernet, child.id, creation.scoped_env, declared & set(creation.scoped_env))
+    refs = await copy_files(session, parent.id, creation.paths, child.id)
+    await send(session, child, "user", creation.content, refs, silent=creation.silent)
     return child
 
 
@@ -297,11 +314,16 @@ async def request_variables(
     agent: str,
     required: list[str],
     missing: list[str],
-    payload: dict[str, Any],
+    creation: Creation,
 ) -> tables.VariableRequest:
     """Store a creation that waits for scoped values (§6.7)."""
     row = tables.VariableRequest(
-        id=uuid.uuid4(), parent_id=parent.id, agent=agent, required=required, missing=missing, payload=payload
+        id=uuid.uuid4(),
+        parent_id=parent.id,
+        agent=agent,
+        required=required,
+        missing=missing,
+        payload=creation.payload(),
     )
     session.add(row)
     await session.flush()
@@ -339,30 +361,13 @@ async def fulfil(
         raise errors.RequestUsed("This variable request was already used")
     if parent.terminated_at is not None:
         raise errors.ThreadTerminated()
-    _, missing = await missing_scoped(session, catalog, parent, request.agent, set(values))
+    creation = Creation.of(request.payload)
+    provided = set(values) | set(creation.scoped_env)  # an immediate instance's own values count too
+    _, missing = await missing_scoped(session, catalog, parent, request.agent, provided)
     if missing:
         raise errors.StillMissing(f"Missing required variables: {', '.join(missing)}", missing=missing)
-    p = request.payload
-    agent = catalog.agent(request.agent)
-    entry = ToolEntry.model_validate(p["entry"])
-    child = await start(
-        session,
-        catalog,
-        fernet,
-        parent,
-        agent=agent,
-        entry=entry,
-        side=p["side"],
-        content=p["content"],
-        paths=p.get("paths") or [],
-        name=p.get("name"),
-        blocking=False,
-        scoped_env={**(p.get("scoped_env") or {}), **values},
-        description=p.get("description"),
-        silent=bool(p.get("silent")),
-        tags=p.get("tags"),
-        spawn_group_id=uuid.UUID(p["spawn_group_id"]) if p.get("spawn_group_id") else None,
-    )
+    scoped_env = {**creation.scoped_env, **values}
+    child = await start(session, catalog, fernet, parent, replace(creation, blocking=False, scoped_env=scoped_env))
     request.status = "success"
     request.child_id = child.id
     request.missing = []

@@ -530,3 +530,28 @@ async def test_the_bootstrap_flow_end_to_end(app_factory: Any) -> None:
     assert report["content"].startswith(f"Subagent (reference: {cid}) has returned the following result:\n\nlooks good")
     assert (await client.get(endpoint)).json()["child_thread_id"] == cid
     assert (await client.get(f"/threads/{tid}/variables/{uuid.uuid4()}")).status_code == 404
+
+
+async def test_an_immediate_instance_waiting_for_a_value_keeps_its_own_scoped_values(app_factory: Any) -> None:
+    brain = Brain(lambda request: "nothing to do")
+    variables = [
+        {"name": "REGION", "type": "text", "required": True, "scoped": True},
+        {"name": "API_TOKEN", "type": "secret", "required": True, "scoped": True},
+    ]
+    entry = {"name": "qa", "immediate": {"scoped_env": ["REGION"]}}
+    app = await app_factory(catalog(brain, entry, variables=variables), with_worker=True)
+    client = client_for(app)
+    tid = (await client.post("/threads", json={"agent": "boss", "env": {"REGION": "eu"}})).json()["id"]
+
+    async def asked() -> dict[str, Any] | None:
+        found = [d for e, d in await event_types(client, tid) if e == "event"]
+        return found[0]["data"] if found else None
+
+    data = await wait_for(asked)
+    assert data["required"] == ["API_TOKEN", "REGION"] and data["missing"] == ["API_TOKEN"]
+    assert await registry(client, tid) == []
+    done = await client.post(data["endpoint"], json={"env": {"API_TOKEN": "tok"}})
+    assert done.status_code == 200, done.text  # REGION came with the instance: only API_TOKEN was needed
+    child = (await client.get(f"/threads/{done.json()['child_thread_id']}")).json()
+    assert child["env"]["REGION"] == "eu" and child["env_types"]["API_TOKEN"] == "secret"
+    assert child["tags"] == ["name:qa", "immediate:qa:1"]

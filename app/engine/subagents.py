@@ -200,30 +200,12 @@ async def call(
     if isinstance(paths, Answered):
         return paths
     name = str(label) if isinstance(label, str | int | float) and str(label) else None
+    creation = subagents.Creation(agent.name, entry, side, content, blocking=entry.blocking, paths=paths, name=name)
     required, missing = await subagents.missing_scoped(session, catalog, parent, agent.name, set())
     if missing:  # nothing is created: the values come through the bootstrap routes (§6.7)
-        payload = {
-            "entry": entry.model_dump(mode="json"),
-            "side": side,
-            "content": content,
-            "paths": paths,
-            "name": name,
-        }
-        request = await subagents.request_variables(session, parent, agent.name, required, missing, payload)
+        request = await subagents.request_variables(session, parent, agent.name, required, missing, creation)
         return Answered(_env_required(parent, agent.name, request))
-    child = await subagents.start(
-        session,
-        catalog,
-        fernet,
-        parent,
-        agent=agent,
-        entry=entry,
-        side=side,
-        content=content,
-        paths=paths,
-        name=name,
-        blocking=entry.blocking,
-    )
+    child = await subagents.start(session, catalog, fernet, parent, creation)
     return await _wait_or_answer(session, parent, child, call, tool, subagents.CREATED.format(id=child.id))
 
 
@@ -339,43 +321,28 @@ async def spawn_immediate(
             name = group["name"] or (agent.name if group["k"] == 1 else f"{agent.name}__{group['k']}")
             description = group["description"] or agent.tool_description or agent.description
             text = (STARTED + "\n\n" + (description or "")).strip()
+            creation = subagents.Creation(
+                agent.name,
+                entry,
+                side,
+                text,
+                blocking=False,
+                name=name,
+                description=description,
+                silent=True,
+                tags=[tag],
+                scoped_env=group["scoped"],
+                spawn_group_id=group_id,
+            )
             required, missing = await subagents.missing_scoped(
                 session, catalog, parent, agent.name, set(group["scoped"])
             )
             if missing:  # no child yet: the values come through the bootstrap routes (§6.7)
-                payload = {
-                    "entry": entry.model_dump(mode="json"),
-                    "side": side,
-                    "content": text,
-                    "name": name,
-                    "description": description,
-                    "silent": True,
-                    "tags": [tag],
-                    "scoped_env": group["scoped"],
-                    "spawn_group_id": str(group_id) if group_id else None,
-                }
-                request = await subagents.request_variables(session, parent, agent.name, required, missing, payload)
+                request = await subagents.request_variables(session, parent, agent.name, required, missing, creation)
                 existing.add(tag)
                 data = _env_required(parent, agent.name, request).error_data
                 await events.append(session, parent.id, "event", {"event_type": "subagent_env_required", "data": data})
                 continue
-            await subagents.start(
-                session,
-                catalog,
-                fernet,
-                parent,
-                agent=agent,
-                entry=entry,
-                side=side,
-                content=text,
-                paths=[],
-                name=name,
-                blocking=False,
-                scoped_env=group["scoped"],
-                description=description,
-                silent=True,
-                tags=[tag],
-                spawn_group_id=group_id,
-            )
+            await subagents.start(session, catalog, fernet, parent, creation)
             started += 1
     return started
