@@ -97,20 +97,6 @@ class NotReady(AgentsError):
     code = "not_ready"
 
 
-class Contention(AgentsError):
-    """The database broke a lock cycle (a deadlock) or a serialization conflict; try again."""
-
-    code = "contention"
-
-    @staticmethod
-    def of(exc: BaseException) -> bool:
-        """Whether a driver error is one (SQLSTATE 40P01 deadlock, 40001 serialization failure)."""
-        code = getattr(getattr(exc, "orig", None), "pgcode", None) or getattr(
-            getattr(exc, "orig", None), "sqlstate", None
-        )
-        return code in ("40P01", "40001")
-
-
 class StillMissing(MissingVariables):
     """Required variables are still missing."""
 
@@ -125,12 +111,6 @@ class RequestUsed(Conflict):
     """The request was already used."""
 
     code = "already_used"
-
-
-class LeaseLost(AgentsError):
-    """This execution no longer holds the thread's lease; it must stop without writing."""
-
-    code = "lease_lost"
 
 
 class ConfigError(AgentsError):
@@ -197,3 +177,57 @@ class EffectNotCancellable(Conflict):
     """The effect already ran, is running, or failed: only a scheduled or queued effect can be cancelled."""
 
     code = "effect_not_cancellable"
+
+
+class Aborted(BaseException):
+    """This execution must stop now and write nothing more; what it did not commit is redone from what is stored.
+
+    Not part of the error tree above, and a `BaseException` like `asyncio.CancelledError`: an `except Exception`
+    around user code (a tool, a hook, an effect) cannot swallow it into a tool result or a failed effect.
+    """
+
+    code: ClassVar[str] = "aborted"
+
+    def __init__(self, message: str | None = None) -> None:
+        self.message = message or (self.__doc__ or self.code).strip().splitlines()[0]
+        super().__init__(self.message)
+
+
+class LeaseLost(Aborted):
+    """This execution no longer holds the thread's lease; it must stop without writing."""
+
+    code = "lease_lost"
+
+
+class Contention(Aborted):
+    """The database broke a lock cycle (a deadlock) or a serialization conflict; try again."""
+
+    code = "contention"
+
+    @staticmethod
+    def of(exc: BaseException) -> bool:
+        """Whether a driver error is one (SQLSTATE 40P01 deadlock, 40001 serialization failure)."""
+        code = getattr(getattr(exc, "orig", None), "pgcode", None) or getattr(
+            getattr(exc, "orig", None), "sqlstate", None
+        )
+        return code in ("40P01", "40001")
+
+
+class Unavailable(Aborted):
+    """The database could not be reached; the execution is handed back and redone when it is up again."""
+
+    code = "database_unavailable"
+
+    @staticmethod
+    def of(exc: BaseException) -> bool:
+        """Whether a driver error means the database cannot be reached: no connection (refused, reset, closed), a
+        connection the pool found dead, or the server shutting down or starting (SQLSTATE classes 08 and 57P)."""
+        if isinstance(exc, OSError):
+            return True
+        if getattr(exc, "connection_invalidated", False):
+            return True
+        orig = getattr(exc, "orig", None)
+        if isinstance(orig, OSError) or isinstance(getattr(orig, "__cause__", None), OSError):
+            return True
+        code = str(getattr(orig, "pgcode", None) or getattr(orig, "sqlstate", None) or "")
+        return code.startswith(("08", "57P"))

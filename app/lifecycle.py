@@ -25,16 +25,18 @@ STOPPED = "Execution stopped by user"
 
 async def _revoke(session: AsyncSession, thread: tables.Thread) -> None:
     """Take the lease away from whoever holds it and tell its worker to abandon the execution."""
+    revoked = thread.lease_token
     thread.lease_token = None
     thread.lease_owner = None
     thread.lease_expires_at = None
     thread.attempt = 0
     thread.runnable_since = None
     await session.flush()
-    await session.execute(select(func.pg_notify(CONTROL_CHANNEL, str(thread.id))))
+    if revoked is not None:  # the token names the execution to cancel, not a later one of the same thread
+        await session.execute(select(func.pg_notify(CONTROL_CHANNEL, f"{thread.id}:{revoked}")))
 
 
-async def _close_open_work(session: AsyncSession, thread: tables.Thread, reason: str) -> None:
+async def close_open_work(session: AsyncSession, thread: tables.Thread, reason: str) -> None:
     """Fail the pending message and answer every open tool call of the current session with an error."""
     rows = await messages.history(session, thread.id, session_number=thread.session_number)
     answered = {r.tool_call_id for r in rows if r.role == "tool"}
@@ -64,7 +66,7 @@ async def stop(session: AsyncSession, thread: tables.Thread) -> None:
         raise errors.ThreadTerminated()
     if thread.stopped:
         return
-    await _close_open_work(session, thread, STOPPED)
+    await close_open_work(session, thread, STOPPED)
     await messages.add(session, thread.id, "system", content=STOPPED, session_number=thread.session_number)
     for child in await subagents.children(session, thread.id):  # the blocking child it waits on (§11)
         if child.parent_call_id is not None and child.terminated_at is None:
@@ -117,7 +119,7 @@ async def terminate(session: AsyncSession, thread: tables.Thread) -> list[uuid.U
         row = thread if thread_id == thread.id else await session.get(tables.Thread, thread_id, with_for_update=NKU)
         if row is None or row.terminated_at is not None:
             continue
-        await _close_open_work(session, row, "Thread terminated")
+        await close_open_work(session, row, "Thread terminated")
         running = row.session_status == "running"
         if running:
             await threads.end_session(session, row, "failure", "terminated")

@@ -11,8 +11,9 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import delete, func, select, text
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+import asyncpg
+from sqlalchemy import delete, func, select, text, update
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import errors, tables
 
@@ -104,28 +105,35 @@ async def fence(session: AsyncSession, claim: Claim) -> tables.Thread:
     return thread
 
 
-# HEARTBEAT: renew every lease this process holds in one statement; a missing id is a lost lease. If it ever closes a
-# lock cycle (with a terminate or delete cascade locking a parent, then its children), Postgres breaks the cycle and
-# the worker simply beats again at the next interval.
-_HEARTBEAT = text(
-    """
-    UPDATE threads SET lease_expires_at = now() + make_interval(secs => :lease)
-    WHERE (id, lease_token) IN (SELECT * FROM unnest(CAST(:ids AS uuid[]), CAST(:tokens AS uuid[])))
-    RETURNING id
-    """
-)
+# HEARTBEAT: renew every lease this process holds in one statement, run by `app/heartbeat.py` on its own connection.
+# It never waits for a row lock: a row locked right now (by this worker's own fenced transaction, or by an enqueue) is
+# skipped and renewed at the next beat, two more chances before the lease runs out. A lease is lost only when the
+# row no longer carries the claim's token (expired and claimed by another worker, or revoked by stop / terminate).
+HEARTBEAT = """
+    WITH mine AS (SELECT * FROM unnest($1::uuid[], $2::uuid[]) AS m(id, token)),
+    renewed AS (
+        UPDATE threads SET lease_expires_at = now() + make_interval(secs => $3)
+        WHERE id IN (
+            SELECT t.id FROM threads t JOIN mine ON t.id = mine.id AND t.lease_token = mine.token
+            FOR NO KEY UPDATE OF t SKIP LOCKED
+        )
+        RETURNING id
+    )
+    SELECT mine.id, mine.token FROM mine
+    WHERE mine.id NOT IN (SELECT id FROM renewed)
+      AND NOT EXISTS (SELECT 1 FROM threads t WHERE t.id = mine.id AND t.lease_token = mine.token)
+"""
 
 
-async def heartbeat(conn: AsyncConnection, claims: list[Claim], lease_seconds: float) -> set[uuid.UUID]:
-    """Renew the leases of `claims` (the caller owns the transaction); return the ids whose lease was lost."""
+async def heartbeat(
+    conn: asyncpg.Connection, claims: list[Claim], lease_seconds: float
+) -> set[tuple[uuid.UUID, uuid.UUID]]:
+    """Renew the leases of `claims`; return the (thread id, token) of those that were lost."""
     if not claims:
         return set()
-    rows = await conn.execute(
-        _HEARTBEAT,
-        {"ids": [c.thread_id for c in claims], "tokens": [c.token for c in claims], "lease": lease_seconds},
-    )
-    kept = {r.id for r in rows}
-    return {c.thread_id for c in claims} - kept
+    ids, tokens = [c.thread_id for c in claims], [c.token for c in claims]
+    rows = await conn.fetch(HEARTBEAT, ids, tokens, float(lease_seconds))
+    return {(r["id"], r["token"]) for r in rows}
 
 
 async def take_inbox(session: AsyncSession, thread_id: uuid.UUID) -> list[tables.Inbox]:
@@ -135,7 +143,29 @@ async def take_inbox(session: AsyncSession, thread_id: uuid.UUID) -> list[tables
     """
     query = (
         delete(tables.Inbox)
-        .where(tables.Inbox.thread_id == thread_id, tables.Inbox.kind != Kind.EFFECT)
+        .where(
+            tables.Inbox.thread_id == thread_id,
+            tables.Inbox.kind != Kind.EFFECT,
+            tables.Inbox.set_aside_at.is_(None),
+        )
+        .returning(tables.Inbox)
+    )
+    return sorted((await session.execute(query)).scalars(), key=lambda r: r.id)
+
+
+async def set_aside(session: AsyncSession, inbox_id: int, error: str) -> None:
+    """Keep an input whose delivery keeps failing out of every later delivery, with the reason (poison input)."""
+    await session.execute(
+        update(tables.Inbox).where(tables.Inbox.id == inbox_id).values(set_aside_at=func.now(), error=error)
+    )
+
+
+async def set_aside_all(session: AsyncSession, thread_id: uuid.UUID, error: str) -> list[tables.Inbox]:
+    """Set aside every input still waiting for the thread (the crash budget ran out while delivering it)."""
+    query = (
+        update(tables.Inbox)
+        .where(tables.Inbox.thread_id == thread_id, tables.Inbox.set_aside_at.is_(None))
+        .values(set_aside_at=func.now(), error=error)
         .returning(tables.Inbox)
     )
     return sorted((await session.execute(query)).scalars(), key=lambda r: r.id)
@@ -145,7 +175,11 @@ async def next_effect(session: AsyncSession, thread_id: uuid.UUID) -> tables.Inb
     """The thread's oldest effect inbox row, left in place until its handler finished."""
     query = (
         select(tables.Inbox)
-        .where(tables.Inbox.thread_id == thread_id, tables.Inbox.kind == Kind.EFFECT)
+        .where(
+            tables.Inbox.thread_id == thread_id,
+            tables.Inbox.kind == Kind.EFFECT,
+            tables.Inbox.set_aside_at.is_(None),
+        )
         .order_by(tables.Inbox.id)
         .limit(1)
     )
@@ -158,18 +192,25 @@ async def drop(session: AsyncSession, inbox_id: int) -> None:
 
 
 async def pending(session: AsyncSession, thread_id: uuid.UUID) -> list[tables.Inbox]:
-    """The thread's undelivered input, oldest first."""
+    """The thread's undelivered input, oldest first (set-aside rows included: they are shown as failed)."""
     query = select(tables.Inbox).where(tables.Inbox.thread_id == thread_id).order_by(tables.Inbox.id)
     return list((await session.execute(query)).scalars())
 
 
-# RELEASE: drop the lease; stay runnable only if input arrived meanwhile (or the run asks to go on).
+# LOCK_HELD: the release's first statement. It waits for any writer holding the row (an enqueue marking it runnable)
+# so that the next statement, which takes a fresh snapshot, sees that writer's inbox row. Deciding in one statement
+# would use the snapshot from before the wait and could clear `runnable_since` over waiting input (a lost wake-up).
+_LOCK_HELD = text("SELECT 1 FROM threads WHERE id = :id AND lease_token = :token FOR NO KEY UPDATE")
+
+# RELEASE: drop the lease; stay runnable only if input waits (set-aside rows do not count) or the run goes on.
 _RELEASE = text(
     """
     UPDATE threads SET lease_token = NULL, lease_owner = NULL, lease_expires_at = NULL,
-           attempt = CASE WHEN :keep_attempt THEN attempt - 1 ELSE 0 END,
+           attempt = CASE WHEN :keep_attempt THEN greatest(attempt - 1, 0) ELSE 0 END,
            runnable_since = CASE
-               WHEN :again OR EXISTS (SELECT 1 FROM inbox WHERE inbox.thread_id = threads.id)
+               WHEN :again OR EXISTS (
+                   SELECT 1 FROM inbox WHERE inbox.thread_id = threads.id AND inbox.set_aside_at IS NULL
+               )
                THEN coalesce(runnable_since, now()) ELSE NULL END
     WHERE id = :id AND lease_token = :token
     RETURNING runnable_since
@@ -182,15 +223,49 @@ async def release(session: AsyncSession, claim: Claim, *, again: bool = False, k
 
     Returns whether the thread is still runnable (a worker is woken at commit if so).
     """
-    row = (
-        await session.execute(
-            _RELEASE,
-            {"id": claim.thread_id, "token": claim.token, "again": again, "keep_attempt": keep_attempt},
-        )
-    ).first()
+    params = {"id": claim.thread_id, "token": claim.token}
+    if (await session.execute(_LOCK_HELD, params)).first() is None:
+        raise errors.LeaseLost()
+    row = (await session.execute(_RELEASE, {**params, "again": again, "keep_attempt": keep_attempt})).first()
     if row is None:
         raise errors.LeaseLost()
     if row.runnable_since is not None:
         await session.execute(select(func.pg_notify(WAKEUP_CHANNEL, "")))
         return True
     return False
+
+
+# STRANDED: threads holding input that nothing will ever run: not leased (or the lease expired), not runnable, and not
+# parked on purpose (stopped, terminated, waiting on a blocking child). The release above makes this impossible; the
+# janitor looks anyway, repairs what it finds and says so loudly. Candidates are locked first and checked again by a
+# second statement, whose fresh snapshot sees whatever committed before the locks were taken (no false alarms).
+_STRANDED_CANDIDATES = text(
+    """
+    SELECT t.id FROM threads t
+    WHERE t.id IN (SELECT thread_id FROM inbox WHERE set_aside_at IS NULL)
+      AND t.runnable_since IS NULL
+    FOR NO KEY UPDATE OF t SKIP LOCKED
+    """
+)
+_STRANDED = text(
+    """
+    UPDATE threads t SET runnable_since = now()
+    WHERE t.id = ANY(CAST(:ids AS uuid[]))
+      AND t.runnable_since IS NULL
+      AND (t.lease_expires_at IS NULL OR t.lease_expires_at < now())
+      AND t.terminated_at IS NULL AND NOT t.stopped AND t.status <> 'waiting'
+      AND EXISTS (SELECT 1 FROM inbox i WHERE i.thread_id = t.id AND i.set_aside_at IS NULL)
+    RETURNING t.id
+    """
+)
+
+
+async def repair_stranded(session: AsyncSession) -> list[uuid.UUID]:
+    """Make runnable any thread whose waiting input nothing would run; the ids repaired (expected: none)."""
+    candidates = [r.id for r in await session.execute(_STRANDED_CANDIDATES)]
+    if not candidates:
+        return []
+    ids = [r.id for r in await session.execute(_STRANDED, {"ids": candidates})]
+    if ids:
+        await session.execute(select(func.pg_notify(WAKEUP_CHANNEL, "")))
+    return ids

@@ -24,6 +24,10 @@ class Settings(BaseSettings):
     worker_concurrency: int = Field(default=50, ge=1)
     lease_seconds: float = Field(default=10.0, gt=0)
     poll_interval: float = Field(default=1.0, gt=0)
+    watchdog_seconds: float = Field(
+        default=120.0, gt=0, description="a worker whose event loop is stuck this long exits, so its leases pass on"
+    )
+    tool_timeout: float = Field(default=300.0, gt=0, description="seconds a tool call may run (tools may set less)")
     max_session_steps: int = Field(default=250, ge=1)
     db_pool_size: int = Field(default=10, ge=1)
     migrate_on_start: bool = True

@@ -143,6 +143,8 @@ class Inbox(Base):
     kind: Mapped[str] = mapped_column(String(20))
     payload: Mapped[dict[str, Any]]
     created_at: Mapped[datetime] = _now()
+    set_aside_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))  # delivery failed: kept, skipped
+    error: Mapped[str | None] = mapped_column(Text)  # why it was set aside
 
     __table_args__ = (Index("inbox_thread", "thread_id", "id"),)
 

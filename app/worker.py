@@ -1,9 +1,10 @@
 """The worker: claims runnable threads into a bounded set of slots and drives the engine on each.
 
 Wake-up policy: a NOTIFY on the wake-up channel, the poll interval, or a slot freeing up — whichever comes first.
-Leases are renewed by one heartbeat task on its own connection; a lease that is lost cancels its execution, and so
-does a NOTIFY on the control channel (a stop or terminate revoked the lease). An effects timer moves due effects
-into their threads' inboxes every poll interval.
+Leases are renewed by `app.heartbeat` on an OS thread and connection of its own; a lease that is lost cancels the
+execution that held it, and so does a NOTIFY on the control channel (a stop or terminate revoked the lease). An
+effects timer moves due effects into their threads' inboxes every poll interval. The database going away (a restart)
+is waited out: claims pause, the listener reconnects, executions it interrupted are redone from what is stored.
 """
 
 from __future__ import annotations
@@ -16,10 +17,12 @@ import socket
 import uuid
 
 import asyncpg
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, async_sessionmaker
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
-from app import blobs, effects, events, lifecycle, queue
+from app import blobs, effects, errors, events, lifecycle, queue
 from app.engine.run import Engine
+from app.heartbeat import Heartbeat
 from app.settings import Settings, plain_url
 
 log = logging.getLogger(__name__)
@@ -40,6 +43,7 @@ class Worker:
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._running: dict[uuid.UUID, tuple[queue.Claim, asyncio.Task[None]]] = {}
         self._wake = asyncio.Event()
+        self.stranded_repaired = 0  # threads the stranded-input check had to make runnable (expected: 0)
 
     @property
     def active(self) -> int:
@@ -48,26 +52,51 @@ class Worker:
     async def run(self, stop: asyncio.Event) -> None:
         """Claim and execute until `stop` is set; then cancel what runs and hand its leases back."""
         assert self._settings.database_url is not None
-        listener = await asyncpg.connect(plain_url(self._settings.database_url))
-        await listener.add_listener(queue.WAKEUP_CHANNEL, lambda *_: self._wake.set())
-        await listener.add_listener(lifecycle.CONTROL_CHANNEL, lambda *args: self._abandon(args[3]))
-        heartbeat = asyncio.create_task(self._heartbeat(stop), name="heartbeat")
+        heartbeat = Heartbeat(
+            plain_url(self._settings.database_url),
+            self._settings.lease_seconds,
+            self._settings.watchdog_seconds,
+            lambda: [c for c, _ in tuple(self._running.values())],
+            self._cancel_lost,
+        )
+        heartbeat.start()
+        listener: asyncpg.Connection | None = None
         janitor = asyncio.create_task(self._janitor(stop), name="janitor")
+        repairs = asyncio.create_task(self._repairs(stop), name="stranded-check")
         timer = asyncio.create_task(self._effects_timer(stop), name="effects-timer")
         log.info("worker %s started with %d slots", self.owner, self._settings.worker_concurrency)
         try:
             while not stop.is_set():
                 self._wake.clear()
-                await self._fill()
+                try:
+                    listener = await self._listening(listener)
+                    await self._fill()
+                except (OSError, asyncpg.PostgresError, DBAPIError) as exc:
+                    log.warning("cannot reach the database (%s); trying again", type(exc).__name__)
                 await self._sleep(stop)
         finally:
-            heartbeat.cancel()
             janitor.cancel()
+            repairs.cancel()
             timer.cancel()
             await self._drain()
-            with contextlib.suppress(Exception):
-                await listener.close()
+            await heartbeat.stop()
+            if listener is not None:
+                with contextlib.suppress(Exception):
+                    await listener.close(timeout=1)
             log.info("worker %s stopped", self.owner)
+
+    async def _listening(self, listener: asyncpg.Connection | None) -> asyncpg.Connection:
+        """The LISTEN connection, opened again if the database dropped it (a notification lost meanwhile costs at
+        most one poll interval)."""
+        if listener is not None and not listener.is_closed():
+            return listener
+        assert self._settings.database_url is not None
+        if listener is not None:
+            log.info("listener connection lost; reconnecting")
+        conn = await asyncpg.connect(plain_url(self._settings.database_url), timeout=10)
+        await conn.add_listener(queue.WAKEUP_CHANNEL, lambda *_: self._wake.set())
+        await conn.add_listener(lifecycle.CONTROL_CHANNEL, lambda *args: self._abandon(args[3]))
+        return conn
 
     async def _fill(self) -> None:
         """Claim runnable threads until the slots are full or nothing is runnable."""
@@ -82,10 +111,11 @@ class Worker:
     async def _execute(self, claim: queue.Claim) -> None:
         try:
             await self._engine.execute(claim)
-        except Exception:
+        except (Exception, errors.Aborted):
             log.exception("execution of thread %s ended abnormally; its lease will expire", claim.thread_id)
         finally:
-            self._running.pop(claim.thread_id, None)
+            if self._running.get(claim.thread_id, (None,))[0] == claim:
+                del self._running[claim.thread_id]
             self._wake.set()  # a slot is free
 
     async def _sleep(self, stop: asyncio.Event) -> None:
@@ -95,32 +125,6 @@ class Worker:
         finally:
             for w in waiters:
                 w.cancel()
-
-    async def _heartbeat(self, stop: asyncio.Event) -> None:
-        """Renew every lease this worker holds on a connection of its own (so busy steps cannot starve it);
-        cancel executions whose lease is gone."""
-        interval = self._settings.lease_seconds / 3
-        conn: AsyncConnection | None = None
-        try:
-            while not stop.is_set():
-                await asyncio.sleep(interval)
-                claims = [c for c, _ in self._running.values()]
-                try:
-                    conn = conn or await self._db.connect()
-                    async with conn.begin():
-                        lost = await queue.heartbeat(conn, claims, self._settings.lease_seconds)
-                except Exception:
-                    log.exception("heartbeat failed; reconnecting")
-                    if conn is not None:
-                        with contextlib.suppress(Exception):
-                            await conn.close()
-                    conn = None
-                    continue
-                self._cancel_lost(lost)
-        finally:
-            if conn is not None:
-                with contextlib.suppress(Exception):
-                    await conn.close()
 
     async def _janitor(self, stop: asyncio.Event) -> None:
         """Apply event retention and collect unreferenced file content now and then; any worker may do it
@@ -140,6 +144,21 @@ class Worker:
                 log.exception("cleanup sweep failed; trying again later")
             await asyncio.sleep(self._settings.cleanup_interval)
 
+    async def _repairs(self, stop: asyncio.Event) -> None:
+        """Look for threads whose waiting input nothing would run (see `queue.repair_stranded`); it should never find
+        one, so each find is a warning and is counted in `stranded_repaired`."""
+        while not stop.is_set():
+            await asyncio.sleep(self._settings.lease_seconds)
+            try:
+                async with self._sessions() as session, session.begin():
+                    repaired = await queue.repair_stranded(session)
+            except Exception:
+                log.exception("the stranded-input check failed; trying again later")
+                continue
+            for thread_id in repaired:
+                self.stranded_repaired += 1
+                log.warning("thread %s held input but was neither leased nor runnable: made runnable", thread_id)
+
     async def _effects_timer(self, stop: asyncio.Event) -> None:
         """Queue due effects into their threads' inboxes; every worker runs one (`SKIP LOCKED` gives each row to
         exactly one), and the rows are durable, so a restart loses nothing."""
@@ -153,21 +172,25 @@ class Worker:
                 log.exception("queueing due effects failed; trying again at the next poll")
             await asyncio.sleep(self._settings.poll_interval)
 
-    def _cancel_lost(self, lost: set[uuid.UUID]) -> None:
-        """The heartbeat found these leases gone: their executions must stop at once and write nothing."""
-        for thread_id in lost:
+    def _cancel_lost(self, lost: set[tuple[uuid.UUID, uuid.UUID]]) -> None:
+        """The heartbeat found these leases gone: the executions that held them must stop at once and write nothing.
+        A thread released and claimed again since the heartbeat read its claims runs under a new token: left alone."""
+        for thread_id, token in lost:
             entry = self._running.get(thread_id)
-            if entry is not None:
+            if entry is not None and entry[0].token == token:
                 log.warning("lease of thread %s lost; cancelling its execution", thread_id)
                 entry[1].cancel()
 
-    def _abandon(self, thread_id: str) -> None:
-        """A stop or terminate took this thread's lease: cancel its in-flight call now, not at the next heartbeat."""
+    def _abandon(self, payload: str) -> None:
+        """A stop or terminate took this thread's lease (`thread_id:token`): cancel its in-flight call now, not at the
+        next heartbeat — if this worker still runs it under that token."""
+        thread_id, _, token = payload.partition(":")
         try:
             entry = self._running.get(uuid.UUID(thread_id))
+            revoked = uuid.UUID(token)
         except ValueError:
             return
-        if entry is not None:
+        if entry is not None and entry[0].token == revoked:
             log.info("thread %s was stopped or terminated; cancelling its execution", thread_id)
             entry[1].cancel()
 

@@ -6,11 +6,13 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator
 
+import asyncpg
 import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from app import db, errors, keys, queue, threads
+from app.settings import plain_url
 from app.spec import define_agent
 
 AGENT = define_agent(name="a", side_a={"prompt": "p"})
@@ -99,7 +101,7 @@ async def test_expired_lease_is_claimable_and_fences_the_old_holder(
 
 
 async def test_heartbeat_renews_held_leases_and_reports_lost_ones(
-    sessions: async_sessionmaker[AsyncSession], engine: AsyncEngine
+    sessions: async_sessionmaker[AsyncSession], database_url: str
 ) -> None:
     await _runnable(sessions, 2)
     kept = await _claim(sessions, lease=0.2)
@@ -108,9 +110,12 @@ async def test_heartbeat_renews_held_leases_and_reports_lost_ones(
     await asyncio.sleep(0.1)
     thief = await _claim(sessions, "thief")
     assert thief is not None and thief.thread_id == stolen.thread_id
-    async with engine.begin() as conn:
+    conn = await asyncpg.connect(plain_url(database_url))
+    try:
         lost = await queue.heartbeat(conn, [kept, stolen], 30)
-    assert lost == {stolen.thread_id}
+    finally:
+        await conn.close()
+    assert lost == {(stolen.thread_id, stolen.token)}
     async with sessions() as s:
         expires = (
             await s.execute(
@@ -119,6 +124,28 @@ async def test_heartbeat_renews_held_leases_and_reports_lost_ones(
             )
         ).scalar_one()
     assert expires
+
+
+async def test_heartbeat_never_waits_for_a_locked_row_and_keeps_its_lease(
+    sessions: async_sessionmaker[AsyncSession], database_url: str
+) -> None:
+    """A row locked by a long transaction (a busy step, an enqueue) is skipped, not waited for, and not lost."""
+    await _runnable(sessions, 2)
+    busy, free = await _claim(sessions, lease=30), await _claim(sessions, lease=30)
+    assert busy is not None and free is not None
+    conn = await asyncpg.connect(plain_url(database_url))
+    try:
+        async with sessions() as s, s.begin():
+            await queue.fence(s, busy)  # holds the row lock until this block ends
+            lost = await asyncio.wait_for(queue.heartbeat(conn, [busy, free], 60), 2)
+            assert lost == set()
+            async with sessions() as r:
+                renewed = await r.execute(
+                    text("SELECT id FROM threads WHERE lease_expires_at > now() + interval '45 seconds'")
+                )
+                assert [row.id for row in renewed] == [free.thread_id]
+    finally:
+        await conn.close()
 
 
 async def test_concurrent_claimers_never_share_a_thread(sessions: async_sessionmaker[AsyncSession]) -> None:
@@ -149,10 +176,6 @@ async def test_waiting_and_terminated_threads_are_not_claimed(
 async def test_enqueue_notifies_listeners_at_commit(
     sessions: async_sessionmaker[AsyncSession], database_url: str
 ) -> None:
-    import asyncpg
-
-    from app.settings import plain_url
-
     got = asyncio.Event()
     conn = await asyncpg.connect(plain_url(database_url))
     await conn.add_listener(queue.WAKEUP_CHANNEL, lambda *_: got.set())
@@ -165,3 +188,77 @@ async def test_enqueue_notifies_listeners_at_commit(
         await asyncio.wait_for(got.wait(), 5)
     finally:
         await conn.close()
+
+
+async def test_a_release_racing_an_enqueue_keeps_the_thread_runnable(
+    sessions: async_sessionmaker[AsyncSession],
+) -> None:
+    """R8: an enqueue holding the thread row while the worker releases it; its input must not be stranded."""
+    [tid] = await _runnable(sessions, 1)
+    claim = await _claim(sessions)
+    assert claim is not None
+    async with sessions() as s, s.begin():
+        await queue.take_inbox(s, tid)  # the run took its input
+
+    async def release() -> bool:
+        async with sessions() as s, s.begin():
+            return await queue.release(s, claim)
+
+    async with sessions() as poster, poster.begin():  # as `POST /messages` does: row lock, inbox row, runnable
+        await poster.execute(text("SELECT 1 FROM threads WHERE id = :id FOR NO KEY UPDATE"), {"id": tid})
+        await queue.enqueue(poster, tid, queue.Kind.MESSAGE, {"id": str(uuid.uuid4()), "role": "user"})
+        releasing = asyncio.create_task(release())
+        await asyncio.sleep(0.3)  # the release is now waiting for the row
+        assert not releasing.done()
+    assert await releasing is True
+    async with sessions() as s:
+        row = (
+            await s.execute(text("SELECT runnable_since, lease_token FROM threads WHERE id = :id"), {"id": tid})
+        ).one()
+    assert row.runnable_since is not None and row.lease_token is None
+    again = await _claim(sessions)
+    assert again is not None and again.thread_id == tid
+
+
+async def test_the_janitor_check_repairs_a_stranded_thread_and_nothing_else(
+    sessions: async_sessionmaker[AsyncSession],
+) -> None:
+    stranded, leased, stopped, waiting, idle = await _runnable(sessions, 5)
+    claim = await _claim(sessions)  # the oldest: `stranded`, whose lease we drop by hand below
+    assert claim is not None and claim.thread_id == stranded
+    held = await _claim(sessions)
+    assert held is not None and held.thread_id == leased
+    async with sessions() as s, s.begin():
+        clear = "UPDATE threads SET runnable_since = NULL, lease_token = NULL, lease_expires_at = NULL WHERE id = :id"
+        await s.execute(text(clear), {"id": stranded})  # what a lost wake-up leaves
+        await s.execute(text("UPDATE threads SET runnable_since = NULL WHERE id = :id"), {"id": leased})
+        await s.execute(
+            text("UPDATE threads SET runnable_since = NULL, stopped = true WHERE id = :id"), {"id": stopped}
+        )
+        await s.execute(
+            text("UPDATE threads SET runnable_since = NULL, status = 'waiting' WHERE id = :id"), {"id": waiting}
+        )
+        await queue.take_inbox(s, idle)
+        await s.execute(text("UPDATE threads SET runnable_since = NULL WHERE id = :id"), {"id": idle})
+    async with sessions() as s, s.begin():
+        assert await queue.repair_stranded(s) == [stranded]
+    async with sessions() as s, s.begin():
+        assert await queue.repair_stranded(s) == []
+    again = await _claim(sessions)
+    assert again is not None and again.thread_id == stranded
+
+
+async def test_set_aside_input_is_neither_delivered_nor_a_reason_to_run(
+    sessions: async_sessionmaker[AsyncSession],
+) -> None:
+    [tid] = await _runnable(sessions, 1)
+    claim = await _claim(sessions)
+    assert claim is not None
+    async with sessions() as s, s.begin():
+        [row] = await queue.pending(s, tid)
+        await queue.set_aside(s, row.id, "bad input")
+        assert await queue.take_inbox(s, tid) == []
+        assert await queue.release(s, claim) is False
+        assert await queue.repair_stranded(s) == []
+        [kept] = await queue.pending(s, tid)
+    assert (kept.id, kept.error) == (row.id, "bad input") and kept.set_aside_at is not None

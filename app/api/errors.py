@@ -26,8 +26,6 @@ STATUS: dict[type[errors.AgentsError], int] = {
     errors.TooLarge: 413,
     errors.NotAnImage: 422,
     errors.NotReady: 503,
-    errors.LeaseLost: 503,
-    errors.Contention: 503,
     errors.ConfigError: 500,
     errors.EndpointFailed: 500,
 }

@@ -13,7 +13,7 @@ from cryptography.fernet import Fernet
 from sqlalchemy import inspect, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import errors, messages, tables
+from app import messages, tables
 from app.catalog import Catalog
 from app.engine.context import Env, _visible, load_env
 from app.engine.state import RunState, Transaction
@@ -190,8 +190,6 @@ class Hooks:
                 if out is None and none_ends:
                     return None
                 value = check(out)
-            except errors.LeaseLost:
-                raise
             except Exception as exc:
                 await self._failed(hook, exc)
         return value
@@ -200,8 +198,6 @@ class Hooks:
         for hook in self._by_name.get(name, ()):
             try:
                 await hook.fn(self._state, StateMessage.model_validate(messages.to_dict(row)))
-            except errors.LeaseLost:
-                raise
             except Exception as exc:
                 await self._failed(hook, exc)
 

@@ -21,7 +21,7 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app import attachments, errors, events, files, messages, queue, tables, threads
+from app import attachments, errors, events, files, lifecycle, messages, queue, tables, threads
 from app import subagents as child_registry
 from app.catalog import Catalog
 from app.engine import calls, context, effects, handoffs, hooks, stops, subagents, subprompts, tools
@@ -42,6 +42,15 @@ from app.spec.state import ExecutionState, SubagentEntry
 log = logging.getLogger(__name__)
 
 MAX_ATTEMPTS = 3  # claims of one step that ended in a crash before its session fails (`storage-and-queue.md`)
+
+
+class DeliveryFailed(Exception):
+    """Delivering one inbox row raised: the row is set aside so the thread does not fail on it forever."""
+
+    def __init__(self, inbox_id: int, reason: str) -> None:
+        super().__init__(reason)
+        self.inbox_id = inbox_id
+        self.reason = reason
 
 
 @dataclass
@@ -94,9 +103,11 @@ class Engine:
         try:
             async with self._sessions() as session, session.begin():
                 yield session, await queue.fence(session, claim)
-        except DBAPIError as exc:
+        except (DBAPIError, OSError) as exc:
             if errors.Contention.of(exc):
                 raise errors.Contention() from exc
+            if errors.Unavailable.of(exc):
+                raise errors.Unavailable() from exc
             raise
 
     async def execute(self, claim: queue.Claim) -> None:
@@ -104,23 +115,36 @@ class Engine:
         self._contexts[claim.token] = {}
         try:
             try:
-                await self._run(claim)
-            except (errors.LeaseLost, errors.Contention):
+                await self._run_all(claim)
+            except errors.Aborted:
                 raise
             except Exception as exc:
                 log.exception("execution of thread %s failed", claim.thread_id)
                 await self._fail(claim, "internal_error", f"{type(exc).__name__}: {exc}")
-            async with self._sessions() as session, session.begin():
+            async with self._tx(claim) as (session, _):
                 await queue.release(session, claim)
         except errors.LeaseLost:
             log.warning("lost the lease of thread %s; stopping without writing", claim.thread_id)
         except errors.Contention:  # like a crash: what was not committed is redone from what is stored
             log.warning("thread %s hit a lock cycle; handing it back to run again", claim.thread_id)
-            with contextlib.suppress(errors.LeaseLost):
-                async with self._sessions() as session, session.begin():
+            with contextlib.suppress(errors.Aborted):
+                async with self._tx(claim) as (session, _):
                     await queue.release(session, claim, again=True, keep_attempt=True)
+        except errors.Unavailable:
+            log.warning("the database is unreachable; thread %s is left to its lease", claim.thread_id)
         finally:
             self._contexts.pop(claim.token, None)
+
+    async def _run_all(self, claim: queue.Claim) -> None:
+        """Run; an input whose delivery fails is set aside (kept, marked, reported) and the rest goes on without it."""
+        while True:
+            try:
+                return await self._run(claim)
+            except DeliveryFailed as exc:
+                log.warning("thread %s: input %d could not be delivered; set aside", claim.thread_id, exc.inbox_id)
+                async with self._tx(claim) as (session, thread):
+                    await queue.set_aside(session, exc.inbox_id, exc.reason)
+                    await events.append(session, thread.id, "error", {"code": "input_set_aside", "message": exc.reason})
 
     def _context(self, thread: tables.Thread) -> dict[str, Any]:
         """`state.context`: one dict for the whole execution (the fenced row carries the claim's token)."""
@@ -135,13 +159,19 @@ class Engine:
             if thread.terminated_at is not None or thread.stopped:
                 return
             agent = self._catalog.agent(thread.agent)
+            if thread.attempt > MAX_ATTEMPTS + 1:  # it crashed even while failing: its input is what kills it
+                await self._set_aside_input(session, thread)
+                await self._crashed(session, thread)
+                return
             if thread.attempt > MAX_ATTEMPTS:
                 await self._deliver(session, thread, agent, mid_turn=True)  # keep the input, start nothing
                 await self._crashed(session, thread)
                 return
-            acting = await self._deliver(session, thread, agent, mid_turn=False)
-            resuming = thread.step_open and thread.session_status == "running"  # a child's result came back
-            if acting is None and thread.status != "running" and not resuming:
+            # a turn a previous execution left unfinished (a crash, a deploy) is finished first: new input joins it
+            # as mid-turn input instead of starting a turn that would abandon it (`semantics.md` §2)
+            in_turn = await _turn_in_progress(session, thread)
+            acting = await self._deliver(session, thread, agent, mid_turn=in_turn)
+            if acting is None and thread.status != "running" and not in_turn:
                 await threads.set_status(session, thread, "idle")
                 return
             if acting is not None:
@@ -160,39 +190,45 @@ class Engine:
             self._catalog, self._fernet, session, thread, thread.side or "a", context=self._context(thread)
         )
         for row in await queue.take_inbox(session, thread.id):
-            if row.kind == queue.Kind.MESSAGE:
-                p = await hook_runner.before_delivery(row.payload)
-                msg = await messages.add(
-                    session,
-                    thread.id,
-                    p["role"],
-                    id=uuid.UUID(p["id"]),
-                    content=p.get("content"),
-                    silent=bool(p.get("silent")),
-                    metadata_=p.get("metadata") or {},
-                    attachments=p.get("attachments") or [],
-                    subagent_id=_uuid((p.get("metadata") or {}).get("subagent_id")),
-                    session_number=thread.session_number,
-                )
-                await hook_runner.after_create_message(msg)
-                first = msg.position if first is None else first
-                thread.last_message_at = msg.created_at
-                if p["role"] == "user":
-                    acting = "a"
-                elif p["role"] == "assistant":
-                    acting = "b" if agent.type == "dual_ai" else None
-            elif row.kind == queue.Kind.CONTINUE:
-                acting = row.payload.get("side", "a")
-            elif row.kind == queue.Kind.SPAWN:  # a new thread's immediate subagents of side A (§6.6)
-                side_a = self._catalog.prompts[agent.side_a.prompt]
-                env = await context.load_env(session, self._fernet, self._catalog, thread, side_a)
-                await subagents.spawn_immediate(session, self._catalog, self._fernet, thread, "a", side_a, env)
-            elif row.kind == queue.Kind.CHILD_RESULT:  # a blocking subagent call is answered (§6.4)
-                await _answer(session, thread, row.payload)
-            elif row.kind == queue.Kind.TOOL:  # `state.queue_tool` outside a tool call (§7.4)
-                msg = await deliver_tool(session, thread, row.payload)
-                first = msg.position if first is None else first
-                acting = msg.side
+            try:
+                if row.kind == queue.Kind.MESSAGE:
+                    p = await hook_runner.before_delivery(row.payload)
+                    msg = await messages.add(
+                        session,
+                        thread.id,
+                        p["role"],
+                        id=uuid.UUID(p["id"]),
+                        content=p.get("content"),
+                        silent=bool(p.get("silent")),
+                        metadata_=p.get("metadata") or {},
+                        attachments=p.get("attachments") or [],
+                        subagent_id=_uuid((p.get("metadata") or {}).get("subagent_id")),
+                        session_number=thread.session_number,
+                    )
+                    await hook_runner.after_create_message(msg)
+                    first = msg.position if first is None else first
+                    thread.last_message_at = msg.created_at
+                    if p["role"] == "user":
+                        acting = "a"
+                    elif p["role"] == "assistant":
+                        acting = "b" if agent.type == "dual_ai" else None
+                elif row.kind == queue.Kind.CONTINUE:
+                    acting = row.payload.get("side", "a")
+                elif row.kind == queue.Kind.SPAWN:  # a new thread's immediate subagents of side A (§6.6)
+                    side_a = self._catalog.prompts[agent.side_a.prompt]
+                    env = await context.load_env(session, self._fernet, self._catalog, thread, side_a)
+                    await subagents.spawn_immediate(session, self._catalog, self._fernet, thread, "a", side_a, env)
+                elif row.kind == queue.Kind.CHILD_RESULT:  # a blocking subagent call is answered (§6.4)
+                    await _answer(session, thread, row.payload)
+                elif row.kind == queue.Kind.TOOL:  # `state.queue_tool` outside a tool call (§7.4)
+                    msg = await deliver_tool(session, thread, row.payload)
+                    first = msg.position if first is None else first
+                    acting = msg.side
+            except Exception as exc:  # poison input: set aside by `_run_all`, never retried forever
+                if errors.Contention.of(exc) or errors.Unavailable.of(exc):
+                    raise  # the database's trouble, not the input's: `_tx` hands the execution back
+                reason = f"input {row.kind} could not be delivered: {type(exc).__name__}: {exc}"
+                raise DeliveryFailed(row.id, reason) from exc
         if mid_turn or acting is None:
             return None
         thread.turn_start = first if first is not None else await _next_position(session, thread.id)
@@ -308,23 +344,13 @@ class Engine:
             side_config, prompt = self._prompt_of(agent, side)
             rows = await messages.history(session, thread.id)
             turn_start = thread.turn_start or 0
-            last = next(
-                (
-                    r
-                    for r in reversed(rows)
-                    if r.role != "tool" and r.side == side and r.position >= turn_start and r.depth == 0
-                ),
-                None,
-            )
+            last, missing = _open_work(rows, side, turn_start, thread.step_open)
             env = await context.load_env(session, self._fernet, self._catalog, thread, prompt)
-            if last is not None and last.status == "completed" and last.tool_calls:
-                answered = {r.tool_call_id for r in rows if r.role == "tool"}
-                missing = [c for c in last.tool_calls if c["id"] not in answered]
+            if last is not None and last.status == "completed":
                 # a crash between the model's answer and its tool results, or a subagent's result: run what is left
-                if missing or thread.step_open:
-                    response = LLMResponse(text=last.content or "", tool_calls=list(last.tool_calls))
-                    return Step(side, thread.session_steps, calls=missing, response=response, env=env, agent=agent)
-            redo = last is not None and last.status == "pending"  # a call a crash interrupted: the same step again
+                response = LLMResponse(text=last.content or "", tool_calls=list(last.tool_calls or []))
+                return Step(side, thread.session_steps, calls=missing, response=response, env=env, agent=agent)
+            redo = last is not None  # a call a crash interrupted (still `pending`): the same step again
             if thread.session_steps >= self._settings.max_session_steps and not redo:
                 await self._end_session(session, thread, stops.Verdict("session", "max_total_steps", "failure"))
                 return None
@@ -348,7 +374,7 @@ class Engine:
             if registry is not None:  # after the history, so the model sees its children's current state
                 request.messages.append(LLMMessage("system", registry))
             await attachments.inline_images(session, thread.id, request.messages)
-            if last is not None and last.status == "pending":  # redo an interrupted call into the same row
+            if last is not None:  # redo an interrupted call into the same row
                 await messages.save(session, last, content=None, tool_calls=None, reasoning_content=None)
                 message = last
             else:
@@ -550,30 +576,38 @@ class Engine:
 
     async def _crashed(self, session: AsyncSession, thread: tables.Thread) -> None:
         """The same step crashed its worker `MAX_ATTEMPTS` times: fail the session instead of looping."""
-        for row in await messages.history(session, thread.id, session_number=thread.session_number):
-            if row.status == "pending":
-                await messages.save(session, row, status="failed")
         message = (
             f"The run crashed {MAX_ATTEMPTS} times at step {thread.session_steps} of session "
             f"{thread.session_number}; the session was failed instead of trying again."
         )
+        await lifecycle.close_open_work(session, thread, message)
         await events.append(session, thread.id, "error", {"code": "crashed", "message": message})
         if thread.session_status == "running":
             await self._end_session(session, thread, stops.Verdict("session", "crashed", "failure"))
         else:
             await threads.set_status(session, thread, "idle")
 
+    @staticmethod
+    async def _set_aside_input(session: AsyncSession, thread: tables.Thread) -> None:
+        """Every waiting input, kept but never delivered: one of them kills the process that delivers it."""
+        reason = f"set aside: the thread's worker died {MAX_ATTEMPTS + 1} times in a row while this input waited"
+        for row in await queue.set_aside_all(session, thread.id, reason):
+            await events.append(session, thread.id, "error", {"code": "input_set_aside", "message": reason})
+            log.warning("thread %s: input %d set aside after repeated crashes", thread.id, row.id)
+
     async def _fail(self, claim: queue.Claim, code: str, message: str) -> None:
         """End the session after an unexpected error, so no thread is left `running`."""
         async with self._tx(claim) as (session, thread):
-            for row in await messages.history(session, thread.id):
-                if row.status == "pending":
-                    await messages.save(session, row, status="failed")
             known: list[str] = []
             with contextlib.suppress(errors.AgentsError):  # e.g. a secret the current key cannot decrypt
                 known = (await context.load_env(session, self._fernet, self._catalog, thread, None)).secrets()
-            await events.append(session, thread.id, "error", {"code": code, "message": calls.scrub(message, known)})
-            await self._end_session(session, thread, stops.Verdict("session", "crashed", "failure"))
+            text = calls.scrub(message, known)
+            await lifecycle.close_open_work(session, thread, f"The run failed: {text}")
+            await events.append(session, thread.id, "error", {"code": code, "message": text})
+            if thread.session_status == "running":
+                await self._end_session(session, thread, stops.Verdict("session", "crashed", "failure"))
+            else:
+                await threads.set_status(session, thread, "idle")
 
 
 def _uuid(value: Any) -> uuid.UUID | None:
@@ -629,3 +663,35 @@ async def _next_position(session: AsyncSession, thread_id: uuid.UUID) -> int:
         select(func.coalesce(func.max(tables.Message.position), 0) + 1).where(tables.Message.thread_id == thread_id)
     )
     return int(value.scalar_one())
+
+
+async def _turn_in_progress(session: AsyncSession, thread: tables.Thread) -> bool:
+    """Whether a turn was left unfinished: a step opened in it, or open work (a pending message, unanswered tool
+    calls) waits in it. Read from what is stored, never from what delivering new input would change."""
+    if thread.session_status != "running" or thread.side is None:
+        return False
+    if thread.turn_steps > 0 or thread.step_open:
+        return True
+    rows = await messages.history(session, thread.id, session_number=thread.session_number)
+    return _open_work(rows, thread.side, thread.turn_start or 0, step_open=False)[0] is not None
+
+
+def _open_work(
+    rows: list[tables.Message], side: str, turn_start: int, step_open: bool
+) -> tuple[tables.Message | None, list[ToolCall]]:
+    """The acting side's unfinished step in this turn: a `pending` message (its call was interrupted), or a message
+    whose tool calls are not all answered (with those calls), or — while the step's stops are not evaluated yet —
+    the last one that made calls. Input delivered after it (mid-turn messages) does not hide it."""
+    answered = {r.tool_call_id for r in rows if r.role == "tool"}
+    calling: tables.Message | None = None
+    for row in reversed(rows):
+        if row.role == "tool" or row.side != side or row.depth != 0 or row.position < turn_start:
+            continue
+        if row.status == "pending":
+            return row, []
+        if row.status == "completed" and row.tool_calls:
+            missing = [c for c in row.tool_calls if c["id"] not in answered]
+            if missing:
+                return row, missing
+            calling = calling or row
+    return (calling, []) if step_open and calling is not None else (None, [])

@@ -159,7 +159,9 @@ async def _projected(session: AsyncSession, rows: list[tables.Message]) -> list[
 
 
 def _queued(row: tables.Inbox) -> schemas.Message:
+    """Input not delivered yet (`pending`), or set aside because its delivery kept failing (`failed`, with why)."""
     p = row.payload
+    aside = {"set_aside": True, "error": row.error} if row.set_aside_at is not None else {}
     return schemas.Message(
         id=uuid.UUID(p["id"]),
         role=p["role"],
@@ -169,13 +171,13 @@ def _queued(row: tables.Inbox) -> schemas.Message:
         tool_calls=None,
         tool_call_id=None,
         tool_status=None,
-        status="pending",
+        status="failed" if aside else "pending",
         silent=bool(p.get("silent")),
         depth=0,
         parent_id=None,
         attachments=p.get("attachments") or [],
         reasoning_content=None,
-        metadata={**(p.get("metadata") or {}), "queued": True},
+        metadata={**(p.get("metadata") or {}), "queued": True, **aside},
         subagent_id=None,
         model=None,
         usage=None,

@@ -1,0 +1,113 @@
+"""The heartbeat: renews a worker's leases from an OS thread of its own, and the watchdog of the worker's event loop.
+
+Tools, hooks and effects are user code on the worker's event loop; one that computes for a while (or calls something
+blocking) must not cost the other threads of this process their leases. So the heartbeat runs on its own thread,
+with its own event loop and its own connection: it renews every `lease / 3` seconds whatever the main loop does.
+A process whose loop is stuck for good must not keep its leases for ever either: the main loop ticks a clock, and
+when it has not ticked for `watchdog_seconds` (much longer than a lease) the watchdog ends the process, so its leases
+expire and other workers take its threads over; fencing discards anything it would still have written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable
+
+import asyncpg
+
+from app import queue
+
+log = logging.getLogger(__name__)
+
+TICK = 0.5  # seconds between the main loop's ticks
+STUCK_EXIT_CODE = 70  # the process exit code when the watchdog ends it (EX_SOFTWARE)
+
+
+class Heartbeat:
+    """Keeps the leases of `claims()` alive; reports lost ones to `on_lost` on the main loop."""
+
+    def __init__(
+        self,
+        url: str,
+        lease_seconds: float,
+        watchdog_seconds: float,
+        claims: Callable[[], list[queue.Claim]],
+        on_lost: Callable[[set[tuple[uuid.UUID, uuid.UUID]]], None],
+    ) -> None:
+        self._url = url
+        self._lease = lease_seconds
+        self._watchdog = watchdog_seconds
+        self._claims = claims
+        self._on_lost = on_lost
+        self._ticked = time.monotonic()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._main, name="heartbeat", daemon=True)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._ticker: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        """Start ticking on the running (main) loop and beating on the heartbeat thread."""
+        self._loop = asyncio.get_running_loop()
+        self._ticker = self._loop.create_task(self._tick(), name="watchdog-tick")
+        self._thread.start()
+
+    async def stop(self) -> None:
+        """Stop beating (the caller hands its leases back itself)."""
+        self._done.set()
+        if self._ticker is not None:
+            self._ticker.cancel()
+        await asyncio.to_thread(self._thread.join, 10)
+
+    async def _tick(self) -> None:
+        while True:
+            self._ticked = time.monotonic()
+            await asyncio.sleep(TICK)
+
+    def stalled(self) -> float:
+        """Seconds since the main loop last ran its ticker."""
+        return time.monotonic() - self._ticked
+
+    # -- on the heartbeat thread ---------------------------------------------------------------------------
+
+    def _main(self) -> None:
+        asyncio.run(self._beat())
+
+    async def _beat(self) -> None:
+        interval = self._lease / 3
+        conn: asyncpg.Connection | None = None
+        try:
+            while not self._done.wait(interval):
+                stalled = self.stalled()
+                if stalled > self._watchdog:
+                    log.critical(
+                        "the worker's event loop has not run for %.0f s (limit %.0f s): exiting so its leases pass on",
+                        stalled,
+                        self._watchdog,
+                    )
+                    os._exit(STUCK_EXIT_CODE)
+                if stalled > interval:
+                    log.warning("the worker's event loop has not run for %.1f s; its leases are kept alive", stalled)
+                claims = self._claims()
+                try:
+                    conn = conn or await asyncpg.connect(self._url, timeout=interval)
+                    async with asyncio.timeout(interval):
+                        lost = await queue.heartbeat(conn, claims, self._lease)
+                except Exception as exc:
+                    log.warning("heartbeat failed (%s: %s); reconnecting", type(exc).__name__, exc)
+                    if conn is not None:
+                        with contextlib.suppress(Exception):
+                            await conn.close(timeout=1)
+                    conn = None
+                    continue
+                if lost and self._loop is not None:
+                    self._loop.call_soon_threadsafe(self._on_lost, lost)
+        finally:
+            if conn is not None:
+                with contextlib.suppress(Exception):
+                    await conn.close(timeout=1)
