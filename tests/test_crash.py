@@ -130,7 +130,7 @@ async def cluster(database_url: str, tmp_path: Path) -> AsyncIterator[ClusterFac
             c.base = f"http://127.0.0.1:{port}"
             c.processes.append((start(["api", "--port", str(port)], env, tmp_path / "api.log"), tmp_path / "api.log"))
         for i in range(workers):
-            log = tmp_path / f"worker-{i}.log"
+            log = tmp_path / f"worker-{len(clusters)}-{i}.log"
             c.processes.append((start(["worker"], env, log), log))
         if api:
             await until_ready(c.base, *c.processes[0])
@@ -348,3 +348,53 @@ async def test_the_parent_gets_its_blocking_childs_result_after_a_kill_9(cluster
     assert rows[2]["content"] == f"approved\n\nReference: {cid}"
     assert rows[3]["content"] == f"boss got: approved\n\nReference: {cid}"
     assert len(read_jsonl(c.crash_dir / "tree.jsonl")) == 2  # the child's interrupted call was made again
+
+
+@pytest.mark.parametrize(
+    ("word", "records", "how"),
+    [("slow-model", "model.jsonl", signal.SIGKILL), ("slow-tool", "tools.jsonl", signal.SIGTERM)],
+    ids=["kill-9-mid-llm-call", "sigterm-mid-tool-call"],
+)
+async def test_an_interrupted_turn_is_finished_when_new_input_arrives_before_recovery(
+    cluster: ClusterFactory, word: str, records: str, how: signal.Signals
+) -> None:
+    """R7: the only worker stops mid-step, a second message is posted, then a fresh worker takes the thread over."""
+    c = await cluster(workers=1)
+    async with httpx.AsyncClient(base_url=c.base) as client:
+        tid, _ = await c.new_thread(client, word)
+
+        async def in_flight() -> int | None:
+            tries = read_jsonl(c.crash_dir / records)
+            return tries[0]["pid"] if tries else None
+
+        victim = c.worker(await c.wait(in_flight, 20, "the slow step starts"))
+        pending = await c.db.fetchval("SELECT id::text FROM messages WHERE thread_id = $1 AND role = 'assistant'", tid)
+        victim.send_signal(how)
+        assert victim.wait(20) == (-signal.SIGKILL if how == signal.SIGKILL else 0)
+        posted = await client.post(f"/threads/{tid}/messages", json={"content": "and then?"})
+        assert posted.status_code == 202, posted.text
+        fresh = await cluster(workers=1, api=False)
+
+        async def done() -> list[dict[str, Any]] | None:
+            row = await c.db.fetchrow("SELECT * FROM threads WHERE id = $1", tid)
+            if row["status"] != "idle" or row["lease_owner"] is not None or row["runnable_since"] is not None:
+                return None
+            stored: list[dict[str, Any]] = (await client.get(f"/threads/{tid}/messages")).json()["messages"]
+            return stored
+
+        stored = await c.wait(done, 30, "the thread settles")
+
+    assert all(m["status"] == "completed" for m in stored), stored  # nothing left pending
+    calls = [call["id"] for m in stored if m["role"] == "assistant" for call in m["tool_calls"] or []]
+    answers = [m["tool_call_id"] for m in stored if m["role"] == "tool"]
+    assert sorted(calls) == sorted(answers) and len(set(answers)) == len(answers)  # each call answered exactly once
+    assert [m["content"] for m in stored if m["role"] == "user"] == [word, "and then?"]
+    assert stored[-1]["role"] == "assistant" and stored[-1]["content"].startswith(("noted:", "finished:"))
+    tries = read_jsonl(c.crash_dir / records)
+    [survivor] = [p.pid for p in fresh.workers]
+    if word == "slow-model":  # the interrupted call was made again into the same row
+        assert [t["pid"] for t in tries][:2] == [victim.pid, survivor]
+        assert [m["id"] for m in stored if m["role"] == "assistant"][0] == pending
+    else:  # the interrupted tool call ran again, once
+        first = tries[0]["tool_call_id"]
+        assert [t["pid"] for t in tries if t["tool_call_id"] == first] == [victim.pid, survivor]
