@@ -9,6 +9,8 @@ from pathlib import Path
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+DEFAULT_TOOL_TIMEOUT = 300.0  # seconds
+
 
 class Settings(BaseSettings):
     """Every knob of the runtime; the only reader of `os.environ`."""
@@ -27,7 +29,9 @@ class Settings(BaseSettings):
     watchdog_seconds: float = Field(
         default=120.0, gt=0, description="a worker whose event loop is stuck this long exits, so its leases pass on"
     )
-    tool_timeout: float = Field(default=300.0, gt=0, description="seconds a tool call may run (tools may set less)")
+    tool_timeout: float = Field(
+        default=DEFAULT_TOOL_TIMEOUT, gt=0, description="seconds a tool call may run (a tool's own `timeout` wins)"
+    )
     max_session_steps: int = Field(default=250, ge=1)
     db_pool_size: int = Field(default=10, ge=1)
     migrate_on_start: bool = True

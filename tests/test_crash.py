@@ -394,7 +394,7 @@ async def test_an_interrupted_turn_is_finished_when_new_input_arrives_before_rec
     [survivor] = [p.pid for p in fresh.workers]
     if word == "slow-model":  # the interrupted call was made again into the same row
         assert [t["pid"] for t in tries][:2] == [victim.pid, survivor]
-        assert [m["id"] for m in stored if m["role"] == "assistant"][0] == pending
+        assert next(m["id"] for m in stored if m["role"] == "assistant") == pending
     else:  # the interrupted tool call ran again, once
         first = tries[0]["tool_call_id"]
         assert [t["pid"] for t in tries if t["tool_call_id"] == first] == [victim.pid, survivor]

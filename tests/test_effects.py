@@ -381,15 +381,11 @@ def test_the_catalog_names_an_effect_after_its_file_and_checks_it(tmp_path: Path
         "@define_effect(description='a')\nasync def a(state): pass\n"
         "@define_effect(description='b')\nasync def b(state): pass\n"
     )
-    (tmp_path / "effects" / "sync.py").write_text(
-        "from app.spec import define_effect\n@define_effect(description='s')\ndef s(state): pass\n"
-    )
     (tmp_path / "effects" / "loose.py").write_text(
         "from app.spec import define_effect\n@define_effect(description='l')\nasync def l(state, args: dict): pass\n"
     )
     problems = {p.file.rsplit("/", 1)[-1]: p.message for p in catalog_check(tmp_path)}
     assert problems == {
         "loose.py": "TypeError on line 2: effect `l`: annotate `args` with a pydantic model class",
-        "sync.py": "TypeError on line 2: effect `s` must be an `async def` function",
         "two.py": "defines 2 effects",
     }

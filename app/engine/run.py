@@ -514,6 +514,7 @@ class Engine:
                 sessions=self._sessions,
                 children=await self._children(session, thread),
                 subprompts=self._subprompts,
+                tool_timeout=self._settings.tool_timeout,
             )
             hook_runner = await hooks.prepare(  # its hooks run between this step's transactions, not inside one
                 self._catalog,

@@ -23,6 +23,7 @@ from app.engine import handoffs, tools
 from app.engine.context import Env, offered_tools
 from app.engine.files import FileMethods
 from app.llm.base import ToolCall
+from app.settings import DEFAULT_TOOL_TIMEOUT
 from app.spec.define import EffectDefinition
 from app.spec.definitions import AgentDefinition, ModelDefinition, PromptDefinition, ToolEntry
 from app.spec.results import ToolResult
@@ -66,7 +67,9 @@ class RunState(FileMethods):
         sessions: async_sessionmaker[AsyncSession] | None = None,
         children: list[SubagentEntry] | None = None,
         subprompts: Runner | None = None,
+        tool_timeout: float = DEFAULT_TOOL_TIMEOUT,
     ) -> None:
+        self.tool_timeout = tool_timeout  # seconds a tool call run through this state may take
         self._thread = thread
         self._env = env
         self._transaction = transaction
@@ -467,6 +470,7 @@ class RunState(FileMethods):
             sessions=self._sessions,
             children=self._children,
             subprompts=self._subprompts,
+            tool_timeout=self.tool_timeout,
         )
 
 

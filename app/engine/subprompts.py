@@ -91,6 +91,7 @@ class Runner:
             catalog=self._catalog,
             fernet=state._fernet,
             subprompts=self,
+            tool_timeout=state.tool_timeout,
         )
         offered = {
             t.name: t

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from dataclasses import dataclass
@@ -135,9 +136,15 @@ async def run(name: str, definition: ToolDefinition, arguments: dict[str, Any], 
             args = definition.args_model.model_validate(arguments)
         except ValidationError as exc:
             return _error(_validation_text(name, exc))
+    limit = definition.timeout or state.tool_timeout
+    timer = asyncio.timeout(limit)
     try:
-        value = await (definition.fn(state) if args is None else definition.fn(state, args))
-    except Exception as exc:
+        async with timer:
+            value = await (definition.fn(state) if args is None else definition.fn(state, args))
+    except Exception as exc:  # `errors.Aborted` and cancellation are not `Exception`s: they end the execution
+        if timer.expired():
+            log.warning("tool %s ran past its %g s limit", name, limit)
+            return _error(f"Tool `{name}` did not finish within {limit:g} s and was stopped")
         log.info("tool %s raised %s", name, type(exc).__name__)  # the text may hold a secret: it goes to the result
         return _error(f"Tool `{name}` failed: {type(exc).__name__}: {exc}")
     return normalise(value)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import inspect
 import typing
 from collections.abc import Awaitable, Callable, Iterator
@@ -36,6 +38,38 @@ def _register(definition: _T) -> _T:
     return definition
 
 
+class BlockingState:
+    """`state` as a plain `def` tool, hook or effect sees it on its worker thread: each async method is run on the
+    event loop and waited for, so the function calls `state.env("X")` like a plain method."""
+
+    def __init__(self, state: Any, loop: asyncio.AbstractEventLoop) -> None:
+        self._state = state
+        self._loop = loop
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._state, name)
+        if not inspect.iscoroutinefunction(value):
+            return value
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return asyncio.run_coroutine_threadsafe(value(*args, **kwargs), self._loop).result()
+
+        return call
+
+
+def _awaitable(fn: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:
+    """An `async def` as it is; a plain `def` runs in a worker thread (blocking or CPU-bound work in it leaves the
+    event loop, and every other thread of the process, free), with `state` as a `BlockingState`."""
+    if inspect.iscoroutinefunction(fn):
+        return fn
+
+    @functools.wraps(fn)
+    async def in_thread(state: Any, *args: Any) -> Any:
+        return await asyncio.to_thread(fn, BlockingState(state, asyncio.get_running_loop()), *args)
+
+    return in_thread
+
+
 def define_model(**fields: Any) -> ModelDefinition:
     """Define a model (`authoring.md`, Models)."""
     return _register(ModelDefinition.model_validate(fields))
@@ -56,13 +90,14 @@ ToolFunction = Callable[..., Awaitable[Any]]
 
 @dataclass
 class ToolDefinition:
-    """A callable tool: an async function, its argument model and its declared variables."""
+    """A callable tool: an async function, its argument model, its declared variables and its time limit."""
 
     fn: ToolFunction
     description: str
     args_model: type[BaseModel] | None
     variables: list[VariableDefinition] = field(default_factory=list)
     name: str = ""
+    timeout: float | None = None  # seconds; None = the server's `tool_timeout`
 
     def parameters(self) -> dict[str, Any]:
         """The JSON Schema the model sees (objects closed with `additionalProperties: false`)."""
@@ -102,23 +137,32 @@ def _args_model(fn: ToolFunction, noun: str = "tool") -> type[BaseModel] | None:
 
 
 def define_tool(
-    *, description: str, variables: list[dict[str, Any] | VariableDefinition] | None = None
-) -> Callable[[ToolFunction], ToolDefinition]:
-    """Decorate an async function `(state, args)` as a tool; the file name is the tool name."""
+    *,
+    description: str,
+    variables: list[dict[str, Any] | VariableDefinition] | None = None,
+    timeout: float | None = None,
+) -> Callable[[Callable[..., Any]], ToolDefinition]:
+    """Decorate a function `(state, args)` as a tool; the file name is the tool name.
 
-    def wrap(fn: ToolFunction) -> ToolDefinition:
-        if not inspect.iscoroutinefunction(fn):
-            raise TypeError(f"tool `{fn.__name__}` must be an `async def` function")
+    An `async def` runs on the event loop; a plain `def` runs in a worker thread (use it for blocking or CPU-bound
+    work). A call that runs longer than `timeout` seconds (default: the server's `TOOL_TIMEOUT`) ends with an error
+    result; a plain `def` cannot be interrupted, so its thread finishes in the background and its result is dropped.
+    """
+    if timeout is not None and timeout <= 0:
+        raise TypeError("a tool's `timeout` must be a positive number of seconds")
+
+    def wrap(fn: Callable[..., Any]) -> ToolDefinition:
         declared = [
             v if isinstance(v, VariableDefinition) else VariableDefinition.model_validate(v) for v in variables or []
         ]
         return _register(
             ToolDefinition(
-                fn=fn,
+                fn=_awaitable(fn),
                 description=description,
                 args_model=_args_model(fn),
                 variables=declared,
                 name=fn.__name__,
+                timeout=timeout,
             )
         )
 
@@ -148,8 +192,9 @@ class HookDefinition:
     name: str = ""
 
 
-def define_hook(hook_name: str) -> Callable[[HookFunction], HookDefinition]:
-    """Decorate an async function as a hook run at `hook_name`; the file name is the hook id.
+def define_hook(hook_name: str) -> Callable[[Callable[..., Any]], HookDefinition]:
+    """Decorate a function as a hook run at `hook_name`; the file name is the hook id (a plain `def` runs in a
+    worker thread, as for tools).
 
     Every hook gets the thread's `state` first. A transforming hook returns the new value; one that raises (or
     returns something of the wrong type) is logged and its input is used unchanged.
@@ -179,14 +224,12 @@ def define_hook(hook_name: str) -> Callable[[HookFunction], HookDefinition]:
         raise TypeError(f"unknown hook `{hook_name}`: use one of {', '.join(HOOK_PARAMS)}")
     params = HOOK_PARAMS[hook_name]
 
-    def wrap(fn: HookFunction) -> HookDefinition:
-        if not inspect.iscoroutinefunction(fn):
-            raise TypeError(f"hook `{fn.__name__}` must be an `async def` function")
+    def wrap(fn: Callable[..., Any]) -> HookDefinition:
         try:
             inspect.signature(fn).bind(*params)
         except TypeError:
             raise TypeError(f"hook `{fn.__name__}` must take ({', '.join(params)}) as a `{hook_name}` hook") from None
-        return _register(HookDefinition(hook=hook_name, fn=fn, name=fn.__name__))
+        return _register(HookDefinition(hook=hook_name, fn=_awaitable(fn), name=fn.__name__))
 
     return wrap
 
@@ -253,19 +296,20 @@ class EffectDefinition:
     name: str = ""
 
 
-def define_effect(*, description: str) -> Callable[[EffectFunction], EffectDefinition]:
-    """Decorate an async function `(state)` or `(state, args: ArgsModel)` as an effect (`semantics.md` §10).
+def define_effect(*, description: str) -> Callable[[Callable[..., Any]], EffectDefinition]:
+    """Decorate a function `(state)` or `(state, args: ArgsModel)` as an effect (a plain `def` runs in a worker
+    thread, as for tools).
 
     `state.schedule_effect(name, args, delay_ms)` stores it; when due it runs inside the thread's single flight,
     outside any transaction, with `state.execution` None and `state.context["effect"] == {id, name, attempt}`.
     It runs at least once: a handler must tolerate being run again after a crash (`attempt` > 1).
     """
 
-    def wrap(fn: EffectFunction) -> EffectDefinition:
-        if not inspect.iscoroutinefunction(fn):
-            raise TypeError(f"effect `{fn.__name__}` must be an `async def` function")
+    def wrap(fn: Callable[..., Any]) -> EffectDefinition:
         return _register(
-            EffectDefinition(fn=fn, description=description, args_model=_args_model(fn, "effect"), name=fn.__name__)
+            EffectDefinition(
+                fn=_awaitable(fn), description=description, args_model=_args_model(fn, "effect"), name=fn.__name__
+            )
         )
 
     return wrap

@@ -1,0 +1,146 @@
+"""Tool execution: plain `def` tools in a worker thread, time limits, and control flow that no guard may swallow."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+from sqlalchemy import text
+
+from app import errors
+from app.catalog import Catalog
+from app.spec import ThreadState, define_agent, define_model, define_prompt, define_tool
+from tests.conftest import client_for, wait_for
+from tests.test_engine import run, settle, stored
+
+LOOP_THREAD: dict[str, Any] = {}
+
+
+@define_tool(description="Reads a variable from a worker thread.")
+def blocking_whoami(state: ThreadState) -> str:
+    LOOP_THREAD["tool"] = threading.get_ident()
+    return f"{state.thread_id} says {state.env('GREETING')}"  # an async method, called like a plain one
+
+
+class NapArgs(BaseModel):
+    seconds: float
+
+
+@define_tool(description="Sleeps in a worker thread.", timeout=0.5)
+def blocking_nap(state: ThreadState, args: NapArgs) -> str:
+    time.sleep(args.seconds)
+    return "rested"
+
+
+@define_tool(description="Sleeps on the event loop.", timeout=0.5)
+async def nap(state: ThreadState, args: NapArgs) -> str:
+    await asyncio.sleep(args.seconds)
+    return "rested"
+
+
+@define_tool(description="Guards everything, as user code does.")
+async def guarded(state: ThreadState) -> str:
+    try:
+        await GUARD["before"]()  # the test takes the lease away here
+        await state.set_status("still mine?")  # a fenced write: the lease is gone
+    except Exception as exc:  # a careless guard around user code
+        return f"swallowed {type(exc).__name__}"
+    return "wrote"
+
+
+GUARD: dict[str, Any] = {}
+TOOLS = {t.name: t for t in (blocking_whoami, blocking_nap, nap, guarded)}
+
+
+def catalog(script: list[Any]) -> Catalog:
+    model = define_model(name="m", provider="test", script=script)
+    p = define_prompt(name="p", model="m", prompt="Terse.", include_chat=True, include_past_tools=True, tools=[*TOOLS])
+    agent = define_agent(name="agent", side_a={"prompt": "p"}, env={"GREETING": "hi"})
+    return Catalog(root=Path("."), models={"m": model}, prompts={"p": p}, agents={"agent": agent}, tools=TOOLS)
+
+
+async def test_a_plain_def_tool_runs_in_a_worker_thread_and_calls_state_methods(app_factory: Any) -> None:
+    client, tid = await run(app_factory, catalog([{"tool_calls": [{"name": "blocking_whoami"}]}, "ok"]), "who?")
+    tool = next(m for m in await stored(client, tid) if m["role"] == "tool")
+    assert (tool["tool_status"], tool["content"]) == ("success", f"{tid} says hi")
+    assert LOOP_THREAD["tool"] != threading.get_ident()
+
+
+async def test_a_tool_past_its_time_limit_ends_with_an_error_result(app_factory: Any) -> None:
+    calls = [{"name": name, "arguments": {"seconds": 3}} for name in ("nap", "blocking_nap")]
+    started = time.monotonic()
+    client, tid = await run(app_factory, catalog([{"tool_calls": calls}, "ok"]), "sleep")
+    assert time.monotonic() - started < 2.5  # neither waited its 3 s
+    tools = [m for m in await stored(client, tid) if m["role"] == "tool"]
+    assert [(t["tool_status"], t["content"]) for t in tools] == [
+        ("error", "Tool `nap` did not finish within 0.5 s and was stopped"),
+        ("error", "Tool `blocking_nap` did not finish within 0.5 s and was stopped"),
+    ]
+
+
+async def test_the_server_tool_timeout_applies_to_tools_without_their_own(app_factory: Any) -> None:
+    slow = {"name": "blocking_whoami"}
+    app = await app_factory(catalog([{"tool_calls": [slow]}, "ok"]), with_worker=True, tool_timeout=0.3)
+    client = client_for(app)
+    tid = (await client.post("/threads", json={"agent": "agent"})).json()["id"]
+    original = blocking_whoami.fn
+
+    async def slower(state: Any) -> Any:
+        await asyncio.sleep(2)
+        return await original(state)
+
+    blocking_whoami.fn = slower
+    try:
+        await client.post(f"/threads/{tid}/messages", json={"content": "who?"})
+        await settle(client, tid)
+    finally:
+        blocking_whoami.fn = original
+    tool = next(m for m in await stored(client, tid) if m["role"] == "tool")
+    assert tool["content"] == "Tool `blocking_whoami` did not finish within 0.3 s and was stopped"
+
+
+async def test_a_lost_lease_inside_a_tool_is_not_swallowed_by_its_guard(app_factory: Any) -> None:
+    """LeaseLost is control flow: a tool's `except Exception` cannot turn it into a result the model would see."""
+    app = await app_factory(catalog([{"tool_calls": [{"name": "guarded"}]}, "ok"]), with_worker=True)
+    client = client_for(app)
+    tid = (await client.post("/threads", json={"agent": "agent"})).json()["id"]
+
+    async def steal() -> None:
+        async with app.state.sessions() as session, session.begin():
+            await session.execute(
+                text("UPDATE threads SET lease_token = :t, lease_expires_at = now() + interval '1 h' WHERE id = :id"),
+                {"t": uuid.uuid4(), "id": uuid.UUID(tid)},
+            )
+
+    GUARD["before"] = steal
+    await client.post(f"/threads/{tid}/messages", json={"content": "go"})
+
+    async def tool_started() -> bool:
+        return any(m["role"] == "assistant" and m["tool_calls"] for m in await stored(client, tid))
+
+    await wait_for(tool_started)
+    await asyncio.sleep(0.5)
+    rows = await stored(client, tid)
+    assert [m["role"] for m in rows] == ["user", "assistant"]  # no tool result stored, nothing after it
+    assert (await client.get(f"/threads/{tid}")).json()["status"] == "running"  # left to whoever holds the lease
+
+
+async def test_a_lock_cycle_inside_a_tool_redoes_the_call_instead_of_becoming_its_result(app_factory: Any) -> None:
+    """A state call that hits a deadlock raises `Contention`; the tool's guard cannot store it as the result: the
+    execution is handed back and the call is made again."""
+    tries: list[str] = []
+
+    async def deadlock_once() -> None:
+        tries.append("try")
+        if len(tries) == 1:
+            raise errors.Contention()  # what a fenced transaction raises when Postgres breaks a lock cycle
+
+    GUARD["before"] = deadlock_once
+    client, tid = await run(app_factory, catalog([{"tool_calls": [{"name": "guarded"}]}, "ok"]), "go")
+    tools = [m["content"] for m in await stored(client, tid) if m["role"] == "tool"]
+    assert (tools, len(tries)) == (["wrote"], 2)
