@@ -10,10 +10,11 @@ from typing import Any
 from sqlalchemy import func, select, text
 
 from app import catalog as catalog_module
-from app import files, tables
+from app import files, queue, tables
 from app.catalog import Catalog
 from app.llm.base import LLMRequest
 from app.spec import define_agent, define_model, define_prompt
+from app.worker import Worker
 from tests.conftest import ROOT, client_for, wait_for
 from tests.test_engine import settle, stored
 
@@ -162,3 +163,85 @@ async def test_the_janitor_collects_file_content_nothing_points_at(app_factory: 
 
 async def _equals(read: Any, expected: Any) -> bool:
     return bool(await read() == expected)
+
+
+async def test_poison_input_is_set_aside_once_and_the_thread_takes_new_input(app_factory: Any) -> None:
+    """An inbox row whose delivery raises is kept, marked and reported once; it never loops, and later input runs."""
+    record = {"calls": 0, "cancelled": 0}
+    app = await app_factory(slow_catalog(0, record), with_worker=True)
+    client = client_for(app)
+    tid = uuid.UUID((await client.post("/threads", json={"agent": "agent"})).json()["id"])
+    async with app.state.sessions() as session, session.begin():  # a message row without its id: delivery raises
+        await queue.enqueue(session, tid, queue.Kind.MESSAGE, {"role": "user", "content": "poison"})
+
+    async def reported() -> list[dict[str, Any]]:
+        return [e for e in await _events(app, tid) if e["type"] == "error"]
+
+    [error] = await wait_for(reported)
+    assert error["data"]["code"] == "input_set_aside" and "KeyError" in error["data"]["message"]
+    await client.post(f"/threads/{tid}/messages", json={"content": "hi"})
+    await settle(client, str(tid))
+    await asyncio.sleep(0.5)  # long enough for a loop to show itself
+    assert len(await reported()) == 1 and record["calls"] == 1
+    listed = (await client.get(f"/threads/{tid}/messages")).json()["messages"]
+    assert [(m["content"], m["status"]) for m in listed] == [
+        ("hi", "completed"),
+        ("done", "completed"),
+        ("poison", "failed"),
+    ]
+    assert listed[2]["metadata"]["set_aside"] is True and "KeyError" in listed[2]["metadata"]["error"]
+    async with app.state.sessions() as session:
+        row = (await session.execute(select(tables.Thread).where(tables.Thread.id == tid))).scalar_one()
+    assert (row.runnable_since, row.lease_token) == (None, None)
+
+
+async def test_input_waiting_through_repeated_crashes_is_set_aside(app_factory: Any) -> None:
+    """Past the crash budget, and crashing even while failing the session, the waiting input is what kills the
+    worker: it is set aside instead of being delivered again."""
+    record = {"calls": 0, "cancelled": 0}
+    cat = slow_catalog(0, record)
+    api = await app_factory(cat)
+    client = client_for(api)
+    tid = uuid.UUID((await client.post("/threads", json={"agent": "agent"})).json()["id"])
+    await client.post(f"/threads/{tid}/messages", json={"content": "deadly"})
+    async with api.state.sessions() as session, session.begin():
+        await session.execute(text("UPDATE threads SET attempt = 4 WHERE id = :id"), {"id": tid})
+    await app_factory(cat, with_worker=True)
+
+    async def idle() -> bool:
+        return bool((await client.get(f"/threads/{tid}")).json()["status"] == "idle")
+
+    await wait_for(idle)
+    assert record["calls"] == 0
+    listed = (await client.get(f"/threads/{tid}/messages")).json()["messages"]
+    assert [(m["content"], m["status"], m["metadata"].get("set_aside")) for m in listed] == [("deadly", "failed", True)]
+    codes = [e["data"]["code"] for e in await _events(api, tid) if e["type"] == "error"]
+    assert codes == ["input_set_aside", "crashed"]
+    await client.post(f"/threads/{tid}/messages", json={"content": "hi"})
+    await settle(client, str(tid))
+    assert record["calls"] == 1
+
+
+def test_a_lost_lease_cancels_only_the_execution_that_held_it(settings: Any) -> None:
+    """A thread released and claimed again while the heartbeat ran has a new token: its new execution goes on."""
+
+    async def scenario() -> tuple[bool, bool, bool]:
+        worker = Worker(settings, None, None, None)  # type: ignore[arg-type]
+        tid = uuid.uuid4()
+        old, new = uuid.uuid4(), uuid.uuid4()
+        task = asyncio.create_task(asyncio.sleep(10))
+        worker._running[tid] = (queue.Claim(tid, new, 1), task)
+        worker._cancel_lost({(tid, old)})
+        worker._abandon(f"{tid}:{old}")
+        await asyncio.sleep(0)
+        kept = not task.cancelled()
+        worker._abandon(f"{tid}:{new}")
+        await asyncio.sleep(0)
+        abandoned = task.cancelled()
+        again = asyncio.create_task(asyncio.sleep(10))
+        worker._running[tid] = (queue.Claim(tid, new, 1), again)
+        worker._cancel_lost({(tid, new)})
+        await asyncio.sleep(0)
+        return kept, abandoned, again.cancelled()
+
+    assert asyncio.run(scenario()) == (True, True, True)

@@ -158,14 +158,23 @@ async def _projected(session: AsyncSession, rows: list[tables.Message]) -> list[
     ]
 
 
+def _id_of(value: Any, inbox_id: int) -> uuid.UUID:
+    """The queued message's id; a malformed row (set aside for it) gets one derived from its inbox row."""
+    try:
+        return uuid.UUID(str(value))
+    except ValueError:
+        return uuid.uuid5(uuid.NAMESPACE_URL, f"inbox:{inbox_id}")
+
+
 def _queued(row: tables.Inbox) -> schemas.Message:
     """Input not delivered yet (`pending`), or set aside because its delivery kept failing (`failed`, with why)."""
     p = row.payload
     aside = {"set_aside": True, "error": row.error} if row.set_aside_at is not None else {}
+    role = str(p.get("role")) if p.get("role") in ("user", "assistant", "system") else "user"
     return schemas.Message(
-        id=uuid.UUID(p["id"]),
-        role=p["role"],
-        side=messages.side_of(p["role"]),
+        id=_id_of(p.get("id"), row.id),
+        role=role,
+        side=messages.side_of(role),
         content=p.get("content"),
         name=None,
         tool_calls=None,
