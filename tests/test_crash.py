@@ -398,3 +398,46 @@ async def test_an_interrupted_turn_is_finished_when_new_input_arrives_before_rec
     else:  # the interrupted tool call ran again, once
         first = tries[0]["tool_call_id"]
         assert [t["pid"] for t in tries if t["tool_call_id"] == first] == [victim.pid, survivor]
+
+
+async def test_a_tool_blocking_the_event_loop_costs_no_other_thread_its_lease(cluster: ClusterFactory) -> None:
+    """R9: one thread's tool computes for 6 s on the event loop (3 leases); the other threads' tools on that worker,
+    with a second worker ready to steal expired leases, each still run exactly once."""
+    c = await cluster(workers=1, WORKER_CONCURRENCY="16")
+    async with httpx.AsyncClient(base_url=c.base) as client:
+        paused = [(await c.new_thread(client, "pause"))[0] for _ in range(8)]
+
+        async def all_claimed() -> bool:
+            n = await c.db.fetchval("SELECT count(*) FROM threads WHERE lease_owner IS NOT NULL AND status = 'running'")
+            return bool(n == len(paused))
+
+        await c.wait(all_claimed, 20, "the pausing threads run")
+        burning, _ = await c.new_thread(client, "burn 6")
+        await c.wait(lambda: _exists(c.crash_dir / "burn.jsonl"), 20, "the burn starts")
+        await cluster(workers=1, api=False, WORKER_CONCURRENCY="16")  # a thief, should any lease expire
+        for tid in [*paused, burning]:
+            await c.settled(tid)
+    runs = read_jsonl(c.crash_dir / "pause.jsonl")
+    assert sorted(r["thread"] for r in runs) == sorted(paused)  # each ran once
+    assert {r["pid"] for r in runs} == {c.workers[0].pid}  # nobody took them over
+    assert len(read_jsonl(c.crash_dir / "burn.jsonl")) == 1
+
+
+async def test_the_watchdog_ends_a_worker_whose_loop_is_stuck_and_its_leases_pass_on(cluster: ClusterFactory) -> None:
+    """R9: stuck past `WATCHDOG_SECONDS`, the worker exits (code 70); another worker finishes the thread."""
+    c = await cluster(workers=1, WATCHDOG_SECONDS="3")
+    async with httpx.AsyncClient(base_url=c.base) as client:
+        tid, _ = await c.new_thread(client, "burn 30")
+        await c.wait(lambda: _exists(c.crash_dir / "burn.jsonl"), 20, "the burn starts")
+        [stuck] = c.workers
+        assert await asyncio.to_thread(stuck.wait, 15) == 70
+        fresh = await cluster(workers=1, api=False)
+        await c.settled(tid)
+        stored = (await client.get(f"/threads/{tid}/messages")).json()["messages"]
+    assert [t["pid"] for t in read_jsonl(c.crash_dir / "burn.jsonl")] == [stuck.pid, fresh.workers[0].pid]
+    assert stored[-1]["content"] == "burn: burnt"
+    assert "exiting so its leases pass on" in next(log for p, log in c.processes if p is stuck).read_text()
+
+
+async def _exists(path: Path) -> bool:
+    return path.exists()
