@@ -10,6 +10,7 @@ waits for them, so a subscriber never sees a message's text before the message.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import uuid
@@ -27,6 +28,7 @@ log = logging.getLogger(__name__)
 
 CHANNEL = events.CHANNEL
 PIECE = 1000  # characters per NOTIFY: even fully escaped, a piece stays under the 8000-byte limit
+WATCH_INTERVAL = 1.0  # seconds between checks that the LISTEN connection is still open
 PAGE = 500  # events read per query
 
 
@@ -96,6 +98,11 @@ class Subscription:
         self.overflowed = False
         self._ready = asyncio.Event()
 
+    def cut_off(self) -> None:
+        """End this stream: the client resumes with `Last-Event-ID` and misses nothing."""
+        self.overflowed = True
+        self._ready.set()
+
     def push(self, item: Stored | Live | Batch) -> None:
         if len(self.items) >= self.size:
             self.overflowed = True
@@ -149,17 +156,42 @@ class Hub:
         self._tails: dict[uuid.UUID, _Tail] = {}
         self._pending: set[uuid.UUID] = set()  # keys with announced events not read yet
         self._drainer: asyncio.Task[None] | None = None
+        self._watcher: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        self._conn = await asyncpg.connect(self._dsn)
+        await self._listen()
+        self._watcher = asyncio.create_task(self._watch(), name="hub-listener")
+
+    async def _listen(self) -> None:
+        self._conn = await asyncpg.connect(self._dsn, timeout=10)
         await self._conn.add_listener(CHANNEL, self._on_notify)
 
+    async def _watch(self) -> None:
+        """Open the LISTEN connection again when the database dropped it (a restart). Notifications sent meanwhile
+        are lost, so every open stream is cut off: its client resumes with `Last-Event-ID` and misses nothing."""
+        while True:
+            await asyncio.sleep(WATCH_INTERVAL)
+            if self._conn is not None and not self._conn.is_closed():
+                continue
+            try:
+                await self._listen()
+            except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
+                log.warning("event listener cannot reconnect yet (%s)", type(exc).__name__)
+                continue
+            log.info("event listener reconnected; %d streams asked to resume", self.subscribers)
+            for subs in list(self._subs.values()):
+                for sub in list(subs):
+                    sub.cut_off()
+
     async def stop(self) -> None:
+        if self._watcher is not None:
+            self._watcher.cancel()
         if self._drainer is not None:
             self._drainer.cancel()
         self._tails.clear()
         if self._conn is not None:
-            await self._conn.close()
+            with contextlib.suppress(Exception):
+                await self._conn.close(timeout=2)
             self._conn = None
 
     def subscribe(self, key: uuid.UUID) -> Subscription:
@@ -270,16 +302,22 @@ class Publisher:
         offset = int(data.get("offset", 0))
         pieces = [chunk[i : i + PIECE] for i in range(0, len(chunk), PIECE)] or [chunk]
         async with self._lock:
-            if self._conn is None or self._conn.is_closed():
-                self._conn = await asyncpg.connect(self._dsn)
-            for piece in pieces:
-                body = {
-                    "thread_id": str(thread_id),
-                    "type": type_,
-                    "data": {**data, "chunk": piece, "offset": offset},
-                }
-                await self._conn.execute("SELECT pg_notify($1, $2)", CHANNEL, json.dumps(body))
-                offset += len(piece)
+            try:
+                if self._conn is None or self._conn.is_closed():
+                    self._conn = await asyncpg.connect(self._dsn, timeout=5)
+                for piece in pieces:
+                    body = {
+                        "thread_id": str(thread_id),
+                        "type": type_,
+                        "data": {**data, "chunk": piece, "offset": offset},
+                    }
+                    await self._conn.execute("SELECT pg_notify($1, $2)", CHANNEL, json.dumps(body))
+                    offset += len(piece)
+            except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+                # live deltas are a courtesy: a client reads the text from the stored message, so a delta lost
+                # while the database is unreachable costs nothing, and must not fail the call it belongs to
+                log.warning("live event not sent (%s); the stored message carries the text", type(exc).__name__)
+                self._conn = None
 
     async def close(self) -> None:
         if self._conn is not None:

@@ -88,7 +88,24 @@ async def _driver(request: Request, exc: Exception) -> JSONResponse:
         response = envelope(503, "contention", "The thread was busy; nothing was changed. Try again.")
         response.headers["Retry-After"] = "1"
         return response
+    if errors.Unavailable.of(exc):
+        return _unavailable(exc)
     return await _unexpected(request, exc)
+
+
+async def _os(request: Request, exc: Exception) -> JSONResponse:
+    """No connection to the database (refused, reset, its socket gone while it restarts)."""
+    if errors.Unavailable.of(exc):
+        return _unavailable(exc)
+    return await _unexpected(request, exc)
+
+
+def _unavailable(exc: Exception) -> JSONResponse:
+    log.warning("database unreachable: %s: %s", type(exc).__name__, exc)
+    message = "The database cannot be reached right now; nothing was changed. Try again shortly."
+    response = envelope(503, errors.Unavailable.code, message)
+    response.headers["Retry-After"] = "2"
+    return response
 
 
 async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
@@ -102,4 +119,5 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, _validation)
     app.add_exception_handler(HTTPException, _http)
     app.add_exception_handler(DBAPIError, _driver)
+    app.add_exception_handler(OSError, _os)
     app.add_exception_handler(Exception, _unexpected)
