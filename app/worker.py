@@ -204,5 +204,7 @@ class Worker:
             try:
                 async with self._sessions() as session, session.begin():
                     await queue.release(session, claim, again=True, keep_attempt=True)
-            except Exception:
+            except errors.LeaseLost:  # the execution ended (and released) before it was cancelled
+                pass
+            except (Exception, errors.Aborted):
                 log.exception("could not release thread %s; its lease will expire", claim.thread_id)

@@ -19,6 +19,7 @@ import sys
 import tempfile
 import time
 import uuid
+import warnings
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +35,33 @@ from app.settings import Settings, normalise_url, plain_url
 
 ROOT = Path(__file__).resolve().parent.parent
 AGENTS = ROOT / "bench" / "agents"
+
+
+class PrivatePostgres:
+    """A Postgres server of this test's own (from the `pgserver` wheel), so the test may stop and start it."""
+
+    def __init__(self, folder: Path) -> None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # pgserver's platformdirs warns about XDG_RUNTIME_DIR
+            import pgserver
+
+        self._server: Any = pgserver.get_server(folder, cleanup_mode="stop")
+        self.url: str = self._server.get_uri()
+        self._socket_dir = self.url.rsplit("host=", 1)[1]
+
+    def _pg_ctl(self, *args: str) -> None:
+        from pgserver._commands import pg_ctl
+
+        pg_ctl(["-w", *args], pgdata=self._server.pgdata, user=self._server.system_user, timeout=30)
+
+    def stop(self) -> None:
+        self._pg_ctl("-m", "fast", "stop")
+
+    def start(self) -> None:  # as pgserver starts it: no TCP, the socket in its folder
+        self._pg_ctl("-o", '-h ""', "-o", f"-k {self._socket_dir}", "-l", str(self._server.log), "start")
+
+    def cleanup(self) -> None:
+        self._server.cleanup()
 
 
 def percentile(values: list[float], p: float) -> float:
@@ -117,11 +145,12 @@ class Process:
     env: dict[str, str]
     log: Path
     proc: subprocess.Popen[bytes] | None = None
+    agents: Path = AGENTS
 
     def start(self) -> None:
         with self.log.open("wb") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "app", "--agents-dir", str(AGENTS), *self.args],
+                [sys.executable, "-m", "app", "--agents-dir", str(self.agents), *self.args],
                 cwd=ROOT,
                 env=self.env,
                 stdout=out,

@@ -124,7 +124,7 @@ BAD = [
     ("bad_wrong_folder", "models/main.py", "", "move it to prompts/"),
     ("bad_name_clash", "prompts/support.py", "tools[0]", "share one namespace"),
     ("bad_fallback", "models/main.py", "fallbacks[0]", "define it in models/"),
-    ("bad_runtime_error", "tools/sync_tool.py", "", "fix"),
+    ("bad_runtime_error", "tools/zero_timeout.py", "", "fix"),
     ("bad_missing_field", "agents/support.py", "sideA.prompt", "add `prompt`"),
     ("bad_literal_value", "prompts/support.py", "tools[0].resumable.receivesMessages", "'side_a', 'side_b'"),
     ("bad_nested_field", "agents/support.py", "side_a.session_stop.mesage_property", "`message_property`"),

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,35 +15,9 @@ import pytest
 
 from app import db
 from app.settings import normalise_url
+from bench.harness import PrivatePostgres
 from tests.processes import free_port, start, stop, until_ready
 from tests.test_crash import FIXTURE, SECRET_KEY, read_jsonl
-
-
-class PrivatePostgres:
-    """A Postgres server of this test's own (from the `pgserver` wheel), so the test may stop and start it."""
-
-    def __init__(self, folder: Path) -> None:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            import pgserver
-
-        self._server: Any = pgserver.get_server(folder, cleanup_mode="stop")
-        self.url: str = self._server.get_uri()
-        self._socket_dir = self.url.rsplit("host=", 1)[1]
-
-    def _pg_ctl(self, *args: str) -> None:
-        from pgserver._commands import pg_ctl
-
-        pg_ctl(["-w", *args], pgdata=self._server.pgdata, user=self._server.system_user, timeout=30)
-
-    def stop(self) -> None:
-        self._pg_ctl("-m", "fast", "stop")
-
-    def start(self) -> None:  # as pgserver starts it: no TCP, the socket in its folder
-        self._pg_ctl("-o", '-h ""', "-o", f"-k {self._socket_dir}", "-l", str(self._server.log), "start")
-
-    def cleanup(self) -> None:
-        self._server.cleanup()
 
 
 @pytest.fixture
