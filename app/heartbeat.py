@@ -97,7 +97,7 @@ class Heartbeat:
                 try:
                     conn = conn or await asyncpg.connect(self._url, timeout=interval)
                     async with asyncio.timeout(interval):
-                        lost = await queue.heartbeat(conn, claims, self._lease)
+                        lost = await queue.heartbeat(conn, claims, self._lease, lock_timeout=interval / 2)
                 except Exception as exc:
                     log.warning("heartbeat failed (%s: %s); reconnecting", type(exc).__name__, exc)
                     if conn is not None:

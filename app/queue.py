@@ -7,7 +7,9 @@ Every query the queue runs is here, named and commented. Scheduling state lives 
 
 from __future__ import annotations
 
+import contextlib
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,7 +62,8 @@ async def mark_runnable(session: AsyncSession, thread_id: uuid.UUID) -> None:
     await session.execute(select(func.pg_notify(WAKEUP_CHANNEL, "")))
 
 
-# CLAIM: the oldest runnable thread whose lease is absent or expired, skipping rows another claimer locked.
+# CLAIM: the oldest runnable thread whose lease is absent or expired, skipping rows another claimer locked and the
+# threads the claiming worker still runs (an expired lease nobody else took is still its own: no second execution).
 # A thread parked on a blocking child (`waiting`), stopped by its user or terminated is never claimed.
 _CLAIM = text(
     """
@@ -71,6 +74,7 @@ _CLAIM = text(
         WHERE runnable_since IS NOT NULL
           AND (lease_expires_at IS NULL OR lease_expires_at < now())
           AND terminated_at IS NULL AND NOT stopped AND status <> 'waiting'
+          AND id <> ALL(CAST(:mine AS uuid[]))
         ORDER BY runnable_since
         LIMIT 1
         FOR NO KEY UPDATE SKIP LOCKED
@@ -80,10 +84,13 @@ _CLAIM = text(
 )
 
 
-async def claim(session: AsyncSession, owner: str, lease_seconds: float) -> Claim | None:
-    """Take the lease of one runnable thread, or None when nothing is runnable."""
+async def claim(
+    session: AsyncSession, owner: str, lease_seconds: float, running: Sequence[uuid.UUID] = ()
+) -> Claim | None:
+    """Take the lease of one runnable thread other than those in `running`, or None when nothing is runnable."""
     token = uuid.uuid4()
-    row = (await session.execute(_CLAIM, {"token": token, "owner": owner, "lease": lease_seconds})).first()
+    params = {"token": token, "owner": owner, "lease": lease_seconds, "mine": list(running)}
+    row = (await session.execute(_CLAIM, params)).first()
     if row is None:
         return None
     return Claim(thread_id=row.id, token=token, attempt=row.attempt)
@@ -119,21 +126,39 @@ HEARTBEAT = """
         )
         RETURNING id
     )
-    SELECT mine.id, mine.token FROM mine
-    WHERE mine.id NOT IN (SELECT id FROM renewed)
-      AND NOT EXISTS (SELECT 1 FROM threads t WHERE t.id = mine.id AND t.lease_token = mine.token)
+    SELECT mine.id, mine.token, mine.id IN (SELECT id FROM renewed) AS renewed,
+           EXISTS (SELECT 1 FROM threads t WHERE t.id = mine.id AND t.lease_token = mine.token) AS held
+    FROM mine
+"""
+
+
+# HEARTBEAT_WAITING: the rows the first statement skipped because they were locked, renewed in a transaction of
+# their own that waits for the locks (at most `lock_timeout`): the others are committed already, so no wait here can
+# cost them their lease, and a busy thread is not left to expire after three unlucky beats.
+HEARTBEAT_WAITING = """
+    UPDATE threads SET lease_expires_at = now() + make_interval(secs => $3)
+    WHERE (id, lease_token) IN (SELECT * FROM unnest($1::uuid[], $2::uuid[]))
 """
 
 
 async def heartbeat(
-    conn: asyncpg.Connection, claims: list[Claim], lease_seconds: float
+    conn: asyncpg.Connection, claims: list[Claim], lease_seconds: float, lock_timeout: float = 1.0
 ) -> set[tuple[uuid.UUID, uuid.UUID]]:
     """Renew the leases of `claims`; return the (thread id, token) of those that were lost."""
     if not claims:
         return set()
     ids, tokens = [c.thread_id for c in claims], [c.token for c in claims]
     rows = await conn.fetch(HEARTBEAT, ids, tokens, float(lease_seconds))
-    return {(r["id"], r["token"]) for r in rows}
+    lost = {(r["id"], r["token"]) for r in rows if not r["renewed"] and not r["held"]}
+    busy = [Claim(r["id"], r["token"], 0) for r in rows if not r["renewed"] and r["held"]]
+    if busy:
+        with contextlib.suppress(asyncpg.LockNotAvailableError):
+            async with conn.transaction():
+                await conn.execute(f"SET LOCAL lock_timeout = {int(lock_timeout * 1000)}")
+                await conn.execute(
+                    HEARTBEAT_WAITING, [c.thread_id for c in busy], [c.token for c in busy], float(lease_seconds)
+                )
+    return lost
 
 
 async def take_inbox(session: AsyncSession, thread_id: uuid.UUID) -> list[tables.Inbox]:

@@ -102,7 +102,7 @@ class Worker:
         """Claim runnable threads until the slots are full or nothing is runnable."""
         while len(self._running) < self._settings.worker_concurrency:
             async with self._sessions() as session, session.begin():
-                claim = await queue.claim(session, self.owner, self._settings.lease_seconds)
+                claim = await queue.claim(session, self.owner, self._settings.lease_seconds, list(self._running))
             if claim is None:
                 return
             task = asyncio.create_task(self._execute(claim), name=f"thread-{claim.thread_id}")

@@ -262,3 +262,16 @@ async def test_set_aside_input_is_neither_delivered_nor_a_reason_to_run(
         assert await queue.repair_stranded(s) == []
         [kept] = await queue.pending(s, tid)
     assert (kept.id, kept.error) == (row.id, "bad input") and kept.set_aside_at is not None
+
+
+async def test_a_worker_never_claims_a_thread_it_still_runs(sessions: async_sessionmaker[AsyncSession]) -> None:
+    """Its lease expired but nobody took it: the token is still this worker's, so no second execution starts here."""
+    [tid] = await _runnable(sessions, 1)
+    first = await _claim(sessions, lease=0.05)
+    assert first is not None
+    await asyncio.sleep(0.1)
+    async with sessions() as s, s.begin():
+        assert await queue.claim(s, "w", 30, [tid]) is None
+        assert (await queue.fence(s, first)).id == tid  # still fenced by the first claim
+    other = await _claim(sessions, "other")
+    assert other is not None and other.thread_id == tid  # another worker may take it over
