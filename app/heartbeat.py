@@ -83,6 +83,8 @@ class Heartbeat:
         conn: asyncpg.Connection | None = None
         try:
             while not self._done.wait(interval):
+                if self._loop is not None and self._loop.is_closed():
+                    return  # the worker's loop ended without stopping us (a test torn down early): nothing to keep
                 stalled = self.stalled()
                 if stalled > self._watchdog:
                     log.critical(
