@@ -208,6 +208,8 @@ async def list_messages(
 ) -> schemas.MessageList:
     """A page of history (newest page first, older pages through `cursor`), plus queued input."""
     thread = await threads.get(session, thread_id, who)
+    # queued input first: read after the history, a delivery committing in between would hide a message from both
+    waiting = await queue.pending(session, thread.id) if cursor is None else []
     rows, next_cursor = await messages.page(
         session,
         thread.id,
@@ -220,10 +222,11 @@ async def list_messages(
     )
     out = await _projected(session, rows)
     if cursor is None:
+        delivered = {m.id for m in out}  # delivered since it was read as queued: shown once, as delivered
         queued = [
-            _queued(r)
-            for r in await queue.pending(session, thread.id)
-            if r.kind == queue.Kind.MESSAGE and (include_silent or not r.payload.get("silent"))
+            q
+            for q in (_queued(r) for r in waiting if r.kind == queue.Kind.MESSAGE)
+            if q.id not in delivered and (include_silent or not q.silent)
         ]
         out = out + queued if order == "asc" else queued[::-1] + out
     return schemas.MessageList(messages=out, next_cursor=next_cursor)
