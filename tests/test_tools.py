@@ -37,6 +37,19 @@ def blocking_nap(state: ThreadState, args: NapArgs) -> str:
     return "rested"
 
 
+@define_tool(description="Writes after its time is up.", timeout=0.3)
+def late_writer(state: ThreadState) -> str:
+    time.sleep(0.6)
+    try:
+        state.set_status("late")
+    except RuntimeError as exc:
+        LATE["refused"] = str(exc)
+    return "too late"
+
+
+LATE: dict[str, str] = {}
+
+
 @define_tool(description="Sleeps on the event loop.", timeout=0.5)
 async def nap(state: ThreadState, args: NapArgs) -> str:
     await asyncio.sleep(args.seconds)
@@ -54,7 +67,7 @@ async def guarded(state: ThreadState) -> str:
 
 
 GUARD: dict[str, Any] = {}
-TOOLS = {t.name: t for t in (blocking_whoami, blocking_nap, nap, guarded)}
+TOOLS = {t.name: t for t in (blocking_whoami, blocking_nap, nap, guarded, late_writer)}
 
 
 def catalog(script: list[Any]) -> Catalog:
@@ -81,6 +94,13 @@ async def test_a_tool_past_its_time_limit_ends_with_an_error_result(app_factory:
         ("error", "Tool `nap` did not finish within 0.5 s and was stopped"),
         ("error", "Tool `blocking_nap` did not finish within 0.5 s and was stopped"),
     ]
+
+
+async def test_a_plain_def_tool_left_running_after_its_time_limit_cannot_write(app_factory: Any) -> None:
+    client, tid = await run(app_factory, catalog([{"tool_calls": [{"name": "late_writer"}]}, "ok"]), "go")
+    await asyncio.sleep(0.6)  # the thread wakes up and tries to write
+    assert LATE["refused"] == "`state.set_status`: this call has ended (it ran past its time limit)"
+    assert (await client.get(f"/threads/{tid}")).json()["session"]["status_text"] is None
 
 
 async def test_the_server_tool_timeout_applies_to_tools_without_their_own(app_factory: Any) -> None:

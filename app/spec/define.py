@@ -40,11 +40,16 @@ def _register(definition: _T) -> _T:
 
 class BlockingState:
     """`state` as a plain `def` tool, hook or effect sees it on its worker thread: each async method is run on the
-    event loop and waited for, so the function calls `state.env("X")` like a plain method."""
+    event loop and waited for, so the function calls `state.env("X")` like a plain method. Once the call is over
+    (it returned, or ran out of time and was left to finish alone) its state refuses further use."""
 
     def __init__(self, state: Any, loop: asyncio.AbstractEventLoop) -> None:
         self._state = state
         self._loop = loop
+        self._open = True
+
+    def close(self) -> None:
+        self._open = False
 
     def __getattr__(self, name: str) -> Any:
         value = getattr(self._state, name)
@@ -52,6 +57,8 @@ class BlockingState:
             return value
 
         def call(*args: Any, **kwargs: Any) -> Any:
+            if not self._open:
+                raise RuntimeError(f"`state.{name}`: this call has ended (it ran past its time limit)")
             return asyncio.run_coroutine_threadsafe(value(*args, **kwargs), self._loop).result()
 
         return call
@@ -65,7 +72,11 @@ def _awaitable(fn: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:
 
     @functools.wraps(fn)
     async def in_thread(state: Any, *args: Any) -> Any:
-        return await asyncio.to_thread(fn, BlockingState(state, asyncio.get_running_loop()), *args)
+        blocking = BlockingState(state, asyncio.get_running_loop())
+        try:
+            return await asyncio.to_thread(fn, blocking, *args)
+        finally:  # also when the caller stopped waiting (a timeout): a thread left running must not write
+            blocking.close()
 
     return in_thread
 
