@@ -18,6 +18,7 @@ import itertools
 import json
 import os
 import random
+import shutil
 import signal
 import sys
 import tempfile
@@ -117,6 +118,22 @@ async def follow(run: Run, tid: str, stop: asyncio.Event) -> None:
             except httpx.TransportError:
                 pass
             await asyncio.sleep(0.1)
+        await catch_up(client, tid, seen)
+
+
+async def catch_up(client: httpx.AsyncClient, tid: str, seen: list[int]) -> None:
+    """The follower's last resume, after everything settled: read until the stream has been quiet for a second."""
+    headers = {"Last-Event-ID": str(seen[-1])} if seen else {}
+    async with client.stream("GET", f"/threads/{tid}/events", headers=headers) as response:
+        lines = response.aiter_lines()
+        while True:
+            try:
+                async with asyncio.timeout(1):
+                    line = await anext(lines)
+            except (TimeoutError, StopAsyncIteration):
+                return
+            if line.startswith("id:") and line[3:].strip():
+                seen.append(int(line[3:].strip()))
 
 
 async def chaos(run: Run, client: httpx.AsyncClient, duration: float) -> None:
@@ -276,6 +293,7 @@ def tool_checks(run: Run, lease: float) -> list[tuple[str, int, int]]:
 async def main(args: argparse.Namespace) -> int:
     rng = random.Random(args.seed)
     work = Path(tempfile.mkdtemp(prefix="chaos-"))
+    failed = 1
     pg = PrivatePostgres(work / "pg")
     try:
         engine = db.create_engine(normalise_url(pg.url), 1)
@@ -335,12 +353,14 @@ async def main(args: argparse.Namespace) -> int:
             print(f"| {what} | {checked} | {violations} |")
         failed = sum(v for _, _, v in results) + (not settled)
         print(f"\nviolations: {failed}" + ("" if failed else " — clean"))
-        if failed:
-            print(f"logs kept in {work}")
         await conn.close()
+        if failed:
+            print(f"logs and database kept in {work}")
         return 1 if failed else 0
     finally:
         pg.cleanup()
+        if not failed:
+            shutil.rmtree(work, ignore_errors=True)
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
