@@ -127,7 +127,10 @@ class Engine:
         """A transaction on the thread row, fenced by the claim's lease token."""
         try:
             async with self._sessions() as session, session.begin():
-                yield session, await queue.fence(session, claim)
+                thread = await queue.fence(session, claim)
+                events.hold(session, thread.id)  # the row is locked: its events go in one statement at the end
+                yield session, thread
+                await events.flush(session)
         except (DBAPIError, OSError) as exc:
             if errors.Contention.of(exc):
                 raise errors.Contention() from exc
@@ -149,14 +152,14 @@ class Engine:
                 await self._fail(claim, "internal_error", f"{type(exc).__name__}: {exc}")
             if not released:
                 async with self._tx(claim) as (session, _):
-                    await queue.release(session, claim)
+                    await queue.release(session, claim, fenced=True)
         except errors.LeaseLost:
             log.warning("lost the lease of thread %s; stopping without writing", claim.thread_id)
         except errors.Contention:  # like a crash: what was not committed is redone from what is stored
             log.warning("thread %s hit a lock cycle; handing it back to run again", claim.thread_id)
             with contextlib.suppress(errors.Aborted):
                 async with self._tx(claim) as (session, _):
-                    await queue.release(session, claim, again=True, keep_attempt=True)
+                    await queue.release(session, claim, again=True, keep_attempt=True, fenced=True)
         except errors.Unavailable:
             log.warning("the database is unreachable; thread %s is left to its lease", claim.thread_id)
         finally:
@@ -407,11 +410,11 @@ class Engine:
             if verdict.ends == "nothing":
                 if await self._after_turn(session, thread, agent, step.side):
                     return await self._open_in(session, thread, first=False, merged=True)
-                await queue.release(session, claim)
+                await queue.release(session, claim, fenced=True)
                 return RELEASED
         if verdict.ends == "session":
             await self._end_session(session, thread, verdict)
-            await queue.release(session, claim)
+            await queue.release(session, claim, fenced=True)
             return RELEASED
         return await self._open_in(session, thread, first=False, merged=True)
 
