@@ -61,6 +61,9 @@ class PrivatePostgres:
         self._pg_ctl("-o", '-h ""', "-o", f"-k {self._socket_dir}", "-l", str(self._server.log), "start")
 
     def cleanup(self) -> None:
+        """Stop it for good: pgserver's own cleanup leaves a server that was restarted with `start` running."""
+        with contextlib.suppress(Exception):
+            self.stop()
         self._server.cleanup()
 
 
