@@ -120,8 +120,6 @@ class Engine:
             catalog, publisher, http, retry.Policy.from_settings(settings), settings.process_env
         )
         self._contexts: dict[uuid.UUID, dict[str, Any]] = {}  # per execution, by lease token
-        # per execution, by lease token: the thread's messages with their row versions, read again only when changed
-        self._histories: dict[uuid.UUID, dict[uuid.UUID, tuple[int, tables.Message]]] = {}
         self._subprompts = subprompts.Runner(catalog, self._caller)
 
     @asynccontextmanager
@@ -166,7 +164,6 @@ class Engine:
             log.warning("the database is unreachable; thread %s is left to its lease", claim.thread_id)
         finally:
             self._contexts.pop(claim.token, None)
-            self._histories.pop(claim.token, None)
 
     async def _run_all(self, claim: queue.Claim) -> bool:
         """Run; an input whose delivery fails is set aside (kept, marked, reported) and the rest goes on without it.
@@ -180,20 +177,6 @@ class Engine:
                 async with self._tx(claim) as (session, thread):
                     await queue.set_aside(session, exc.inbox_id, exc.reason)
                     await events.append(session, thread.id, "error", {"code": "input_set_aside", "message": exc.reason})
-
-    async def _history(self, session: AsyncSession, thread: tables.Thread) -> list[tables.Message]:
-        """The thread's messages in order. The execution keeps them between its steps: each step reads only the rows'
-        versions, and again the rows that are new or changed since (a long thread costs no more to step through)."""
-        assert thread.lease_token is not None
-        held = self._histories.setdefault(thread.lease_token, {})
-        current = await messages.versions(session, thread.id)
-        for gone in held.keys() - current.keys():
-            del held[gone]
-        changed = [i for i, version in current.items() if i not in held or held[i][0] != version]
-        if changed:
-            for row in await messages.by_ids(session, thread.id, changed):
-                held[row.id] = (current[row.id], row)
-        return sorted((row for _, row in held.values()), key=lambda r: r.position)
 
     def _context(self, thread: tables.Thread) -> dict[str, Any]:
         """`state.context`: one dict for the whole execution (the fenced row carries the claim's token)."""
@@ -487,7 +470,7 @@ class Engine:
                 await self._start_turn(session, thread, acting)
         side = thread.side or "a"
         side_config, prompt = self._prompt_of(agent, side)
-        rows = await self._history(session, thread)
+        rows = await messages.history(session, thread.id)
         turn_start = thread.turn_start or 0
         last, missing = _open_work(rows, side, turn_start, thread.step_open)
         env = await context.load_env(session, self._fernet, self._catalog, thread, prompt)
@@ -520,8 +503,6 @@ class Engine:
             request.messages.append(LLMMessage("system", registry))
         await attachments.inline_images(session, thread.id, request.messages)
         if last is not None:  # redo an interrupted call into the same row
-            if last not in session:  # held from an earlier transaction of this execution
-                last = await messages.get(session, thread.id, last.id)
             await messages.save(session, last, content=None, tool_calls=None, reasoning_content=None)
             message = last
         else:
