@@ -258,16 +258,13 @@ _RELEASE = text(
 )
 
 
-async def release(
-    session: AsyncSession, claim: Claim, *, again: bool = False, keep_attempt: bool = False, fenced: bool = False
-) -> bool:
-    """Give the thread back; `again` keeps it runnable, `keep_attempt` refunds this claim (graceful stop). `fenced`:
-    this transaction locked the row already (`fence`), so the decision's statement is after the lock anyway.
+async def release(session: AsyncSession, claim: Claim, *, again: bool = False, keep_attempt: bool = False) -> bool:
+    """Give the thread back; `again` keeps it runnable, `keep_attempt` refunds this claim (graceful stop).
 
     Returns whether the thread is still runnable (a worker is woken at commit if so).
     """
     params = {"id": claim.thread_id, "token": claim.token}
-    if not fenced and (await session.execute(_LOCK_HELD, params)).first() is None:
+    if (await session.execute(_LOCK_HELD, params)).first() is None:
         raise errors.LeaseLost()
     row = (await session.execute(_RELEASE, {**params, "again": again, "keep_attempt": keep_attempt})).first()
     if row is None:

@@ -13,7 +13,7 @@ from cryptography.fernet import Fernet
 from sqlalchemy import inspect, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import events, messages, tables
+from app import messages, tables
 from app.catalog import Catalog
 from app.engine.context import Env, _visible, load_env
 from app.engine.state import RunState, Transaction
@@ -43,7 +43,7 @@ def active(catalog: Catalog, agent: AgentDefinition, prompt: PromptDefinition) -
 @asynccontextmanager
 async def joined(session: AsyncSession, thread: tables.Thread) -> AsyncIterator[tuple[AsyncSession, tables.Thread]]:
     """The caller's open transaction, for hooks run inside it (a savepoint: the thread row is already locked)."""
-    async with events.written_at_once(session), session.begin_nested():
+    async with session.begin_nested():
         yield session, thread
 
 

@@ -127,10 +127,7 @@ class Engine:
         """A transaction on the thread row, fenced by the claim's lease token."""
         try:
             async with self._sessions() as session, session.begin():
-                thread = await queue.fence(session, claim)
-                events.hold(session, thread.id)  # the row is locked: its events go in one statement at the end
-                yield session, thread
-                await events.flush(session)
+                yield session, await queue.fence(session, claim)
         except (DBAPIError, OSError) as exc:
             if errors.Contention.of(exc):
                 raise errors.Contention() from exc
@@ -152,14 +149,14 @@ class Engine:
                 await self._fail(claim, "internal_error", f"{type(exc).__name__}: {exc}")
             if not released:
                 async with self._tx(claim) as (session, _):
-                    await queue.release(session, claim, fenced=True)
+                    await queue.release(session, claim)
         except errors.LeaseLost:
             log.warning("lost the lease of thread %s; stopping without writing", claim.thread_id)
         except errors.Contention:  # like a crash: what was not committed is redone from what is stored
             log.warning("thread %s hit a lock cycle; handing it back to run again", claim.thread_id)
             with contextlib.suppress(errors.Aborted):
                 async with self._tx(claim) as (session, _):
-                    await queue.release(session, claim, again=True, keep_attempt=True, fenced=True)
+                    await queue.release(session, claim, again=True, keep_attempt=True)
         except errors.Unavailable:
             log.warning("the database is unreachable; thread %s is left to its lease", claim.thread_id)
         finally:
@@ -410,11 +407,11 @@ class Engine:
             if verdict.ends == "nothing":
                 if await self._after_turn(session, thread, agent, step.side):
                     return await self._open_in(session, thread, first=False, merged=True)
-                await queue.release(session, claim, fenced=True)
+                await queue.release(session, claim)
                 return RELEASED
         if verdict.ends == "session":
             await self._end_session(session, thread, verdict)
-            await queue.release(session, claim, fenced=True)
+            await queue.release(session, claim)
             return RELEASED
         return await self._open_in(session, thread, first=False, merged=True)
 
