@@ -161,21 +161,6 @@ async def heartbeat(
     return lost
 
 
-# WAITING: what the thread's inbox holds right now, in one read: input to deliver, effects to run.
-_WAITING = text(
-    """
-    SELECT coalesce(bool_or(kind <> 'effect'), false) AS input, coalesce(bool_or(kind = 'effect'), false) AS effect
-    FROM inbox WHERE thread_id = :id AND set_aside_at IS NULL
-    """
-)
-
-
-async def waiting(session: AsyncSession, thread_id: uuid.UUID) -> tuple[bool, bool]:
-    """Whether input, and whether effects, wait in the thread's inbox (set-aside rows do not count)."""
-    row = (await session.execute(_WAITING, {"id": thread_id})).one()
-    return bool(row.input), bool(row.effect)
-
-
 async def take_inbox(session: AsyncSession, thread_id: uuid.UUID) -> list[tables.Inbox]:
     """Remove and return the thread's pending input in order (the caller holds the fenced row lock).
 

@@ -109,10 +109,6 @@ class Hooks:
         self._transaction = transaction
         self._secrets = [s for s in secrets if s]
 
-    def runs(self, hook: str) -> bool:
-        """Whether any active hook is of this kind."""
-        return hook in self._by_name
-
     async def filter_messages(
         self, rows: list[tables.Message], side: str, prompt: PromptDefinition, turn_start: int
     ) -> list[tables.Message]:
