@@ -119,7 +119,7 @@ async def _worker(settings: Settings) -> None:
 
     catalog = load_catalog(settings)
     assert settings.database_url
-    engine = db.create_engine(settings.database_url, settings.db_pool_size)
+    engine = db.create_engine(settings.database_url, *db.worker_pool(settings.worker_concurrency))
     publisher = Publisher(plain_url(settings.database_url))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -13,7 +13,7 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Connection, text
+from sqlalchemy import Connection, event, exc, text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
 
 from app.settings import Settings
@@ -24,9 +24,35 @@ MIGRATIONS = Path(__file__).resolve().parent.parent / "migrations"
 MIGRATION_LOCK = 7_316_001  # pg_advisory_xact_lock key: replicas never migrate at once
 
 
-def create_engine(url: str, pool_size: int = 10) -> AsyncEngine:
-    """An asyncpg engine; JSONB values go through the standard json module."""
-    return create_async_engine(url, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True)
+def create_engine(url: str, pool_size: int = 10, max_overflow: int | None = None) -> AsyncEngine:
+    """An asyncpg engine; JSONB values go through the standard json module.
+
+    No `pool_pre_ping`: with asyncpg it costs three round trips (BEGIN, a query, ROLLBACK) before every transaction.
+    A pooled connection the server closed (a Postgres restart) is noticed for free instead: asyncpg marks it closed
+    as soon as the event loop sees the socket close, and the checkout below swaps it for a fresh one. A connection
+    that dies while checked out fails its statement, SQLAlchemy then recycles every connection older than it, and the
+    engine (`errors.Unavailable`) or the API (503) handles that one failure.
+    """
+    engine = create_async_engine(
+        url, pool_size=pool_size, max_overflow=pool_size if max_overflow is None else max_overflow
+    )
+    event.listen(engine.sync_engine, "checkout", _closed_is_disconnected)
+    return engine
+
+
+def worker_pool(worker_concurrency: int) -> tuple[int, int]:
+    """Pool size and overflow for a worker: one connection per running execution at most (none holds two), plus
+    the claim loop and the timers; half of it kept open, the rest opened under load."""
+    needed = worker_concurrency + 4
+    kept = min(needed, max(10, needed // 2))
+    return kept, needed - kept
+
+
+def _closed_is_disconnected(dbapi_connection: Any, record: Any, proxy: Any) -> None:
+    """Refuse a pooled connection asyncpg already knows is closed; the pool retries with a new one."""
+    raw = getattr(dbapi_connection, "_connection", None)
+    if raw is not None and raw.is_closed():
+        raise exc.DisconnectionError("connection closed by the server")
 
 
 def sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import BigInteger, Row, String, func, select, text
@@ -33,9 +35,67 @@ _APPEND = text(
 )
 
 
-async def append(session: AsyncSession, thread_id: uuid.UUID, type_: str, data: Mapping[str, Any]) -> int:
-    """Store one event of a thread and announce it at commit; returns its seq."""
-    params = {"id": thread_id, "type": type_, "data": json.dumps(dict(data)), "channel": CHANNEL}
+# APPEND_MANY: a batch of one thread's events, their seqs taken at once under the row lock, one NOTIFY naming the
+# first (the hub reads everything after what it has, so it gets the whole batch).
+_APPEND_MANY = text(
+    """
+    WITH next AS (UPDATE threads SET event_seq = event_seq + :n WHERE id = :id RETURNING event_seq),
+    stored AS (
+        INSERT INTO events (thread_id, seq, type, data)
+        SELECT :id, next.event_seq - :n + e.ord, e.type, CAST(e.data AS jsonb)
+        FROM next, unnest(CAST(:types AS text[]), CAST(:datas AS text[])) WITH ORDINALITY AS e(type, data, ord)
+    )
+    SELECT pg_notify(:channel, CAST(:id AS text) || ':' || (next.event_seq - :n + 1)) FROM next
+    """
+)
+
+_BATCH = "events.batch"  # `session.info` key of the events held for one thread until `flush`
+
+
+@dataclass
+class _Held:
+    thread_id: uuid.UUID
+    items: list[tuple[str, str]] = field(default_factory=list)
+
+
+def hold(session: AsyncSession, thread_id: uuid.UUID) -> None:
+    """Keep the thread's events appended on `session` from now on and write them all at `flush`, in one statement.
+    For a transaction that holds the thread's row lock from its start (the engine's fenced ones), so holding them
+    changes no lock order; other threads' events are still written at once."""
+    session.info[_BATCH] = _Held(thread_id)
+
+
+async def flush(session: AsyncSession) -> None:
+    """Write the events held on `session` (before its commit, and before a savepoint)."""
+    held: _Held | None = session.info.get(_BATCH)
+    if held is None or not held.items:
+        return
+    types, datas = [t for t, _ in held.items], [d for _, d in held.items]
+    held.items = []
+    params = {"id": held.thread_id, "n": len(types), "types": types, "datas": datas, "channel": CHANNEL}
+    await session.execute(_APPEND_MANY, params)
+
+
+@asynccontextmanager
+async def written_at_once(session: AsyncSession) -> AsyncIterator[None]:
+    """Events appended inside are written at once (a savepoint that may roll back must take its events with it)."""
+    await flush(session)
+    held = session.info.pop(_BATCH, None)
+    try:
+        yield
+    finally:
+        if held is not None:
+            session.info[_BATCH] = held
+
+
+async def append(session: AsyncSession, thread_id: uuid.UUID, type_: str, data: Mapping[str, Any]) -> int | None:
+    """Store one event of a thread and announce it at commit; returns its seq (None while held: see `hold`)."""
+    payload = json.dumps(dict(data))
+    held: _Held | None = session.info.get(_BATCH)
+    if held is not None and held.thread_id == thread_id:
+        held.items.append((type_, payload))
+        return None
+    params = {"id": thread_id, "type": type_, "data": payload, "channel": CHANNEL}
     seq: int = (await session.execute(_APPEND, params)).scalar_one()
     return seq
 

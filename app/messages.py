@@ -6,7 +6,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete, select, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import errors, events, queue, tables, threads
@@ -164,6 +164,22 @@ async def history(
     query = select(tables.Message).where(tables.Message.thread_id == thread_id).order_by(tables.Message.position)
     if session_number is not None:
         query = query.where(tables.Message.session_number == session_number)
+    return list((await session.execute(query)).scalars())
+
+
+# VERSIONS: every message of a thread with its row version (`xmin` changes with each update), to tell which rows a
+# copy held from an earlier transaction must read again.
+_VERSIONS = text("SELECT id, CAST(CAST(xmin AS text) AS bigint) AS version FROM messages WHERE thread_id = :id")
+
+
+async def versions(session: AsyncSession, thread_id: uuid.UUID) -> dict[uuid.UUID, int]:
+    """The id and row version of every message of the thread (no content: cheap even for a long thread)."""
+    return {r.id: r.version for r in await session.execute(_VERSIONS, {"id": thread_id})}
+
+
+async def by_ids(session: AsyncSession, thread_id: uuid.UUID, ids: list[uuid.UUID]) -> list[tables.Message]:
+    """These messages of the thread (those still there)."""
+    query = select(tables.Message).where(tables.Message.thread_id == thread_id, tables.Message.id.in_(ids))
     return list((await session.execute(query)).scalars())
 
 

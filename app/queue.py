@@ -161,6 +161,21 @@ async def heartbeat(
     return lost
 
 
+# WAITING: what the thread's inbox holds right now, in one read: input to deliver, effects to run.
+_WAITING = text(
+    """
+    SELECT coalesce(bool_or(kind <> 'effect'), false) AS input, coalesce(bool_or(kind = 'effect'), false) AS effect
+    FROM inbox WHERE thread_id = :id AND set_aside_at IS NULL
+    """
+)
+
+
+async def waiting(session: AsyncSession, thread_id: uuid.UUID) -> tuple[bool, bool]:
+    """Whether input, and whether effects, wait in the thread's inbox (set-aside rows do not count)."""
+    row = (await session.execute(_WAITING, {"id": thread_id})).one()
+    return bool(row.input), bool(row.effect)
+
+
 async def take_inbox(session: AsyncSession, thread_id: uuid.UUID) -> list[tables.Inbox]:
     """Remove and return the thread's pending input in order (the caller holds the fenced row lock).
 
@@ -243,13 +258,16 @@ _RELEASE = text(
 )
 
 
-async def release(session: AsyncSession, claim: Claim, *, again: bool = False, keep_attempt: bool = False) -> bool:
-    """Give the thread back; `again` keeps it runnable, `keep_attempt` refunds this claim (graceful stop).
+async def release(
+    session: AsyncSession, claim: Claim, *, again: bool = False, keep_attempt: bool = False, fenced: bool = False
+) -> bool:
+    """Give the thread back; `again` keeps it runnable, `keep_attempt` refunds this claim (graceful stop). `fenced`:
+    this transaction locked the row already (`fence`), so the decision's statement is after the lock anyway.
 
     Returns whether the thread is still runnable (a worker is woken at commit if so).
     """
     params = {"id": claim.thread_id, "token": claim.token}
-    if (await session.execute(_LOCK_HELD, params)).first() is None:
+    if not fenced and (await session.execute(_LOCK_HELD, params)).first() is None:
         raise errors.LeaseLost()
     row = (await session.execute(_RELEASE, {**params, "again": again, "keep_attempt": keep_attempt})).first()
     if row is None:

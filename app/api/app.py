@@ -53,9 +53,12 @@ def create_app(
         app.state.engine, app.state.sessions, app.state.hub, app.state.fernet = engine, sessions, hub, fernet
         stop = asyncio.Event()
         worker_task: asyncio.Task[None] | None = None
-        if with_worker:
-            runner = Engine(settings, sessions, catalog, publisher, fernet, http or llm_http())
-            worker_task = asyncio.create_task(Worker(settings, engine, sessions, runner).run(stop))
+        worker_db: AsyncEngine | None = None
+        if with_worker:  # a pool of its own: executions never wait behind requests for a connection, or vice versa
+            worker_db = db.create_engine(url, *db.worker_pool(settings.worker_concurrency))
+            worker_sessions = db.sessionmaker(worker_db)
+            runner = Engine(settings, worker_sessions, catalog, publisher, fernet, http or llm_http())
+            worker_task = asyncio.create_task(Worker(settings, worker_db, worker_sessions, runner).run(stop))
         try:
             yield
         finally:
@@ -67,6 +70,8 @@ def create_app(
             await hub.stop()
             await publisher.close()
             await engine.dispose()
+            if worker_db is not None:
+                await worker_db.dispose()
 
     app = FastAPI(
         title="Standard Agents runtime",

@@ -52,6 +52,7 @@ class Result:
     model: ModelDefinition
     latency_ms: float = 0.0
     ttft_ms: float | None = None
+    record: tables.Log | None = None  # the request's log row, until it is written (`write`)
 
 
 @dataclass
@@ -135,15 +136,23 @@ class Caller:
     async def call(
         self,
         tx: Transaction,
+        thread_id: uuid.UUID,
         message_id: uuid.UUID,
         prompt: PromptDefinition,
         request: LLMRequest,
         env: Env,
         depth: int = 0,
+        *,
+        opened: int | None = None,
+        defer: bool = False,
     ) -> Result:
         """Try the prompt's model and its fallbacks until one answers; an empty answer is asked again once.
 
-        `depth` is the message's (a subprompt's message is deeper than 0), for its chunk events."""
+        `depth` is the message's (a subprompt's message is deeper than 0), for its chunk events. `opened`: the
+        caller's transaction already announced the first request (`announce`) and counted the requests made before
+        it. `defer`: the last request's record (its log row and `llm_response`) is left in `Result.record` for the
+        caller to write with the message it answers, instead of in a transaction of its own. A record not deferred is
+        written in the next transaction the call makes anyway (the next attempt's, or a fallback's)."""
         chain = retry.chain(self._catalog, prompt.model)
         last: Result | None = None
         previous: uuid.UUID | None = None
@@ -152,6 +161,7 @@ class Caller:
             if index > 0 and last is not None:
                 error = last.response.message if isinstance(last.response, ProviderError) else "no answer"
                 async with tx() as (session, thread):
+                    await write(session, last)
                     await events.append(
                         session,
                         thread.id,
@@ -160,11 +170,14 @@ class Caller:
                     )
             attempt = _Attempt(definition, 1, fallback_of=previous if index > 0 else None)
             while attempt.number <= self._policy.attempts:
-                last, previous = await self._attempt(tx, message_id, prompt, request, env, attempt, depth)
+                made = opened if last is None else None
+                last, previous = await self._attempt(
+                    tx, thread_id, message_id, prompt, request, env, attempt, depth, last, made
+                )
                 response = last.response
                 if isinstance(response, LLMResponse):
                     if not empty(response) or asked_again:
-                        return last
+                        return await self._finish(tx, last, defer)
                     asked_again = True  # an empty answer is asked again once, outside the retry budget
                     attempt = _Attempt(definition, attempt.number, retry_of=previous)
                     continue
@@ -173,25 +186,36 @@ class Caller:
                 await asyncio.sleep(self._policy.delay(response, attempt.number))
                 attempt = _Attempt(definition, attempt.number + 1, retry_of=previous)
         assert last is not None
-        return last
+        return await self._finish(tx, last, defer)
+
+    @staticmethod
+    async def _finish(tx: Transaction, result: Result, defer: bool) -> Result:
+        if not defer:
+            async with tx() as (session, _):
+                await write(session, result)
+        return result
 
     async def _attempt(
         self,
         tx: Transaction,
+        thread_id: uuid.UUID,
         message_id: uuid.UUID,
         prompt: PromptDefinition,
         request: LLMRequest,
         env: Env,
         attempt: _Attempt,
         depth: int,
+        before: Result | None,
+        made: int | None,
     ) -> tuple[Result, uuid.UUID]:
+        """One request; `before` is the previous attempt, whose record this one's opening transaction writes, and
+        `made` the requests already counted when the caller announced this one."""
         definition = attempt.model
-        async with tx() as (session, thread):
-            thread_id = thread.id
-            call_index = await _requests_made(session, thread.id, definition.name)
-            await events.append(
-                session, thread.id, "llm_request", {"model": definition.name, "attempt": attempt.number}
-            )
+        if made is None:
+            async with tx() as (session, _):
+                if before is not None:
+                    await write(session, before)
+                made = await announce(session, thread_id, definition, attempt.number)
         key = api_key(definition, env, self._process_env)
         secrets = [*env.secrets(), *([key] if key else [])]
         request = dataclasses.replace(
@@ -200,26 +224,13 @@ class Caller:
             provider_options={**definition.provider_options, **prompt.provider_options},
             max_tokens=definition.capabilities.max_output_tokens,
         )
-        context = CallContext(str(thread_id), call_index, key)
+        context = CallContext(str(thread_id), made, key)
         result = await self._stream(tx, thread_id, request, definition, context, message_id, attempt.number, depth)
         result.response = _recovered(result.response, definition, request, f"recovered_{message_id.hex[:12]}")
         if isinstance(result.response, ProviderError):
             result.response.message = scrub(result.response.message, secrets)
         log_id = uuid.uuid4()
-        async with tx() as (session, thread):
-            session.add(_log_row(log_id, thread.id, message_id, attempt, result, request, secrets))
-            if isinstance(result.response, LLMResponse):
-                await events.append(
-                    session,
-                    thread.id,
-                    "llm_response",
-                    {
-                        "model": definition.name,
-                        "tokens": result.response.usage.as_dict(),
-                        "latency_ms": round(result.latency_ms, 2),
-                        "ttft_ms": None if result.ttft_ms is None else round(result.ttft_ms, 2),
-                    },
-                )
+        result.record = _log_row(log_id, thread_id, message_id, attempt, result, request, secrets)
         return result, log_id
 
     async def _stream(
@@ -351,6 +362,34 @@ def cost(definition: ModelDefinition, response: LLMResponse) -> float | None:
         + usage.output_tokens * (definition.output_price or 0.0)
     )
     return total / 1_000_000
+
+
+async def announce(session: AsyncSession, thread_id: uuid.UUID, definition: ModelDefinition, attempt: int) -> int:
+    """Write a request's `llm_request` event; returns how many requests the thread made to the model before it (the
+    `test` provider's script position; no other provider uses it, so it is not counted for them)."""
+    made = await _requests_made(session, thread_id, definition.name) if definition.provider == "test" else 0
+    await events.append(session, thread_id, "llm_request", {"model": definition.name, "attempt": attempt})
+    return made
+
+
+async def write(session: AsyncSession, result: Result) -> None:
+    """Write a request's record, once: its log row and, for an answer, its `llm_response` event."""
+    row, result.record = result.record, None
+    if row is None:
+        return
+    session.add(row)
+    if isinstance(result.response, LLMResponse):
+        await events.append(
+            session,
+            row.thread_id,
+            "llm_response",
+            {
+                "model": result.model.name,
+                "tokens": result.response.usage.as_dict(),
+                "latency_ms": round(result.latency_ms, 2),
+                "ttft_ms": None if result.ttft_ms is None else round(result.ttft_ms, 2),
+            },
+        )
 
 
 async def _requests_made(session: AsyncSession, thread_id: uuid.UUID, model: str) -> int:

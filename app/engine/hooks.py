@@ -13,7 +13,7 @@ from cryptography.fernet import Fernet
 from sqlalchemy import inspect, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import messages, tables
+from app import events, messages, tables
 from app.catalog import Catalog
 from app.engine.context import Env, _visible, load_env
 from app.engine.state import RunState, Transaction
@@ -43,7 +43,7 @@ def active(catalog: Catalog, agent: AgentDefinition, prompt: PromptDefinition) -
 @asynccontextmanager
 async def joined(session: AsyncSession, thread: tables.Thread) -> AsyncIterator[tuple[AsyncSession, tables.Thread]]:
     """The caller's open transaction, for hooks run inside it (a savepoint: the thread row is already locked)."""
-    async with session.begin_nested():
+    async with events.written_at_once(session), session.begin_nested():
         yield session, thread
 
 
@@ -108,6 +108,10 @@ class Hooks:
         self._state = state
         self._transaction = transaction
         self._secrets = [s for s in secrets if s]
+
+    def runs(self, hook: str) -> bool:
+        """Whether any active hook is of this kind."""
+        return hook in self._by_name
 
     async def filter_messages(
         self, rows: list[tables.Message], side: str, prompt: PromptDefinition, turn_start: int

@@ -53,6 +53,30 @@ class DeliveryFailed(Exception):
         self.reason = reason
 
 
+class Released:
+    """What a step returns when its last transaction also gave the thread back (the turn ended; nothing waits)."""
+
+
+RELEASED = Released()
+
+
+class OpenApart:
+    """What opening a step inside a closing transaction returns when input or effects wait: the close commits, and the
+    step opens in a transaction of its own (effects run first, outside any; a delivery that fails rolls back only
+    that opening)."""
+
+
+OPEN_APART = OpenApart()
+
+
+@dataclass
+class Prepared:
+    """A tool call announced (`tool_started`) in a transaction, with the state and hooks it runs with."""
+
+    state: RunState
+    hooks: hooks.Hooks
+
+
 @dataclass
 class Step:
     """What the opening transaction of a step decided."""
@@ -66,6 +90,7 @@ class Step:
     env: context.Env | None = None
     config: SideConfig | None = None  # the acting side's config, for its session tool bindings
     agent: AgentDefinition | None = None  # the thread's agent as the step began (a handoff switches it, §7.3)
+    made: int | None = None  # requests made to the model before this step's, counted when its first was announced
 
 
 def llm_http() -> httpx.AsyncClient:
@@ -95,6 +120,8 @@ class Engine:
             catalog, publisher, http, retry.Policy.from_settings(settings), settings.process_env
         )
         self._contexts: dict[uuid.UUID, dict[str, Any]] = {}  # per execution, by lease token
+        # per execution, by lease token: the thread's messages with their row versions, read again only when changed
+        self._histories: dict[uuid.UUID, dict[uuid.UUID, tuple[int, tables.Message]]] = {}
         self._subprompts = subprompts.Runner(catalog, self._caller)
 
     @asynccontextmanager
@@ -102,7 +129,10 @@ class Engine:
         """A transaction on the thread row, fenced by the claim's lease token."""
         try:
             async with self._sessions() as session, session.begin():
-                yield session, await queue.fence(session, claim)
+                thread = await queue.fence(session, claim)
+                events.hold(session, thread.id)  # the row is locked: its events go in one statement at the end
+                yield session, thread
+                await events.flush(session)
         except (DBAPIError, OSError) as exc:
             if errors.Contention.of(exc):
                 raise errors.Contention() from exc
@@ -114,29 +144,34 @@ class Engine:
         """Run a claimed thread until it has nothing left to do, then release it."""
         self._contexts[claim.token] = {}
         try:
+            released = False
             try:
-                await self._run_all(claim)
+                released = await self._run_all(claim)
             except errors.Aborted:
                 raise
             except Exception as exc:
                 log.exception("execution of thread %s failed", claim.thread_id)
                 await self._fail(claim, "internal_error", f"{type(exc).__name__}: {exc}")
-            async with self._tx(claim) as (session, _):
-                await queue.release(session, claim)
+            if not released:
+                async with self._tx(claim) as (session, _):
+                    await queue.release(session, claim, fenced=True)
         except errors.LeaseLost:
             log.warning("lost the lease of thread %s; stopping without writing", claim.thread_id)
         except errors.Contention:  # like a crash: what was not committed is redone from what is stored
             log.warning("thread %s hit a lock cycle; handing it back to run again", claim.thread_id)
             with contextlib.suppress(errors.Aborted):
                 async with self._tx(claim) as (session, _):
-                    await queue.release(session, claim, again=True, keep_attempt=True)
+                    await queue.release(session, claim, again=True, keep_attempt=True, fenced=True)
         except errors.Unavailable:
             log.warning("the database is unreachable; thread %s is left to its lease", claim.thread_id)
         finally:
             self._contexts.pop(claim.token, None)
+            self._histories.pop(claim.token, None)
 
-    async def _run_all(self, claim: queue.Claim) -> None:
-        """Run; an input whose delivery fails is set aside (kept, marked, reported) and the rest goes on without it."""
+    async def _run_all(self, claim: queue.Claim) -> bool:
+        """Run; an input whose delivery fails is set aside (kept, marked, reported) and the rest goes on without it.
+        Input is delivered only in a transaction that opens a step and nothing else (`_open`), so the failed one's
+        rollback undoes nothing but that opening."""
         while True:
             try:
                 return await self._run(claim)
@@ -146,39 +181,75 @@ class Engine:
                     await queue.set_aside(session, exc.inbox_id, exc.reason)
                     await events.append(session, thread.id, "error", {"code": "input_set_aside", "message": exc.reason})
 
+    async def _history(self, session: AsyncSession, thread: tables.Thread) -> list[tables.Message]:
+        """The thread's messages in order. The execution keeps them between its steps: each step reads only the rows'
+        versions, and again the rows that are new or changed since (a long thread costs no more to step through)."""
+        assert thread.lease_token is not None
+        held = self._histories.setdefault(thread.lease_token, {})
+        current = await messages.versions(session, thread.id)
+        for gone in held.keys() - current.keys():
+            del held[gone]
+        changed = [i for i, version in current.items() if i not in held or held[i][0] != version]
+        if changed:
+            for row in await messages.by_ids(session, thread.id, changed):
+                held[row.id] = (current[row.id], row)
+        return sorted((row for _, row in held.values()), key=lambda r: r.position)
+
     def _context(self, thread: tables.Thread) -> dict[str, Any]:
         """`state.context`: one dict for the whole execution (the fenced row carries the claim's token)."""
         assert thread.lease_token is not None
         return self._contexts.setdefault(thread.lease_token, {})
 
     # -- one execution -------------------------------------------------------------------------------------
+    #
+    # The steady state of a step is two transactions: one opens it (input delivered, the pending message, the first
+    # request announced), one closes it (the answer with its log row, or the last tool result, the stops) and, when
+    # the turn goes on, opens the next step — or releases the thread when it ends. Tool calls add one transaction
+    # each (its result, and the next call's `tool_started`).
 
-    async def _run(self, claim: queue.Claim) -> None:
-        await effects.run_queued(self._catalog, self._fernet, lambda: self._tx(claim), self._sessions)
-        async with self._tx(claim) as (session, thread):
-            if thread.terminated_at is not None or thread.stopped:
-                return
-            agent = self._catalog.agent(thread.agent)
-            if thread.attempt > MAX_ATTEMPTS + 1:  # it crashed even while failing: its input is what kills it
-                await self._set_aside_input(session, thread)
-                await self._crashed(session, thread)
-                return
-            if thread.attempt > MAX_ATTEMPTS:
-                await self._deliver(session, thread, agent, mid_turn=True)  # keep the input, start nothing
-                await self._crashed(session, thread)
-                return
-            # a turn a previous execution left unfinished (a crash, a deploy) is finished first: new input joins it
-            # as mid-turn input instead of starting a turn that would abandon it (`semantics.md` §2)
-            in_turn = await _turn_in_progress(session, thread)
-            acting = await self._deliver(session, thread, agent, mid_turn=in_turn)
-            if acting is None and thread.status != "running" and not in_turn:
-                await threads.set_status(session, thread, "idle")
-                return
-            if acting is not None:
-                await self._start_turn(session, thread, acting)
-            await threads.set_status(session, thread, "running")
-        while await self._step(claim, agent):
-            pass
+    async def _run(self, claim: queue.Claim) -> bool:
+        """Run steps until the turn (and any the other side takes) ends; returns whether the thread was released."""
+        step: Step | Released | None = await self._open(claim, first=True)
+        while isinstance(step, Step):
+            step = await self._step(claim, step)
+        return step is RELEASED
+
+    async def _open(self, claim: queue.Claim, *, first: bool) -> Step | None:
+        """Open the next step in a transaction of its own; due effects run first (§10)."""
+        while True:
+            async with self._tx(claim) as (session, thread):
+                opened = await self._open_in(session, thread, first=first)
+            if not isinstance(opened, OpenApart):
+                return opened
+            await effects.run_queued(self._catalog, self._fernet, lambda: self._tx(claim), self._sessions)
+
+    async def _then(self, claim: queue.Claim, closed: Step | Released | OpenApart | None) -> Step | Released | None:
+        """After a closing transaction committed: the step it opened, or one opened apart."""
+        return await self._open(claim, first=False) if isinstance(closed, OpenApart) else closed
+
+    async def _begin(self, session: AsyncSession, thread: tables.Thread, agent: AgentDefinition) -> bool:
+        """The start of an execution: the crash budget, input delivered, the turn it starts or goes on with."""
+        if thread.terminated_at is not None or thread.stopped:
+            return False
+        if thread.attempt > MAX_ATTEMPTS + 1:  # it crashed even while failing: its input is what kills it
+            await self._set_aside_input(session, thread)
+            await self._crashed(session, thread)
+            return False
+        if thread.attempt > MAX_ATTEMPTS:
+            await self._deliver(session, thread, agent, mid_turn=True)  # keep the input, start nothing
+            await self._crashed(session, thread)
+            return False
+        # a turn a previous execution left unfinished (a crash, a deploy) is finished first: new input joins it
+        # as mid-turn input instead of starting a turn that would abandon it (`semantics.md` §2)
+        in_turn = await _turn_in_progress(session, thread)
+        acting = await self._deliver(session, thread, agent, mid_turn=in_turn)
+        if acting is None and thread.status != "running" and not in_turn:
+            await threads.set_status(session, thread, "idle")
+            return False
+        if acting is not None:
+            await self._start_turn(session, thread, acting)
+        await threads.set_status(session, thread, "running")
+        return True
 
     async def _deliver(
         self, session: AsyncSession, thread: tables.Thread, agent: AgentDefinition, *, mid_turn: bool
@@ -253,51 +324,116 @@ class Engine:
         assert config is not None, f"agent {agent.name} has no side {side}"
         return config, self._catalog.prompts[config.prompt]
 
-    async def _step(self, claim: queue.Claim, agent: AgentDefinition) -> bool:
-        """One LLM call and the tools it asked for; returns whether the turn goes on."""
-        step = await self._open_step(claim, agent)
-        if step is None:
-            return False
-        agent = step.agent or agent
-        side_config, prompt = self._prompt_of(agent, step.side)
-        if step.response is None:
-            response = await self._call(claim, step, prompt, side_config)
-            if response is None:
-                return False
-            step.response, step.calls = response, list(response.tool_calls)
-        offered = {t.name: t for t in context.offered_tools(self._catalog, prompt, side_config, step.env)}
+    def _is_subagent(self, offered: dict[str, context.OfferedTool], call: ToolCall) -> bool:
+        name = call["function"]["name"]
+        return name in offered and offered[name].kind in subagents.KINDS
+
+    async def _step(self, claim: queue.Claim, step: Step) -> Step | Released | None:
+        """The LLM call of an open step and the tools it asked for; returns the next step, or how the run ended."""
+        assert step.agent is not None and step.env is not None
+        side_config, prompt = self._prompt_of(step.agent, step.side)
         step.config = side_config
-        outcomes = []
-        for call in step.calls:  # `state.queue_tool` may append to `step.calls` while they run
-            outcome = await self._run_tool(claim, step, offered, call)
-            if outcome is None:  # parked on a blocking subagent: the child's result resumes this step
-                return False
-            outcomes.append(outcome)
-        async with self._tx(claim) as (session, thread):
-            thread.attempt = 1  # the step is done: the next one starts with a fresh crash budget
-            thread.step_open = False
-            if not step.response.text.strip() and not step.response.tool_calls:
-                verdict = stops.Verdict("turn", "empty_response")
-            else:
-                verdict = stops.evaluate(agent, side_config, step.response, outcomes, thread.turn_steps)
-            verdict = handoffs.next_turn(thread, offered, outcomes, verdict)
-            await events.append(
-                session,
-                thread.id,
-                "step_completed",
-                {"step": step.number, "side": step.side, "stopped": verdict.ends != "nothing"},
+        offered = {t.name: t for t in context.offered_tools(self._catalog, prompt, side_config, step.env)}
+        prepared: Prepared | None = None
+        if step.response is None:
+            assert step.message_id is not None
+            result = await self._caller.call(
+                lambda: self._tx(claim),
+                claim.thread_id,
+                step.message_id,
+                prompt,
+                step.request,
+                step.env,
+                opened=step.made,
+                defer=True,
             )
-            await self._report_status(session, thread, side_config, outcomes)
-            if verdict.ends == "turn":
-                await events.append(session, thread.id, "turn_ended", {"side": step.side, "reason": verdict.reason})
-                thread.session_turns += 1
-                verdict = stops.session_cap(agent, thread.session_turns)
-                if verdict.ends == "nothing":
-                    return await self._after_turn(session, thread, agent, step.side)
-            if verdict.ends == "session":
-                await self._end_session(session, thread, verdict)
-                return False
-        return True
+            closed: Step | Released | OpenApart | None = None
+            async with self._tx(claim) as (session, thread):
+                await calls.write(session, result)  # the request's log row commits with the message it answers
+                response = await self._store_response(session, thread, step, result, side_config)
+                if response is None:
+                    return None
+                step.response, step.calls = response, list(response.tool_calls)
+                if not step.calls:
+                    closed = await self._close(session, thread, claim, step, offered, [])
+                elif not self._is_subagent(offered, step.calls[0]):
+                    prepared = await self._prepare_tool(session, thread, claim, step, offered, step.calls[0])
+            if not step.calls:
+                return await self._then(claim, closed)
+        outcomes: list[tools.Outcome] = []
+        while len(outcomes) < len(step.calls):  # `state.queue_tool` may append to `step.calls` while they run
+            call = step.calls[len(outcomes)]
+            if self._is_subagent(offered, call):
+                outcome = await self._subagent(claim, step, offered[call["function"]["name"]], call)
+                if outcome is None:  # parked on a blocking subagent: the child's result resumes this step
+                    return None
+                outcomes.append(outcome)
+                continue
+            if prepared is None:
+                async with self._tx(claim) as (session, thread):
+                    prepared = await self._prepare_tool(session, thread, claim, step, offered, call)
+            hook_runner = prepared.hooks
+            outcome, fields = await self._execute_tool(claim, step, offered, call, prepared)
+            outcomes.append(outcome)
+            prepared, closed, row = None, None, None
+            # an `after_create_message` hook runs between the result's commit and what follows it; without one, the
+            # result's transaction goes on to the next call's start, or closes the step
+            carry_on = fields is None or not hook_runner.runs("after_create_message")
+            async with self._tx(claim) as (session, thread):
+                row = await self._record_tool(session, thread, call, outcome, fields)
+                if carry_on and len(outcomes) == len(step.calls):
+                    closed = await self._close(session, thread, claim, step, offered, outcomes)
+                elif carry_on and not self._is_subagent(offered, step.calls[len(outcomes)]):
+                    following = step.calls[len(outcomes)]
+                    prepared = await self._prepare_tool(session, thread, claim, step, offered, following)
+            if carry_on and len(outcomes) == len(step.calls):
+                return await self._then(claim, closed)
+            if row is not None:
+                await hook_runner.after_create_message(row)
+        async with self._tx(claim) as (session, thread):
+            closed = await self._close(session, thread, claim, step, offered, outcomes)
+        return await self._then(claim, closed)
+
+    async def _close(
+        self,
+        session: AsyncSession,
+        thread: tables.Thread,
+        claim: queue.Claim,
+        step: Step,
+        offered: dict[str, context.OfferedTool],
+        outcomes: list[tools.Outcome],
+    ) -> Step | Released | OpenApart | None:
+        """Evaluate the step's stops; open the next step when the turn goes on, else give the thread back."""
+        assert step.agent is not None and step.response is not None and step.config is not None
+        agent, side_config = step.agent, step.config
+        thread.attempt = 1  # the step is done: the next one starts with a fresh crash budget
+        thread.step_open = False
+        if not step.response.text.strip() and not step.response.tool_calls:
+            verdict = stops.Verdict("turn", "empty_response")
+        else:
+            verdict = stops.evaluate(agent, side_config, step.response, outcomes, thread.turn_steps)
+        verdict = handoffs.next_turn(thread, offered, outcomes, verdict)
+        await events.append(
+            session,
+            thread.id,
+            "step_completed",
+            {"step": step.number, "side": step.side, "stopped": verdict.ends != "nothing"},
+        )
+        await self._report_status(session, thread, side_config, outcomes)
+        if verdict.ends == "turn":
+            await events.append(session, thread.id, "turn_ended", {"side": step.side, "reason": verdict.reason})
+            thread.session_turns += 1
+            verdict = stops.session_cap(agent, thread.session_turns)
+            if verdict.ends == "nothing":
+                if await self._after_turn(session, thread, agent, step.side):
+                    return await self._open_in(session, thread, first=False, merged=True)
+                await queue.release(session, claim, fenced=True)
+                return RELEASED
+        if verdict.ends == "session":
+            await self._end_session(session, thread, verdict)
+            await queue.release(session, claim, fenced=True)
+            return RELEASED
+        return await self._open_in(session, thread, first=False, merged=True)
 
     @staticmethod
     async def _report_status(
@@ -332,106 +468,116 @@ class Engine:
         await threads.set_status(session, thread, "idle")
         await child_registry.report(session, thread)  # a child hands its result to its parent in this transaction
 
-    async def _open_step(self, claim: queue.Claim, agent: AgentDefinition) -> Step | None:
-        """Run due effects and deliver input, then either resume unanswered tool calls or open a new LLM call."""
-        await effects.run_queued(self._catalog, self._fernet, lambda: self._tx(claim), self._sessions)
-        async with self._tx(claim) as (session, thread):
-            agent = self._catalog.agent(thread.agent)  # a handoff may have switched it (§7.3)
+    async def _open_in(
+        self, session: AsyncSession, thread: tables.Thread, *, first: bool, merged: bool = False
+    ) -> Step | OpenApart | None:
+        """Deliver input, then either resume unanswered tool calls or open a new LLM call and announce its request.
+        `first`: the execution's first step (`_begin`). `merged`: inside a closing transaction, which leaves waiting
+        input and effects to a transaction of their own."""
+        input_waits, effects_wait = await queue.waiting(session, thread.id)
+        if effects_wait or (merged and input_waits):
+            return OPEN_APART
+        agent = self._catalog.agent(thread.agent)  # a handoff may have switched it (§7.3)
+        if first:
+            if not await self._begin(session, thread, agent):
+                return None
+        elif input_waits:
             acting = await self._deliver(session, thread, agent, mid_turn=thread.turn_steps > 0)
             if acting is not None:  # input between two turns picks who answers it (§2)
                 await self._start_turn(session, thread, acting)
-            side = thread.side or "a"
-            side_config, prompt = self._prompt_of(agent, side)
-            rows = await messages.history(session, thread.id)
-            turn_start = thread.turn_start or 0
-            last, missing = _open_work(rows, side, turn_start, thread.step_open)
-            env = await context.load_env(session, self._fernet, self._catalog, thread, prompt)
-            if last is not None and last.status == "completed":
-                # a crash between the model's answer and its tool results, or a subagent's result: run what is left
-                response = LLMResponse(text=last.content or "", tool_calls=list(last.tool_calls or []))
-                return Step(side, thread.session_steps, calls=missing, response=response, env=env, agent=agent)
-            redo = last is not None  # a call a crash interrupted (still `pending`): the same step again
-            if thread.session_steps >= self._settings.max_session_steps and not redo:
-                await self._end_session(session, thread, stops.Verdict("session", "max_total_steps", "failure"))
-                return None
-            if not redo:
-                thread.turn_steps += 1
-                thread.session_steps += 1
-            # `immediate` subagents start before the prompt's first LLM step (and again after a handoff to it)
-            await subagents.spawn_immediate(session, self._catalog, self._fernet, thread, side, prompt, env)
-            hook_runner = await hooks.prepare(
-                self._catalog, self._fernet, session, thread, side, env=env, context=self._context(thread)
+        side = thread.side or "a"
+        side_config, prompt = self._prompt_of(agent, side)
+        rows = await self._history(session, thread)
+        turn_start = thread.turn_start or 0
+        last, missing = _open_work(rows, side, turn_start, thread.step_open)
+        env = await context.load_env(session, self._fernet, self._catalog, thread, prompt)
+        if last is not None and last.status == "completed":
+            # a crash between the model's answer and its tool results, or a subagent's result: run what is left
+            response = LLMResponse(text=last.content or "", tool_calls=list(last.tool_calls or []))
+            return Step(side, thread.session_steps, calls=missing, response=response, env=env, agent=agent)
+        redo = last is not None  # a call a crash interrupted (still `pending`): the same step again
+        if thread.session_steps >= self._settings.max_session_steps and not redo:
+            await self._end_session(session, thread, stops.Verdict("session", "max_total_steps", "failure"))
+            return None
+        if not redo:
+            thread.turn_steps += 1
+            thread.session_steps += 1
+        # `immediate` subagents start before the prompt's first LLM step (and again after a handoff to it)
+        await subagents.spawn_immediate(session, self._catalog, self._fernet, thread, side, prompt, env)
+        hook_runner = await hooks.prepare(
+            self._catalog, self._fernet, session, thread, side, env=env, context=self._context(thread)
+        )
+        assembled = await hook_runner.filter_messages(rows, side, prompt, turn_start)
+        try:
+            request = context.build_request(self._catalog, prompt, side_config, side, assembled, turn_start, env)
+        except context.MissingVariable as exc:
+            await self._end_session(session, thread, stops.Verdict("session", "llm_error", "failure"))
+            await events.append(session, thread.id, "error", {"code": "missing_variable", "message": str(exc)})
+            return None
+        request.messages = await hook_runner.prefilter_llm_history(request.messages)
+        registry = child_registry.registry_message(await child_registry.children(session, thread.id))
+        if registry is not None:  # after the history, so the model sees its children's current state
+            request.messages.append(LLMMessage("system", registry))
+        await attachments.inline_images(session, thread.id, request.messages)
+        if last is not None:  # redo an interrupted call into the same row
+            if last not in session:  # held from an earlier transaction of this execution
+                last = await messages.get(session, thread.id, last.id)
+            await messages.save(session, last, content=None, tool_calls=None, reasoning_content=None)
+            message = last
+        else:
+            fields = await hook_runner.before_create_message(
+                messages.role_of(side),
+                {
+                    "side": side,
+                    "status": "pending",
+                    "prompt": prompt.name,
+                    "model": prompt.model,
+                    "session_number": thread.session_number,
+                },
             )
-            assembled = await hook_runner.filter_messages(rows, side, prompt, turn_start)
-            try:
-                request = context.build_request(self._catalog, prompt, side_config, side, assembled, turn_start, env)
-            except context.MissingVariable as exc:
-                await self._end_session(session, thread, stops.Verdict("session", "llm_error", "failure"))
-                await events.append(session, thread.id, "error", {"code": "missing_variable", "message": str(exc)})
-                return None
-            request.messages = await hook_runner.prefilter_llm_history(request.messages)
-            registry = child_registry.registry_message(await child_registry.children(session, thread.id))
-            if registry is not None:  # after the history, so the model sees its children's current state
-                request.messages.append(LLMMessage("system", registry))
-            await attachments.inline_images(session, thread.id, request.messages)
-            if last is not None:  # redo an interrupted call into the same row
-                await messages.save(session, last, content=None, tool_calls=None, reasoning_content=None)
-                message = last
-            else:
-                fields = await hook_runner.before_create_message(
-                    messages.role_of(side),
-                    {
-                        "side": side,
-                        "status": "pending",
-                        "prompt": prompt.name,
-                        "model": prompt.model,
-                        "session_number": thread.session_number,
-                    },
-                )
-                message = await messages.add(session, thread.id, messages.role_of(side), **fields)
-                await hook_runner.after_create_message(message)
-            await events.append(session, thread.id, "step_started", {"step": thread.session_steps, "side": side})
-            return Step(side, thread.session_steps, message.id, request, env=env, agent=agent)
+            message = await messages.add(session, thread.id, messages.role_of(side), **fields)
+            await hook_runner.after_create_message(message)
+        await events.append(session, thread.id, "step_started", {"step": thread.session_steps, "side": side})
+        made = await calls.announce(session, thread.id, retry.chain(self._catalog, prompt.model)[0], 1)
+        return Step(side, thread.session_steps, message.id, request, env=env, agent=agent, made=made)
 
     # -- the model -----------------------------------------------------------------------------------------
 
-    async def _call(
-        self, claim: queue.Claim, step: Step, prompt: PromptDefinition, side: SideConfig
+    async def _store_response(
+        self, session: AsyncSession, thread: tables.Thread, step: Step, result: calls.Result, side: SideConfig
     ) -> LLMResponse | None:
-        """Get the model's answer (through retries and fallbacks) into the pending message."""
-        assert step.message_id is not None and step.env is not None
-        result = await self._caller.call(lambda: self._tx(claim), step.message_id, prompt, step.request, step.env)
+        """The model's answer (or its failure, which ends the session) into the step's pending message."""
+        assert step.message_id is not None
         response = result.response
-        async with self._tx(claim) as (session, thread):
-            message = await messages.get(session, thread.id, step.message_id)
-            hook_runner = await hooks.prepare(
-                self._catalog, self._fernet, session, thread, step.side, env=step.env, context=self._context(thread)
+        message = await messages.get(session, thread.id, step.message_id)
+        hook_runner = await hooks.prepare(
+            self._catalog, self._fernet, session, thread, step.side, env=step.env, context=self._context(thread)
+        )
+        if isinstance(response, ProviderError):
+            await messages.save(
+                session, message, **await hook_runner.before_update_message(message, {"status": "failed"})
             )
-            if isinstance(response, ProviderError):
-                await messages.save(
-                    session, message, **await hook_runner.before_update_message(message, {"status": "failed"})
-                )
-                await hook_runner.after_update_message(message)
-                await events.append(session, thread.id, "error", {"code": "llm_error", "message": response.message})
-                await events.append(
-                    session, thread.id, "step_completed", {"step": step.number, "side": step.side, "stopped": True}
-                )
-                await self._end_session(session, thread, stops.Verdict("session", "llm_error", "failure"))
-                return None
-            updates = {
-                "status": "completed",
-                "content": self._content(response, side),
-                "tool_calls": list(response.tool_calls) or None,
-                "reasoning_content": response.reasoning,
-                "reasoning_details": response.reasoning_details,
-                "model": result.model.name,
-                "usage": response.usage.as_dict(),
-            }
-            await messages.save(session, message, **await hook_runner.before_update_message(message, updates))
             await hook_runner.after_update_message(message)
-            thread.last_message_at = datetime.now(UTC)
-            thread.step_open = bool(response.tool_calls)  # until the step's stops are evaluated
-            return response
+            await events.append(session, thread.id, "error", {"code": "llm_error", "message": response.message})
+            await events.append(
+                session, thread.id, "step_completed", {"step": step.number, "side": step.side, "stopped": True}
+            )
+            await self._end_session(session, thread, stops.Verdict("session", "llm_error", "failure"))
+            return None
+        updates = {
+            "status": "completed",
+            "content": self._content(response, side),
+            "tool_calls": list(response.tool_calls) or None,
+            "reasoning_content": response.reasoning,
+            "reasoning_details": response.reasoning_details,
+            "model": result.model.name,
+            "usage": response.usage.as_dict(),
+        }
+        await messages.save(session, message, **await hook_runner.before_update_message(message, updates))
+        await hook_runner.after_update_message(message)
+        thread.last_message_at = datetime.now(UTC)
+        thread.step_open = bool(response.tool_calls)  # until the step's stops are evaluated
+        return response
 
     @staticmethod
     def _content(response: LLMResponse, side: SideConfig) -> str | None:
@@ -487,73 +633,105 @@ class Engine:
             await events.append(session, thread.id, "tool_completed", data)
         return tools.Outcome(call, done.result, None)
 
-    async def _run_tool(
-        self, claim: queue.Claim, step: Step, offered: dict[str, context.OfferedTool], call: ToolCall
-    ) -> tools.Outcome | None:
-        name = call["function"]["name"]
-        if name in offered and offered[name].kind in subagents.KINDS:
-            return await self._subagent(claim, step, offered[name], call)  # type: ignore[no-any-return]
-        async with self._tx(claim) as (session, thread):
-            await events.append(session, thread.id, "tool_started", {"tool": name, "tool_call_id": call["id"]})
-            execution = ExecutionState(
-                side="b" if step.side == "b" else "a",
-                step=step.number,
-                session=thread.session_number,
-                attempt=thread.attempt,
-            )
-            assert step.env is not None
-            state = RunState(
-                thread,
-                step.env,
-                lambda: self._tx(claim),
-                execution,
-                self._context(thread),
-                catalog=self._catalog,
-                fernet=self._fernet,
-                queue_call=step.calls.append,
-                sessions=self._sessions,
-                children=await self._children(session, thread),
-                subprompts=self._subprompts,
-                tool_timeout=self._settings.tool_timeout,
-            )
-            hook_runner = await hooks.prepare(  # its hooks run between this step's transactions, not inside one
-                self._catalog,
-                self._fernet,
-                session,
-                thread,
-                step.side,
-                env=step.env,
-                transaction=lambda: self._tx(claim),
-                context=self._context(thread),
-            )
+    async def _prepare_tool(
+        self,
+        session: AsyncSession,
+        thread: tables.Thread,
+        claim: queue.Claim,
+        step: Step,
+        offered: dict[str, context.OfferedTool],
+        call: ToolCall,
+    ) -> Prepared:
+        """Announce a tool call (`tool_started`) and build the state and hooks it runs with."""
+        await events.append(
+            session, thread.id, "tool_started", {"tool": call["function"]["name"], "tool_call_id": call["id"]}
+        )
+        execution = ExecutionState(
+            side="b" if step.side == "b" else "a",
+            step=step.number,
+            session=thread.session_number,
+            attempt=thread.attempt,
+        )
+        assert step.env is not None
+        state = RunState(
+            thread,
+            step.env,
+            lambda: self._tx(claim),
+            execution,
+            self._context(thread),
+            catalog=self._catalog,
+            fernet=self._fernet,
+            queue_call=step.calls.append,
+            sessions=self._sessions,
+            children=await self._children(session, thread),
+            subprompts=self._subprompts,
+            tool_timeout=self._settings.tool_timeout,
+        )
+        hook_runner = await hooks.prepare(  # its hooks run between this step's transactions, not inside one
+            self._catalog,
+            self._fernet,
+            session,
+            thread,
+            step.side,
+            env=step.env,
+            transaction=lambda: self._tx(claim),
+            context=self._context(thread),
+        )
+        return Prepared(state, hook_runner)
+
+    async def _execute_tool(
+        self,
+        claim: queue.Claim,
+        step: Step,
+        offered: dict[str, context.OfferedTool],
+        call: ToolCall,
+        prepared: Prepared,
+    ) -> tuple[tools.Outcome, dict[str, Any] | None]:
+        """Run the tool and its hooks, outside any transaction; returns the outcome and the fields of the result
+        message to store (None: an `after_tool_call_*` hook removed the call and its result from history)."""
+        assert step.env is not None
+        state, hook_runner = prepared.state, prepared.hooks
         outcome = await tools.execute(self._catalog, offered, call, state)
         outcome = replace(outcome, result=calls.scrub_result(outcome.result, step.env.secrets()))  # a tool's echo
         outcome = await tools.check_attachments(step.config, outcome, state)
         result = await hook_runner.after_tool_call(call, outcome.result)
-        fields: dict[str, Any] | None = None
-        if result is not None:
-            result = await hook_runner.before_store_tool_result(call, result)
-            outcome = replace(outcome, result=result)
-            content, bound = stops.stored_result(step.config, outcome)
-            fields = {"side": step.side, "name": name, "tool_call_id": call["id"], "content": content}
-            refs = await self._attachments(claim, bound, result)
-            if refs:
-                fields["attachments"] = refs
-            fields = await hook_runner.before_create_message("tool", {**fields, "tool_status": result.status})
-        async with self._tx(claim) as (session, thread):
-            if fields is None:  # an `after_tool_call_*` hook removed the call and its result from history
-                await hooks.drop_call(session, thread.id, call["id"])
-            else:
-                row = await messages.add(session, thread.id, "tool", **fields, session_number=thread.session_number)
-            await events.append(
-                session,
-                thread.id,
-                "tool_completed",
-                {"tool": name, "tool_call_id": call["id"], "status": outcome.result.status},
-            )
-        if fields is not None:
-            await hook_runner.after_create_message(row)
-        return outcome
+        if result is None:
+            return outcome, None
+        result = await hook_runner.before_store_tool_result(call, result)
+        outcome = replace(outcome, result=result)
+        content, bound = stops.stored_result(step.config, outcome)
+        fields: dict[str, Any] = {
+            "side": step.side,
+            "name": call["function"]["name"],
+            "tool_call_id": call["id"],
+            "content": content,
+        }
+        refs = await self._attachments(claim, bound, result)
+        if refs:
+            fields["attachments"] = refs
+        return outcome, await hook_runner.before_create_message("tool", {**fields, "tool_status": result.status})
+
+    @staticmethod
+    async def _record_tool(
+        session: AsyncSession,
+        thread: tables.Thread,
+        call: ToolCall,
+        outcome: tools.Outcome,
+        fields: dict[str, Any] | None,
+    ) -> tables.Message | None:
+        """Store a tool call's result message (or drop the call) and announce `tool_completed`."""
+        row = None
+        if fields is None:  # an `after_tool_call_*` hook removed the call and its result from history
+            await hooks.drop_call(session, thread.id, call["id"])
+        else:
+            row = await messages.add(session, thread.id, "tool", **fields, session_number=thread.session_number)
+        await events.append(
+            session,
+            thread.id,
+            "tool_completed",
+            {"tool": call["function"]["name"], "tool_call_id": call["id"], "status": outcome.result.status},
+        )
+        return row
 
     async def _attachments(self, claim: queue.Claim, bound: list[str], result: ToolResult) -> list[dict[str, Any]]:
         """References for a tool message: the files a session tool's `attachmentsProperty` names, and the files a

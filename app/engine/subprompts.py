@@ -136,9 +136,12 @@ class Runner:
             await attachments.inline_images(session, thread.id, request.messages)
             fields = {"side": side, "status": "pending", "prompt": name, "model": prompt.model, **tags}
             pending = await messages.add(session, thread.id, messages.role_of(side), **fields)
-        result = await self._caller.call(state._transaction, pending.id, prompt, request, env, depth)
+        result = await self._caller.call(
+            state._transaction, thread.id, pending.id, prompt, request, env, depth, defer=True
+        )
         response = result.response
         async with state._transaction() as (session, thread):
+            await calls.write(session, result)  # the request's log row commits with the message it answers
             message = await messages.get(session, thread.id, pending.id)
             if isinstance(response, ProviderError):
                 await messages.save(session, message, status="failed")

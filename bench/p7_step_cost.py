@@ -1,0 +1,103 @@
+"""P7 — the runtime's own time per step, and whether it grows with the thread's history.
+
+One `agents serve` process, the `steps` agent of `bench/agents` (a zero-latency `test` model that calls the `noop`
+tool N times in a turn when told `steps N`, then answers). A turn of N tool steps is timed on the thread's stream:
+the interval between one step's `llm_request` and the next one's is a whole step minus nothing (the model answers at
+once, the tool returns at once): the runtime's non-LLM time per step. The same is measured on a thread with ~10
+messages of history and on one with ~1,000 (filled first by posting messages in a burst, which are delivered
+together and answered once), each several times.
+
+    .venv/bin/python -m bench.p7_step_cost [--runs 3] [--steps 30] [--history 1000]
+
+Target (`design/targets.md`): non-LLM time per step p50 ≤ 3 ms, the same at 10 and at 1,000 messages.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+
+import httpx
+
+from bench.harness import Stream, database, median, percentile, postgres_server, postgres_version, servers, setup
+
+
+async def idle(stream: Stream) -> None:
+    """Until the thread's status goes back to idle (after it left it)."""
+    while True:
+        event = await asyncio.wait_for(stream.wait_for("thread_status"), 60)
+        if event.data.get("status") == "idle":
+            return
+
+
+async def fill(client: httpx.AsyncClient, stream: Stream, thread: str, history: int) -> int:
+    """Grow a fresh thread's history to about `history` messages; returns how many it holds."""
+    count = 0  # a fresh thread
+    while count < history:
+        done = idle(stream)
+        batch = min(200, history - count)
+        for i in range(batch):
+            (await client.post(f"/threads/{thread}/messages", json={"content": f"filler {i}"})).raise_for_status()
+        await done
+        count += batch + 1  # the burst is delivered together and answered once
+    return count
+
+
+async def turn(client: httpx.AsyncClient, stream: Stream, thread: str, steps: int) -> list[float]:
+    """One turn of `steps` tool steps; the intervals between consecutive `llm_request`s, in ms."""
+    start = len(stream.events)
+    done = idle(stream)
+    (await client.post(f"/threads/{thread}/messages", json={"content": f"steps {steps}"})).raise_for_status()
+    await done
+    times = [e.at for e in stream.events[start:] if e.type == "llm_request"]
+    return [(b - a) * 1000 for a, b in itertools.pairwise(times)]
+
+
+async def measure(base: str, client: httpx.AsyncClient, history: int, steps: int, turns: int) -> list[float]:
+    thread = (await client.post("/threads", json={"agent": "steps"})).json()["id"]
+    stream = Stream(base, f"/threads/{thread}/events")
+    reading = asyncio.create_task(stream.run())
+    try:
+        await asyncio.wait_for(stream.connected.wait(), 10)
+        await fill(client, stream, thread, history)
+        await turn(client, stream, thread, 3)  # warm-up
+        intervals: list[float] = []
+        for _ in range(turns):
+            intervals += await turn(client, stream, thread, steps)
+        return intervals
+    finally:
+        reading.cancel()
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=30, help="tool steps per measured turn")
+    parser.add_argument("--turns", type=int, default=3, help="measured turns per thread")
+    parser.add_argument("--history", type=int, default=1000, help="messages of history of the long thread")
+    args = parser.parse_args()
+    with postgres_server() as server_url:
+        settings = {"runs": args.runs, "turns": f"{args.turns} per thread of {args.steps} tool steps each"}
+        settings["server"] = "one `agents serve` (API + worker, defaults), model and tool answer at once"
+        setup("P7 non-LLM time per step, short and long history", settings, await postgres_version(server_url))
+        print("\n| run | history | steps | p50 ms | p90 ms | p99 ms |\n| --- | --- | --- | --- | --- | --- |")
+        p50s: dict[int, list[float]] = {}
+        for i in range(args.runs):
+            async with (
+                database(server_url) as url,
+                servers(url, [["serve"]]) as base,
+                httpx.AsyncClient(base_url=base, timeout=30) as client,
+            ):
+                for history in (10, args.history):
+                    values = await measure(base, client, history, args.steps, args.turns)
+                    p50 = percentile(values, 50)
+                    p50s.setdefault(history, []).append(p50)
+                    row = f"| {i + 1} | {history} | {len(values)} | {p50:.1f} | {percentile(values, 90):.1f} |"
+                    print(f"{row} {percentile(values, 99):.1f} |", flush=True)
+        summary = ", ".join(f"{h} messages p50 {median(v):.1f} ms" for h, v in p50s.items())
+        print(f"\nmedian of runs: {summary} (target ≤ 3 ms at both)")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
