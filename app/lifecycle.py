@@ -28,7 +28,7 @@ async def _revoke(session: AsyncSession, thread: tables.Thread) -> None:
     revoked = thread.lease_token
     thread.lease_token = None
     thread.lease_owner = None
-    thread.lease_expires_at = None
+    await queue.revoke(session, thread.id)
     thread.attempt = 0
     thread.runnable_since = None
     await session.flush()

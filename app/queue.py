@@ -1,8 +1,12 @@
 """The durable per-thread queue: enqueue (+NOTIFY), claim (SKIP LOCKED), fence, heartbeat, release.
 
 Every query the queue runs is here, named and commented. Scheduling state lives on `threads`:
-`runnable_since` (set while input waits or a run must go on), `lease_token` / `lease_owner` /
-`lease_expires_at` (who runs it, until when, by the database clock) and `attempt` (claims of the current step).
+`runnable_since` (set while input waits or a run must go on), `lease_token` / `lease_owner` (who runs it: the
+fencing token every engine transaction checks under the row lock) and `attempt` (claims of the current step); and on
+`leases`: until when the token holds, by the database clock. The expiry is in a table of its own because the
+heartbeat must renew it while an engine transaction holds the thread row: if the worker's event loop stalls inside
+such a transaction (a CPU-bound tool of another thread), a renewal that needs the thread row would wait until the lease
+ran out, and the stalled transaction would commit and start a tool while another worker claims the thread.
 """
 
 from __future__ import annotations
@@ -62,23 +66,32 @@ async def mark_runnable(session: AsyncSession, thread_id: uuid.UUID) -> None:
     await session.execute(select(func.pg_notify(WAKEUP_CHANNEL, "")))
 
 
-# CLAIM: the oldest runnable thread whose lease is absent or expired, skipping rows another claimer locked and the
-# threads the claiming worker still runs (an expired lease nobody else took is still its own: no second execution).
-# A thread parked on a blocking child (`waiting`), stopped by its user or terminated is never claimed.
+# CLAIM: the oldest runnable thread whose lease is absent or expired, skipping thread rows locked by another claimer
+# or by a transaction of the execution that holds it, and the threads the claiming worker still runs (an expired lease
+# nobody else took is still its own: no second execution). A thread parked on a blocking child (`waiting`), stopped
+# by its user or terminated is never claimed. The lease row is taken only if it is still expired when locked (a
+# heartbeat renewing it concurrently wins: then nothing is claimed and the worker tries again).
 _CLAIM = text(
     """
-    UPDATE threads SET lease_token = :token, lease_owner = :owner,
-           lease_expires_at = now() + make_interval(secs => :lease), attempt = attempt + 1
-    WHERE id = (
-        SELECT id FROM threads
-        WHERE runnable_since IS NOT NULL
-          AND (lease_expires_at IS NULL OR lease_expires_at < now())
-          AND terminated_at IS NULL AND NOT stopped AND status <> 'waiting'
-          AND id <> ALL(CAST(:mine AS uuid[]))
-        ORDER BY runnable_since
+    WITH candidate AS (
+        SELECT t.id FROM threads t
+        WHERE t.runnable_since IS NOT NULL
+          AND t.terminated_at IS NULL AND NOT t.stopped AND t.status <> 'waiting'
+          AND t.id <> ALL(CAST(:mine AS uuid[]))
+          AND NOT EXISTS (SELECT 1 FROM leases l WHERE l.thread_id = t.id AND l.expires_at >= now())
+        ORDER BY t.runnable_since
         LIMIT 1
-        FOR NO KEY UPDATE SKIP LOCKED
+        FOR NO KEY UPDATE OF t SKIP LOCKED
+    ),
+    leased AS (
+        INSERT INTO leases (thread_id, token, expires_at)
+        SELECT id, :token, now() + make_interval(secs => :lease) FROM candidate
+        ON CONFLICT (thread_id) DO UPDATE SET token = excluded.token, expires_at = excluded.expires_at
+        WHERE leases.expires_at < now()
+        RETURNING thread_id
     )
+    UPDATE threads SET lease_token = :token, lease_owner = :owner, attempt = attempt + 1
+    WHERE id = (SELECT thread_id FROM leased)
     RETURNING id, attempt
     """
 )
@@ -98,11 +111,21 @@ async def claim(
 
 async def fence(session: AsyncSession, claim: Claim) -> tables.Thread:
     """Lock the thread row if, and only if, this claim still holds its lease; else `LeaseLost`."""
-    # FENCE: the token in the WHERE makes every write of a run conditional on still owning it.
+    # FENCE: the token in the WHERE makes every write of a run conditional on still owning it; an expired lease (the
+    # heartbeat could not renew it for a whole lease) is lost too, as another worker may claim it any moment.
+    live = (
+        select(tables.Lease.thread_id)
+        .where(
+            tables.Lease.thread_id == claim.thread_id,
+            tables.Lease.token == claim.token,
+            tables.Lease.expires_at > func.now(),
+        )
+        .exists()
+    )
     thread = (
         await session.execute(
             select(tables.Thread)
-            .where(tables.Thread.id == claim.thread_id, tables.Thread.lease_token == claim.token)
+            .where(tables.Thread.id == claim.thread_id, tables.Thread.lease_token == claim.token, live)
             .with_for_update(key_share=True)  # FOR NO KEY UPDATE (see `app/lifecycle.py`)
             .execution_options(populate_existing=True)
         )
@@ -113,31 +136,32 @@ async def fence(session: AsyncSession, claim: Claim) -> tables.Thread:
 
 
 # HEARTBEAT: renew every lease this process holds in one statement, run by `app/heartbeat.py` on its own connection.
-# It never waits for a row lock: a row locked right now (by this worker's own fenced transaction, or by an enqueue) is
-# skipped and renewed at the next beat, two more chances before the lease runs out. A lease is lost only when the
-# row no longer carries the claim's token (expired and claimed by another worker, or revoked by stop / terminate).
+# Engine transactions never lock lease rows (only the thread row), so a renewal waits for nothing but a statement that
+# ends the lease anyway (a claim of an expired one, a release, a revoke); such a row is skipped here and retried
+# below. A lease is lost only when its row no longer carries the claim's token (expired and claimed by another worker,
+# released, or revoked by stop / terminate).
 HEARTBEAT = """
     WITH mine AS (SELECT * FROM unnest($1::uuid[], $2::uuid[]) AS m(id, token)),
     renewed AS (
-        UPDATE threads SET lease_expires_at = now() + make_interval(secs => $3)
-        WHERE id IN (
-            SELECT t.id FROM threads t JOIN mine ON t.id = mine.id AND t.lease_token = mine.token
-            FOR NO KEY UPDATE OF t SKIP LOCKED
+        UPDATE leases SET expires_at = now() + make_interval(secs => $3)
+        WHERE thread_id IN (
+            SELECT l.thread_id FROM leases l JOIN mine ON l.thread_id = mine.id AND l.token = mine.token
+            FOR NO KEY UPDATE OF l SKIP LOCKED
         )
-        RETURNING id
+        RETURNING thread_id
     )
-    SELECT mine.id, mine.token, mine.id IN (SELECT id FROM renewed) AS renewed,
-           EXISTS (SELECT 1 FROM threads t WHERE t.id = mine.id AND t.lease_token = mine.token) AS held
+    SELECT mine.id, mine.token, mine.id IN (SELECT thread_id FROM renewed) AS renewed,
+           EXISTS (SELECT 1 FROM leases l WHERE l.thread_id = mine.id AND l.token = mine.token) AS held
     FROM mine
 """
 
 
 # HEARTBEAT_WAITING: the rows the first statement skipped because they were locked, renewed in a transaction of
 # their own that waits for the locks (at most `lock_timeout`): the others are committed already, so no wait here can
-# cost them their lease, and a busy thread is not left to expire after three unlucky beats.
+# cost them their lease.
 HEARTBEAT_WAITING = """
-    UPDATE threads SET lease_expires_at = now() + make_interval(secs => $3)
-    WHERE (id, lease_token) IN (SELECT * FROM unnest($1::uuid[], $2::uuid[]))
+    UPDATE leases SET expires_at = now() + make_interval(secs => $3)
+    WHERE (thread_id, token) IN (SELECT * FROM unnest($1::uuid[], $2::uuid[]))
 """
 
 
@@ -168,6 +192,11 @@ _WAITING = text(
     FROM inbox WHERE thread_id = :id AND set_aside_at IS NULL
     """
 )
+
+
+async def revoke(session: AsyncSession, thread_id: uuid.UUID) -> None:
+    """End whatever lease the thread has (the caller clears `lease_token` on the row it locked): stop / terminate."""
+    await session.execute(delete(tables.Lease).where(tables.Lease.thread_id == thread_id))
 
 
 async def waiting(session: AsyncSession, thread_id: uuid.UUID) -> tuple[bool, bool]:
@@ -245,7 +274,8 @@ _LOCK_HELD = text("SELECT 1 FROM threads WHERE id = :id AND lease_token = :token
 # RELEASE: drop the lease; stay runnable only if input waits (set-aside rows do not count) or the run goes on.
 _RELEASE = text(
     """
-    UPDATE threads SET lease_token = NULL, lease_owner = NULL, lease_expires_at = NULL,
+    WITH dropped AS (DELETE FROM leases WHERE thread_id = :id AND token = :token)
+    UPDATE threads SET lease_token = NULL, lease_owner = NULL,
            attempt = CASE WHEN :keep_attempt THEN greatest(attempt - 1, 0) ELSE 0 END,
            runnable_since = CASE
                WHEN :again OR EXISTS (
@@ -295,7 +325,7 @@ _STRANDED = text(
     UPDATE threads t SET runnable_since = now()
     WHERE t.id = ANY(CAST(:ids AS uuid[]))
       AND t.runnable_since IS NULL
-      AND (t.lease_expires_at IS NULL OR t.lease_expires_at < now())
+      AND NOT EXISTS (SELECT 1 FROM leases l WHERE l.thread_id = t.id AND l.expires_at >= now())
       AND t.terminated_at IS NULL AND NOT t.stopped AND t.status <> 'waiting'
       AND EXISTS (SELECT 1 FROM inbox i WHERE i.thread_id = t.id AND i.set_aside_at IS NULL)
     RETURNING t.id

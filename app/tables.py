@@ -74,8 +74,7 @@ class Thread(Base):
     # scheduling
     runnable_since: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     lease_token: Mapped[uuid.UUID | None]
-    lease_owner: Mapped[str | None] = mapped_column(String(200))
-    lease_expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    lease_owner: Mapped[str | None] = mapped_column(String(200))  # until when: the thread's `Lease` row
     attempt: Mapped[int] = mapped_column(Integer, server_default="0")
     event_seq: Mapped[int] = mapped_column(BigInteger, server_default="0")
     step_open: Mapped[bool] = mapped_column(Boolean, server_default="false")  # a step's tools are not all evaluated
@@ -96,6 +95,17 @@ class Thread(Base):
         Index("threads_user_created", "user_id", "created_at"),
         Index("threads_parent", "parent_id"),
     )
+
+
+class Lease(Base):
+    """How long a claim (`threads.lease_token`) holds: a row of its own, renewed by the heartbeat alone, so that no
+    engine transaction holding the thread row can stop its renewal (`app/queue.py`)."""
+
+    __tablename__ = "leases"
+
+    thread_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("threads.id", ondelete="CASCADE"), primary_key=True)
+    token: Mapped[uuid.UUID]
+    expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
 
 
 class Message(Base):

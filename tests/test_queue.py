@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import AsyncIterator
 
@@ -12,6 +13,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from app import db, errors, keys, queue, threads
+from app.heartbeat import Heartbeat
 from app.settings import plain_url
 from app.spec import define_agent
 
@@ -119,17 +121,17 @@ async def test_heartbeat_renews_held_leases_and_reports_lost_ones(
     async with sessions() as s:
         expires = (
             await s.execute(
-                text("SELECT lease_expires_at > now() + interval '20 seconds' FROM threads WHERE id = :id"),
+                text("SELECT expires_at > now() + interval '20 seconds' FROM leases WHERE thread_id = :id"),
                 {"id": kept.thread_id},
             )
         ).scalar_one()
     assert expires
 
 
-async def test_heartbeat_never_waits_for_a_locked_row_and_keeps_its_lease(
+async def test_heartbeat_renews_a_lease_whose_thread_row_a_transaction_holds(
     sessions: async_sessionmaker[AsyncSession], database_url: str
 ) -> None:
-    """A row locked by a long transaction (a busy step, an enqueue) is skipped, not waited for, and not lost."""
+    """A thread row locked by a long transaction (a busy step, an enqueue) does not stop the renewal of its lease."""
     await _runnable(sessions, 2)
     busy, free = await _claim(sessions, lease=30), await _claim(sessions, lease=30)
     assert busy is not None and free is not None
@@ -141,11 +143,37 @@ async def test_heartbeat_never_waits_for_a_locked_row_and_keeps_its_lease(
             assert lost == set()
             async with sessions() as r:
                 renewed = await r.execute(
-                    text("SELECT id FROM threads WHERE lease_expires_at > now() + interval '45 seconds'")
+                    text("SELECT thread_id FROM leases WHERE expires_at > now() + interval '45 seconds'")
                 )
-                assert [row.id for row in renewed] == [free.thread_id]
+                assert {row.thread_id for row in renewed} == {busy.thread_id, free.thread_id}
     finally:
         await conn.close()
+
+
+async def test_a_transaction_stalled_past_the_lease_keeps_it_and_nobody_else_claims(
+    sessions: async_sessionmaker[AsyncSession], database_url: str
+) -> None:
+    """The chaos race, made deterministic: the worker's event loop blocks (a CPU-bound tool) inside a fenced
+    transaction for twice the lease. The heartbeat, on its own OS thread, must keep the lease alive meanwhile, so that
+    once the stalled transaction commits (and its execution starts a tool) no other worker can claim the thread."""
+    await _runnable(sessions, 1)
+    lease = 0.6
+    claim = await _claim(sessions, lease=lease)
+    assert claim is not None
+    lost: list[set[tuple[uuid.UUID, uuid.UUID]]] = []
+    beat = Heartbeat(plain_url(database_url), lease, 60, lambda: [claim], lost.append)
+    beat.start()
+    try:
+        async with sessions() as s, s.begin():
+            await queue.fence(s, claim)
+            time.sleep(lease * 2)  # noqa: ASYNC251 -- the loop blocked, the thread row locked, past the lease
+            await beat.stop()  # what the lease is worth at the commit is what the heartbeat did during the stall
+        assert await _claim(sessions, "thief", lease=lease) is None  # still held: the tool may start
+        async with sessions() as s, s.begin():
+            assert (await queue.fence(s, claim)).id == claim.thread_id
+    finally:
+        await beat.stop()
+    assert lost == []
 
 
 async def test_concurrent_claimers_never_share_a_thread(sessions: async_sessionmaker[AsyncSession]) -> None:
@@ -229,8 +257,9 @@ async def test_the_janitor_check_repairs_a_stranded_thread_and_nothing_else(
     held = await _claim(sessions)
     assert held is not None and held.thread_id == leased
     async with sessions() as s, s.begin():
-        clear = "UPDATE threads SET runnable_since = NULL, lease_token = NULL, lease_expires_at = NULL WHERE id = :id"
+        clear = "UPDATE threads SET runnable_since = NULL, lease_token = NULL WHERE id = :id"
         await s.execute(text(clear), {"id": stranded})  # what a lost wake-up leaves
+        await s.execute(text("DELETE FROM leases WHERE thread_id = :id"), {"id": stranded})
         await s.execute(text("UPDATE threads SET runnable_since = NULL WHERE id = :id"), {"id": leased})
         await s.execute(
             text("UPDATE threads SET runnable_since = NULL, stopped = true WHERE id = :id"), {"id": stopped}
@@ -265,13 +294,16 @@ async def test_set_aside_input_is_neither_delivered_nor_a_reason_to_run(
 
 
 async def test_a_worker_never_claims_a_thread_it_still_runs(sessions: async_sessionmaker[AsyncSession]) -> None:
-    """Its lease expired but nobody took it: the token is still this worker's, so no second execution starts here."""
+    """Its lease expired but nobody took it: no second execution starts here. The first one can write no more
+    (the heartbeat could not renew it for a whole lease, and another worker may claim it any moment)."""
     [tid] = await _runnable(sessions, 1)
     first = await _claim(sessions, lease=0.05)
     assert first is not None
     await asyncio.sleep(0.1)
     async with sessions() as s, s.begin():
         assert await queue.claim(s, "w", 30, [tid]) is None
-        assert (await queue.fence(s, first)).id == tid  # still fenced by the first claim
+    with pytest.raises(errors.LeaseLost):
+        async with sessions() as s, s.begin():
+            await queue.fence(s, first)
     other = await _claim(sessions, "other")
     assert other is not None and other.thread_id == tid  # another worker may take it over

@@ -132,10 +132,9 @@ async def test_a_lost_lease_inside_a_tool_is_not_swallowed_by_its_guard(app_fact
 
     async def steal() -> None:
         async with app.state.sessions() as session, session.begin():
-            await session.execute(
-                text("UPDATE threads SET lease_token = :t, lease_expires_at = now() + interval '1 h' WHERE id = :id"),
-                {"t": uuid.uuid4(), "id": uuid.UUID(tid)},
-            )
+            thief = {"t": uuid.uuid4(), "id": uuid.UUID(tid)}
+            await session.execute(text("UPDATE threads SET lease_token = :t WHERE id = :id"), thief)
+            await session.execute(text("UPDATE leases SET token = :t WHERE thread_id = :id"), thief)
 
     GUARD["before"] = steal
     await client.post(f"/threads/{tid}/messages", json={"content": "go"})

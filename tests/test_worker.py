@@ -61,10 +61,9 @@ async def test_a_lost_lease_cancels_the_execution_and_writes_nothing(app_factory
 
     await wait_for(calling)
     async with app.state.sessions() as session, session.begin():  # someone else now holds the lease
-        await session.execute(
-            text("UPDATE threads SET lease_token = :t, lease_expires_at = now() + interval '1 hour' WHERE id = :id"),
-            {"t": uuid.uuid4(), "id": tid},
-        )
+        thief = {"t": uuid.uuid4(), "id": tid}
+        await session.execute(text("UPDATE threads SET lease_token = :t WHERE id = :id"), thief)
+        await session.execute(text("UPDATE leases SET token = :t WHERE thread_id = :id"), thief)
 
     async def cancelled() -> bool:
         return record["cancelled"] == 1
