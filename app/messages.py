@@ -6,7 +6,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import delete, select, text
+from sqlalchemy import delete, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import errors, events, queue, tables, threads
@@ -124,6 +124,12 @@ async def remove(session: AsyncSession, thread_id: uuid.UUID, message_id: uuid.U
         )
         ids += list((await session.execute(results)).scalars())
     await session.execute(delete(tables.Message).where(tables.Message.id.in_(ids)))
+    # REMOVED: tell readers that keep a thread's messages between transactions (the engine) to read them all again
+    await session.execute(
+        update(tables.Thread)
+        .where(tables.Thread.id == thread_id)
+        .values(messages_removed=tables.Thread.messages_removed + 1)
+    )
     return ids
 
 
@@ -167,20 +173,18 @@ async def history(
     return list((await session.execute(query)).scalars())
 
 
-# VERSIONS: every message of a thread with its row version (`xmin` changes with each update), to tell which rows a
-# copy held from an earlier transaction must read again.
-_VERSIONS = text("SELECT id, CAST(CAST(xmin AS text) AS bigint) AS version FROM messages WHERE thread_id = :id")
+# CHANGED: a thread's messages inserted or updated after revision `since`, with their revision now. Every write of a
+# thread's messages happens under its thread row lock (a fenced engine transaction, or a lifecycle change that locks
+# the row), and each takes its revision from one sequence while holding it, so a reader holding the lock that saw
+# revision N has seen every row written at or below N: rows above N are exactly those written since.
+_CHANGED = select(tables.Message, tables.Message.rev.label("current_rev")).order_by(tables.Message.position)
 
 
-async def versions(session: AsyncSession, thread_id: uuid.UUID) -> dict[uuid.UUID, int]:
-    """The id and row version of every message of the thread (no content: cheap even for a long thread)."""
-    return {r.id: r.version for r in await session.execute(_VERSIONS, {"id": thread_id})}
-
-
-async def by_ids(session: AsyncSession, thread_id: uuid.UUID, ids: list[uuid.UUID]) -> list[tables.Message]:
-    """These messages of the thread (those still there)."""
-    query = select(tables.Message).where(tables.Message.thread_id == thread_id, tables.Message.id.in_(ids))
-    return list((await session.execute(query)).scalars())
+async def changed(session: AsyncSession, thread_id: uuid.UUID, since: int) -> list[tuple[tables.Message, int]]:
+    """The thread's messages written after revision `since`, in order, each with its current revision."""
+    query = _CHANGED.where(tables.Message.thread_id == thread_id, tables.Message.rev > since)
+    rows = await session.execute(query.execution_options(populate_existing=True))
+    return [(row, rev) for row, rev in rows]
 
 
 async def page(

@@ -77,6 +77,7 @@ class Thread(Base):
     lease_owner: Mapped[str | None] = mapped_column(String(200))  # until when: the thread's `Lease` row
     attempt: Mapped[int] = mapped_column(Integer, server_default="0")
     event_seq: Mapped[int] = mapped_column(BigInteger, server_default="0")
+    messages_removed: Mapped[int] = mapped_column(Integer, server_default="0")  # deletions (`messages.remove`)
     step_open: Mapped[bool] = mapped_column(Boolean, server_default="false")  # a step's tools are not all evaluated
     # the registry entry of a child (§6.5)
     title: Mapped[str | None] = mapped_column(Text)
@@ -139,8 +140,15 @@ class Message(Base):
     turn: Mapped[int] = mapped_column(Integer, server_default="0")
     created_at: Mapped[datetime] = _now()
     updated_at: Mapped[datetime] = _now()
+    # Set by the database on every insert and update (sequence `message_revs`, trigger `messages_rev`): the engine
+    # reads a thread's messages changed since a revision (`messages.changed`). Read it from a query: an object you
+    # updated still carries the old value.
+    rev: Mapped[int] = mapped_column(BigInteger, server_default=text("nextval('message_revs')"))
 
-    __table_args__ = (Index("messages_thread_position", "thread_id", "position"),)
+    __table_args__ = (
+        Index("messages_thread_position", "thread_id", "position"),
+        Index("messages_thread_rev", "thread_id", "rev"),
+    )
 
 
 class Inbox(Base):

@@ -25,6 +25,7 @@ from app import attachments, errors, events, files, lifecycle, messages, queue, 
 from app import subagents as child_registry
 from app.catalog import Catalog
 from app.engine import calls, context, effects, handoffs, hooks, stops, subagents, subprompts, tools
+from app.engine.history import History
 from app.engine.state import RunState, deliver_tool
 from app.hub import Publisher
 from app.llm import retry
@@ -120,8 +121,7 @@ class Engine:
             catalog, publisher, http, retry.Policy.from_settings(settings), settings.process_env
         )
         self._contexts: dict[uuid.UUID, dict[str, Any]] = {}  # per execution, by lease token
-        # per execution, by lease token: the thread's messages with their row versions, read again only when changed
-        self._histories: dict[uuid.UUID, dict[uuid.UUID, tuple[int, tables.Message]]] = {}
+        self._histories: dict[uuid.UUID, History] = {}  # per execution, by lease token (`app/engine/history.py`)
         self._subprompts = subprompts.Runner(catalog, self._caller)
 
     @asynccontextmanager
@@ -133,10 +133,11 @@ class Engine:
                 events.hold(session, thread.id)  # the row is locked: its events go in one statement at the end
                 yield session, thread
                 await events.flush(session)
-        except (DBAPIError, OSError) as exc:
-            if errors.Contention.of(exc):
+        except BaseException as exc:
+            self._histories.pop(claim.token, None)  # what it read may hold writes that were just rolled back
+            if isinstance(exc, DBAPIError | OSError) and errors.Contention.of(exc):
                 raise errors.Contention() from exc
-            if errors.Unavailable.of(exc):
+            if isinstance(exc, DBAPIError | OSError) and errors.Unavailable.of(exc):
                 raise errors.Unavailable() from exc
             raise
 
@@ -181,19 +182,10 @@ class Engine:
                     await queue.set_aside(session, exc.inbox_id, exc.reason)
                     await events.append(session, thread.id, "error", {"code": "input_set_aside", "message": exc.reason})
 
-    async def _history(self, session: AsyncSession, thread: tables.Thread) -> list[tables.Message]:
-        """The thread's messages in order. The execution keeps them between its steps: each step reads only the rows'
-        versions, and again the rows that are new or changed since (a long thread costs no more to step through)."""
+    def _history(self, thread: tables.Thread) -> History:
+        """The thread's messages as this execution keeps them between its steps (the fenced row carries its token)."""
         assert thread.lease_token is not None
-        held = self._histories.setdefault(thread.lease_token, {})
-        current = await messages.versions(session, thread.id)
-        for gone in held.keys() - current.keys():
-            del held[gone]
-        changed = [i for i, version in current.items() if i not in held or held[i][0] != version]
-        if changed:
-            for row in await messages.by_ids(session, thread.id, changed):
-                held[row.id] = (current[row.id], row)
-        return sorted((row for _, row in held.values()), key=lambda r: r.position)
+        return self._histories.setdefault(thread.lease_token, History())
 
     def _context(self, thread: tables.Thread) -> dict[str, Any]:
         """`state.context`: one dict for the whole execution (the fenced row carries the claim's token)."""
@@ -487,9 +479,10 @@ class Engine:
                 await self._start_turn(session, thread, acting)
         side = thread.side or "a"
         side_config, prompt = self._prompt_of(agent, side)
-        rows = await self._history(session, thread)
+        held = self._history(thread)
+        rows = await held.rows(session, thread)
         turn_start = thread.turn_start or 0
-        last, missing = _open_work(rows, side, turn_start, thread.step_open)
+        last, missing = _open_work(held.since(turn_start), side, turn_start, thread.step_open)
         env = await context.load_env(session, self._fernet, self._catalog, thread, prompt)
         if last is not None and last.status == "completed":
             # a crash between the model's answer and its tool results, or a subagent's result: run what is left

@@ -1,0 +1,91 @@
+"""The history an execution keeps between its steps (`app/engine/history.py`), on real Postgres."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+
+from app import db, keys, messages, tables, threads
+from app.engine.history import History
+from app.spec import define_agent
+
+AGENT = define_agent(name="a", side_a={"prompt": "p"})
+
+
+@pytest.fixture
+async def sessions(database_url: str) -> AsyncIterator[async_sessionmaker[AsyncSession]]:
+    engine: AsyncEngine = db.create_engine(database_url, 5)
+    yield db.sessionmaker(engine)
+    await engine.dispose()
+
+
+async def _thread(sessions: async_sessionmaker[AsyncSession], n: int) -> uuid.UUID:
+    async with sessions() as s, s.begin():
+        thread = await threads.create(s, AGENT, keys.OPEN)
+        for i in range(n):
+            await messages.add(s, thread.id, "user", content=f"m{i}")
+        return thread.id
+
+
+async def _read(sessions: async_sessionmaker[AsyncSession], held: History, tid: uuid.UUID) -> list[str | None]:
+    async with sessions() as s, s.begin():
+        thread = await s.get_one(tables.Thread, tid, with_for_update={"key_share": True})
+        return [r.content for r in await held.rows(s, thread)]
+
+
+async def test_it_reads_only_what_was_written_since_and_sees_every_change(
+    sessions: async_sessionmaker[AsyncSession],
+) -> None:
+    tid = await _thread(sessions, 3)
+    held = History()
+    assert await _read(sessions, held, tid) == ["m0", "m1", "m2"]
+    async with sessions() as s, s.begin():
+        [first] = [r for r in await messages.history(s, tid) if r.content == "m0"]
+        await messages.save(s, first, content="m0 edited")  # the trigger stamps a new revision
+        await messages.add(s, tid, "assistant", content="a3")
+    async with sessions() as s, s.begin():
+        changed = await messages.changed(s, tid, max(rev for _, rev in await messages.changed(s, tid, 0)) - 2)
+    assert {r.content for r, _ in changed} == {"m0 edited", "a3"}  # the two rows written last, no others
+    assert await _read(sessions, held, tid) == ["m0 edited", "m1", "m2", "a3"]
+    assert await _read(sessions, held, tid) == ["m0 edited", "m1", "m2", "a3"]  # nothing new: nothing changes
+
+
+async def test_a_deletion_makes_it_read_everything_again(sessions: async_sessionmaker[AsyncSession]) -> None:
+    tid = await _thread(sessions, 3)
+    held = History()
+    assert await _read(sessions, held, tid) == ["m0", "m1", "m2"]
+    async with sessions() as s, s.begin():
+        [middle] = [r for r in await messages.history(s, tid) if r.content == "m1"]
+        assert await messages.remove(s, tid, middle.id) == [middle.id]
+    assert await _read(sessions, held, tid) == ["m0", "m2"]
+
+
+async def test_rows_keep_position_order_and_since_gives_a_turn(sessions: async_sessionmaker[AsyncSession]) -> None:
+    tid = await _thread(sessions, 2)
+    held = History()
+    assert await _read(sessions, held, tid) == ["m0", "m1"]
+    async with sessions() as s, s.begin():
+        low = await messages.add(s, tid, "user", content="early", position=-5)  # not after the last one
+        late = await messages.add(s, tid, "user", content="late")
+    assert await _read(sessions, held, tid) == ["early", "m0", "m1", "late"]
+    assert [r.content for r in held.since(late.position)] == ["late"]
+    assert [r.content for r in held.since(low.position + 1)] == ["m0", "m1", "late"]
+
+
+async def test_a_write_under_another_revision_sequence_value_is_never_missed(
+    sessions: async_sessionmaker[AsyncSession],
+) -> None:
+    """Revisions come from one sequence shared by every thread: values other threads take leave gaps, never
+    reorderings, for the rows of one thread (written under its row lock)."""
+    tid, other = await _thread(sessions, 1), await _thread(sessions, 1)
+    held = History()
+    assert await _read(sessions, held, tid) == ["m0"]
+    async with sessions() as s, s.begin():
+        await messages.add(s, other, "user", content="elsewhere")
+        await s.execute(text("SELECT nextval('message_revs')"))
+        await messages.add(s, tid, "user", content="m1")
+    assert await _read(sessions, held, tid) == ["m0", "m1"]
