@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from cryptography.fernet import Fernet
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -204,7 +206,43 @@ def _composed(catalog: Catalog, entry: ToolEntry) -> OfferedTool | None:
     return None
 
 
-def _visible(rows: list[tables.Message], side: str, prompt: PromptDefinition, turn_start: int) -> list[tables.Message]:
+class HistoryRow(Protocol):
+    """What building a request reads of a message: an ORM row, or its plain copy (`history.Seen`)."""
+
+    @property
+    def id(self) -> uuid.UUID: ...
+    @property
+    def position(self) -> int: ...
+    @property
+    def role(self) -> str: ...
+    @property
+    def side(self) -> str | None: ...
+    @property
+    def status(self) -> str: ...
+    @property
+    def depth(self) -> int: ...
+    @property
+    def content(self) -> str | None: ...
+    @property
+    def name(self) -> str | None: ...
+    @property
+    def tool_calls(self) -> list[Any] | None: ...
+    @property
+    def tool_call_id(self) -> str | None: ...
+    @property
+    def attachments(self) -> list[Any]: ...
+    @property
+    def prompt(self) -> str | None: ...
+    @property
+    def reasoning_content(self) -> str | None: ...
+    @property
+    def reasoning_details(self) -> list[Any] | None: ...
+
+
+Row = TypeVar("Row", bound=HistoryRow)
+
+
+def _visible(rows: Sequence[Row], side: str, prompt: PromptDefinition, turn_start: int) -> list[Row]:
     """The rows a side's prompt may see: completed ones of its chat window (§4)."""
     out = []
     for row in rows:
@@ -247,7 +285,7 @@ def _images(attachments: list[dict[str, Any]] | None) -> list[LLMImage]:
     ]
 
 
-def history(rows: list[tables.Message], side: str, prompt: PromptDefinition, turn_start: int) -> list[LLMMessage]:
+def history(rows: Sequence[HistoryRow], side: str, prompt: PromptDefinition, turn_start: int) -> list[LLMMessage]:
     """The history in the acting side's perspective: its own messages as `assistant`, the other side's as
     `user`, the other side's tool traffic left out, and only complete call/result pairs. Attachments are named
     in the text; image attachments of `user` messages are also carried as images (see `build_request`)."""
@@ -285,7 +323,7 @@ def build_request(
     prompt: PromptDefinition,
     side: SideConfig,
     acting: str,
-    rows: list[tables.Message],
+    rows: Sequence[HistoryRow],
     turn_start: int,
     env: Env,
 ) -> LLMRequest:

@@ -5,15 +5,60 @@ again would make a step of a 1,000-message thread cost far more than one of a 10
 keeps the rows it read and, at each step, reads only those written since (`messages.changed`: revisions are stamped
 by the database under the thread row lock, which the step holds too). A deletion (`messages.remove`, rare) bumps a
 counter on the thread row and makes the next step read everything again.
+
+Next to each ORM row it keeps a `Seen`: the fields a request is built from, as plain attributes. Building a request
+reads every row's fields, and an ORM attribute is many times slower to read than a slot.
 """
 
 from __future__ import annotations
 
 import bisect
+import uuid
+from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import messages, tables
+
+
+@dataclass(frozen=True, slots=True)
+class Seen:
+    """A message's fields that building a request reads (`context.HistoryRow`), copied once from its row."""
+
+    id: uuid.UUID
+    position: int
+    role: str
+    side: str | None
+    status: str
+    depth: int
+    content: str | None
+    name: str | None
+    tool_calls: list[Any] | None
+    tool_call_id: str | None
+    attachments: list[Any]
+    prompt: str | None
+    reasoning_content: str | None
+    reasoning_details: list[Any] | None
+
+    @classmethod
+    def of(cls, row: tables.Message) -> Seen:
+        return cls(
+            row.id,
+            row.position,
+            row.role,
+            row.side,
+            row.status,
+            row.depth,
+            row.content,
+            row.name,
+            row.tool_calls,
+            row.tool_call_id,
+            row.attachments,
+            row.prompt,
+            row.reasoning_content,
+            row.reasoning_details,
+        )
 
 
 class History:
@@ -25,6 +70,7 @@ class History:
 
     def _reset(self) -> None:
         self._rows: list[tables.Message] = []
+        self._seen: list[Seen] = []  # `Seen.of` each row of `_rows`
         self._positions: list[int] = []  # `position` of each row of `_rows`, for bisecting
         self._index: dict[object, int] = {}  # message id -> its index in `_rows`
         self._rev = 0  # the highest revision read
@@ -39,6 +85,10 @@ class History:
             self._put(row)
         return list(self._rows)
 
+    def seen(self) -> list[Seen]:
+        """The messages as of the last `rows`, as plain values."""
+        return list(self._seen)
+
     def since(self, position: int) -> list[tables.Message]:
         """The rows at or after `position` (a turn's rows), in order."""
         return self._rows[bisect.bisect_left(self._positions, position) :]
@@ -46,14 +96,16 @@ class History:
     def _put(self, row: tables.Message) -> None:
         at = self._index.get(row.id)
         if at is not None:  # an update: same position
-            self._rows[at] = row
+            self._rows[at], self._seen[at] = row, Seen.of(row)
             return
         if not self._positions or row.position > self._positions[-1]:  # the usual case: a new last row
             self._index[row.id] = len(self._rows)
             self._rows.append(row)
+            self._seen.append(Seen.of(row))
             self._positions.append(row.position)
             return
         at = bisect.bisect_left(self._positions, row.position)
         self._rows.insert(at, row)
+        self._seen.insert(at, Seen.of(row))
         self._positions.insert(at, row.position)
         self._index = {r.id: i for i, r in enumerate(self._rows)}

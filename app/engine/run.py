@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -500,7 +500,9 @@ class Engine:
         hook_runner = await hooks.prepare(
             self._catalog, self._fernet, session, thread, side, env=env, context=self._context(thread)
         )
-        assembled = await hook_runner.filter_messages(rows, side, prompt, turn_start)
+        assembled: Sequence[context.HistoryRow] = held.seen()
+        if hook_runner.runs("filter_messages"):
+            assembled = await hook_runner.filter_messages(rows, side, prompt, turn_start)
         try:
             request = context.build_request(self._catalog, prompt, side_config, side, assembled, turn_start, env)
         except context.MissingVariable as exc:
