@@ -253,7 +253,8 @@ class Hub:
             self._drainer = asyncio.create_task(self._drain())
 
     async def _fetch(self, afters: dict[uuid.UUID, int]) -> dict[uuid.UUID, Sequence[Row]]:
-        async with self._sessions() as session:
+        async with self._sessions() as session:  # one statement: no transaction around it (no BEGIN, no ROLLBACK)
+            await session.connection(execution_options={"isolation_level": "AUTOCOMMIT"})
             return await _read(session, afters)
 
     async def _drain(self) -> None:

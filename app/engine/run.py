@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 from cryptography.fernet import Fernet
 from sqlalchemy import func, select
+from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -92,6 +93,7 @@ class Step:
     config: SideConfig | None = None  # the acting side's config, for its session tool bindings
     agent: AgentDefinition | None = None  # the thread's agent as the step began (a handoff switches it, §7.3)
     made: int | None = None  # requests made to the model before this step's, counted when its first was announced
+    message: tables.Message | None = None  # that pending message as the opening transaction committed it
 
 
 def llm_http() -> httpx.AsyncClient:
@@ -534,7 +536,7 @@ class Engine:
             await hook_runner.after_create_message(message)
         await events.append(session, thread.id, "step_started", {"step": thread.session_steps, "side": side})
         made = await calls.announce(session, thread.id, retry.chain(self._catalog, prompt.model)[0], 1)
-        return Step(side, thread.session_steps, message.id, request, env=env, agent=agent, made=made)
+        return Step(side, thread.session_steps, message.id, request, env=env, agent=agent, made=made, message=message)
 
     # -- the model -----------------------------------------------------------------------------------------
 
@@ -544,7 +546,7 @@ class Engine:
         """The model's answer (or its failure, which ends the session) into the step's pending message."""
         assert step.message_id is not None
         response = result.response
-        message = await messages.get(session, thread.id, step.message_id)
+        message = _attach(session, step.message) or await messages.get(session, thread.id, step.message_id)
         hook_runner = await hooks.prepare(
             self._catalog, self._fernet, session, thread, step.side, env=step.env, context=self._context(thread)
         )
@@ -848,6 +850,18 @@ async def _turn_in_progress(session: AsyncSession, thread: tables.Thread) -> boo
         return True
     rows = await messages.history(session, thread.id, session_number=thread.session_number)
     return _open_work(rows, thread.side, thread.turn_start or 0, step_open=False)[0] is not None
+
+
+def _attach(session: AsyncSession, row: tables.Message | None) -> tables.Message | None:
+    """A row committed by an earlier transaction of this execution, added to `session` as it was committed (nobody
+    else writes the thread's messages while the lease holds), or None when it is not usable as it is."""
+    if row is None:
+        return None
+    state = sa_inspect(row)
+    if not state.detached or state.expired_attributes:  # still in another session, or rolled back since
+        return None
+    session.add(row)
+    return row
 
 
 def _open_work(
