@@ -20,7 +20,7 @@ import tempfile
 import time
 import uuid
 import warnings
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -272,6 +272,20 @@ class Stream:
                     type_ = value
                 elif key == "data":
                     data.append(value)
+
+    async def until(
+        self, type_: str, test: Callable[[Received], bool], start: int = 0, timeout: float = 60
+    ) -> Received:
+        """The first event of `type_` passing `test` among those read from index `start` on: already read, or the
+        next ones. (Waiting with `wait_for` alone misses an event read in the same chunk as the one before it.)"""
+        async with asyncio.timeout(timeout):
+            while True:
+                future = self.wait_for(type_)  # registered before looking: nothing read after the look is missed
+                for event in self.events[start:]:
+                    if event.type == type_ and test(event):
+                        return event
+                start = len(self.events)
+                await future
 
     def _dispatch(self, event: Received) -> None:
         self.events.append(event)

@@ -36,8 +36,7 @@ async def sample(client: httpx.AsyncClient, base: str) -> float:
         elapsed = (time.perf_counter() - start) * 1000
         del event
         # idle again before the next sample: the run ends with the thread's status back to idle
-        while not any(e.type == "thread_status" and e.data.get("status") == "idle" for e in stream.events):
-            await asyncio.wait_for(stream.wait_for("thread_status"), 10)
+        await stream.until("thread_status", lambda e: e.data.get("status") == "idle", timeout=10)
         return elapsed
     finally:
         reading.cancel()

@@ -23,23 +23,20 @@ import httpx
 from bench.harness import Stream, database, median, percentile, postgres_server, postgres_version, servers, setup
 
 
-async def idle(stream: Stream) -> None:
-    """Until the thread's status goes back to idle (after it left it)."""
-    while True:
-        event = await asyncio.wait_for(stream.wait_for("thread_status"), 60)
-        if event.data.get("status") == "idle":
-            return
+async def idle(stream: Stream, start: int) -> None:
+    """Until the thread's status is back to idle after event `start` (the thread was idle then)."""
+    await stream.until("thread_status", lambda e: e.data.get("status") == "idle", start)
 
 
 async def fill(client: httpx.AsyncClient, stream: Stream, thread: str, history: int) -> int:
     """Grow a fresh thread's history to about `history` messages; returns how many it holds."""
     count = 0  # a fresh thread
     while count < history:
-        done = idle(stream)
+        start = len(stream.events)
         batch = min(200, history - count)
         for i in range(batch):
             (await client.post(f"/threads/{thread}/messages", json={"content": f"filler {i}"})).raise_for_status()
-        await done
+        await idle(stream, start)
         count += batch + 1  # the burst is delivered together and answered once
     return count
 
@@ -47,9 +44,8 @@ async def fill(client: httpx.AsyncClient, stream: Stream, thread: str, history: 
 async def turn(client: httpx.AsyncClient, stream: Stream, thread: str, steps: int) -> list[float]:
     """One turn of `steps` tool steps; the intervals between consecutive `llm_request`s, in ms."""
     start = len(stream.events)
-    done = idle(stream)
     (await client.post(f"/threads/{thread}/messages", json={"content": f"steps {steps}"})).raise_for_status()
-    await done
+    await idle(stream, start)
     times = [e.at for e in stream.events[start:] if e.type == "llm_request"]
     return [(b - a) * 1000 for a, b in itertools.pairwise(times)]
 
