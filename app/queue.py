@@ -58,12 +58,15 @@ async def enqueue(session: AsyncSession, thread_id: uuid.UUID, kind: str, payloa
 
 async def mark_runnable(session: AsyncSession, thread_id: uuid.UUID) -> None:
     """Keep (or set) `runnable_since` and wake a worker when the transaction commits."""
-    # MARK_RUNNABLE: the oldest wait wins the claim order, so keep an existing timestamp.
-    await session.execute(
-        text("UPDATE threads SET runnable_since = coalesce(runnable_since, now()) WHERE id = :id"),
-        {"id": thread_id},
-    )
-    await session.execute(select(func.pg_notify(WAKEUP_CHANNEL, "")))
+    await session.execute(_MARK_RUNNABLE, {"id": thread_id, "channel": WAKEUP_CHANNEL})
+
+
+# MARK_RUNNABLE: the oldest wait wins the claim order, so keep an existing timestamp; the wake-up (delivered at
+# commit) rides on the same statement.
+_MARK_RUNNABLE = text(
+    "UPDATE threads SET runnable_since = coalesce(runnable_since, now()) WHERE id = :id"
+    " RETURNING pg_notify(:channel, '')"
+)
 
 
 # CLAIM: the oldest runnable thread whose lease is absent or expired, skipping thread rows locked by another claimer
