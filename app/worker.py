@@ -101,7 +101,8 @@ class Worker:
     async def _fill(self) -> None:
         """Claim runnable threads until the slots are full or nothing is runnable."""
         while len(self._running) < self._settings.worker_concurrency:
-            async with self._sessions() as session, session.begin():
+            async with self._sessions() as session:  # one statement, atomic: autocommit (no BEGIN, no COMMIT)
+                await session.connection(execution_options={"isolation_level": "AUTOCOMMIT"})
                 claim = await queue.claim(session, self.owner, self._settings.lease_seconds, list(self._running))
             if claim is None:
                 return
