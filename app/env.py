@@ -7,7 +7,7 @@ import uuid
 from dataclasses import dataclass
 
 from cryptography.fernet import Fernet
-from sqlalchemy import delete, func, or_, select
+from sqlalchemy import bindparam, delete, func, or_, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -97,19 +97,18 @@ async def names(session: AsyncSession, user_id: str) -> set[str]:
     return set(rows.scalars())
 
 
+_LAYERS = select(tables.EnvValue).where(
+    or_(
+        (tables.EnvValue.scope == "thread") & (tables.EnvValue.owner == bindparam("thread")),
+        (tables.EnvValue.scope == "user") & (tables.EnvValue.owner == bindparam("user")),
+        (tables.EnvValue.scope == "instance") & (tables.EnvValue.owner == INSTANCE),
+    )
+)
+
+
 async def layers(session: AsyncSession, fernet: Fernet, thread_id: uuid.UUID, user_id: str) -> Layers:
     """The thread's, its owner's and the instance's values in one query, secrets decrypted (for the engine only)."""
-    rows = (
-        await session.execute(
-            select(tables.EnvValue).where(
-                or_(
-                    (tables.EnvValue.scope == "thread") & (tables.EnvValue.owner == str(thread_id)),
-                    (tables.EnvValue.scope == "user") & (tables.EnvValue.owner == user_id),
-                    (tables.EnvValue.scope == "instance") & (tables.EnvValue.owner == INSTANCE),
-                )
-            )
-        )
-    ).scalars()
+    rows = (await session.execute(_LAYERS, {"thread": str(thread_id), "user": user_id})).scalars()
     found = Layers({}, {}, {})
     for r in rows:
         value = Value(crypto.decrypt(fernet, r.value) if r.type == "secret" else r.value, r.type)

@@ -6,7 +6,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import delete, select, update
+from sqlalchemy import bindparam, delete, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import errors, events, queue, tables, threads
@@ -177,14 +177,17 @@ async def history(
 # thread's messages happens under its thread row lock (a fenced engine transaction, or a lifecycle change that locks
 # the row), and each takes its revision from one sequence while holding it, so a reader holding the lock that saw
 # revision N has seen every row written at or below N: rows above N are exactly those written since.
-_CHANGED = select(tables.Message, tables.Message.rev.label("current_rev")).order_by(tables.Message.position)
+_CHANGED = (
+    select(tables.Message, tables.Message.rev.label("current_rev"))
+    .where(tables.Message.thread_id == bindparam("id"), tables.Message.rev > bindparam("since"))
+    .order_by(tables.Message.position)
+    .execution_options(populate_existing=True)
+)
 
 
 async def changed(session: AsyncSession, thread_id: uuid.UUID, since: int) -> list[tuple[tables.Message, int]]:
     """The thread's messages written after revision `since`, in order, each with its current revision."""
-    query = _CHANGED.where(tables.Message.thread_id == thread_id, tables.Message.rev > since)
-    rows = await session.execute(query.execution_options(populate_existing=True))
-    return [(row, rev) for row, rev in rows]
+    return [(row, rev) for row, rev in await session.execute(_CHANGED, {"id": thread_id, "since": since})]
 
 
 async def page(

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
-from sqlalchemy import delete, func, select, text, update
+from sqlalchemy import bindparam, delete, func, select, text, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import errors, tables
@@ -112,27 +112,30 @@ async def claim(
     return Claim(thread_id=row.id, token=token, attempt=row.attempt)
 
 
-async def fence(session: AsyncSession, claim: Claim) -> tables.Thread:
-    """Lock the thread row if, and only if, this claim still holds its lease; else `LeaseLost`."""
-    # FENCE: the token in the WHERE makes every write of a run conditional on still owning it; an expired lease (the
-    # heartbeat could not renew it for a whole lease) is lost too, as another worker may claim it any moment.
-    live = (
+# FENCE: the token in the WHERE makes every write of a run conditional on still owning it; an expired lease (the
+# heartbeat could not renew it for a whole lease) is lost too, as another worker may claim it any moment. Built once:
+# SQLAlchemy then reuses its compiled form without deriving a cache key per call.
+_FENCE = (
+    select(tables.Thread)
+    .where(
+        tables.Thread.id == bindparam("id"),
+        tables.Thread.lease_token == bindparam("token"),
         select(tables.Lease.thread_id)
         .where(
-            tables.Lease.thread_id == claim.thread_id,
-            tables.Lease.token == claim.token,
+            tables.Lease.thread_id == bindparam("id"),
+            tables.Lease.token == bindparam("token"),
             tables.Lease.expires_at > func.now(),
         )
-        .exists()
+        .exists(),
     )
-    thread = (
-        await session.execute(
-            select(tables.Thread)
-            .where(tables.Thread.id == claim.thread_id, tables.Thread.lease_token == claim.token, live)
-            .with_for_update(key_share=True)  # FOR NO KEY UPDATE (see `app/lifecycle.py`)
-            .execution_options(populate_existing=True)
-        )
-    ).scalar_one_or_none()
+    .with_for_update(key_share=True)  # FOR NO KEY UPDATE (see `app/lifecycle.py`)
+    .execution_options(populate_existing=True)
+)
+
+
+async def fence(session: AsyncSession, claim: Claim) -> tables.Thread:
+    """Lock the thread row if, and only if, this claim still holds its lease; else `LeaseLost`."""
+    thread = (await session.execute(_FENCE, {"id": claim.thread_id, "token": claim.token})).scalar_one_or_none()
     if thread is None:
         raise errors.LeaseLost()
     return thread

@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from cryptography.fernet import Fernet
-from sqlalchemy import select
+from sqlalchemy import bindparam, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import attachments, env, errors, events, messages, queue, tables, threads
@@ -141,10 +141,14 @@ def entry(child: tables.Thread) -> dict[str, Any]:
     }
 
 
+_CHILDREN = (
+    select(tables.Thread).where(tables.Thread.parent_id == bindparam("parent")).order_by(tables.Thread.created_at)
+)
+
+
 async def children(session: AsyncSession, parent_id: uuid.UUID) -> list[tables.Thread]:
     """The parent's children, oldest first."""
-    query = select(tables.Thread).where(tables.Thread.parent_id == parent_id).order_by(tables.Thread.created_at)
-    return list((await session.execute(query)).scalars())
+    return list((await session.execute(_CHILDREN, {"parent": parent_id})).scalars())
 
 
 async def waiting_on(session: AsyncSession, parent_id: uuid.UUID, call_id: str) -> tables.Thread | None:
