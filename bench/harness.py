@@ -171,9 +171,21 @@ class Process:
             self.proc.wait()
 
 
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU time used so far by these processes (Linux `/proc`)."""
+    total = 0.0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
 @contextlib.asynccontextmanager
-async def servers(url: str, commands: list[list[str]], extra_env: dict[str, str] | None = None) -> AsyncIterator[str]:
-    """Start `agents <command>` processes on database `url` (the first one serves HTTP); yield the base URL."""
+async def servers(
+    url: str, commands: list[list[str]], extra_env: dict[str, str] | None = None, pids: list[int] | None = None
+) -> AsyncIterator[str]:
+    """Start `agents <command>` processes on database `url` (the first one serves HTTP); yield the base URL.
+    `pids`, when given, receives the processes' ids (for `cpu_seconds`)."""
     port = free_port()
     env = {**os.environ, "DATABASE_URL": url, "PORT": str(port), **(extra_env or {})}
     logs = Path(tempfile.mkdtemp(prefix="bench-logs-"))
@@ -181,6 +193,8 @@ async def servers(url: str, commands: list[list[str]], extra_env: dict[str, str]
     for p in procs:
         p.start()
     base = f"http://127.0.0.1:{port}"
+    if pids is not None:
+        pids.extend(p.proc.pid for p in procs if p.proc is not None)
     try:
         await _until_ready(base, procs)
         yield base

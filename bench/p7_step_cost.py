@@ -5,7 +5,9 @@ tool N times in a turn when told `steps N`, then answers). A turn of N tool step
 the interval between one step's `llm_request` and the next one's is a whole step minus nothing (the model answers at
 once, the tool returns at once): the runtime's non-LLM time per step. The same is measured on a thread with ~10
 messages of history and on one with ~1,000 (filled first by posting messages in a burst, which are delivered
-together and answered once), each several times.
+together and answered once), each several times. The server process's CPU time per LLM step over the measured turns
+is printed too (the whole turn: its POST, the worker, the stream): it varies much less between runs than the wall
+time on a shared machine.
 
     .venv/bin/python -m bench.p7_step_cost [--runs 3] [--steps 30] [--history 1000]
 
@@ -20,7 +22,17 @@ import itertools
 
 import httpx
 
-from bench.harness import Stream, database, median, percentile, postgres_server, postgres_version, servers, setup
+from bench.harness import (
+    Stream,
+    cpu_seconds,
+    database,
+    median,
+    percentile,
+    postgres_server,
+    postgres_version,
+    servers,
+    setup,
+)
 
 
 async def idle(stream: Stream, start: int) -> None:
@@ -50,7 +62,10 @@ async def turn(client: httpx.AsyncClient, stream: Stream, thread: str, steps: in
     return [(b - a) * 1000 for a, b in itertools.pairwise(times)]
 
 
-async def measure(base: str, client: httpx.AsyncClient, history: int, steps: int, turns: int) -> list[float]:
+async def measure(
+    base: str, client: httpx.AsyncClient, history: int, steps: int, turns: int, pids: list[int]
+) -> tuple[list[float], float]:
+    """The intervals between the measured turns' `llm_request`s (ms), and the server's CPU per step over them (ms)."""
     thread = (await client.post("/threads", json={"agent": "steps"})).json()["id"]
     stream = Stream(base, f"/threads/{thread}/events")
     reading = asyncio.create_task(stream.run())
@@ -59,9 +74,10 @@ async def measure(base: str, client: httpx.AsyncClient, history: int, steps: int
         await fill(client, stream, thread, history)
         await turn(client, stream, thread, 3)  # warm-up
         intervals: list[float] = []
+        used = cpu_seconds(pids)
         for _ in range(turns):
             intervals += await turn(client, stream, thread, steps)
-        return intervals
+        return intervals, (cpu_seconds(pids) - used) * 1000 / (turns * (steps + 1))
     finally:
         reading.cancel()
 
@@ -77,21 +93,27 @@ async def main() -> None:
         settings = {"runs": args.runs, "turns": f"{args.turns} per thread of {args.steps} tool steps each"}
         settings["server"] = "one `agents serve` (API + worker, defaults), model and tool answer at once"
         setup("P7 non-LLM time per step, short and long history", settings, await postgres_version(server_url))
-        print("\n| run | history | steps | p50 ms | p90 ms | p99 ms |\n| --- | --- | --- | --- | --- | --- |")
+        print("\n| run | history | steps | p50 ms | p90 ms | p99 ms | server CPU ms / step |")
+        print("| --- | --- | --- | --- | --- | --- | --- |")
         p50s: dict[int, list[float]] = {}
+        cpus: dict[int, list[float]] = {}
         for i in range(args.runs):
+            pids: list[int] = []  # the server's, for its CPU time
             async with (
                 database(server_url) as url,
-                servers(url, [["serve"]]) as base,
+                servers(url, [["serve"]], pids=pids) as base,
                 httpx.AsyncClient(base_url=base, timeout=30) as client,
             ):
                 for history in (10, args.history):
-                    values = await measure(base, client, history, args.steps, args.turns)
+                    values, cpu = await measure(base, client, history, args.steps, args.turns, pids)
                     p50 = percentile(values, 50)
                     p50s.setdefault(history, []).append(p50)
+                    cpus.setdefault(history, []).append(cpu)
                     row = f"| {i + 1} | {history} | {len(values)} | {p50:.1f} | {percentile(values, 90):.1f} |"
-                    print(f"{row} {percentile(values, 99):.1f} |", flush=True)
-        summary = ", ".join(f"{h} messages p50 {median(v):.1f} ms" for h, v in p50s.items())
+                    print(f"{row} {percentile(values, 99):.1f} | {cpu:.1f} |", flush=True)
+        summary = ", ".join(
+            f"{h} messages p50 {median(v):.1f} ms (server CPU {median(cpus[h]):.1f} ms)" for h, v in p50s.items()
+        )
         print(f"\nmedian of runs: {summary} (target ≤ 3 ms at both)")
 
 
