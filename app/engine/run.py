@@ -468,7 +468,8 @@ class Engine:
         """Deliver input, then either resume unanswered tool calls or open a new LLM call and announce its request.
         `first`: the execution's first step (`_begin`). `merged`: inside a closing transaction, which leaves waiting
         input and effects to a transaction of their own."""
-        input_waits, effects_wait = await queue.waiting(session, thread.id)
+        with session.no_autoflush:  # reads that do not depend on the thread row: its changes go in one UPDATE later
+            input_waits, effects_wait = await queue.waiting(session, thread.id)
         if effects_wait or (merged and input_waits):
             return OPEN_APART
         agent = self._catalog.agent(thread.agent)  # a handoff may have switched it (§7.3)
@@ -482,10 +483,11 @@ class Engine:
         side = thread.side or "a"
         side_config, prompt = self._prompt_of(agent, side)
         held = self._history(thread)
-        rows = await held.rows(session, thread)
+        with session.no_autoflush:  # messages are flushed as written; the thread row's changes can wait
+            rows = await held.rows(session, thread)
+            env = await context.load_env(session, self._fernet, self._catalog, thread, prompt)
         turn_start = thread.turn_start or 0
         last, missing = _open_work(held.since(turn_start), side, turn_start, thread.step_open)
-        env = await context.load_env(session, self._fernet, self._catalog, thread, prompt)
         if last is not None and last.status == "completed":
             # a crash between the model's answer and its tool results, or a subagent's result: run what is left
             response = LLMResponse(text=last.content or "", tool_calls=list(last.tool_calls or []))
