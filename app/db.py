@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import logging
 import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +58,14 @@ def _closed_is_disconnected(dbapi_connection: Any, record: Any, proxy: Any) -> N
 def sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
     """Sessions that keep loaded values after commit (the edge commits, then reads)."""
     return async_sessionmaker(engine, expire_on_commit=False)
+
+
+@asynccontextmanager
+async def autocommit(sessions: async_sessionmaker[AsyncSession]) -> AsyncIterator[AsyncSession]:
+    """A session for one atomic statement: no transaction around it (no BEGIN, no COMMIT or ROLLBACK round trip)."""
+    async with sessions() as session:
+        await session.connection(execution_options={"isolation_level": "AUTOCOMMIT"})
+        yield session
 
 
 def _alembic_config(connection: Connection | None = None) -> Config:

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 import asyncpg
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app import events
+from app import db, events
 
 log = logging.getLogger(__name__)
 
@@ -253,8 +253,7 @@ class Hub:
             self._drainer = asyncio.create_task(self._drain())
 
     async def _fetch(self, afters: dict[uuid.UUID, int]) -> dict[uuid.UUID, Sequence[Row]]:
-        async with self._sessions() as session:  # one statement: no transaction around it (no BEGIN, no ROLLBACK)
-            await session.connection(execution_options={"isolation_level": "AUTOCOMMIT"})
+        async with db.autocommit(self._sessions) as session:
             return await _read(session, afters)
 
     async def _drain(self) -> None:

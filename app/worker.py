@@ -20,7 +20,7 @@ import asyncpg
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
-from app import blobs, effects, errors, events, lifecycle, queue
+from app import blobs, db, effects, errors, events, lifecycle, queue
 from app.engine.run import Engine
 from app.heartbeat import Heartbeat
 from app.settings import Settings, plain_url
@@ -101,8 +101,7 @@ class Worker:
     async def _fill(self) -> None:
         """Claim runnable threads until the slots are full or nothing is runnable."""
         while len(self._running) < self._settings.worker_concurrency:
-            async with self._sessions() as session:  # one statement, atomic: autocommit (no BEGIN, no COMMIT)
-                await session.connection(execution_options={"isolation_level": "AUTOCOMMIT"})
+            async with db.autocommit(self._sessions) as session:
                 claim = await queue.claim(session, self.owner, self._settings.lease_seconds, list(self._running))
             if claim is None:
                 return

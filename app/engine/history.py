@@ -71,7 +71,6 @@ class History:
     def _reset(self) -> None:
         self._rows: list[tables.Message] = []
         self._seen: list[Seen] = []  # `Seen.of` each row of `_rows`
-        self._positions: list[int] = []  # `position` of each row of `_rows`, for bisecting
         self._index: dict[object, int] = {}  # message id -> its index in `_rows`
         self._rev = 0  # the highest revision read
 
@@ -91,21 +90,22 @@ class History:
 
     def since(self, position: int) -> list[tables.Message]:
         """The rows at or after `position` (a turn's rows), in order."""
-        return self._rows[bisect.bisect_left(self._positions, position) :]
+        return self._rows[self._at(position) :]
+
+    def _at(self, position: int) -> int:
+        return bisect.bisect_left(self._seen, position, key=lambda s: s.position)
 
     def _put(self, row: tables.Message) -> None:
         at = self._index.get(row.id)
         if at is not None:  # an update: same position
             self._rows[at], self._seen[at] = row, Seen.of(row)
             return
-        if not self._positions or row.position > self._positions[-1]:  # the usual case: a new last row
+        if not self._seen or row.position > self._seen[-1].position:  # the usual case: a new last row
             self._index[row.id] = len(self._rows)
             self._rows.append(row)
             self._seen.append(Seen.of(row))
-            self._positions.append(row.position)
             return
-        at = bisect.bisect_left(self._positions, row.position)
+        at = self._at(row.position)
         self._rows.insert(at, row)
         self._seen.insert(at, Seen.of(row))
-        self._positions.insert(at, row.position)
         self._index = {r.id: i for i, r in enumerate(self._rows)}
