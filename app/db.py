@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import warnings
 from collections.abc import AsyncIterator, Iterator
@@ -9,12 +10,16 @@ from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Connection, event, exc, text
+from sqlalchemy import JSON, Connection, event, exc, text
+from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
+from sqlalchemy.orm import make_transient_to_detached
+from sqlalchemy.orm.attributes import set_committed_value
 
 from app.settings import Settings
 
@@ -58,6 +63,179 @@ def _closed_is_disconnected(dbapi_connection: Any, record: Any, proxy: Any) -> N
 def sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
     """Sessions that keep loaded values after commit (the edge commits, then reads)."""
     return async_sessionmaker(engine, expire_on_commit=False)
+
+
+class Driver:
+    """The asyncpg connection under a session's transaction, for the hot path's statements in plain SQL.
+
+    asyncpg prepares each statement once per connection and hands rows back as records; SQLAlchemy's compilation,
+    cache keys and result processing cost several times the round trip itself, on every statement of every step.
+    Errors come out as SQLAlchemy's `DBAPIError` (`orig` the driver's error), like any other statement's.
+    """
+
+    __slots__ = ("_conn",)
+
+    def __init__(self, conn: asyncpg.Connection) -> None:
+        self._conn = conn
+
+    async def fetch(self, sql: str, *args: Any) -> list[asyncpg.Record]:
+        try:
+            return await self._conn.fetch(sql, *args)
+        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as error:
+            raise _translated(sql, error) from error
+
+    async def fetchrow(self, sql: str, *args: Any) -> asyncpg.Record | None:
+        try:
+            return await self._conn.fetchrow(sql, *args)
+        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as error:
+            raise _translated(sql, error) from error
+
+    async def fetchval(self, sql: str, *args: Any) -> Any:
+        try:
+            return await self._conn.fetchval(sql, *args)
+        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as error:
+            raise _translated(sql, error) from error
+
+    async def execute(self, sql: str, *args: Any) -> None:
+        try:
+            await self._conn.execute(sql, *args)
+        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as error:
+            raise _translated(sql, error) from error
+
+
+def _translated(sql: str, error: BaseException) -> exc.DBAPIError:
+    closed = isinstance(error, OSError | asyncpg.InterfaceError) and not isinstance(error, asyncpg.PostgresError)
+    return exc.DBAPIError(sql, None, error, connection_invalidated=closed)
+
+
+async def driver(session: AsyncSession, *, flush: bool = True) -> Driver:
+    """The session's connection as a `Driver`, inside its transaction (begun here if no statement began it yet).
+    Pending ORM changes are flushed first, as SQLAlchemy's own statements would (unless in `no_autoflush`);
+    `flush=False` for a statement that neither reads nor writes what the ORM may hold back (an event, a new row)."""
+    sync = session.sync_session
+    if flush and sync.autoflush:
+        await write(session)
+    held = session.info.get(_DRIVER)
+    if held is not None and held[0] is sync.get_transaction():  # the same transaction: the same connection
+        found: Driver = held[1]
+        return found
+    connection = await session.connection()
+    adapted: Any = connection.sync_connection.connection.dbapi_connection  # type: ignore[union-attr]
+    if adapted._transaction is None and adapted.isolation_level != "autocommit":
+        await adapted._start_transaction()  # what SQLAlchemy's first statement would do
+    found = Driver(adapted._connection)
+    session.info[_DRIVER] = (sync.get_transaction(), found)
+    return found
+
+
+_DRIVER = "db.driver"  # `session.info` key: (the transaction, its Driver)
+
+
+async def write(session: AsyncSession) -> None:
+    """Write the session's pending ORM changes. Changed columns of loaded rows (the thread row of every engine
+    transaction) go in one prepared UPDATE each, in primary key order as the unit of work would; anything else (new or
+    deleted objects) through the unit of work."""
+    sync = session.sync_session
+    if sync.new or sync.deleted:
+        await session.flush()
+        return
+    dirty = sync.dirty
+    if not dirty:
+        return
+    changed: list[tuple[Any, tuple[str, ...]]] = []
+    for row in dirty:
+        keys = tuple(sorted(sa_inspect(row).committed_state))
+        if keys:
+            changed.append((row, keys))
+    changed.sort(key=lambda item: (type(item[0]).__name__, str(sa_inspect(item[0]).identity)))
+    for row, keys in changed:
+        await update(session, row, keys)
+
+
+_INSERTS: dict[tuple[type, tuple[str, ...]], tuple[str, list[tuple[str, bool]], list[tuple[str, str]]]] = {}
+
+
+def _insert_of(cls: type, given: tuple[str, ...]) -> tuple[str, list[tuple[str, bool]], list[tuple[str, str]]]:
+    """The INSERT of a mapped class's `given` attributes, returning every other column (its server defaults); with
+    each given attribute and whether it is JSON (sent as text, as SQLAlchemy sends it), and what is read back."""
+    mapper: Any = sa_inspect(cls)
+    columns = {a.key: a.columns[0] for a in mapper.column_attrs}
+    params = [(key, isinstance(columns[key].type, JSON)) for key in given]
+    back = [(key, column.name) for key, column in columns.items() if key not in given]
+    names = ", ".join(f'"{columns[key].name}"' for key in given)
+    values = ", ".join(f"CAST(${i} AS jsonb)" if is_json else f"${i}" for i, (_, is_json) in enumerate(params, 1))
+    returning = " RETURNING " + ", ".join(f'"{name}"' for _, name in back) if back else ""
+    sql = f"INSERT INTO {mapper.local_table.name} ({names}) VALUES ({values}){returning}"  # noqa: S608 -- names of the mapped table
+    return sql, params, back
+
+
+async def insert(session: AsyncSession, row: Any) -> None:
+    """Insert a new ORM object in one prepared statement and add it to `session` as persistent, its server defaults
+    read back: what `session.add` + `flush` does, without the unit of work (several times the round trip's cost)."""
+    cls = type(row)
+    given = tuple(sorted(key for key in row.__dict__ if not key.startswith("_")))
+    shape = _INSERTS.get((cls, given))
+    if shape is None:
+        shape = _INSERTS[(cls, given)] = _insert_of(cls, given)
+    sql, params, back = shape
+    values = [json.dumps(row.__dict__[key]) if json_ else row.__dict__[key] for key, json_ in params]
+    found = await (await driver(session, flush=False)).fetchrow(sql, *values)
+    for key, name in back:
+        assert found is not None
+        set_committed_value(row, key, found[name])
+    make_transient_to_detached(row)
+    session.add(row)
+
+
+_UPDATES: dict[tuple[type, tuple[str, ...]], tuple[str, list[tuple[str, bool]]]] = {}
+
+
+def _update_of(cls: type, keys: tuple[str, ...]) -> tuple[str, list[tuple[str, bool]]]:
+    """The UPDATE of a mapped class's `keys` attributes by primary key (`$1`), with each key and whether it is JSON."""
+    mapper: Any = sa_inspect(cls)
+    columns = {a.key: a.columns[0] for a in mapper.column_attrs}
+    (primary,) = mapper.primary_key
+    params = [(key, isinstance(columns[key].type, JSON)) for key in keys]
+    sets = ", ".join(
+        f'"{columns[key].name}" = ' + (f"CAST(${i} AS jsonb)" if is_json else f"${i}")
+        for i, (key, is_json) in enumerate(params, 2)
+    )
+    sql = f'UPDATE {mapper.local_table.name} SET {sets} WHERE "{primary.name}" = $1'  # noqa: S608 -- mapped names
+    return sql, params
+
+
+async def update(session: AsyncSession, row: Any, keys: tuple[str, ...]) -> None:
+    """Write the `keys` attributes of a persistent ORM object in one prepared statement, as committed values (the
+    unit of work will not write them again)."""
+    cls = type(row)
+    shape = _UPDATES.get((cls, keys))
+    if shape is None:
+        shape = _UPDATES[(cls, keys)] = _update_of(cls, keys)
+    sql, params = shape
+    state: Any = sa_inspect(row)
+    values = [getattr(row, key) for key, _ in params]
+    await (await driver(session, flush=False)).execute(
+        sql,
+        state.identity[0],
+        *(json.dumps(v) if is_json else v for v, (_, is_json) in zip(values, params, strict=True)),
+    )
+    for key, value in zip(keys, values, strict=True):
+        set_committed_value(row, key, value)
+
+
+def attach(session: AsyncSession, cls: type, record: Any) -> Any:
+    """A row read in plain SQL (a record of all its columns), as a persistent ORM object of `session`: what an ORM
+    query returns, without its result processing."""
+    mapper: Any = sa_inspect(cls)
+    key = mapper.identity_key_from_primary_key([record[c.name] for c in mapper.primary_key])
+    held = session.sync_session.identity_map.get(key)
+    row = held if held is not None else mapper.class_manager.new_instance()
+    for attr in mapper.column_attrs:  # over what the session holds, as `populate_existing` would
+        set_committed_value(row, attr.key, record[attr.columns[0].name])
+    if held is None:
+        make_transient_to_detached(row)
+        session.add(row)
+    return row
 
 
 @asynccontextmanager

@@ -19,35 +19,31 @@ from sqlalchemy import BigInteger, Row, String, func, select, text
 from sqlalchemy.dialects.postgresql import JSONB, UUID
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import tables
+from app import db, tables
 
 CHANNEL = "agents_events"
 
 
 # APPEND: the seq under the thread's row lock, the event, and its NOTIFY (delivered at commit) in one round trip.
-_APPEND = text(
-    """
-    WITH next AS (UPDATE threads SET event_seq = event_seq + 1 WHERE id = :id RETURNING event_seq)
+_APPEND = """
+    WITH next AS (UPDATE threads SET event_seq = event_seq + 1 WHERE id = $1 RETURNING event_seq)
     INSERT INTO events (thread_id, seq, type, data)
-    SELECT :id, next.event_seq, :type, CAST(:data AS jsonb) FROM next
-    RETURNING seq, pg_notify(:channel, CAST(:id AS text) || ':' || seq)
-    """
-)
+    SELECT $1, next.event_seq, $2, CAST($3 AS jsonb) FROM next
+    RETURNING seq, pg_notify($4, CAST($1 AS text) || ':' || seq)
+"""
 
 
 # APPEND_MANY: a batch of one thread's events, their seqs taken at once under the row lock, one NOTIFY naming the
 # first (the hub reads everything after what it has, so it gets the whole batch).
-_APPEND_MANY = text(
-    """
-    WITH next AS (UPDATE threads SET event_seq = event_seq + :n WHERE id = :id RETURNING event_seq),
+_APPEND_MANY = """
+    WITH next AS (UPDATE threads SET event_seq = event_seq + $2 WHERE id = $1 RETURNING event_seq),
     stored AS (
         INSERT INTO events (thread_id, seq, type, data)
-        SELECT :id, next.event_seq - :n + e.ord, e.type, CAST(e.data AS jsonb)
-        FROM next, unnest(CAST(:types AS text[]), CAST(:datas AS text[])) WITH ORDINALITY AS e(type, data, ord)
+        SELECT $1, next.event_seq - $2 + e.ord, e.type, CAST(e.data AS jsonb)
+        FROM next, unnest($3::text[], $4::text[]) WITH ORDINALITY AS e(type, data, ord)
     )
-    SELECT pg_notify(:channel, CAST(:id AS text) || ':' || (next.event_seq - :n + 1)) FROM next
-    """
-)
+    SELECT pg_notify($5, CAST($1 AS text) || ':' || (next.event_seq - $2 + 1)) FROM next
+"""
 
 _BATCH = "events.batch"  # `session.info` key of the events held for one thread until `flush`
 
@@ -72,8 +68,8 @@ async def flush(session: AsyncSession) -> None:
         return
     types, datas = [t for t, _ in held.items], [d for _, d in held.items]
     held.items = []
-    params = {"id": held.thread_id, "n": len(types), "types": types, "datas": datas, "channel": CHANNEL}
-    await session.execute(_APPEND_MANY, params)
+    driver = await db.driver(session, flush=False)
+    await driver.execute(_APPEND_MANY, held.thread_id, len(types), types, datas, CHANNEL)
 
 
 @asynccontextmanager
@@ -95,8 +91,8 @@ async def append(session: AsyncSession, thread_id: uuid.UUID, type_: str, data: 
     if held is not None and held.thread_id == thread_id:
         held.items.append((type_, payload))
         return None
-    params = {"id": thread_id, "type": type_, "data": payload, "channel": CHANNEL}
-    seq: int = (await session.execute(_APPEND, params)).scalar_one()
+    driver = await db.driver(session, flush=False)
+    seq: int = await driver.fetchval(_APPEND, thread_id, type_, payload, CHANNEL)
     return seq
 
 

@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy import bindparam, delete, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import errors, events, queue, tables, threads
+from app import db, errors, events, queue, tables, threads
 
 
 def side_of(role: str, tool_side: str | None = None) -> str | None:
@@ -75,8 +75,7 @@ async def add(session: AsyncSession, thread_id: uuid.UUID, role: str, **fields: 
         side=fields.pop("side", side_of(role)),
         **fields,
     )
-    session.add(row)
-    await session.flush()
+    await db.insert(session, row)
     await announce(session, row)
     return row
 
@@ -86,7 +85,7 @@ async def save(session: AsyncSession, row: tables.Message, **fields: Any) -> tab
     for key, value in fields.items():
         setattr(row, key, value)
     row.updated_at = datetime.now(UTC)
-    await session.flush()
+    await db.update(session, row, (*sorted(fields), "updated_at"))
     await announce(session, row)
     return row
 

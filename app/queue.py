@@ -12,16 +12,17 @@ ran out, and the stalled transaction would commit and start a tool while another
 from __future__ import annotations
 
 import contextlib
+import json
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
-from sqlalchemy import bindparam, delete, func, select, text, update
+from sqlalchemy import delete, func, select, text, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import errors, tables
+from app import db, errors, tables
 
 WAKEUP_CHANNEL = "agents_wakeup"
 
@@ -47,26 +48,43 @@ class Claim:
     attempt: int
 
 
+@dataclass(frozen=True, slots=True)
+class Input:
+    """One inbox row as delivery reads it."""
+
+    id: int
+    kind: str
+    payload: dict[str, Any]
+
+
+# ENQUEUE: the inbox row, the thread marked runnable (the oldest wait wins the claim order, so an existing timestamp
+# is kept) and the wake-up (delivered at commit), in one statement.
+_ENQUEUE = """
+    WITH added AS (INSERT INTO inbox (thread_id, kind, payload) VALUES ($1, $2, CAST($3 AS jsonb)) RETURNING id),
+    marked AS (
+        UPDATE threads SET runnable_since = coalesce(runnable_since, now()) WHERE id = $1
+        RETURNING pg_notify($4, '')
+    )
+    SELECT added.id FROM added, marked
+"""
+
+
 async def enqueue(session: AsyncSession, thread_id: uuid.UUID, kind: str, payload: dict[str, Any]) -> int:
     """Add input to a thread's inbox and mark it runnable; workers are woken at commit."""
-    row = tables.Inbox(thread_id=thread_id, kind=kind, payload=payload)
-    session.add(row)
-    await session.flush()
-    await mark_runnable(session, thread_id)
-    return row.id
+    driver = await db.driver(session)
+    inbox_id: int = await driver.fetchval(_ENQUEUE, thread_id, kind, json.dumps(payload), WAKEUP_CHANNEL)
+    return inbox_id
+
+
+# MARK_RUNNABLE: as in ENQUEUE, without input (a run that must go on).
+_MARK_RUNNABLE = (
+    "UPDATE threads SET runnable_since = coalesce(runnable_since, now()) WHERE id = $1 RETURNING pg_notify($2, '')"
+)
 
 
 async def mark_runnable(session: AsyncSession, thread_id: uuid.UUID) -> None:
     """Keep (or set) `runnable_since` and wake a worker when the transaction commits."""
-    await session.execute(_MARK_RUNNABLE, {"id": thread_id, "channel": WAKEUP_CHANNEL})
-
-
-# MARK_RUNNABLE: the oldest wait wins the claim order, so keep an existing timestamp; the wake-up (delivered at
-# commit) rides on the same statement.
-_MARK_RUNNABLE = text(
-    "UPDATE threads SET runnable_since = coalesce(runnable_since, now()) WHERE id = :id"
-    " RETURNING pg_notify(:channel, '')"
-)
+    await (await db.driver(session)).execute(_MARK_RUNNABLE, thread_id, WAKEUP_CHANNEL)
 
 
 # CLAIM: the oldest runnable thread whose lease is absent or expired, skipping thread rows locked by another claimer
@@ -115,29 +133,21 @@ async def claim(
 # FENCE: the token in the WHERE makes every write of a run conditional on still owning it; an expired lease (the
 # heartbeat could not renew it for a whole lease) is lost too, as another worker may claim it any moment. Built once:
 # SQLAlchemy then reuses its compiled form without deriving a cache key per call.
-_FENCE = (
-    select(tables.Thread)
-    .where(
-        tables.Thread.id == bindparam("id"),
-        tables.Thread.lease_token == bindparam("token"),
-        select(tables.Lease.thread_id)
-        .where(
-            tables.Lease.thread_id == bindparam("id"),
-            tables.Lease.token == bindparam("token"),
-            tables.Lease.expires_at > func.now(),
-        )
-        .exists(),
-    )
-    .with_for_update(key_share=True)  # FOR NO KEY UPDATE (see `app/lifecycle.py`)
-    .execution_options(populate_existing=True)
-)
+_FENCE = """
+    SELECT * FROM threads t
+    WHERE t.id = $1 AND t.lease_token = $2
+      AND EXISTS (SELECT 1 FROM leases l WHERE l.thread_id = $1 AND l.token = $2 AND l.expires_at > now())
+    FOR NO KEY UPDATE OF t
+"""
 
 
 async def fence(session: AsyncSession, claim: Claim) -> tables.Thread:
-    """Lock the thread row if, and only if, this claim still holds its lease; else `LeaseLost`."""
-    thread = (await session.execute(_FENCE, {"id": claim.thread_id, "token": claim.token})).scalar_one_or_none()
-    if thread is None:
+    """Lock the thread row if, and only if, this claim still holds its lease; else `LeaseLost`. The session's first
+    statement: the row comes back as its ORM object."""
+    found = await (await db.driver(session)).fetchrow(_FENCE, claim.thread_id, claim.token)
+    if found is None:
         raise errors.LeaseLost()
+    thread: tables.Thread = db.attach(session, tables.Thread, found)
     return thread
 
 
@@ -192,12 +202,10 @@ async def heartbeat(
 
 
 # WAITING: what the thread's inbox holds right now, in one read: input to deliver, effects to run.
-_WAITING = text(
-    """
+_WAITING = """
     SELECT coalesce(bool_or(kind <> 'effect'), false) AS input, coalesce(bool_or(kind = 'effect'), false) AS effect
-    FROM inbox WHERE thread_id = :id AND set_aside_at IS NULL
-    """
-)
+    FROM inbox WHERE thread_id = $1 AND set_aside_at IS NULL
+"""
 
 
 async def revoke(session: AsyncSession, thread_id: uuid.UUID) -> None:
@@ -207,25 +215,23 @@ async def revoke(session: AsyncSession, thread_id: uuid.UUID) -> None:
 
 async def waiting(session: AsyncSession, thread_id: uuid.UUID) -> tuple[bool, bool]:
     """Whether input, and whether effects, wait in the thread's inbox (set-aside rows do not count)."""
-    row = (await session.execute(_WAITING, {"id": thread_id})).one()
-    return bool(row.input), bool(row.effect)
+    row = await (await db.driver(session, flush=False)).fetchrow(_WAITING, thread_id)
+    assert row is not None
+    return bool(row["input"]), bool(row["effect"])
 
 
-async def take_inbox(session: AsyncSession, thread_id: uuid.UUID) -> list[tables.Inbox]:
-    """Remove and return the thread's pending input in order (the caller holds the fenced row lock).
+# TAKE_INBOX: the thread's waiting input, removed as it is read. Effect rows stay: each is removed by `drop` in the
+# transaction that records its handler's end (`next_effect`).
+_TAKE_INBOX = """
+    DELETE FROM inbox WHERE thread_id = $1 AND kind <> 'effect' AND set_aside_at IS NULL
+    RETURNING id, kind, payload
+"""
 
-    Effect rows stay: each is removed by `drop` in the transaction that records its handler's end (`next_effect`).
-    """
-    query = (
-        delete(tables.Inbox)
-        .where(
-            tables.Inbox.thread_id == thread_id,
-            tables.Inbox.kind != Kind.EFFECT,
-            tables.Inbox.set_aside_at.is_(None),
-        )
-        .returning(tables.Inbox)
-    )
-    return sorted((await session.execute(query)).scalars(), key=lambda r: r.id)
+
+async def take_inbox(session: AsyncSession, thread_id: uuid.UUID) -> list[Input]:
+    """Remove and return the thread's pending input in order (the caller holds the fenced row lock)."""
+    rows = await (await db.driver(session, flush=False)).fetch(_TAKE_INBOX, thread_id)
+    return sorted((Input(r["id"], r["kind"], r["payload"]) for r in rows), key=lambda r: r.id)
 
 
 async def set_aside(session: AsyncSession, inbox_id: int, error: str) -> None:
@@ -275,23 +281,22 @@ async def pending(session: AsyncSession, thread_id: uuid.UUID) -> list[tables.In
 # LOCK_HELD: the release's first statement. It waits for any writer holding the row (an enqueue marking it runnable)
 # so that the next statement, which takes a fresh snapshot, sees that writer's inbox row. Deciding in one statement
 # would use the snapshot from before the wait and could clear `runnable_since` over waiting input (a lost wake-up).
-_LOCK_HELD = text("SELECT 1 FROM threads WHERE id = :id AND lease_token = :token FOR NO KEY UPDATE")
+_LOCK_HELD = "SELECT 1 FROM threads WHERE id = $1 AND lease_token = $2 FOR NO KEY UPDATE"
 
-# RELEASE: drop the lease; stay runnable only if input waits (set-aside rows do not count) or the run goes on.
-_RELEASE = text(
-    """
-    WITH dropped AS (DELETE FROM leases WHERE thread_id = :id AND token = :token)
+# RELEASE: drop the lease; stay runnable only if input waits (set-aside rows do not count) or the run goes on, and
+# then wake a worker at commit.
+_RELEASE = """
+    WITH dropped AS (DELETE FROM leases WHERE thread_id = $1 AND token = $2)
     UPDATE threads SET lease_token = NULL, lease_owner = NULL,
-           attempt = CASE WHEN :keep_attempt THEN greatest(attempt - 1, 0) ELSE 0 END,
+           attempt = CASE WHEN $4 THEN greatest(attempt - 1, 0) ELSE 0 END,
            runnable_since = CASE
-               WHEN :again OR EXISTS (
+               WHEN $3 OR EXISTS (
                    SELECT 1 FROM inbox WHERE inbox.thread_id = threads.id AND inbox.set_aside_at IS NULL
                )
                THEN coalesce(runnable_since, now()) ELSE NULL END
-    WHERE id = :id AND lease_token = :token
-    RETURNING runnable_since
-    """
-)
+    WHERE id = $1 AND lease_token = $2
+    RETURNING runnable_since, CASE WHEN runnable_since IS NOT NULL THEN pg_notify($5, '') END
+"""
 
 
 async def release(
@@ -302,16 +307,13 @@ async def release(
 
     Returns whether the thread is still runnable (a worker is woken at commit if so).
     """
-    params = {"id": claim.thread_id, "token": claim.token}
-    if not fenced and (await session.execute(_LOCK_HELD, params)).first() is None:
+    driver = await db.driver(session)
+    if not fenced and await driver.fetchrow(_LOCK_HELD, claim.thread_id, claim.token) is None:
         raise errors.LeaseLost()
-    row = (await session.execute(_RELEASE, {**params, "again": again, "keep_attempt": keep_attempt})).first()
+    row = await driver.fetchrow(_RELEASE, claim.thread_id, claim.token, again, keep_attempt, WAKEUP_CHANNEL)
     if row is None:
         raise errors.LeaseLost()
-    if row.runnable_since is not None:
-        await session.execute(select(func.pg_notify(WAKEUP_CHANNEL, "")))
-        return True
-    return False
+    return row["runnable_since"] is not None
 
 
 # STRANDED: threads holding input that nothing will ever run: not leased (or the lease expired), not runnable, and not

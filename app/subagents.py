@@ -15,10 +15,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 from cryptography.fernet import Fernet
-from sqlalchemy import bindparam, select
+from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import attachments, env, errors, events, messages, queue, tables, threads
+from app import attachments, db, env, errors, events, messages, queue, tables, threads
 from app.catalog import Catalog
 from app.spec.definitions import AgentDefinition, ToolEntry
 
@@ -141,14 +141,13 @@ def entry(child: tables.Thread) -> dict[str, Any]:
     }
 
 
-_CHILDREN = (
-    select(tables.Thread).where(tables.Thread.parent_id == bindparam("parent")).order_by(tables.Thread.created_at)
-)
+_CHILDREN = "SELECT * FROM threads WHERE parent_id = $1 ORDER BY created_at"
 
 
 async def children(session: AsyncSession, parent_id: uuid.UUID) -> list[tables.Thread]:
-    """The parent's children, oldest first."""
-    return list((await session.execute(_CHILDREN, {"parent": parent_id})).scalars())
+    """The parent's children, oldest first (read at every step: in plain SQL, most threads have none)."""
+    found = await (await db.driver(session)).fetch(_CHILDREN, parent_id)
+    return [db.attach(session, tables.Thread, row) for row in found]
 
 
 async def waiting_on(session: AsyncSession, parent_id: uuid.UUID, call_id: str) -> tables.Thread | None:

@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy import and_, func, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import cursors, errors, events, tables
+from app import cursors, db, errors, events, tables
 from app.keys import Principal
 from app.spec import AgentDefinition
 
@@ -43,15 +43,23 @@ async def create(
 
 async def get(session: AsyncSession, thread_id: uuid.UUID, who: Principal, *, lock: bool = False) -> tables.Thread:
     """A thread the caller may see (another user's thread is not found)."""
-    query = select(tables.Thread).where(tables.Thread.id == thread_id)
-    if not who.admin:
-        query = query.where(tables.Thread.user_id == who.user_id)
-    if lock:
-        query = query.with_for_update(key_share=True)  # FOR NO KEY UPDATE: FK checks of children pass
-    row = (await session.execute(query)).scalar_one_or_none()
-    if row is None:
+    sql = _GET[(who.admin, lock)]
+    found = await (await db.driver(session)).fetchrow(sql, thread_id, *(() if who.admin else (who.user_id,)))
+    if found is None:
         raise errors.ThreadNotFound(f"Thread {thread_id} not found")
+    row: tables.Thread = db.attach(session, tables.Thread, found)
     return row
+
+
+# GET: a thread by id, of its owner unless the caller is an admin; locked FOR NO KEY UPDATE when asked (FK checks of
+# children pass), by (admin, lock).
+_GET = {
+    (admin, lock): "SELECT * FROM threads WHERE id = $1"  # noqa: S608 -- fixed fragments
+    + ("" if admin else " AND user_id = $2")
+    + (" FOR NO KEY UPDATE" if lock else "")
+    for admin in (False, True)
+    for lock in (False, True)
+}
 
 
 async def lock(session: AsyncSession, thread_id: uuid.UUID) -> tables.Thread:
@@ -119,8 +127,7 @@ async def set_status(session: AsyncSession, thread: tables.Thread, status: str) 
     if thread.status == status:
         return
     thread.status = status
-    thread.updated_at = datetime.now(UTC)
-    await session.flush()
+    thread.updated_at = datetime.now(UTC)  # written with the row's other changes (at commit at the latest)
     await events.append(session, thread.id, "thread_status", {"status": status})
 
 

@@ -18,6 +18,7 @@ import pytest
 import uvicorn
 from fastapi import FastAPI
 from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from app import db
 from app.api.app import create_app
@@ -84,6 +85,14 @@ async def database_url(server_url: str, template_url: str) -> AsyncIterator[str]
         await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     finally:
         await conn.close()
+
+
+@pytest.fixture
+async def sessions(database_url: str) -> AsyncIterator[async_sessionmaker[AsyncSession]]:
+    """Sessions on the test's own database (a pool of 5)."""
+    engine: AsyncEngine = db.create_engine(database_url, 5)
+    yield db.sessionmaker(engine)
+    await engine.dispose()
 
 
 @pytest.fixture

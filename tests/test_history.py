@@ -3,24 +3,15 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
 
-import pytest
 from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app import db, keys, messages, tables, threads
+from app import keys, messages, tables, threads
 from app.engine.history import History
 from app.spec import define_agent
 
 AGENT = define_agent(name="a", side_a={"prompt": "p"})
-
-
-@pytest.fixture
-async def sessions(database_url: str) -> AsyncIterator[async_sessionmaker[AsyncSession]]:
-    engine: AsyncEngine = db.create_engine(database_url, 5)
-    yield db.sessionmaker(engine)
-    await engine.dispose()
 
 
 async def _thread(sessions: async_sessionmaker[AsyncSession], n: int) -> uuid.UUID:

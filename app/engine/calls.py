@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
-from sqlalchemy import func, select, update
+from sqlalchemy import update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import events, llm, tables
+from app import db, events, llm, tables
 from app.catalog import Catalog
 from app.engine.context import Env, MissingVariable
 from app.hub import Publisher
@@ -377,7 +377,7 @@ async def write(session: AsyncSession, result: Result) -> None:
     row, result.record = result.record, None
     if row is None:
         return
-    session.add(row)
+    await db.insert(session, row)
     if isinstance(result.response, LLMResponse):
         await events.append(
             session,
@@ -392,9 +392,9 @@ async def write(session: AsyncSession, result: Result) -> None:
         )
 
 
+_REQUESTS_MADE = "SELECT count(*) FROM logs WHERE thread_id = $1 AND kind = 'llm' AND model = $2"
+
+
 async def _requests_made(session: AsyncSession, thread_id: uuid.UUID, model: str) -> int:
     """Requests a thread has made to a model: the `test` provider's durable script position."""
-    query = select(func.count()).where(
-        tables.Log.thread_id == thread_id, tables.Log.kind == "llm", tables.Log.model == model
-    )
-    return int((await session.execute(query)).scalar_one())
+    return int(await (await db.driver(session, flush=False)).fetchval(_REQUESTS_MADE, thread_id, model))

@@ -22,7 +22,7 @@ from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app import attachments, errors, events, files, lifecycle, messages, queue, tables, threads
+from app import attachments, db, errors, events, files, lifecycle, messages, queue, tables, threads
 from app import subagents as child_registry
 from app.catalog import Catalog
 from app.engine import calls, context, effects, handoffs, hooks, stops, subagents, subprompts, tools
@@ -135,6 +135,7 @@ class Engine:
                 events.hold(session, thread.id)  # the row is locked: its events go in one statement at the end
                 yield session, thread
                 await events.flush(session)
+                await db.write(session)  # the thread row's changes in one prepared UPDATE before the commit
         except BaseException as exc:
             self._histories.pop(claim.token, None)  # what it read may hold writes that were just rolled back
             if isinstance(exc, DBAPIError | OSError) and errors.Contention.of(exc):

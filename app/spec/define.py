@@ -109,12 +109,16 @@ class ToolDefinition:
     variables: list[VariableDefinition] = field(default_factory=list)
     name: str = ""
     timeout: float | None = None  # seconds; None = the server's `tool_timeout`
+    _schema: dict[str, Any] | None = field(default=None, init=False, repr=False, compare=False)
 
     def parameters(self) -> dict[str, Any]:
-        """The JSON Schema the model sees (objects closed with `additionalProperties: false`)."""
-        if self.args_model is None:
-            return {"type": "object", "properties": {}, "additionalProperties": False}
-        return close_objects(self.args_model.model_json_schema())
+        """The JSON Schema the model sees (objects closed with `additionalProperties: false`). Built once: every step
+        offers it, and pydantic builds a schema anew on each call. Shared: read it, never change it."""
+        if self._schema is None:
+            model = self.args_model
+            empty = {"type": "object", "properties": {}, "additionalProperties": False}
+            self._schema = empty if model is None else close_objects(model.model_json_schema())
+        return self._schema
 
 
 def close_objects(schema: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,82 @@
+"""The hot path's plain-SQL helpers (`app/db.py`: `Driver`, `insert`, `update`, `attach`, `write`), on real Postgres."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from sqlalchemy import inspect as sa_inspect
+from sqlalchemy import select
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from app import db, errors, keys, messages, tables, threads
+from app.spec import define_agent
+
+AGENT = define_agent(name="a", side_a={"prompt": "p"})
+
+
+async def _thread(sessions: async_sessionmaker[AsyncSession]) -> uuid.UUID:
+    async with sessions() as s, s.begin():
+        return (await threads.create(s, AGENT, keys.OPEN)).id
+
+
+async def test_an_inserted_row_is_persistent_with_its_server_defaults(
+    sessions: async_sessionmaker[AsyncSession],
+) -> None:
+    tid = await _thread(sessions)
+    async with sessions() as s, s.begin():
+        row = await messages.add(s, tid, "user", content="hi", tool_calls=None)
+        assert sa_inspect(row).persistent and row in s
+        assert row.position > 0 and row.rev > 0 and row.status == "completed" and row.metadata_ == {}
+        assert not sa_inspect(row).committed_state  # nothing left for the unit of work to write
+    async with sessions() as s:
+        stored = (await s.execute(select(tables.Message).where(tables.Message.id == row.id))).scalar_one()
+        assert (stored.content, stored.position, stored.tool_calls) == ("hi", row.position, None)
+
+
+async def test_an_update_writes_only_the_given_columns_and_leaves_them_committed(
+    sessions: async_sessionmaker[AsyncSession],
+) -> None:
+    tid = await _thread(sessions)
+    async with sessions() as s, s.begin():
+        row = await messages.add(s, tid, "assistant", status="pending")
+        await messages.save(s, row, status="completed", content="done", usage={"input_tokens": 3})
+        assert not sa_inspect(row).committed_state
+    async with sessions() as s:
+        stored = await messages.get(s, tid, row.id)
+        assert (stored.status, stored.content, stored.usage) == ("completed", "done", {"input_tokens": 3})
+        assert stored.rev > row.rev  # the trigger stamped the update
+
+
+async def test_write_flushes_a_loaded_rows_changes_and_attach_reuses_what_the_session_holds(
+    sessions: async_sessionmaker[AsyncSession],
+) -> None:
+    tid = await _thread(sessions)
+    async with sessions() as s, s.begin():
+        thread = await threads.get(s, tid, keys.OPEN, lock=True)
+        assert sa_inspect(thread).persistent
+        thread.name, thread.tags = "renamed", ["x"]
+        await db.write(s)
+        assert not sa_inspect(thread).committed_state
+        again = await threads.get(s, tid, keys.OPEN)
+        assert again is thread and again.name == "renamed"
+    async with sessions() as s:
+        stored = await s.get_one(tables.Thread, tid)
+        assert (stored.name, stored.tags) == ("renamed", ["x"])
+
+
+async def test_a_driver_error_is_a_dbapi_error_the_engine_can_classify(
+    sessions: async_sessionmaker[AsyncSession],
+) -> None:
+    tid = await _thread(sessions)
+    async with sessions() as s, s.begin():
+        row = await messages.add(s, tid, "user", content="once")
+    async with sessions() as s:
+        with pytest.raises(DBAPIError) as caught:
+            async with s.begin():
+                await messages.add(s, tid, "user", id=row.id, content="twice")
+        assert getattr(caught.value.orig, "sqlstate", None) == "23505"
+        assert not errors.Unavailable.of(caught.value) and not errors.Contention.of(caught.value)
+    async with sessions() as s, s.begin():  # the session's connection went back to the pool clean
+        assert len(await messages.history(s, tid)) == 1
