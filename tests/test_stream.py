@@ -21,6 +21,7 @@ import pytest
 import uvicorn
 from fastapi import FastAPI
 from pydantic import BaseModel
+from sqlalchemy import func, select
 
 from app import events, messages
 from app.api import schemas
@@ -350,6 +351,34 @@ async def test_events_from_a_worker_process_reach_subscribers_of_api_processes(
 
 def turns_in(frames: list[Frame]) -> int:
     return sum(f["event"] == "turn_ended" for f in frames)
+
+
+async def test_a_delta_of_a_message_the_stream_showed_finished_is_dropped(app_factory: Any, serve: Serve) -> None:
+    """A delta announced after the stream replayed its message's completion is stale (a NOTIFY delivered late, or
+    buffered while the backlog was read): it would put the text of a finished message after the turn's end."""
+    app = await app_factory(catalog([]))
+    base = await serve(app)
+    async with httpx.AsyncClient(base_url=base, timeout=20) as client:
+        tid = (await client.post("/threads", json={"agent": "agent"})).json()["id"]
+        async with app.state.sessions() as session, session.begin():
+            done = await messages.add(session, uuid.UUID(tid), "assistant", content="Finished text.")
+            streaming = await messages.add(session, uuid.UUID(tid), "assistant", content="", status="pending")
+        out: list[Frame] = []
+        reader = asyncio.create_task(follow(client, f"/threads/{tid}/events", out, marked))
+        await wait_for(lambda: asyncio.sleep(0, len(out) == 2))  # both messages replayed from the log
+        async with app.state.sessions() as session, session.begin():
+            for message_id, chunk in ((done.id, "stale"), (streaming.id, "live")):
+                body = {"message_id": str(message_id), "depth": 0, "offset": 0, "chunk": chunk, "attempt": 1}
+                notice = {"thread_id": tid, "type": "message_chunk", "data": body}
+                await session.execute(select(func.pg_notify(events.CHANNEL, json.dumps(notice))))
+        await mark(app, tid)
+        await asyncio.wait_for(reader, 20)
+    assert [(f["event"], f["data"].get("chunk")) for f in out] == [
+        ("message_data", None),
+        ("message_data", None),
+        ("message_chunk", "live"),
+        ("event", None),
+    ]
 
 
 # -- 4. a slow subscriber --------------------------------------------------------------------------------------

@@ -1,7 +1,9 @@
 """The event streams (SSE): a thread's events, and the lifecycle of the caller's threads.
 
 Both replay stored events after `Last-Event-ID` (or `since`), then follow live ones, with no gap and no duplicate:
-the stream subscribes first, then reads the backlog, and drops notifications it has already passed.
+the stream subscribes first, then reads the backlog, and drops notifications it has already passed. A streamed delta
+(`message_chunk`, `reasoning_chunk`) is dropped too once the stream has shown its message finished: deltas buffered
+while the backlog was read, or announced late, would otherwise follow the message they belong to.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ router = APIRouter(tags=["events"])
 
 KEEPALIVE_SECONDS = 15
 PAGE = 500  # stored events read per query
+FINISHED = 64  # messages a stream remembers as finished; a stale delta belongs to one that finished a moment ago
 RESPONSES: dict[int | str, dict[str, Any]] = {
     200: {"content": {"text/event-stream": {}}},
     401: {"model": schemas.Error},
@@ -87,12 +90,33 @@ class _EventStream(EventSourceResponse):
             await super()._send_with_timeout(send, message)
 
 
+class _Finished:
+    """The messages whose last `message_data` a stream has passed was not `pending`: their deltas are stale.
+
+    A delta of a message precedes the message's completion on the hub, so only the few messages that finished while
+    the stream subscribed and read its backlog can have stale deltas still to come: the last `FINISHED` are kept."""
+
+    def __init__(self) -> None:
+        self._ids: dict[str, None] = {}
+
+    def note(self, type_: str, data: dict[str, Any]) -> None:
+        if type_ == "message_data" and data.get("data", {}).get("status") != "pending":
+            key = str(data.get("message_id"))
+            self._ids.pop(key, None)
+            self._ids[key] = None
+            if len(self._ids) > FINISHED:
+                del self._ids[next(iter(self._ids))]
+
+    def __contains__(self, live: Live) -> bool:
+        return str(live.data.get("message_id")) in self._ids
+
+
 def _frame(seq: int | None, type_: str, text: str) -> bytes:
     return ServerSentEvent(id=None if seq is None else str(seq), event=type_, data=text).encode()
 
 
 def _take(
-    sub: Subscription, position: int, contiguous: bool, owner: str | None, visible: Visible
+    sub: Subscription, position: int, contiguous: bool, owner: str | None, visible: Visible, finished: _Finished
 ) -> tuple[list[bytes], int, bool]:
     """The frames of what `sub` has buffered after `position`, the new position, and whether the hub kept up:
     False when an announced event must be read from the log (the hub could not read it, or a seq was skipped)."""
@@ -101,7 +125,7 @@ def _take(
         delivery = sub.items.popleft()
         for item in delivery.items if isinstance(delivery, Batch) else (delivery,):
             if isinstance(item, Live):
-                if visible(item.type, item.data):
+                if visible(item.type, item.data) and item not in finished:
                     item.frame = item.frame or _frame(None, item.type, item.text)
                     frames.append(item.frame)
                 continue
@@ -111,6 +135,7 @@ def _take(
             if entry is None or (contiguous and item.seq != position + 1):
                 return frames, position, False  # the rest of a batch is in the log too
             position = entry.seq
+            finished.note(entry.type, entry.data)
             if (owner is None or entry.owner == owner) and visible(entry.type, entry.data):
                 entry.frame = entry.frame or _frame(entry.seq, entry.type, entry.text)
                 frames.append(entry.frame)
@@ -137,6 +162,7 @@ def _response(
 
     async def generate() -> AsyncIterator[ServerSentEvent | bytes]:
         position = after
+        finished = _Finished()
         sub = hub.subscribe(key)  # subscribe first, then read the backlog: nothing falls between
         try:
             async with factory() as session:
@@ -148,6 +174,8 @@ def _response(
                 rows = await asyncio.shield(backlog(position))
                 if rows:
                     position = rows[-1].seq
+                    for row in rows:
+                        finished.note(row.type, row.data)
                     replay = [_frame(r.seq, r.type, json.dumps(r.data)) for r in rows if visible(r.type, r.data)]
                     if replay:
                         yield b"".join(replay)
@@ -155,7 +183,7 @@ def _response(
                     continue  # a full page: more may be stored; anything later is notified
                 while True:  # follow the hub, sending what is buffered in one write, until only the log can help
                     await sub.wait()
-                    frames, position, caught_up = _take(sub, position, contiguous, owner, visible)
+                    frames, position, caught_up = _take(sub, position, contiguous, owner, visible, finished)
                     if frames:
                         yield b"".join(frames)
                     if not caught_up:
