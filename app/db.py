@@ -19,7 +19,7 @@ from sqlalchemy import JSON, Connection, event, exc, text
 from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
 from sqlalchemy.orm import make_transient_to_detached
-from sqlalchemy.orm.attributes import set_committed_value
+from sqlalchemy.orm.attributes import instance_state, set_committed_value
 
 from app.settings import Settings
 
@@ -223,18 +223,33 @@ async def update(session: AsyncSession, row: Any, keys: tuple[str, ...]) -> None
         set_committed_value(row, key, value)
 
 
+_COLUMNS: dict[type, tuple[Any, list[tuple[str, str]], list[str]]] = {}
+
+
+def _columns_of(cls: type) -> tuple[Any, list[tuple[str, str]], list[str]]:
+    """A mapped class's mapper, its (attribute, column name) pairs and its primary key's column names."""
+    found = _COLUMNS.get(cls)
+    if found is None:
+        mapper: Any = sa_inspect(cls)
+        pairs = [(a.key, a.columns[0].name) for a in mapper.column_attrs]
+        found = _COLUMNS[cls] = (mapper, pairs, [c.name for c in mapper.primary_key])
+    return found
+
+
 def attach(session: AsyncSession, cls: type, record: Any) -> Any:
     """A row read in plain SQL (a record of all its columns), as a persistent ORM object of `session`: what an ORM
     query returns, without its result processing."""
-    mapper: Any = sa_inspect(cls)
-    key = mapper.identity_key_from_primary_key([record[c.name] for c in mapper.primary_key])
+    mapper, pairs, primary = _columns_of(cls)
+    key = mapper.identity_key_from_primary_key([record[name] for name in primary])
     held = session.sync_session.identity_map.get(key)
-    row = held if held is not None else mapper.class_manager.new_instance()
-    for attr in mapper.column_attrs:  # over what the session holds, as `populate_existing` would
-        set_committed_value(row, attr.key, record[attr.columns[0].name])
-    if held is None:
-        make_transient_to_detached(row)
-        session.add(row)
+    if held is not None:  # over what the session holds, as `populate_existing` would
+        for attr, name in pairs:
+            set_committed_value(held, attr, record[name])
+        return held
+    row = mapper.class_manager.new_instance()
+    instance_state(row).dict.update({attr: record[name] for attr, name in pairs})  # loaded as the ORM loads a row
+    make_transient_to_detached(row)
+    session.add(row)
     return row
 
 

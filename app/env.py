@@ -7,11 +7,11 @@ import uuid
 from dataclasses import dataclass
 
 from cryptography.fernet import Fernet
-from sqlalchemy import bindparam, delete, func, or_, select
+from sqlalchemy import delete, func, or_, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import crypto, errors, tables
+from app import crypto, db, errors, tables
 
 INSTANCE = ""  # the owner of instance-scoped values
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
@@ -97,22 +97,20 @@ async def names(session: AsyncSession, user_id: str) -> set[str]:
     return set(rows.scalars())
 
 
-_LAYERS = select(tables.EnvValue).where(
-    or_(
-        (tables.EnvValue.scope == "thread") & (tables.EnvValue.owner == bindparam("thread")),
-        (tables.EnvValue.scope == "user") & (tables.EnvValue.owner == bindparam("user")),
-        (tables.EnvValue.scope == "instance") & (tables.EnvValue.owner == INSTANCE),
-    )
+_LAYERS = (
+    "SELECT scope, name, type, value FROM env_values"
+    " WHERE (scope = 'thread' AND owner = $1) OR (scope = 'user' AND owner = $2) OR (scope = 'instance' AND owner = $3)"
 )
 
 
 async def layers(session: AsyncSession, fernet: Fernet, thread_id: uuid.UUID, user_id: str) -> Layers:
-    """The thread's, its owner's and the instance's values in one query, secrets decrypted (for the engine only)."""
-    rows = (await session.execute(_LAYERS, {"thread": str(thread_id), "user": user_id})).scalars()
+    """The thread's, its owner's and the instance's values in one query, secrets decrypted (for the engine only;
+    read at every step: in plain SQL)."""
+    rows = await (await db.driver(session)).fetch(_LAYERS, str(thread_id), user_id, INSTANCE)
     found = Layers({}, {}, {})
     for r in rows:
-        value = Value(crypto.decrypt(fernet, r.value) if r.type == "secret" else r.value, r.type)
-        getattr(found, r.scope)[r.name] = value
+        value = Value(crypto.decrypt(fernet, r["value"]) if r["type"] == "secret" else r["value"], r["type"])
+        getattr(found, r["scope"])[r["name"]] = value
     return found
 
 

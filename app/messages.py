@@ -6,7 +6,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import bindparam, delete, select, update
+from sqlalchemy import delete, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import db, errors, events, queue, tables, threads
@@ -176,17 +176,14 @@ async def history(
 # thread's messages happens under its thread row lock (a fenced engine transaction, or a lifecycle change that locks
 # the row), and each takes its revision from one sequence while holding it, so a reader holding the lock that saw
 # revision N has seen every row written at or below N: rows above N are exactly those written since.
-_CHANGED = (
-    select(tables.Message, tables.Message.rev.label("current_rev"))
-    .where(tables.Message.thread_id == bindparam("id"), tables.Message.rev > bindparam("since"))
-    .order_by(tables.Message.position)
-    .execution_options(populate_existing=True)
-)
+_CHANGED = "SELECT * FROM messages WHERE thread_id = $1 AND rev > $2 ORDER BY position"
 
 
 async def changed(session: AsyncSession, thread_id: uuid.UUID, since: int) -> list[tuple[tables.Message, int]]:
-    """The thread's messages written after revision `since`, in order, each with its current revision."""
-    return [(row, rev) for row, rev in await session.execute(_CHANGED, {"id": thread_id, "since": since})]
+    """The thread's messages written after revision `since`, in order, each with its current revision (read at every
+    step: in plain SQL; rows the session holds are refreshed, as `populate_existing` would)."""
+    found = await (await db.driver(session)).fetch(_CHANGED, thread_id, since)
+    return [(db.attach(session, tables.Message, row), row["rev"]) for row in found]
 
 
 async def page(

@@ -17,6 +17,7 @@ from typing import Any
 from cryptography.fernet import Fernet
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm.attributes import set_committed_value
 
 from app import attachments, db, env, errors, events, messages, queue, tables, threads
 from app.catalog import Catalog
@@ -82,6 +83,7 @@ async def create(
     session.add(child)
     await session.flush()
     await session.refresh(child)
+    set_committed_value(parent, "has_children", True)  # as the insert's trigger stored it
     await env.copy_thread(session, parent.id, child.id, exclude=scoped or set())
     await events.append_lifecycle(session, child, "thread_created")
     await events.append(session, parent.id, "subagent_created", entry(child))
@@ -145,9 +147,15 @@ _CHILDREN = "SELECT * FROM threads WHERE parent_id = $1 ORDER BY created_at"
 
 
 async def children(session: AsyncSession, parent_id: uuid.UUID) -> list[tables.Thread]:
-    """The parent's children, oldest first (read at every step: in plain SQL, most threads have none)."""
+    """The parent's children, oldest first."""
     found = await (await db.driver(session)).fetch(_CHILDREN, parent_id)
     return [db.attach(session, tables.Thread, row) for row in found]
+
+
+async def children_of(session: AsyncSession, parent: tables.Thread) -> list[tables.Thread]:
+    """`children` of a row the caller read in this transaction: none without a query for a thread that never had
+    one (read at every step; most threads never spawn a child)."""
+    return await children(session, parent.id) if parent.has_children else []
 
 
 async def waiting_on(session: AsyncSession, parent_id: uuid.UUID, call_id: str) -> tables.Thread | None:

@@ -79,6 +79,7 @@ class Thread(Base):
     event_seq: Mapped[int] = mapped_column(BigInteger, server_default="0")
     messages_removed: Mapped[int] = mapped_column(Integer, server_default="0")  # deletions (`messages.remove`)
     step_open: Mapped[bool] = mapped_column(Boolean, server_default="false")  # a step's tools are not all evaluated
+    has_children: Mapped[bool] = mapped_column(Boolean, server_default="false")  # set by a trigger on a child's insert
     # the registry entry of a child (§6.5)
     title: Mapped[str | None] = mapped_column(Text)
     description: Mapped[str | None] = mapped_column(Text)

@@ -13,8 +13,9 @@ from typing import Any
 import httpx
 from fastapi import FastAPI
 from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app import tables
+from app import keys, subagents, tables, threads
 from app.catalog import Catalog
 from app.llm.base import LLMRequest
 from app.spec import ThreadState, define_agent, define_model, define_prompt, define_tool
@@ -555,3 +556,50 @@ async def test_an_immediate_instance_waiting_for_a_value_keeps_its_own_scoped_va
     child = (await client.get(f"/threads/{done.json()['child_thread_id']}")).json()
     assert child["env"]["REGION"] == "eu" and child["env_types"]["API_TOKEN"] == "secret"
     assert child["tags"] == ["name:qa", "immediate:qa:1"]
+
+
+async def test_children_are_read_only_for_a_thread_that_has_had_one(sessions: async_sessionmaker[AsyncSession]) -> None:
+    """The engine reads a thread's children at every step only if it ever had one: any child's insert, whatever
+    code makes it, marks its parent (a trigger); `subagents.create` marks the parent it holds too."""
+    agent = define_agent(name="a", side_a={"prompt": "p"})
+    async with sessions() as s, s.begin():
+        parent = await threads.create(s, agent, keys.OPEN)
+        assert not parent.has_children and await subagents.children_of(s, parent) == []
+        child = tables.Thread(id=uuid.uuid4(), agent="a", type="ai_human", parent_id=parent.id, user_id=parent.user_id)
+        s.add(child)
+        await s.flush()
+    async with sessions() as s:
+        parent = await threads.lock(s, parent.id)
+        assert parent.has_children
+        assert [c.id for c in await subagents.children_of(s, parent)] == [child.id]
+        second = await subagents.create(
+            s,
+            parent,
+            agent="a",
+            agent_type="ai_human",
+            owner_side="a",
+            title=None,
+            description=None,
+            resumable=False,
+            blocking=True,
+            receives_messages=None,
+            parent_communication="implicit",
+            terminal=False,
+        )
+        fresh = await threads.create(s, agent, keys.OPEN)
+        third = await subagents.create(
+            s,
+            fresh,
+            agent="a",
+            agent_type="ai_human",
+            owner_side="a",
+            title=None,
+            description=None,
+            resumable=False,
+            blocking=True,
+            receives_messages=None,
+            parent_communication="implicit",
+            terminal=False,
+        )
+        assert fresh.has_children and [c.id for c in await subagents.children_of(s, fresh)] == [third.id]
+        assert len(await subagents.children_of(s, parent)) == 2 and second.parent_id == parent.id

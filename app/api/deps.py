@@ -51,12 +51,12 @@ async def stream_principal(request: Request, authorization: Annotated[str | None
         return await _identify(s, request, authorization)
 
 
-def catalog(request: Request) -> Catalog:
+async def catalog(request: Request) -> Catalog:  # async: FastAPI runs a plain `def` dependency on a thread
     value: Catalog = request.app.state.catalog
     return value
 
 
-def settings(request: Request) -> Settings:
+async def settings(request: Request) -> Settings:
     value: Settings = request.app.state.settings
     return value
 

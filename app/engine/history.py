@@ -1,10 +1,11 @@
-"""The thread's messages as one execution keeps them between its steps.
+"""The thread's messages as a worker keeps them between steps, and between executions of the same thread.
 
 A step needs the whole history (to build the request and find unfinished work), but reading and mapping every row
-again would make a step of a 1,000-message thread cost far more than one of a 10-message thread. So an execution
+again would make a step of a 1,000-message thread cost far more than one of a 10-message thread. So the worker
 keeps the rows it read and, at each step, reads only those written since (`messages.changed`: revisions are stamped
-by the database under the thread row lock, which the step holds too). A deletion (`messages.remove`, rare) bumps a
-counter on the thread row and makes the next step read everything again.
+by the database under the thread row lock, which the step holds too). That holds whoever wrote in between (another
+worker, the API), so a thread's next execution on this worker picks up where the last one left off. A deletion
+(`messages.remove`, rare) bumps a counter on the thread row and makes the next step read everything again.
 
 Next to each ORM row it keeps a `Seen`: the fields a request is built from, as plain attributes. Building a request
 reads every row's fields, and an ORM attribute is many times slower to read than a slot.
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import bisect
 import uuid
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,8 +63,11 @@ class Seen:
         )
 
 
+HELD_ROWS = 20_000  # messages a worker keeps across its threads' histories (a few KB each)
+
+
 class History:
-    """One execution's copy of a thread's messages, in position order."""
+    """A worker's copy of a thread's messages, in position order."""
 
     def __init__(self) -> None:
         self._removed = -1  # `threads.messages_removed` when last read in full
@@ -83,6 +88,9 @@ class History:
             self._rev = max(self._rev, rev)
             self._put(row)
         return list(self._rows)
+
+    def __len__(self) -> int:
+        return len(self._rows)
 
     def seen(self) -> list[Seen]:
         """The messages as of the last `rows`, as plain values."""
@@ -109,3 +117,28 @@ class History:
         self._rows.insert(at, row)
         self._seen.insert(at, Seen.of(row))
         self._index = {r.id: i for i, r in enumerate(self._rows)}
+
+
+class Histories:
+    """The histories a worker keeps, by thread; beyond `budget` messages in all, the least recently used go."""
+
+    def __init__(self, budget: int = HELD_ROWS) -> None:
+        self._held: OrderedDict[uuid.UUID, History] = OrderedDict()
+        self._budget = budget
+
+    def of(self, thread_id: uuid.UUID) -> History:
+        """The thread's history, kept or new; now the most recently used."""
+        held = self._held.pop(thread_id, None) or History()
+        self._held[thread_id] = held
+        return held
+
+    def drop(self, thread_id: uuid.UUID) -> None:
+        """Forget a thread's history (what it read may hold writes that were rolled back)."""
+        self._held.pop(thread_id, None)
+
+    def trim(self) -> None:
+        """Drop the least recently used histories while more than `budget` messages are held (one is always kept)."""
+        total = sum(len(h) for h in self._held.values())
+        while total > self._budget and len(self._held) > 1:
+            _, oldest = self._held.popitem(last=False)
+            total -= len(oldest)

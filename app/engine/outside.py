@@ -36,7 +36,7 @@ async def state(
         prompt = catalog.prompts[side.prompt] if side is not None else None
         env = await load_env(session, fernet, catalog, thread, prompt)
         children = [
-            SubagentEntry.model_validate(subagents.entry(c)) for c in await subagents.children(session, thread.id)
+            SubagentEntry.model_validate(subagents.entry(c)) for c in await subagents.children_of(session, thread)
         ]
     return RunState(
         thread, env, transaction, None, {}, catalog=catalog, fernet=fernet, sessions=sessions, children=children

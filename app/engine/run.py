@@ -26,7 +26,7 @@ from app import attachments, db, errors, events, files, lifecycle, messages, que
 from app import subagents as child_registry
 from app.catalog import Catalog
 from app.engine import calls, context, effects, handoffs, hooks, stops, subagents, subprompts, tools
-from app.engine.history import History
+from app.engine.history import Histories, History
 from app.engine.state import RunState, deliver_tool
 from app.hub import Publisher
 from app.llm import retry
@@ -123,7 +123,7 @@ class Engine:
             catalog, publisher, http, retry.Policy.from_settings(settings), settings.process_env
         )
         self._contexts: dict[uuid.UUID, dict[str, Any]] = {}  # per execution, by lease token
-        self._histories: dict[uuid.UUID, History] = {}  # per execution, by lease token (`app/engine/history.py`)
+        self._histories = Histories()  # by thread, kept across its executions (`app/engine/history.py`)
         self._subprompts = subprompts.Runner(catalog, self._caller)
 
     @asynccontextmanager
@@ -137,7 +137,7 @@ class Engine:
                 await events.flush(session)
                 await db.write(session)  # the thread row's changes in one prepared UPDATE before the commit
         except BaseException as exc:
-            self._histories.pop(claim.token, None)  # what it read may hold writes that were just rolled back
+            self._histories.drop(claim.thread_id)  # what it read may hold writes that were just rolled back
             if isinstance(exc, DBAPIError | OSError) and errors.Contention.of(exc):
                 raise errors.Contention() from exc
             if isinstance(exc, DBAPIError | OSError) and errors.Unavailable.of(exc):
@@ -170,7 +170,7 @@ class Engine:
             log.warning("the database is unreachable; thread %s is left to its lease", claim.thread_id)
         finally:
             self._contexts.pop(claim.token, None)
-            self._histories.pop(claim.token, None)
+            self._histories.trim()
 
     async def _run_all(self, claim: queue.Claim) -> bool:
         """Run; an input whose delivery fails is set aside (kept, marked, reported) and the rest goes on without it.
@@ -186,9 +186,8 @@ class Engine:
                     await events.append(session, thread.id, "error", {"code": "input_set_aside", "message": exc.reason})
 
     def _history(self, thread: tables.Thread) -> History:
-        """The thread's messages as this execution keeps them between its steps (the fenced row carries its token)."""
-        assert thread.lease_token is not None
-        return self._histories.setdefault(thread.lease_token, History())
+        """The thread's messages as this worker keeps them between its steps."""
+        return self._histories.of(thread.id)
 
     def _context(self, thread: tables.Thread) -> dict[str, Any]:
         """`state.context`: one dict for the whole execution (the fenced row carries the claim's token)."""
@@ -515,7 +514,7 @@ class Engine:
             await events.append(session, thread.id, "error", {"code": "missing_variable", "message": str(exc)})
             return None
         request.messages = await hook_runner.prefilter_llm_history(request.messages)
-        registry = child_registry.registry_message(await child_registry.children(session, thread.id))
+        registry = child_registry.registry_message(await child_registry.children_of(session, thread))
         if registry is not None:  # after the history, so the model sees its children's current state
             request.messages.append(LLMMessage("system", registry))
         await attachments.inline_images(session, thread.id, request.messages)
@@ -600,7 +599,7 @@ class Engine:
     async def _children(session: AsyncSession, thread: tables.Thread) -> list[SubagentEntry]:
         return [
             SubagentEntry.model_validate(child_registry.entry(c))
-            for c in await child_registry.children(session, thread.id)
+            for c in await child_registry.children_of(session, thread)
         ]
 
     async def _subagent(self, claim: queue.Claim, step: Step, tool: context.OfferedTool, call: ToolCall) -> Any:
