@@ -8,7 +8,7 @@ import warnings
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import asyncpg
 from alembic import command
@@ -63,6 +63,12 @@ def _closed_is_disconnected(dbapi_connection: Any, record: Any, proxy: Any) -> N
 def sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
     """Sessions that keep loaded values after commit (the edge commits, then reads)."""
     return async_sessionmaker(engine, expire_on_commit=False)
+
+
+class Fetcher(Protocol):
+    """What runs one statement and returns its first row: an asyncpg connection, or a `Driver`."""
+
+    async def fetchrow(self, sql: str, /, *args: Any) -> Any: ...
 
 
 class Driver:
@@ -144,9 +150,12 @@ async def write(session: AsyncSession) -> None:
         return
     changed: list[tuple[Any, tuple[str, ...]]] = []
     for row in dirty:
-        keys = tuple(sorted(sa_inspect(row).committed_state))
+        state = sa_inspect(row)
+        keys = tuple(sorted(state.committed_state))
         if keys:
             changed.append((row, keys))
+        else:  # set to what it was: nothing to write
+            _settled(session, state)
     changed.sort(key=lambda item: (type(item[0]).__name__, str(sa_inspect(item[0]).identity)))
     for row, keys in changed:
         await update(session, row, keys)
@@ -221,6 +230,14 @@ async def update(session: AsyncSession, row: Any, keys: tuple[str, ...]) -> None
     )
     for key, value in zip(keys, values, strict=True):
         set_committed_value(row, key, value)
+    _settled(session, state)
+
+
+def _settled(session: AsyncSession, state: Any) -> None:
+    """Mark a row whose changes are all written as unmodified: the unit of work would otherwise still visit it at
+    the next flush (every commit flushes) to find nothing to write."""
+    if state.modified and not state.committed_state:
+        state._commit_all(state.dict, session.sync_session.identity_map)
 
 
 _COLUMNS: dict[type, tuple[Any, list[tuple[str, str]], list[str]]] = {}
@@ -245,6 +262,7 @@ def attach(session: AsyncSession, cls: type, record: Any) -> Any:
     if held is not None:  # over what the session holds, as `populate_existing` would
         for attr, name in pairs:
             set_committed_value(held, attr, record[name])
+        _settled(session, instance_state(held))
         return held
     row = mapper.class_manager.new_instance()
     instance_state(row).dict.update({attr: record[name] for attr, name in pairs})  # loaded as the ORM loads a row

@@ -15,8 +15,8 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import BigInteger, Row, String, func, select, text
-from sqlalchemy.dialects.postgresql import JSONB, UUID
+import asyncpg
+from sqlalchemy import func, select, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import db, tables
@@ -107,29 +107,28 @@ async def read(session: AsyncSession, thread_id: uuid.UUID, after: int, limit: i
     return list((await session.execute(query)).scalars())
 
 
-# READ_MANY: the next events of several threads, each after its own position, in one query.
-_READ_MANY = text(
-    """
-    SELECT e.thread_id, e.seq, e.type, e.data
-    FROM unnest(CAST(:ids AS uuid[]), CAST(:afters AS bigint[])) AS t(id, after)
+# READ_MANY: the next events of several threads, each after its own position, in one query; the payload as the text
+# a stream sends (the hub decodes it once for its filters, and sends it as it is).
+_READ_MANY = """
+    SELECT e.thread_id, e.seq, e.type, CAST(e.data AS text) AS text
+    FROM unnest(CAST($1 AS uuid[]), CAST($2 AS bigint[])) AS t(id, after)
     CROSS JOIN LATERAL (
         SELECT thread_id, seq, type, data FROM events
-        WHERE thread_id = t.id AND seq > t.after ORDER BY seq LIMIT :limit
+        WHERE thread_id = t.id AND seq > t.after ORDER BY seq LIMIT $3
     ) AS e
     ORDER BY e.thread_id, e.seq
-    """
-).columns(thread_id=UUID(as_uuid=True), seq=BigInteger, type=String, data=JSONB)
+"""
 
 
 async def read_many(
-    session: AsyncSession, afters: Mapping[uuid.UUID, int], limit: int = 500
-) -> dict[uuid.UUID, list[Row[Any]]]:
-    """For each thread, its stored events with seq greater than its position, in order (at most `limit` each)."""
+    conn: asyncpg.Connection, afters: Mapping[uuid.UUID, int], limit: int = 500
+) -> dict[uuid.UUID, list[asyncpg.Record]]:
+    """For each thread, its stored events with seq greater than its position, in order (at most `limit` each), as
+    records of `thread_id`, `seq`, `type` and `text` (the JSON payload), read outside any transaction."""
     ids = list(afters)
-    params = {"ids": ids, "afters": [afters[i] for i in ids], "limit": limit}
-    found: dict[uuid.UUID, list[Row[Any]]] = {}
-    for row in await session.execute(_READ_MANY, params):
-        found.setdefault(row.thread_id, []).append(row)
+    found: dict[uuid.UUID, list[asyncpg.Record]] = {}
+    for row in await conn.fetch(_READ_MANY, ids, [afters[i] for i in ids], limit):
+        found.setdefault(row["thread_id"], []).append(row)
     return found
 
 

@@ -15,7 +15,6 @@ import json
 import logging
 import uuid
 from collections import deque
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -122,17 +121,6 @@ class Subscription:
             await self._ready.wait()
         if self.overflowed:
             raise Overflow()
-
-
-async def _read(session: AsyncSession, afters: dict[uuid.UUID, int]) -> dict[uuid.UUID, Sequence[Row]]:
-    """The events after each key's position: every thread in one query, the lifecycle log in another."""
-    found: dict[uuid.UUID, Sequence[Row]] = {}
-    if events.LIFECYCLE in afters:
-        found[events.LIFECYCLE] = await events.read_lifecycle(session, None, afters[events.LIFECYCLE], PAGE)
-    threads = {k: v for k, v in afters.items() if k != events.LIFECYCLE}
-    if threads:
-        found.update(await events.read_many(session, threads, PAGE))
-    return found
 
 
 @dataclass
@@ -252,9 +240,21 @@ class Hub:
         if self._drainer is None or self._drainer.done():
             self._drainer = asyncio.create_task(self._drain())
 
-    async def _fetch(self, afters: dict[uuid.UUID, int]) -> dict[uuid.UUID, Sequence[Row]]:
-        async with db.autocommit(self._sessions) as session:
-            return await _read(session, afters)
+    async def _fetch(self, afters: dict[uuid.UUID, int]) -> dict[uuid.UUID, list[Entry]]:
+        """The events after each key's position: the threads' in one query on the LISTEN connection (the drain is
+        its only reader), the lifecycle log's (low volume) on a session."""
+        found: dict[uuid.UUID, list[Entry]] = {}
+        if events.LIFECYCLE in afters:
+            async with db.autocommit(self._sessions) as session:
+                rows = await events.read_lifecycle(session, None, afters[events.LIFECYCLE], PAGE)
+            found[events.LIFECYCLE] = [Entry.of(row) for row in rows]
+        threads = {k: v for k, v in afters.items() if k != events.LIFECYCLE}
+        if threads:
+            if self._conn is None or self._conn.is_closed():
+                raise ConnectionError("the event listener is reconnecting")
+            for key, records in (await events.read_many(self._conn, threads, PAGE)).items():
+                found[key] = [Entry(r["seq"], r["type"], json.loads(r["text"]), r["text"]) for r in records]
+        return found
 
     async def _drain(self) -> None:
         """Read what was announced, once per process and in one query for all keys, and hand it to every
@@ -264,21 +264,21 @@ class Hub:
             self._pending.clear()
             if not tails:
                 continue
-            found: dict[uuid.UUID, Sequence[Row]] = {}
+            found: dict[uuid.UUID, list[Entry]] = {}
             try:  # shielded: a cancelled drain must not cost the pool its connection
                 found = await asyncio.shield(self._fetch({k: t.fetched for k, t in tails.items()}))
             except Exception:  # the database is unreachable: the subscribers read the log themselves, or fail
                 log.exception("reading announced events failed")
             for key, tail in tails.items():
                 if self._tails.get(key) is tail:  # still followed by someone
-                    self._hand_over(key, tail, found.get(key, ()))
+                    self._hand_over(key, tail, found.get(key, []))
 
-    def _hand_over(self, key: uuid.UUID, tail: _Tail, rows: Sequence[Row]) -> None:
-        if rows:
-            batch = [Stored(row.seq, Entry.of(row)) for row in rows]
+    def _hand_over(self, key: uuid.UUID, tail: _Tail, entries: list[Entry]) -> None:
+        if entries:
+            batch = [Stored(entry.seq, entry) for entry in entries]
             for sub in list(self._subs.get(key, ())):
                 sub.push_all(batch)
-            tail.fetched = max(tail.fetched, rows[-1].seq)
+            tail.fetched = max(tail.fetched, entries[-1].seq)
         else:  # gone (retention, deletion) or unreadable: the subscribers ask the log
             self._push(key, Stored(tail.wanted))
             tail.fetched = tail.wanted

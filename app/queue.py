@@ -92,13 +92,12 @@ async def mark_runnable(session: AsyncSession, thread_id: uuid.UUID) -> None:
 # nobody else took is still its own: no second execution). A thread parked on a blocking child (`waiting`), stopped
 # by its user or terminated is never claimed. The lease row is taken only if it is still expired when locked (a
 # heartbeat renewing it concurrently wins: then nothing is claimed and the worker tries again).
-_CLAIM = text(
-    """
+_CLAIM = """
     WITH candidate AS (
         SELECT t.id FROM threads t
         WHERE t.runnable_since IS NOT NULL
           AND t.terminated_at IS NULL AND NOT t.stopped AND t.status <> 'waiting'
-          AND t.id <> ALL(CAST(:mine AS uuid[]))
+          AND t.id <> ALL(CAST($1 AS uuid[]))
           AND NOT EXISTS (SELECT 1 FROM leases l WHERE l.thread_id = t.id AND l.expires_at >= now())
         ORDER BY t.runnable_since
         LIMIT 1
@@ -106,28 +105,25 @@ _CLAIM = text(
     ),
     leased AS (
         INSERT INTO leases (thread_id, token, expires_at)
-        SELECT id, :token, now() + make_interval(secs => :lease) FROM candidate
+        SELECT id, $2, now() + make_interval(secs => $3) FROM candidate
         ON CONFLICT (thread_id) DO UPDATE SET token = excluded.token, expires_at = excluded.expires_at
         WHERE leases.expires_at < now()
         RETURNING thread_id
     )
-    UPDATE threads SET lease_token = :token, lease_owner = :owner, attempt = attempt + 1
+    UPDATE threads SET lease_token = $2, lease_owner = $4, attempt = attempt + 1
     WHERE id = (SELECT thread_id FROM leased)
     RETURNING id, attempt
-    """
-)
+"""
 
 
-async def claim(
-    session: AsyncSession, owner: str, lease_seconds: float, running: Sequence[uuid.UUID] = ()
-) -> Claim | None:
-    """Take the lease of one runnable thread other than those in `running`, or None when nothing is runnable."""
+async def claim(conn: db.Fetcher, owner: str, lease_seconds: float, running: Sequence[uuid.UUID] = ()) -> Claim | None:
+    """Take the lease of one runnable thread other than those in `running`, or None when nothing is runnable. One
+    atomic statement: run it outside a transaction (the worker's own connection, or a `Driver` in autocommit)."""
     token = uuid.uuid4()
-    params = {"token": token, "owner": owner, "lease": lease_seconds, "mine": list(running)}
-    row = (await session.execute(_CLAIM, params)).first()
+    row = await conn.fetchrow(_CLAIM, list(running), token, float(lease_seconds), owner)
     if row is None:
         return None
-    return Claim(thread_id=row.id, token=token, attempt=row.attempt)
+    return Claim(thread_id=row["id"], token=token, attempt=row["attempt"])
 
 
 # FENCE: the token in the WHERE makes every write of a run conditional on still owning it; an expired lease (the

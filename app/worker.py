@@ -20,7 +20,7 @@ import asyncpg
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
-from app import blobs, db, effects, errors, events, lifecycle, queue
+from app import blobs, effects, errors, events, lifecycle, queue
 from app.engine.run import Engine
 from app.heartbeat import Heartbeat
 from app.settings import Settings, plain_url
@@ -61,6 +61,7 @@ class Worker:
         )
         heartbeat.start()
         listener: asyncpg.Connection | None = None
+        claimer: asyncpg.Connection | None = None
         janitor = asyncio.create_task(self._janitor(stop), name="janitor")
         repairs = asyncio.create_task(self._repairs(stop), name="stranded-check")
         timer = asyncio.create_task(self._effects_timer(stop), name="effects-timer")
@@ -70,8 +71,9 @@ class Worker:
                 self._wake.clear()
                 try:
                     listener = await self._listening(listener)
-                    await self._fill()
-                except (OSError, asyncpg.PostgresError, DBAPIError) as exc:
+                    claimer = await self._claiming(claimer)
+                    await self._fill(claimer)
+                except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, DBAPIError) as exc:
                     log.warning("cannot reach the database (%s); trying again", type(exc).__name__)
                 await self._sleep(stop)
         finally:
@@ -80,9 +82,10 @@ class Worker:
             timer.cancel()
             await self._drain()
             await heartbeat.stop()
-            if listener is not None:
-                with contextlib.suppress(Exception):
-                    await listener.close(timeout=1)
+            for conn in (listener, claimer):
+                if conn is not None:
+                    with contextlib.suppress(Exception):
+                        await conn.close(timeout=1)
             log.info("worker %s stopped", self.owner)
 
     async def _listening(self, listener: asyncpg.Connection | None) -> asyncpg.Connection:
@@ -98,11 +101,17 @@ class Worker:
         await conn.add_listener(lifecycle.CONTROL_CHANNEL, lambda *args: self._abandon(args[3]))
         return conn
 
-    async def _fill(self) -> None:
+    async def _claiming(self, claimer: asyncpg.Connection | None) -> asyncpg.Connection:
+        """The connection claims run on (each is one statement, outside any transaction), opened again if lost."""
+        if claimer is not None and not claimer.is_closed():
+            return claimer
+        assert self._settings.database_url is not None
+        return await asyncpg.connect(plain_url(self._settings.database_url), timeout=10)
+
+    async def _fill(self, claimer: asyncpg.Connection) -> None:
         """Claim runnable threads until the slots are full or nothing is runnable."""
         while len(self._running) < self._settings.worker_concurrency:
-            async with db.autocommit(self._sessions) as session:
-                claim = await queue.claim(session, self.owner, self._settings.lease_seconds, list(self._running))
+            claim = await queue.claim(claimer, self.owner, self._settings.lease_seconds, list(self._running))
             if claim is None:
                 return
             task = asyncio.create_task(self._execute(claim), name=f"thread-{claim.thread_id}")

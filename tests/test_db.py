@@ -43,6 +43,7 @@ async def test_an_update_writes_only_the_given_columns_and_leaves_them_committed
         row = await messages.add(s, tid, "assistant", status="pending")
         await messages.save(s, row, status="completed", content="done", usage={"input_tokens": 3})
         assert not sa_inspect(row).committed_state
+        assert not s.dirty  # settled: the commit's flush has nothing to visit
     async with sessions() as s:
         stored = await messages.get(s, tid, row.id)
         assert (stored.status, stored.content, stored.usage) == ("completed", "done", {"input_tokens": 3})
@@ -58,7 +59,11 @@ async def test_write_flushes_a_loaded_rows_changes_and_attach_reuses_what_the_se
         assert sa_inspect(thread).persistent
         thread.name, thread.tags = "renamed", ["x"]
         await db.write(s)
-        assert not sa_inspect(thread).committed_state
+        assert not sa_inspect(thread).committed_state and not s.dirty
+        thread.name = "renamed"  # the same value: marked dirty, nothing to write
+        assert s.dirty
+        await db.write(s)
+        assert not s.dirty
         again = await threads.get(s, tid, keys.OPEN)
         assert again is thread and again.name == "renamed"
     async with sessions() as s:

@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Sequence
 from typing import Any
 
 import pytest
-from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import events, hub
 from app.catalog import load as load_catalog
@@ -38,14 +36,15 @@ def delivered(sub: Subscription) -> list[Stored | Live]:
 
 
 def _counting_reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How many keys each of the hub's reads asked for."""
     calls: list[int] = []
-    original = hub._read
+    original = hub.Hub._fetch
 
-    async def counted(session: AsyncSession, afters: dict[uuid.UUID, int]) -> dict[uuid.UUID, Sequence[hub.Row]]:
+    async def counted(self: hub.Hub, afters: dict[uuid.UUID, int]) -> dict[uuid.UUID, list[hub.Entry]]:
         calls.append(len(afters))
-        return await original(session, afters)
+        return await original(self, afters)
 
-    monkeypatch.setattr(hub, "_read", counted)
+    monkeypatch.setattr(hub.Hub, "_fetch", counted)
     return calls
 
 
@@ -99,13 +98,13 @@ async def test_a_delta_waits_for_the_events_announced_before_it(
     app = await app_factory(load_catalog(ROOT / "agents"))
     thread_id = await _thread(app)
     gate = asyncio.Event()
-    original = hub._read
+    original = hub.Hub._fetch
 
-    async def held_back(session: AsyncSession, afters: dict[uuid.UUID, int]) -> dict[uuid.UUID, Sequence[hub.Row]]:
+    async def held_back(self: hub.Hub, afters: dict[uuid.UUID, int]) -> dict[uuid.UUID, list[hub.Entry]]:
         await gate.wait()
-        return await original(session, afters)
+        return await original(self, afters)
 
-    monkeypatch.setattr(hub, "_read", held_back)
+    monkeypatch.setattr(hub.Hub, "_fetch", held_back)
     sub: Subscription = app.state.hub.subscribe(thread_id)
     [seq] = await _append(app, thread_id, 1)
     publisher = hub.Publisher(plain_url(app.state.settings.database_url))
@@ -129,10 +128,10 @@ async def test_when_the_hub_cannot_read_streams_fall_back_to_the_log(
     app = await app_factory(load_catalog(ROOT / "agents"))
     thread_id = await _thread(app)
 
-    async def broken(session: AsyncSession, afters: dict[uuid.UUID, int]) -> dict[uuid.UUID, Sequence[hub.Row]]:
+    async def broken(self: hub.Hub, afters: dict[uuid.UUID, int]) -> dict[uuid.UUID, list[hub.Entry]]:
         raise OSError("connection refused")
 
-    monkeypatch.setattr(hub, "_read", broken)
+    monkeypatch.setattr(hub.Hub, "_fetch", broken)
     sub: Subscription = app.state.hub.subscribe(thread_id)
     base = await serve(app)
     reader = asyncio.create_task(read_events(base, f"/threads/{thread_id}/events", "turn_ended"))

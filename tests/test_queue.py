@@ -43,8 +43,8 @@ async def _runnable(sessions: async_sessionmaker[AsyncSession], n: int) -> list[
 
 
 async def _claim(sessions: async_sessionmaker[AsyncSession], owner: str = "w", lease: float = 30) -> queue.Claim | None:
-    async with sessions() as s, s.begin():
-        return await queue.claim(s, owner, lease)
+    async with db.autocommit(sessions) as s:
+        return await queue.claim(await db.driver(s), owner, lease)
 
 
 async def test_claim_takes_the_oldest_runnable_thread_once(
@@ -300,8 +300,8 @@ async def test_a_worker_never_claims_a_thread_it_still_runs(sessions: async_sess
     first = await _claim(sessions, lease=0.05)
     assert first is not None
     await asyncio.sleep(0.1)
-    async with sessions() as s, s.begin():
-        assert await queue.claim(s, "w", 30, [tid]) is None
+    async with db.autocommit(sessions) as s:
+        assert await queue.claim(await db.driver(s), "w", 30, [tid]) is None
     with pytest.raises(errors.LeaseLost):
         async with sessions() as s, s.begin():
             await queue.fence(s, first)

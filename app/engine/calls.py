@@ -366,8 +366,9 @@ def cost(definition: ModelDefinition, response: LLMResponse) -> float | None:
 
 async def announce(session: AsyncSession, thread_id: uuid.UUID, definition: ModelDefinition, attempt: int) -> int:
     """Write a request's `llm_request` event; returns how many requests the thread made to the model before it (the
-    `test` provider's script position; no other provider uses it, so it is not counted for them)."""
-    made = await _requests_made(session, thread_id, definition.name) if definition.provider == "test" else 0
+    `test` provider's script position; nothing else uses it, so it is counted only for a scripted `test` model)."""
+    scripted = definition.provider == "test" and definition.respond is None
+    made = await _requests_made(session, thread_id, definition.name) if scripted else 0
     await events.append(session, thread_id, "llm_request", {"model": definition.name, "attempt": attempt})
     return made
 

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from sqlalchemy.ext.asyncio import AsyncSession
 from starlette.datastructures import FormData, UploadFile
 
-from app import attachments, errors, lifecycle, messages, queue, subagents, tables, threads
+from app import attachments, db, errors, lifecycle, messages, queue, subagents, tables, threads
 from app.api import schemas
 from app.api.deps import CurrentUser, SessionDep, SettingsDep
 
@@ -145,6 +145,7 @@ async def post_message(
         except ValidationError as exc:
             raise RequestValidationError(exc.errors()) from None
         message_id = await enqueue_message(session, thread, body, settings.max_file_bytes)
+    await db.write(session)  # the thread row's new status in one prepared UPDATE, not through the unit of work
     await session.commit()
     return schemas.Queued(message_id=message_id)
 
