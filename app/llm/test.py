@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -71,9 +72,12 @@ class TestModel:
             yield ReasoningDelta(reply.reasoning)
         for start in range(0, len(text), size):
             yield TextDelta(text[start : start + size])
+        # ids unique per thread, across its models: by script position, or at random for a `respond` function (the
+        # engine counts a thread's requests only for a script)
+        prefix = f"call_{d.name}_{ctx.call_index}" if d.respond is None else f"call_{uuid.uuid4().hex[:16]}"
         calls: list[ToolCall] = [
             {
-                "id": c.id or f"call_{d.name}_{ctx.call_index}_{i}",  # unique per thread, across its models
+                "id": c.id or f"{prefix}_{i}",
                 "type": "function",
                 "function": {"name": c.name, "arguments": json.dumps(c.arguments)},
             }

@@ -55,6 +55,16 @@ async def test_script_entries_by_call_index() -> None:
     assert (third.usage.input_tokens, third.usage.output_tokens) == (7, 3)
 
 
+async def test_tool_call_ids_are_unique_per_thread_without_a_request_count() -> None:
+    """A `respond` model is called with no script position (the engine counts requests only for a script): its
+    tool calls still get ids no other call of the thread has."""
+    model = TestModel(define_model(name="m", provider="test", respond=lambda r: {"tool_calls": [{"name": "a"}] * 2}))
+    ids = [call["id"] for _ in range(3) for call in (await collect(model, 0))[1].tool_calls]
+    assert len(set(ids)) == 6
+    scripted = TestModel(define_model(name="s", provider="test", script=[{"tool_calls": [{"name": "a"}]}] * 2))
+    assert [(await collect(scripted, i))[1].tool_calls[0]["id"] for i in range(2)] == ["call_s_0_0", "call_s_1_0"]
+
+
 async def test_script_exhausted_is_a_provider_error() -> None:
     model = TestModel(define_model(name="m", provider="test", script=["only"]))
     with pytest.raises(ProviderError, match="test script exhausted"):
