@@ -7,6 +7,7 @@ import logging
 import warnings
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -196,41 +197,63 @@ async def insert(session: AsyncSession, row: Any) -> None:
     session.add(row)
 
 
-_UPDATES: dict[tuple[type, tuple[str, ...]], tuple[str, list[tuple[str, bool]]]] = {}
+@dataclass(frozen=True)
+class Changes:
+    """Columns of a persistent ORM object to write: `sets` is the SET list (its values from `$first` on, in the
+    order of `params`), for an UPDATE of the caller's; `written` then records them as committed."""
+
+    row: Any
+    keys: tuple[str, ...]
+    values: list[Any]  # the attributes' values, as the row holds them
+    params: list[Any]  # the same, as sent (JSON as text)
+    sets: str
+
+    def written(self, session: AsyncSession) -> None:
+        for key, value in zip(self.keys, self.values, strict=True):
+            set_committed_value(self.row, key, value)
+        _settled(session, sa_inspect(self.row))
 
 
-def _update_of(cls: type, keys: tuple[str, ...]) -> tuple[str, list[tuple[str, bool]]]:
-    """The UPDATE of a mapped class's `keys` attributes by primary key (`$1`), with each key and whether it is JSON."""
+_SETS: dict[tuple[type, tuple[str, ...], int], tuple[str, list[bool]]] = {}
+
+
+def _sets_of(cls: type, keys: tuple[str, ...], first: int) -> tuple[str, list[bool]]:
+    """The SET list of a mapped class's `keys` attributes, parameters numbered from `first`, and which are JSON."""
     mapper: Any = sa_inspect(cls)
     columns = {a.key: a.columns[0] for a in mapper.column_attrs}
-    (primary,) = mapper.primary_key
-    params = [(key, isinstance(columns[key].type, JSON)) for key in keys]
+    json_ = [isinstance(columns[key].type, JSON) for key in keys]
     sets = ", ".join(
         f'"{columns[key].name}" = ' + (f"CAST(${i} AS jsonb)" if is_json else f"${i}")
-        for i, (key, is_json) in enumerate(params, 2)
+        for i, (key, is_json) in enumerate(zip(keys, json_, strict=True), first)
     )
-    sql = f'UPDATE {mapper.local_table.name} SET {sets} WHERE "{primary.name}" = $1'  # noqa: S608 -- mapped names
-    return sql, params
+    return sets, json_
+
+
+def changes(row: Any, keys: tuple[str, ...] | None = None, first: int = 2) -> Changes | None:
+    """The given columns of `row`, or all it changed since loaded (None if none), as a SET list from `$first`."""
+    if keys is None:
+        keys = tuple(sorted(sa_inspect(row).committed_state))
+        if not keys:
+            return None
+    shape = _SETS.get((type(row), keys, first))
+    if shape is None:
+        shape = _SETS[(type(row), keys, first)] = _sets_of(type(row), keys, first)
+    sets, json_ = shape
+    values = [getattr(row, key) for key in keys]
+    params = [json.dumps(v) if is_json else v for v, is_json in zip(values, json_, strict=True)]
+    return Changes(row, keys, values, params, sets)
 
 
 async def update(session: AsyncSession, row: Any, keys: tuple[str, ...]) -> None:
     """Write the `keys` attributes of a persistent ORM object in one prepared statement, as committed values (the
     unit of work will not write them again)."""
-    cls = type(row)
-    shape = _UPDATES.get((cls, keys))
-    if shape is None:
-        shape = _UPDATES[(cls, keys)] = _update_of(cls, keys)
-    sql, params = shape
-    state: Any = sa_inspect(row)
-    values = [getattr(row, key) for key, _ in params]
-    await (await driver(session, flush=False)).execute(
-        sql,
-        state.identity[0],
-        *(json.dumps(v) if is_json else v for v, (_, is_json) in zip(values, params, strict=True)),
-    )
-    for key, value in zip(keys, values, strict=True):
-        set_committed_value(row, key, value)
-    _settled(session, state)
+    found = changes(row, keys)
+    assert found is not None
+    mapper: Any = sa_inspect(type(row))
+    (primary,) = mapper.primary_key
+    sql = f'UPDATE {mapper.local_table.name} SET {found.sets} WHERE "{primary.name}" = $1'  # noqa: S608 -- mapped names
+    await (await driver(session, flush=False)).execute(sql, sa_inspect(row).identity[0], *found.params)
+    found.written(session)
 
 
 def _settled(session: AsyncSession, state: Any) -> None:

@@ -45,6 +45,12 @@ _APPEND_MANY = """
     SELECT pg_notify($5, CAST($1 AS text) || ':' || (next.event_seq - $2 + 1)) FROM next
 """
 
+
+def _append_many_with(sets: str) -> str:
+    """`_APPEND_MANY` that also writes the thread row's changed columns (`sets`, from `$6`) in its UPDATE."""
+    return _APPEND_MANY.replace("SET event_seq = event_seq + $2", f"SET event_seq = event_seq + $2, {sets}", 1)
+
+
 _BATCH = "events.batch"  # `session.info` key of the events held for one thread until `flush`
 
 
@@ -61,15 +67,22 @@ def hold(session: AsyncSession, thread_id: uuid.UUID) -> None:
     session.info[_BATCH] = _Held(thread_id)
 
 
-async def flush(session: AsyncSession) -> None:
-    """Write the events held on `session` (before its commit, and before a savepoint)."""
+async def flush(session: AsyncSession, thread: tables.Thread | None = None) -> None:
+    """Write the events held on `session` (before its commit, and before a savepoint); with the held thread's row,
+    its changed columns go in the same statement (the events' UPDATE of that row)."""
     held: _Held | None = session.info.get(_BATCH)
     if held is None or not held.items:
         return
     types, datas = [t for t, _ in held.items], [d for _, d in held.items]
     held.items = []
     driver = await db.driver(session, flush=False)
-    await driver.execute(_APPEND_MANY, held.thread_id, len(types), types, datas, CHANNEL)
+    changes = db.changes(thread, first=6) if thread is not None and thread.id == held.thread_id else None
+    if changes is None:
+        await driver.execute(_APPEND_MANY, held.thread_id, len(types), types, datas, CHANNEL)
+        return
+    sql = _append_many_with(changes.sets)
+    await driver.execute(sql, held.thread_id, len(types), types, datas, CHANNEL, *changes.params)
+    changes.written(session)
 
 
 @asynccontextmanager

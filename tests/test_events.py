@@ -1,4 +1,4 @@
-"""The event log's retention (`events_missed`) and the lifecycle stream `GET /events`, over real HTTP."""
+"""The event log: batched appends, retention (`events_missed`) and the lifecycle stream `GET /events` over real HTTP."""
 
 from __future__ import annotations
 
@@ -7,9 +7,11 @@ import uuid
 from typing import Any
 
 from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app import events, keys
+from app import db, events, keys, tables, threads
 from app.catalog import load as load_catalog
+from app.spec import define_agent
 from tests.conftest import ROOT, client_for
 from tests.test_api import read_events
 from tests.test_engine import settle
@@ -128,3 +130,28 @@ async def test_patch_and_delete_threads(app_factory: Any) -> None:
         ).scalar_one()
     assert left == 0
     assert (await client.delete(f"/threads/{tid}")).status_code == 404
+
+
+async def test_held_events_carry_the_thread_rows_changes_in_one_statement(
+    sessions: async_sessionmaker[AsyncSession],
+) -> None:
+    """An engine transaction's events and its thread row's changes are written by one statement at its end."""
+    agent = define_agent(name="a", side_a={"prompt": "p"})
+    async with sessions() as s, s.begin():
+        tid = (await threads.create(s, agent, keys.OPEN)).id
+    async with sessions() as s, s.begin():
+        thread = await threads.get(s, tid, keys.OPEN, lock=True)
+        events.hold(s, tid)
+        await events.append(s, tid, "step_started", {"step": 1, "side": "a"})
+        await events.append(s, tid, "llm_request", {"model": "m", "attempt": 1})
+        thread.status, thread.session_result = "running", {"n": 1}
+        statements: list[str] = []
+        raw = await db.driver(s, flush=False)
+        raw._conn.add_query_logger(lambda record: statements.append(record.query))
+        await events.flush(s, thread)
+        await asyncio.sleep(0)  # query loggers are called soon after
+        assert len(statements) == 1 and not s.dirty  # written and settled: nothing left for the commit's flush
+    async with sessions() as s:
+        stored = await s.get_one(tables.Thread, tid)
+        assert (stored.status, stored.session_result, stored.event_seq) == ("running", {"n": 1}, 2)
+        assert [r.type for r in await events.read(s, tid, 0)] == ["step_started", "llm_request"]

@@ -134,8 +134,8 @@ class Engine:
                 thread = await queue.fence(session, claim)
                 events.hold(session, thread.id)  # the row is locked: its events go in one statement at the end
                 yield session, thread
-                await events.flush(session)
-                await db.write(session)  # the thread row's changes in one prepared UPDATE before the commit
+                await events.flush(session, thread)  # with the thread row's changes, in one statement
+                await db.write(session)  # anything else (the thread row's changes when no event was held)
         except BaseException as exc:
             self._histories.drop(claim.thread_id)  # what it read may hold writes that were just rolled back
             if isinstance(exc, DBAPIError | OSError) and errors.Contention.of(exc):
