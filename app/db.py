@@ -67,9 +67,9 @@ def sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
 
 
 class Fetcher(Protocol):
-    """What runs one statement and returns its first row: an asyncpg connection, or a `Driver`."""
+    """What runs one statement and returns its rows: an asyncpg connection, or a `Driver`."""
 
-    async def fetchrow(self, sql: str, /, *args: Any) -> Any: ...
+    async def fetch(self, sql: str, /, *args: Any) -> Any: ...
 
 
 class Driver:

@@ -100,30 +100,36 @@ _CLAIM = """
           AND t.id <> ALL(CAST($1 AS uuid[]))
           AND NOT EXISTS (SELECT 1 FROM leases l WHERE l.thread_id = t.id AND l.expires_at >= now())
         ORDER BY t.runnable_since
-        LIMIT 1
+        LIMIT $4
         FOR NO KEY UPDATE OF t SKIP LOCKED
     ),
     leased AS (
         INSERT INTO leases (thread_id, token, expires_at)
-        SELECT id, $2, now() + make_interval(secs => $3) FROM candidate
+        SELECT id, gen_random_uuid(), now() + make_interval(secs => $2) FROM candidate
         ON CONFLICT (thread_id) DO UPDATE SET token = excluded.token, expires_at = excluded.expires_at
         WHERE leases.expires_at < now()
-        RETURNING thread_id
+        RETURNING thread_id, token
     )
-    UPDATE threads SET lease_token = $2, lease_owner = $4, attempt = attempt + 1
-    WHERE id = (SELECT thread_id FROM leased)
-    RETURNING id, attempt
+    UPDATE threads SET lease_token = leased.token, lease_owner = $3, attempt = threads.attempt + 1
+    FROM leased WHERE threads.id = leased.thread_id
+    RETURNING threads.id, threads.attempt, leased.token
 """
 
 
+async def claim_many(
+    conn: db.Fetcher, owner: str, lease_seconds: float, running: Sequence[uuid.UUID], limit: int
+) -> list[Claim]:
+    """Take the leases of up to `limit` runnable threads other than those in `running`, oldest first, each with a
+    token of its own. One atomic statement: run it outside a transaction (the worker's own connection, or a `Driver`
+    in autocommit). Fewer than `limit` means nothing else was runnable (or was being claimed by someone else)."""
+    rows = await conn.fetch(_CLAIM, list(running), float(lease_seconds), owner, limit)
+    return [Claim(thread_id=r["id"], token=r["token"], attempt=r["attempt"]) for r in rows]
+
+
 async def claim(conn: db.Fetcher, owner: str, lease_seconds: float, running: Sequence[uuid.UUID] = ()) -> Claim | None:
-    """Take the lease of one runnable thread other than those in `running`, or None when nothing is runnable. One
-    atomic statement: run it outside a transaction (the worker's own connection, or a `Driver` in autocommit)."""
-    token = uuid.uuid4()
-    row = await conn.fetchrow(_CLAIM, list(running), token, float(lease_seconds), owner)
-    if row is None:
-        return None
-    return Claim(thread_id=row["id"], token=token, attempt=row["attempt"])
+    """`claim_many` of one thread: its claim, or None when nothing is runnable."""
+    found = await claim_many(conn, owner, lease_seconds, running, 1)
+    return found[0] if found else None
 
 
 # FENCE: the token in the WHERE makes every write of a run conditional on still owning it; an expired lease (the

@@ -43,6 +43,8 @@ class Worker:
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._running: dict[uuid.UUID, tuple[queue.Claim, asyncio.Task[None]]] = {}
         self._wake = asyncio.Event()
+        self._notices = 0  # wake-up notifications heard so far
+        self._more = True  # whether something may be runnable that the last claim left (a full worker, a notice)
         self.stranded_repaired = 0  # threads the stranded-input check had to make runnable (expected: 0)
 
     @property
@@ -75,7 +77,8 @@ class Worker:
                     await self._fill(claimer)
                 except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, DBAPIError) as exc:
                     log.warning("cannot reach the database (%s); trying again", type(exc).__name__)
-                await self._sleep(stop)
+                if not await self._sleep(stop):
+                    self._more = True  # the poll: leases that expired, a notification lost with its connection
         finally:
             janitor.cancel()
             repairs.cancel()
@@ -97,7 +100,7 @@ class Worker:
         if listener is not None:
             log.info("listener connection lost; reconnecting")
         conn = await asyncpg.connect(plain_url(self._settings.database_url), timeout=10)
-        await conn.add_listener(queue.WAKEUP_CHANNEL, lambda *_: self._wake.set())
+        await conn.add_listener(queue.WAKEUP_CHANNEL, lambda *_: self._notified())
         await conn.add_listener(lifecycle.CONTROL_CHANNEL, lambda *args: self._abandon(args[3]))
         return conn
 
@@ -108,14 +111,25 @@ class Worker:
         assert self._settings.database_url is not None
         return await asyncpg.connect(plain_url(self._settings.database_url), timeout=10)
 
+    def _notified(self) -> None:
+        self._notices += 1
+        self._more = True
+        self._wake.set()
+
     async def _fill(self, claimer: asyncpg.Connection) -> None:
-        """Claim runnable threads until the slots are full or nothing is runnable."""
-        while len(self._running) < self._settings.worker_concurrency:
-            claim = await queue.claim(claimer, self.owner, self._settings.lease_seconds, list(self._running))
-            if claim is None:
-                return
-            task = asyncio.create_task(self._execute(claim), name=f"thread-{claim.thread_id}")
-            self._running[claim.thread_id] = (claim, task)
+        """Claim runnable threads, as many as there are free slots in one statement, until the slots are full or
+        nothing is runnable; a claim that finds fewer than it asked for leaves nothing behind, unless a notification
+        came meanwhile (then the next round claims again)."""
+        while self._more and (free := self._settings.worker_concurrency - len(self._running)) > 0:
+            heard = self._notices
+            claims = await queue.claim_many(
+                claimer, self.owner, self._settings.lease_seconds, list(self._running), free
+            )
+            for claim in claims:
+                task = asyncio.create_task(self._execute(claim), name=f"thread-{claim.thread_id}")
+                self._running[claim.thread_id] = (claim, task)
+            if len(claims) < free:
+                self._more = self._notices != heard
 
     async def _execute(self, claim: queue.Claim) -> None:
         try:
@@ -125,15 +139,18 @@ class Worker:
         finally:
             if self._running.get(claim.thread_id, (None,))[0] == claim:
                 del self._running[claim.thread_id]
-            self._wake.set()  # a slot is free
+            if self._more:
+                self._wake.set()  # a slot is free, and something may be waiting for one
 
-    async def _sleep(self, stop: asyncio.Event) -> None:
+    async def _sleep(self, stop: asyncio.Event) -> bool:
+        """Until woken, stopped or the poll interval passed; whether it was woken (or stopped) before that."""
         waiters = [asyncio.create_task(self._wake.wait()), asyncio.create_task(stop.wait())]
         try:
             await asyncio.wait(waiters, timeout=self._settings.poll_interval, return_when=asyncio.FIRST_COMPLETED)
         finally:
             for w in waiters:
                 w.cancel()
+        return self._wake.is_set() or stop.is_set()
 
     async def _janitor(self, stop: asyncio.Event) -> None:
         """Apply event retention and collect unreferenced file content now and then; any worker may do it

@@ -59,6 +59,23 @@ async def test_claim_takes_the_oldest_runnable_thread_once(
     assert await _claim(sessions) is None  # both leased
 
 
+async def test_one_claim_takes_as_many_threads_as_asked_each_with_its_own_token(
+    sessions: async_sessionmaker[AsyncSession],
+) -> None:
+    ids = await _runnable(sessions, 3)
+    async with db.autocommit(sessions) as s:
+        first = await queue.claim_many(await db.driver(s), "w", 30, [], 2)
+        rest = await queue.claim_many(await db.driver(s), "w", 30, [], 5)
+    assert [c.thread_id for c in first] == ids[:2] and [c.thread_id for c in rest] == ids[2:]
+    claims = first + rest
+    assert len({c.token for c in claims}) == 3
+    async with sessions() as s, s.begin():  # each token fences its own thread, and only that one
+        for c in claims:
+            assert (await queue.fence(s, c)).id == c.thread_id
+        with pytest.raises(errors.LeaseLost):
+            await queue.fence(s, queue.Claim(thread_id=ids[0], token=claims[1].token, attempt=1))
+
+
 async def test_nothing_runnable_claims_nothing(sessions: async_sessionmaker[AsyncSession]) -> None:
     async with sessions() as s, s.begin():
         await threads.create(s, AGENT, keys.OPEN)

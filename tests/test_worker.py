@@ -244,3 +244,29 @@ def test_a_lost_lease_cancels_only_the_execution_that_held_it(settings: Any) -> 
         return kept, abandoned, again.cancelled()
 
     assert asyncio.run(scenario()) == (True, True, True)
+
+
+async def test_an_idle_worker_claims_once_per_notice_and_not_when_a_slot_frees(
+    app_factory: Any, monkeypatch: Any
+) -> None:
+    """One claim statement takes what a notice made runnable; a claim that found less than it asked for leaves
+    nothing behind, so neither the end of an execution nor the claim itself needs another (empty) claim."""
+    asked: list[int] = []
+    original = queue.claim_many
+
+    async def counted(*args: Any) -> list[queue.Claim]:
+        found = await original(*args)
+        asked.append(len(found))
+        return found
+
+    monkeypatch.setattr(queue, "claim_many", counted)
+    app = await app_factory(catalog_module.load(ROOT / "agents"), with_worker=True, poll_interval=30)
+    client = client_for(app)
+    await wait_for(lambda: asyncio.sleep(0, bool(asked)))  # the start's claim (no poll during the test)
+    asked.clear()
+    for _ in range(3):
+        tid = (await client.post("/threads", json={"agent": "assistant"})).json()["id"]
+        assert (await client.post(f"/threads/{tid}/messages", json={"content": "hello"})).status_code == 202
+        await settle(client, tid)
+    await asyncio.sleep(0.3)
+    assert asked == [1, 1, 1]  # one per message, none empty

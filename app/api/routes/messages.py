@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from sqlalchemy.ext.asyncio import AsyncSession
 from starlette.datastructures import FormData, UploadFile
 
-from app import attachments, db, errors, lifecycle, messages, queue, subagents, tables, threads
+from app import attachments, db, errors, events, lifecycle, messages, queue, subagents, tables, threads
 from app.api import schemas
 from app.api.deps import CurrentUser, SessionDep, SettingsDep
 
@@ -135,6 +135,7 @@ async def post_message(
     act. Attachments are stored under `/attachments/` in the thread's files."""
     media = request.headers.get("content-type", "").split(";")[0].strip().lower()
     thread = await threads.get(session, thread_id, who, lock=True)
+    events.hold(session, thread.id)  # the row is locked: its events go with its changes in one statement at the end
     if media == "multipart/form-data":
         async with request.form(max_files=MAX_UPLOADS + 1, max_fields=50) as form:
             body, uploads = _from_form(form)
@@ -145,7 +146,8 @@ async def post_message(
         except ValidationError as exc:
             raise RequestValidationError(exc.errors()) from None
         message_id = await enqueue_message(session, thread, body, settings.max_file_bytes)
-    await db.write(session)  # the thread row's new status in one prepared UPDATE, not through the unit of work
+    await events.flush(session, thread)
+    await db.write(session)
     await session.commit()
     return schemas.Queued(message_id=message_id)
 
