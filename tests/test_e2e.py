@@ -71,8 +71,11 @@ async def test_api_and_worker_run_as_separate_processes(server_env: dict[str, st
         await until_ready(base, api, tmp_path / "api.log")
         async with httpx.AsyncClient(base_url=base) as client:
             tid = (await client.post("/threads", json={"agent": "assistant"})).json()["id"]
+            # subscribed before the message: deltas are live only, a stream opened later may have missed them all
+            reader = asyncio.create_task(read_events(base, f"/threads/{tid}/events", "turn_ended"))
+            await asyncio.sleep(0.5)
             await client.post(f"/threads/{tid}/messages", json={"content": "what time is it"})
-            frames = await asyncio.wait_for(read_events(base, f"/threads/{tid}/events", "turn_ended"), 30)
+            frames = await asyncio.wait_for(reader, 30)
         assert any(f["event"] == "tool_completed" and f["data"]["tool"] == "get_time" for f in frames)
         assert any(f["event"] == "message_chunk" for f in frames)  # deltas cross processes too
     finally:
