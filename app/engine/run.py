@@ -1,7 +1,9 @@
 """The step loop: deliver input, call the model, run the tools, evaluate stops (`semantics.md` §2–§5).
 
 Each execution holds the thread's lease; every transaction it commits is fenced by the lease token, and no
-transaction spans an LLM call or a tool call.
+transaction spans an LLM call or a tool call. The phases live next door: `inbox` (delivery per inbox kind), `turns`
+(who acts, where a turn starts, how it ends), `step` (what a step is between its transactions), `calls` (the model),
+`tools` (a tool call), `stops` (what ends a turn or a session), `history` (the messages kept between steps).
 """
 
 from __future__ import annotations
@@ -11,23 +13,22 @@ import logging
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
 import httpx
 from cryptography.fernet import Fernet
-from sqlalchemy import func, select
-from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app import attachments, db, errors, events, files, lifecycle, messages, queue, tables, threads
 from app import subagents as child_registry
 from app.catalog import Catalog
-from app.engine import calls, context, effects, handoffs, hooks, stops, subagents, subprompts, tools
+from app.engine import calls, context, effects, handoffs, hooks, inbox, stops, subagents, subprompts, tools, turns
 from app.engine.history import Histories, History
-from app.engine.state import RunState, deliver_tool
+from app.engine.state import RunState
+from app.engine.step import OPEN_APART, RELEASED, OpenApart, Prepared, Released, Step
 from app.hub import Publisher
 from app.llm import retry
 from app.llm.base import (
@@ -42,58 +43,6 @@ from app.spec.results import ToolResult
 from app.spec.state import ExecutionState, SubagentEntry
 
 log = logging.getLogger(__name__)
-
-MAX_ATTEMPTS = 3  # claims of one step that ended in a crash before its session fails (`storage-and-queue.md`)
-
-
-class DeliveryFailed(Exception):
-    """Delivering one inbox row raised: the row is set aside so the thread does not fail on it forever."""
-
-    def __init__(self, inbox_id: int, reason: str) -> None:
-        super().__init__(reason)
-        self.inbox_id = inbox_id
-        self.reason = reason
-
-
-class Released:
-    """What a step returns when its last transaction also gave the thread back (the turn ended; nothing waits)."""
-
-
-RELEASED = Released()
-
-
-class OpenApart:
-    """What opening a step inside a closing transaction returns when input or effects wait: the close commits, and the
-    step opens in a transaction of its own (effects run first, outside any; a delivery that fails rolls back only
-    that opening)."""
-
-
-OPEN_APART = OpenApart()
-
-
-@dataclass
-class Prepared:
-    """A tool call announced (`tool_started`) in a transaction, with the state and hooks it runs with."""
-
-    state: RunState
-    hooks: hooks.Hooks
-
-
-@dataclass
-class Step:
-    """What the opening transaction of a step decided."""
-
-    side: str
-    number: int
-    message_id: uuid.UUID | None = None  # the pending assistant message an LLM call streams into
-    request: Any = None
-    calls: list[ToolCall] = field(default_factory=list)  # tool calls still to run
-    response: LLMResponse | None = None
-    env: context.Env | None = None
-    config: SideConfig | None = None  # the acting side's config, for its session tool bindings
-    agent: AgentDefinition | None = None  # the thread's agent as the step began (a handoff switches it, §7.3)
-    made: int | None = None  # requests made to the model before this step's, counted when its first was announced
-    message: tables.Message | None = None  # that pending message as the opening transaction committed it
 
 
 def llm_http() -> httpx.AsyncClient:
@@ -179,7 +128,7 @@ class Engine:
         while True:
             try:
                 return await self._run(claim)
-            except DeliveryFailed as exc:
+            except inbox.DeliveryFailed as exc:
                 log.warning("thread %s: input %d could not be delivered; set aside", claim.thread_id, exc.inbox_id)
                 async with self._tx(claim) as (session, thread):
                     await queue.set_aside(session, exc.inbox_id, exc.reason)
@@ -225,91 +174,38 @@ class Engine:
         """The start of an execution: the crash budget, input delivered, the turn it starts or goes on with."""
         if thread.terminated_at is not None or thread.stopped:
             return False
-        if thread.attempt > MAX_ATTEMPTS + 1:  # it crashed even while failing: its input is what kills it
-            await self._set_aside_input(session, thread)
+        if thread.attempt > inbox.MAX_ATTEMPTS + 1:  # it crashed even while failing: its input is what kills it
+            await inbox.set_aside_all(session, thread)
             await self._crashed(session, thread)
             return False
-        if thread.attempt > MAX_ATTEMPTS:
+        if thread.attempt > inbox.MAX_ATTEMPTS:
             await self._deliver(session, thread, agent, mid_turn=True)  # keep the input, start nothing
             await self._crashed(session, thread)
             return False
         # a turn a previous execution left unfinished (a crash, a deploy) is finished first: new input joins it
         # as mid-turn input instead of starting a turn that would abandon it (`semantics.md` §2)
-        in_turn = await _turn_in_progress(session, thread)
+        in_turn = await turns.in_progress(session, thread)
         acting = await self._deliver(session, thread, agent, mid_turn=in_turn)
         if acting is None and thread.status != "running" and not in_turn:
             await threads.set_status(session, thread, "idle")
             return False
         if acting is not None:
-            await self._start_turn(session, thread, acting)
+            turns.start(thread, acting)
         await threads.set_status(session, thread, "running")
         return True
 
     async def _deliver(
         self, session: AsyncSession, thread: tables.Thread, agent: AgentDefinition, *, mid_turn: bool
     ) -> str | None:
-        """Move the inbox into history; between turns, return the side the input makes act (§2)."""
-        acting: str | None = None
-        first: int | None = None
-        hook_runner = await hooks.prepare(
-            self._catalog, self._fernet, session, thread, thread.side or "a", context=self._context(thread)
+        return await inbox.deliver(
+            session,
+            thread,
+            agent,
+            mid_turn=mid_turn,
+            catalog=self._catalog,
+            fernet=self._fernet,
+            context_=self._context(thread),
         )
-        for row in await queue.take_inbox(session, thread.id):
-            try:
-                if row.kind == queue.Kind.MESSAGE:
-                    p = await hook_runner.before_delivery(row.payload)
-                    msg = await messages.add(
-                        session,
-                        thread.id,
-                        p["role"],
-                        id=uuid.UUID(p["id"]),
-                        content=p.get("content"),
-                        silent=bool(p.get("silent")),
-                        metadata_=p.get("metadata") or {},
-                        attachments=p.get("attachments") or [],
-                        subagent_id=_uuid((p.get("metadata") or {}).get("subagent_id")),
-                        session_number=thread.session_number,
-                    )
-                    await hook_runner.after_create_message(msg)
-                    first = msg.position if first is None else first
-                    thread.last_message_at = msg.created_at
-                    if p["role"] == "user":
-                        acting = "a"
-                    elif p["role"] == "assistant":
-                        acting = "b" if agent.type == "dual_ai" else None
-                elif row.kind == queue.Kind.CONTINUE:
-                    acting = row.payload.get("side", "a")
-                elif row.kind == queue.Kind.SPAWN:  # a new thread's immediate subagents of side A (§6.6)
-                    side_a = self._catalog.prompts[agent.side_a.prompt]
-                    env = await context.load_env(session, self._fernet, self._catalog, thread, side_a)
-                    await subagents.spawn_immediate(session, self._catalog, self._fernet, thread, "a", side_a, env)
-                elif row.kind == queue.Kind.CHILD_RESULT:  # a blocking subagent call is answered (§6.4)
-                    await _answer(session, thread, row.payload)
-                elif row.kind == queue.Kind.TOOL:  # `state.queue_tool` outside a tool call (§7.4)
-                    msg = await deliver_tool(session, thread, row.payload)
-                    first = msg.position if first is None else first
-                    acting = msg.side
-            except Exception as exc:  # poison input: set aside by `_run_all`, never retried forever
-                if errors.Contention.of(exc) or errors.Unavailable.of(exc):
-                    raise  # the database's trouble, not the input's: `_tx` hands the execution back
-                reason = f"input {row.kind} could not be delivered: {type(exc).__name__}: {exc}"
-                raise DeliveryFailed(row.id, reason) from exc
-        if mid_turn or acting is None:
-            return None
-        thread.turn_start = first if first is not None else await _next_position(session, thread.id)
-        return acting
-
-    async def _start_turn(self, session: AsyncSession, thread: tables.Thread, acting: str) -> None:
-        """Begin the acting side's turn, and a new session if none is running."""
-        if thread.session_number == 0 or thread.session_status != "running":
-            thread.session_number += 1
-            thread.session_turns = 0
-            thread.session_steps = 0
-            thread.session_status = "running"
-            thread.session_reason = None
-            thread.session_result = None
-        thread.side = acting
-        thread.turn_steps = 0
 
     # -- one step ------------------------------------------------------------------------------------------
 
@@ -413,54 +309,21 @@ class Engine:
             "step_completed",
             {"step": step.number, "side": step.side, "stopped": verdict.ends != "nothing"},
         )
-        await self._report_status(session, thread, side_config, outcomes)
+        await turns.report_status(session, thread, side_config, outcomes)
         if verdict.ends == "turn":
             await events.append(session, thread.id, "turn_ended", {"side": step.side, "reason": verdict.reason})
             thread.session_turns += 1
             verdict = stops.session_cap(agent, thread.session_turns)
             if verdict.ends == "nothing":
-                if await self._after_turn(session, thread, agent, step.side):
+                if await turns.after(session, thread, agent, step.side):
                     return await self._open_in(session, thread, first=False, merged=True)
                 await queue.release(session, claim, fenced=True)
                 return RELEASED
         if verdict.ends == "session":
-            await self._end_session(session, thread, verdict)
+            await turns.end_session(session, thread, verdict)
             await queue.release(session, claim, fenced=True)
             return RELEASED
         return await self._open_in(session, thread, first=False, merged=True)
-
-    @staticmethod
-    async def _report_status(
-        session: AsyncSession, thread: tables.Thread, side: SideConfig, outcomes: list[tools.Outcome]
-    ) -> None:
-        """A successful `sessionStatus` call sets the thread's status text; it never stops anything (§5)."""
-        binding = side.binding("status")
-        for outcome in outcomes:
-            if binding is None or outcome.call["function"]["name"] != binding.name:
-                continue
-            if outcome.result.status == "success":
-                thread.status_text = stops.payload(binding, outcome)["content"]
-                await events.append(
-                    session, thread.id, "thread_status", {"status": thread.status, "status_text": thread.status_text}
-                )
-
-    async def _after_turn(
-        self, session: AsyncSession, thread: tables.Thread, agent: AgentDefinition, side: str
-    ) -> bool:
-        """`ai_human`: wait for the human. `dual_ai`: the other side acts next, in this execution."""
-        if agent.type == "dual_ai":
-            await self._start_turn(session, thread, "b" if side == "a" else "a")
-            thread.turn_start = await _answered_position(session, thread.id, side)
-            return True
-        thread.side = None
-        await threads.set_status(session, thread, "idle")
-        return False
-
-    async def _end_session(self, session: AsyncSession, thread: tables.Thread, verdict: stops.Verdict) -> None:
-        assert verdict.status is not None and verdict.reason is not None
-        await threads.end_session(session, thread, verdict.status, verdict.reason, verdict.result)
-        await threads.set_status(session, thread, "idle")
-        await child_registry.report(session, thread)  # a child hands its result to its parent in this transaction
 
     async def _open_in(
         self, session: AsyncSession, thread: tables.Thread, *, first: bool, merged: bool = False
@@ -479,7 +342,7 @@ class Engine:
         elif input_waits:
             acting = await self._deliver(session, thread, agent, mid_turn=thread.turn_steps > 0)
             if acting is not None:  # input between two turns picks who answers it (§2)
-                await self._start_turn(session, thread, acting)
+                turns.start(thread, acting)
         side = thread.side or "a"
         side_config, prompt = self._prompt_of(agent, side)
         held = self._history(thread)
@@ -487,14 +350,14 @@ class Engine:
             rows = await held.rows(session, thread)
             env = await context.load_env(session, self._fernet, self._catalog, thread, prompt)
         turn_start = thread.turn_start or 0
-        last, missing = _open_work(held.since(turn_start), side, turn_start, thread.step_open)
+        last, missing = turns.open_work(held.since(turn_start), side, turn_start, thread.step_open)
         if last is not None and last.status == "completed":
             # a crash between the model's answer and its tool results, or a subagent's result: run what is left
             response = LLMResponse(text=last.content or "", tool_calls=list(last.tool_calls or []))
             return Step(side, thread.session_steps, calls=missing, response=response, env=env, agent=agent)
         redo = last is not None  # a call a crash interrupted (still `pending`): the same step again
         if thread.session_steps >= self._settings.max_session_steps and not redo:
-            await self._end_session(session, thread, stops.Verdict("session", "max_total_steps", "failure"))
+            await turns.end_session(session, thread, stops.Verdict("session", "max_total_steps", "failure"))
             return None
         if not redo:
             thread.turn_steps += 1
@@ -510,7 +373,7 @@ class Engine:
         try:
             request = context.build_request(self._catalog, prompt, side_config, side, assembled, turn_start, env)
         except context.MissingVariable as exc:
-            await self._end_session(session, thread, stops.Verdict("session", "llm_error", "failure"))
+            await turns.end_session(session, thread, stops.Verdict("session", "llm_error", "failure"))
             await events.append(session, thread.id, "error", {"code": "missing_variable", "message": str(exc)})
             return None
         request.messages = await hook_runner.prefilter_llm_history(request.messages)
@@ -548,7 +411,9 @@ class Engine:
         """The model's answer (or its failure, which ends the session) into the step's pending message."""
         assert step.message_id is not None
         response = result.response
-        message = _attach(session, step.message) or await messages.get(session, thread.id, step.message_id)
+        message = turns.attach_committed(session, step.message) or await messages.get(
+            session, thread.id, step.message_id
+        )
         hook_runner = await hooks.prepare(
             self._catalog, self._fernet, session, thread, step.side, env=step.env, context=self._context(thread)
         )
@@ -561,11 +426,11 @@ class Engine:
             await events.append(
                 session, thread.id, "step_completed", {"step": step.number, "side": step.side, "stopped": True}
             )
-            await self._end_session(session, thread, stops.Verdict("session", "llm_error", "failure"))
+            await turns.end_session(session, thread, stops.Verdict("session", "llm_error", "failure"))
             return None
         updates = {
             "status": "completed",
-            "content": self._content(response, side),
+            "content": stops.stored_text(response, side),
             "tool_calls": list(response.tool_calls) or None,
             "reasoning_content": response.reasoning,
             "reasoning_details": response.reasoning_details,
@@ -577,21 +442,6 @@ class Engine:
         thread.last_message_at = datetime.now(UTC)
         thread.step_open = bool(response.tool_calls)  # until the step's stops are evaluated
         return response
-
-    @staticmethod
-    def _content(response: LLMResponse, side: SideConfig) -> str | None:
-        """The stored text; a `stopTool` call's `stopToolResponseProperty` argument replaces it (§3.6)."""
-        if side.stop_tool and side.stop_tool_response_property:
-            for call in response.tool_calls:
-                if call["function"]["name"] != side.stop_tool:
-                    continue
-                try:
-                    value = context.parse_arguments(call["function"]["arguments"]).get(side.stop_tool_response_property)
-                except ValueError:
-                    continue
-                if isinstance(value, str):
-                    return value
-        return response.text or None
 
     # -- tools ---------------------------------------------------------------------------------------------
 
@@ -753,25 +603,17 @@ class Engine:
         return refs
 
     async def _crashed(self, session: AsyncSession, thread: tables.Thread) -> None:
-        """The same step crashed its worker `MAX_ATTEMPTS` times: fail the session instead of looping."""
+        """The same step crashed its worker `inbox.MAX_ATTEMPTS` times: fail the session instead of looping."""
         message = (
-            f"The run crashed {MAX_ATTEMPTS} times at step {thread.session_steps} of session "
+            f"The run crashed {inbox.MAX_ATTEMPTS} times at step {thread.session_steps} of session "
             f"{thread.session_number}; the session was failed instead of trying again."
         )
         await lifecycle.close_open_work(session, thread, message)
         await events.append(session, thread.id, "error", {"code": "crashed", "message": message})
         if thread.session_status == "running":
-            await self._end_session(session, thread, stops.Verdict("session", "crashed", "failure"))
+            await turns.end_session(session, thread, stops.Verdict("session", "crashed", "failure"))
         else:
             await threads.set_status(session, thread, "idle")
-
-    @staticmethod
-    async def _set_aside_input(session: AsyncSession, thread: tables.Thread) -> None:
-        """Every waiting input, kept but never delivered: one of them kills the process that delivers it."""
-        reason = f"set aside: the thread's worker died {MAX_ATTEMPTS + 1} times in a row while this input waited"
-        for row in await queue.set_aside_all(session, thread.id, reason):
-            await events.append(session, thread.id, "error", {"code": "input_set_aside", "message": reason})
-            log.warning("thread %s: input %d set aside after repeated crashes", thread.id, row.id)
 
     async def _fail(self, claim: queue.Claim, code: str, message: str) -> None:
         """End the session after an unexpected error, so no thread is left `running`."""
@@ -783,105 +625,6 @@ class Engine:
             await lifecycle.close_open_work(session, thread, f"The run failed: {text}")
             await events.append(session, thread.id, "error", {"code": code, "message": text})
             if thread.session_status == "running":
-                await self._end_session(session, thread, stops.Verdict("session", "crashed", "failure"))
+                await turns.end_session(session, thread, stops.Verdict("session", "crashed", "failure"))
             else:
                 await threads.set_status(session, thread, "idle")
-
-
-def _uuid(value: Any) -> uuid.UUID | None:
-    try:
-        return uuid.UUID(str(value)) if value else None
-    except ValueError:
-        return None
-
-
-async def _answer(session: AsyncSession, thread: tables.Thread, payload: dict[str, Any]) -> None:
-    """Store a blocking subagent's result as the answer of the call it kept open (unless a stop answered it)."""
-    answered = await session.execute(
-        select(tables.Message.id).where(
-            tables.Message.thread_id == thread.id, tables.Message.tool_call_id == payload["call_id"]
-        )
-    )
-    if answered.first() is not None:
-        return
-    await messages.add(
-        session,
-        thread.id,
-        "tool",
-        side=thread.side or "a",
-        name=payload.get("name"),
-        tool_call_id=payload["call_id"],
-        content=payload["content"],
-        tool_status=payload["status"],
-        attachments=payload.get("attachments") or [],
-        subagent_id=uuid.UUID(payload["child_id"]),
-        session_number=thread.session_number,
-    )
-    data = {"tool": payload.get("name"), "tool_call_id": payload["call_id"], "status": payload["status"]}
-    await events.append(session, thread.id, "tool_completed", data)
-
-
-async def _answered_position(session: AsyncSession, thread_id: uuid.UUID, side: str) -> int:
-    """Where the next turn starts: the ending side's last message, the input the other side answers (§1)."""
-    value = await session.execute(
-        select(func.max(tables.Message.position)).where(
-            tables.Message.thread_id == thread_id,
-            tables.Message.side == side,
-            tables.Message.role != "tool",
-            tables.Message.depth == 0,
-        )
-    )
-    found = value.scalar_one_or_none()
-    return int(found) if found is not None else await _next_position(session, thread_id)
-
-
-async def _next_position(session: AsyncSession, thread_id: uuid.UUID) -> int:
-    """A position after every message of the thread (a turn that starts without new input)."""
-    value = await session.execute(
-        select(func.coalesce(func.max(tables.Message.position), 0) + 1).where(tables.Message.thread_id == thread_id)
-    )
-    return int(value.scalar_one())
-
-
-async def _turn_in_progress(session: AsyncSession, thread: tables.Thread) -> bool:
-    """Whether a turn was left unfinished: a step opened in it, or open work (a pending message, unanswered tool
-    calls) waits in it. Read from what is stored, never from what delivering new input would change."""
-    if thread.session_status != "running" or thread.side is None:
-        return False
-    if thread.turn_steps > 0 or thread.step_open:
-        return True
-    rows = await messages.history(session, thread.id, session_number=thread.session_number)
-    return _open_work(rows, thread.side, thread.turn_start or 0, step_open=False)[0] is not None
-
-
-def _attach(session: AsyncSession, row: tables.Message | None) -> tables.Message | None:
-    """A row committed by an earlier transaction of this execution, added to `session` as it was committed (nobody
-    else writes the thread's messages while the lease holds), or None when it is not usable as it is."""
-    if row is None:
-        return None
-    state = sa_inspect(row)
-    if not state.detached or state.expired_attributes:  # still in another session, or rolled back since
-        return None
-    session.add(row)
-    return row
-
-
-def _open_work(
-    rows: list[tables.Message], side: str, turn_start: int, step_open: bool
-) -> tuple[tables.Message | None, list[ToolCall]]:
-    """The acting side's unfinished step in this turn: a `pending` message (its call was interrupted), or a message
-    whose tool calls are not all answered (with those calls), or — while the step's stops are not evaluated yet —
-    the last one that made calls. Input delivered after it (mid-turn messages) does not hide it."""
-    answered = {r.tool_call_id for r in rows if r.role == "tool"}
-    calling: tables.Message | None = None
-    for row in reversed(rows):
-        if row.role == "tool" or row.side != side or row.depth != 0 or row.position < turn_start:
-            continue
-        if row.status == "pending":
-            return row, []
-        if row.status == "completed" and row.tool_calls:
-            missing = [c for c in row.tool_calls if c["id"] not in answered]
-            if missing:
-                return row, missing
-            calling = calling or row
-    return (calling, []) if step_open and calling is not None else (None, [])

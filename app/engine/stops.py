@@ -6,6 +6,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from app.engine.context import parse_arguments
 from app.engine.tools import Outcome
 from app.llm.base import LLMResponse
 from app.spec.definitions import AgentDefinition, SessionToolConfig, SideConfig
@@ -92,3 +93,18 @@ def session_cap(agent: AgentDefinition, session_turns: int) -> Verdict:
     if agent.type == "dual_ai" and agent.max_session_turns is not None and session_turns >= agent.max_session_turns:
         return Verdict("session", "max_session_turns", "success")
     return GO_ON
+
+
+def stored_text(response: LLMResponse, side: SideConfig) -> str | None:
+    """The stored text; a `stopTool` call's `stopToolResponseProperty` argument replaces it (§3.6)."""
+    if side.stop_tool and side.stop_tool_response_property:
+        for call in response.tool_calls:
+            if call["function"]["name"] != side.stop_tool:
+                continue
+            try:
+                value = parse_arguments(call["function"]["arguments"]).get(side.stop_tool_response_property)
+            except ValueError:
+                continue
+            if isinstance(value, str):
+                return value
+    return response.text or None

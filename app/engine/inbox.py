@@ -1,0 +1,135 @@
+"""Delivery: a thread's waiting input moved into its history, per inbox kind (`semantics.md` §2).
+
+Input is delivered only in a transaction that opens a step, so a delivery that fails rolls back nothing else: the
+row is set aside (`DeliveryFailed`) and the run goes on without it.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import Any
+
+from cryptography.fernet import Fernet
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from app import errors, events, messages, queue, tables
+from app.catalog import Catalog
+from app.engine import context, hooks, subagents, turns
+from app.engine.state import deliver_tool
+from app.spec.definitions import AgentDefinition
+
+log = logging.getLogger(__name__)
+
+MAX_ATTEMPTS = 3  # claims of one step that ended in a crash before its session fails (`storage-and-queue.md`)
+
+
+class DeliveryFailed(Exception):
+    """Delivering one inbox row raised: the row is set aside so the thread does not fail on it forever."""
+
+    def __init__(self, inbox_id: int, reason: str) -> None:
+        super().__init__(reason)
+        self.inbox_id = inbox_id
+        self.reason = reason
+
+
+async def deliver(
+    session: AsyncSession,
+    thread: tables.Thread,
+    agent: AgentDefinition,
+    *,
+    mid_turn: bool,
+    catalog: Catalog,
+    fernet: Fernet,
+    context_: dict[str, Any],
+) -> str | None:
+    """Move the inbox into history; between turns, return the side the input makes act (§2)."""
+    acting: str | None = None
+    first: int | None = None
+    hook_runner = await hooks.prepare(catalog, fernet, session, thread, thread.side or "a", context=context_)
+    for row in await queue.take_inbox(session, thread.id):
+        try:
+            if row.kind == queue.Kind.MESSAGE:
+                p = await hook_runner.before_delivery(row.payload)
+                msg = await messages.add(
+                    session,
+                    thread.id,
+                    p["role"],
+                    id=uuid.UUID(p["id"]),
+                    content=p.get("content"),
+                    silent=bool(p.get("silent")),
+                    metadata_=p.get("metadata") or {},
+                    attachments=p.get("attachments") or [],
+                    subagent_id=_uuid((p.get("metadata") or {}).get("subagent_id")),
+                    session_number=thread.session_number,
+                )
+                await hook_runner.after_create_message(msg)
+                first = msg.position if first is None else first
+                thread.last_message_at = msg.created_at
+                if p["role"] == "user":
+                    acting = "a"
+                elif p["role"] == "assistant":
+                    acting = "b" if agent.type == "dual_ai" else None
+            elif row.kind == queue.Kind.CONTINUE:
+                acting = row.payload.get("side", "a")
+            elif row.kind == queue.Kind.SPAWN:  # a new thread's immediate subagents of side A (§6.6)
+                side_a = catalog.prompts[agent.side_a.prompt]
+                env = await context.load_env(session, fernet, catalog, thread, side_a)
+                await subagents.spawn_immediate(session, catalog, fernet, thread, "a", side_a, env)
+            elif row.kind == queue.Kind.CHILD_RESULT:  # a blocking subagent call is answered (§6.4)
+                await _answer(session, thread, row.payload)
+            elif row.kind == queue.Kind.TOOL:  # `state.queue_tool` outside a tool call (§7.4)
+                msg = await deliver_tool(session, thread, row.payload)
+                first = msg.position if first is None else first
+                acting = msg.side
+        except Exception as exc:  # poison input: set aside by the engine, never retried forever
+            if errors.Contention.of(exc) or errors.Unavailable.of(exc):
+                raise  # the database's trouble, not the input's: the engine hands the execution back
+            reason = f"input {row.kind} could not be delivered: {type(exc).__name__}: {exc}"
+            raise DeliveryFailed(row.id, reason) from exc
+    if mid_turn or acting is None:
+        return None
+    thread.turn_start = first if first is not None else await turns.next_position(session, thread.id)
+    return acting
+
+
+async def set_aside_all(session: AsyncSession, thread: tables.Thread) -> None:
+    """Every waiting input, kept but never delivered: one of them kills the process that delivers it."""
+    reason = f"set aside: the thread's worker died {MAX_ATTEMPTS + 1} times in a row while this input waited"
+    for row in await queue.set_aside_all(session, thread.id, reason):
+        await events.append(session, thread.id, "error", {"code": "input_set_aside", "message": reason})
+        log.warning("thread %s: input %d set aside after repeated crashes", thread.id, row.id)
+
+
+def _uuid(value: Any) -> uuid.UUID | None:
+    try:
+        return uuid.UUID(str(value)) if value else None
+    except ValueError:
+        return None
+
+
+async def _answer(session: AsyncSession, thread: tables.Thread, payload: dict[str, Any]) -> None:
+    """Store a blocking subagent's result as the answer of the call it kept open (unless a stop answered it)."""
+    answered = await session.execute(
+        select(tables.Message.id).where(
+            tables.Message.thread_id == thread.id, tables.Message.tool_call_id == payload["call_id"]
+        )
+    )
+    if answered.first() is not None:
+        return
+    await messages.add(
+        session,
+        thread.id,
+        "tool",
+        side=thread.side or "a",
+        name=payload.get("name"),
+        tool_call_id=payload["call_id"],
+        content=payload["content"],
+        tool_status=payload["status"],
+        attachments=payload.get("attachments") or [],
+        subagent_id=uuid.UUID(payload["child_id"]),
+        session_number=thread.session_number,
+    )
+    data = {"tool": payload.get("name"), "tool_call_id": payload["call_id"], "status": payload["status"]}
+    await events.append(session, thread.id, "tool_completed", data)

@@ -1,0 +1,55 @@
+"""What a step is between its transactions: opened (`Step`), a tool call announced (`Prepared`), or how the run
+ended (`RELEASED`, `OPEN_APART`)."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from app import tables
+from app.engine import context, hooks
+from app.engine.state import RunState
+from app.llm.base import LLMResponse, ToolCall
+from app.spec.definitions import AgentDefinition, SideConfig
+
+
+class Released:
+    """What a step returns when its last transaction also gave the thread back (the turn ended; nothing waits)."""
+
+
+RELEASED = Released()
+
+
+class OpenApart:
+    """What opening a step inside a closing transaction returns when input or effects wait: the close commits, and the
+    step opens in a transaction of its own (effects run first, outside any; a delivery that fails rolls back only
+    that opening)."""
+
+
+OPEN_APART = OpenApart()
+
+
+@dataclass
+class Prepared:
+    """A tool call announced (`tool_started`) in a transaction, with the state and hooks it runs with."""
+
+    state: RunState
+    hooks: hooks.Hooks
+
+
+@dataclass
+class Step:
+    """What the opening transaction of a step decided."""
+
+    side: str
+    number: int
+    message_id: uuid.UUID | None = None  # the pending assistant message an LLM call streams into
+    request: Any = None
+    calls: list[ToolCall] = field(default_factory=list)  # tool calls still to run
+    response: LLMResponse | None = None
+    env: context.Env | None = None
+    config: SideConfig | None = None  # the acting side's config, for its session tool bindings
+    agent: AgentDefinition | None = None  # the thread's agent as the step began (a handoff switches it, §7.3)
+    made: int | None = None  # requests made to the model before this step's, counted when its first was announced
+    message: tables.Message | None = None  # that pending message as the opening transaction committed it

@@ -1,0 +1,128 @@
+"""Turns and sessions: who acts, where a turn starts, what a crash left unfinished, how a turn ends (`semantics.md`
+§1–§5)."""
+
+from __future__ import annotations
+
+import uuid
+
+from sqlalchemy import func, select
+from sqlalchemy import inspect as sa_inspect
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from app import events, messages, tables, threads
+from app import subagents as child_registry
+from app.engine import stops, tools
+from app.llm.base import ToolCall
+from app.spec.definitions import AgentDefinition, SideConfig
+
+
+def start(thread: tables.Thread, acting: str) -> None:
+    """Begin the acting side's turn, and a new session if none is running."""
+    if thread.session_number == 0 or thread.session_status != "running":
+        thread.session_number += 1
+        thread.session_turns = 0
+        thread.session_steps = 0
+        thread.session_status = "running"
+        thread.session_reason = None
+        thread.session_result = None
+    thread.side = acting
+    thread.turn_steps = 0
+
+
+async def after(session: AsyncSession, thread: tables.Thread, agent: AgentDefinition, side: str) -> bool:
+    """`ai_human`: wait for the human. `dual_ai`: the other side acts next, in this execution."""
+    if agent.type == "dual_ai":
+        start(thread, "b" if side == "a" else "a")
+        thread.turn_start = await answered_position(session, thread.id, side)
+        return True
+    thread.side = None
+    await threads.set_status(session, thread, "idle")
+    return False
+
+
+async def end_session(session: AsyncSession, thread: tables.Thread, verdict: stops.Verdict) -> None:
+    assert verdict.status is not None and verdict.reason is not None
+    await threads.end_session(session, thread, verdict.status, verdict.reason, verdict.result)
+    await threads.set_status(session, thread, "idle")
+    await child_registry.report(session, thread)  # a child hands its result to its parent in this transaction
+
+
+async def report_status(
+    session: AsyncSession, thread: tables.Thread, side: SideConfig, outcomes: list[tools.Outcome]
+) -> None:
+    """A successful `sessionStatus` call sets the thread's status text; it never stops anything (§5)."""
+    binding = side.binding("status")
+    for outcome in outcomes:
+        if binding is None or outcome.call["function"]["name"] != binding.name:
+            continue
+        if outcome.result.status == "success":
+            thread.status_text = stops.payload(binding, outcome)["content"]
+            await events.append(
+                session, thread.id, "thread_status", {"status": thread.status, "status_text": thread.status_text}
+            )
+
+
+async def answered_position(session: AsyncSession, thread_id: uuid.UUID, side: str) -> int:
+    """Where the next turn starts: the ending side's last message, the input the other side answers (§1)."""
+    value = await session.execute(
+        select(func.max(tables.Message.position)).where(
+            tables.Message.thread_id == thread_id,
+            tables.Message.side == side,
+            tables.Message.role != "tool",
+            tables.Message.depth == 0,
+        )
+    )
+    found = value.scalar_one_or_none()
+    return int(found) if found is not None else await next_position(session, thread_id)
+
+
+async def next_position(session: AsyncSession, thread_id: uuid.UUID) -> int:
+    """A position after every message of the thread (a turn that starts without new input)."""
+    value = await session.execute(
+        select(func.coalesce(func.max(tables.Message.position), 0) + 1).where(tables.Message.thread_id == thread_id)
+    )
+    return int(value.scalar_one())
+
+
+async def in_progress(session: AsyncSession, thread: tables.Thread) -> bool:
+    """Whether a turn was left unfinished: a step opened in it, or open work (a pending message, unanswered tool
+    calls) waits in it. Read from what is stored, never from what delivering new input would change."""
+    if thread.session_status != "running" or thread.side is None:
+        return False
+    if thread.turn_steps > 0 or thread.step_open:
+        return True
+    rows = await messages.history(session, thread.id, session_number=thread.session_number)
+    return open_work(rows, thread.side, thread.turn_start or 0, step_open=False)[0] is not None
+
+
+def open_work(
+    rows: list[tables.Message], side: str, turn_start: int, step_open: bool
+) -> tuple[tables.Message | None, list[ToolCall]]:
+    """The acting side's unfinished step in this turn: a `pending` message (its call was interrupted), or a message
+    whose tool calls are not all answered (with those calls), or — while the step's stops are not evaluated yet —
+    the last one that made calls. Input delivered after it (mid-turn messages) does not hide it."""
+    answered = {r.tool_call_id for r in rows if r.role == "tool"}
+    calling: tables.Message | None = None
+    for row in reversed(rows):
+        if row.role == "tool" or row.side != side or row.depth != 0 or row.position < turn_start:
+            continue
+        if row.status == "pending":
+            return row, []
+        if row.status == "completed" and row.tool_calls:
+            missing = [c for c in row.tool_calls if c["id"] not in answered]
+            if missing:
+                return row, missing
+            calling = calling or row
+    return (calling, []) if step_open and calling is not None else (None, [])
+
+
+def attach_committed(session: AsyncSession, row: tables.Message | None) -> tables.Message | None:
+    """A row committed by an earlier transaction of this execution, added to `session` as it was committed (nobody
+    else writes the thread's messages while the lease holds), or None when it is not usable as it is."""
+    if row is None:
+        return None
+    state = sa_inspect(row)
+    if not state.detached or state.expired_attributes:  # still in another session, or rolled back since
+        return None
+    session.add(row)
+    return row
