@@ -1,4 +1,4 @@
-"""The history an execution keeps between its steps (`app/engine/history.py`), on real Postgres."""
+"""The history a worker keeps between steps and executions (`app/engine/history.py`), on real Postgres."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app import keys, messages, tables, threads
-from app.engine.history import History
+from app.engine.history import Histories, History
 from app.spec import define_agent
 
 AGENT = define_agent(name="a", side_a={"prompt": "p"})
@@ -80,3 +80,29 @@ async def test_a_write_under_another_revision_sequence_value_is_never_missed(
         await s.execute(text("SELECT nextval('message_revs')"))
         await messages.add(s, tid, "user", content="m1")
     assert await _read(sessions, held, tid) == ["m0", "m1"]
+
+
+def _held(histories: Histories, thread_id: uuid.UUID, n: int) -> History:
+    """The thread's kept history with `n` (unsaved) messages in it."""
+    held = histories.of(thread_id)
+    for i in range(len(held), n):
+        held._put(tables.Message(id=uuid.uuid4(), position=i, role="user", status="completed", attachments=[]))
+    return held
+
+
+def test_a_worker_keeps_histories_within_a_budget_of_messages_least_recently_used_first() -> None:
+    histories = Histories(budget=10)
+    a, b, c = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+    kept_a = _held(histories, a, 4)
+    histories.trim(a)
+    _held(histories, b, 4)
+    histories.trim(b)
+    assert histories.of(a) is kept_a  # within the budget: kept, and now the most recently used
+    _held(histories, c, 5)
+    histories.trim(c)  # 13 > 10: b, the least recently used, goes
+    assert len(histories.of(a)) == 4 and len(histories.of(b)) == 0
+    histories.drop(a)
+    assert len(histories.of(a)) == 0
+    huge = _held(histories, b, 50)
+    histories.trim(b)  # alone over the budget: the most recent one is kept
+    assert histories.of(b) is huge

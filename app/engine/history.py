@@ -120,10 +120,13 @@ class History:
 
 
 class Histories:
-    """The histories a worker keeps, by thread; beyond `budget` messages in all, the least recently used go."""
+    """The histories a worker keeps, by thread; beyond `budget` messages in all, the least recently used go. Sizes
+    are counted when an execution ends (`trim`), so keeping account costs nothing per step."""
 
     def __init__(self, budget: int = HELD_ROWS) -> None:
         self._held: OrderedDict[uuid.UUID, History] = OrderedDict()
+        self._sizes: dict[uuid.UUID, int] = {}  # each history's size when last counted
+        self._total = 0  # their sum
         self._budget = budget
 
     def of(self, thread_id: uuid.UUID) -> History:
@@ -135,10 +138,15 @@ class Histories:
     def drop(self, thread_id: uuid.UUID) -> None:
         """Forget a thread's history (what it read may hold writes that were rolled back)."""
         self._held.pop(thread_id, None)
+        self._total -= self._sizes.pop(thread_id, 0)
 
-    def trim(self) -> None:
-        """Drop the least recently used histories while more than `budget` messages are held (one is always kept)."""
-        total = sum(len(h) for h in self._held.values())
-        while total > self._budget and len(self._held) > 1:
-            _, oldest = self._held.popitem(last=False)
-            total -= len(oldest)
+    def trim(self, thread_id: uuid.UUID) -> None:
+        """Count the thread's history (its execution ended), then drop the least recently used histories while more
+        than `budget` messages are held (the most recent one is always kept)."""
+        held = self._held.get(thread_id)
+        if held is not None:
+            self._total += len(held) - self._sizes.get(thread_id, 0)
+            self._sizes[thread_id] = len(held)
+        while self._total > self._budget and len(self._held) > 1:
+            oldest, _ = self._held.popitem(last=False)
+            self._total -= self._sizes.pop(oldest, 0)

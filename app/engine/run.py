@@ -119,7 +119,7 @@ class Engine:
             log.warning("the database is unreachable; thread %s is left to its lease", claim.thread_id)
         finally:
             self._contexts.pop(claim.token, None)
-            self._histories.trim()
+            self._histories.trim(claim.thread_id)
 
     async def _run_all(self, claim: queue.Claim) -> bool:
         """Run; an input whose delivery fails is set aside (kept, marked, reported) and the rest goes on without it.
