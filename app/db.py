@@ -256,6 +256,11 @@ async def update(session: AsyncSession, row: Any, keys: tuple[str, ...]) -> None
     found.written(session)
 
 
+def settle(session: AsyncSession, row: Any) -> None:
+    """Mark `row` unmodified if every change it holds was written (its columns set as committed)."""
+    _settled(session, sa_inspect(row))
+
+
 def _settled(session: AsyncSession, state: Any) -> None:
     """Mark a row whose changes are all written as unmodified: the unit of work would otherwise still visit it at
     the next flush (every commit flushes) to find nothing to write."""

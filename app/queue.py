@@ -20,7 +20,9 @@ from typing import Any
 
 import asyncpg
 from sqlalchemy import delete, func, select, text, update
+from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm.attributes import set_committed_value
 
 from app import db, errors, tables
 
@@ -290,32 +292,57 @@ _LOCK_HELD = "SELECT 1 FROM threads WHERE id = $1 AND lease_token = $2 FOR NO KE
 _RELEASE = """
     WITH dropped AS (DELETE FROM leases WHERE thread_id = $1 AND token = $2)
     UPDATE threads SET lease_token = NULL, lease_owner = NULL,
-           attempt = CASE WHEN $4 THEN greatest(attempt - 1, 0) ELSE 0 END,
+           attempt = CASE WHEN $4 THEN greatest(coalesce(CAST($6 AS integer), attempt) - 1, 0) ELSE 0 END,
            runnable_since = CASE
                WHEN $3 OR EXISTS (
                    SELECT 1 FROM inbox WHERE inbox.thread_id = threads.id AND inbox.set_aside_at IS NULL
                )
-               THEN coalesce(runnable_since, now()) ELSE NULL END
+               THEN coalesce(runnable_since, now()) ELSE NULL END{sets}
     WHERE id = $1 AND lease_token = $2
-    RETURNING runnable_since, CASE WHEN runnable_since IS NOT NULL THEN pg_notify($5, '') END
+    RETURNING runnable_since, attempt, CASE WHEN runnable_since IS NOT NULL THEN pg_notify($5, '') END
 """
+_RELEASED = ("lease_token", "lease_owner", "attempt", "runnable_since")  # the columns the release itself sets
 
 
 async def release(
-    session: AsyncSession, claim: Claim, *, again: bool = False, keep_attempt: bool = False, fenced: bool = False
+    session: AsyncSession,
+    claim: Claim,
+    *,
+    again: bool = False,
+    keep_attempt: bool = False,
+    fenced: bool = False,
+    row: tables.Thread | None = None,
 ) -> bool:
     """Give the thread back; `again` keeps it runnable, `keep_attempt` refunds this claim (graceful stop). `fenced`:
-    this transaction locked the row already (`fence`), so the decision's statement is after the lock anyway.
+    this transaction locked the row already (`fence`), so the decision's statement is after the lock anyway. `row`:
+    the thread's row as this transaction changed it; its changes go in the same statement.
 
     Returns whether the thread is still runnable (a worker is woken at commit if so).
     """
-    driver = await db.driver(session)
+    driver = await db.driver(session, flush=row is None)
     if not fenced and await driver.fetchrow(_LOCK_HELD, claim.thread_id, claim.token) is None:
         raise errors.LeaseLost()
-    row = await driver.fetchrow(_RELEASE, claim.thread_id, claim.token, again, keep_attempt, WAKEUP_CHANNEL)
-    if row is None:
+    changes, attempt = None, None
+    if row is not None:
+        pending = sa_inspect(row).committed_state
+        attempt = row.attempt if "attempt" in pending else None
+        keys = tuple(sorted(k for k in pending if k not in _RELEASED))
+        changes = db.changes(row, keys, first=7) if keys else None
+    sql = _RELEASE.format(sets=f", {changes.sets}" if changes is not None else "")
+    params = changes.params if changes is not None else []
+    found = await driver.fetchrow(
+        sql, claim.thread_id, claim.token, again, keep_attempt, WAKEUP_CHANNEL, attempt, *params
+    )
+    if found is None:
         raise errors.LeaseLost()
-    return row["runnable_since"] is not None
+    if row is not None:
+        if changes is not None:
+            changes.written(session)
+        for key, value in (("lease_token", None), ("lease_owner", None), ("attempt", found["attempt"])):
+            set_committed_value(row, key, value)
+        set_committed_value(row, "runnable_since", found["runnable_since"])
+        db.settle(session, row)
+    return found["runnable_since"] is not None
 
 
 # STRANDED: threads holding input that nothing will ever run: not leased (or the lease expired), not runnable, and not

@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
-from app import db, errors, keys, queue, threads
+from app import db, errors, keys, queue, tables, threads
 from app.heartbeat import Heartbeat
 from app.settings import plain_url
 from app.spec import define_agent
@@ -100,6 +100,26 @@ async def test_release_clears_runnable_unless_input_waits(sessions: async_sessio
         assert await queue.release(s, claim2) is True
     again = await _claim(sessions)
     assert again is not None and again.thread_id == claim2.thread_id
+
+
+@pytest.mark.parametrize("keep_attempt", [False, True])
+async def test_a_release_writes_the_rows_changes_in_its_own_statement(
+    sessions: async_sessionmaker[AsyncSession], keep_attempt: bool
+) -> None:
+    [tid] = await _runnable(sessions, 1)
+    claim = await _claim(sessions)
+    assert claim is not None
+    async with sessions() as s, s.begin():
+        thread = await queue.fence(s, claim)
+        await queue.take_inbox(s, tid)
+        thread.status, thread.attempt, thread.session_result = "idle", 3, {"done": True}
+        assert await queue.release(s, claim, fenced=True, keep_attempt=keep_attempt, row=thread) is False
+        assert not s.dirty  # nothing left for the commit's flush
+        assert (thread.attempt, thread.lease_token, thread.runnable_since) == (2 if keep_attempt else 0, None, None)
+    async with sessions() as s:
+        stored = await s.get_one(tables.Thread, tid)
+        assert (stored.status, stored.session_result) == ("idle", {"done": True})
+        assert (stored.attempt, stored.lease_token, stored.lease_owner) == (2 if keep_attempt else 0, None, None)
 
 
 async def test_expired_lease_is_claimable_and_fences_the_old_holder(

@@ -317,11 +317,11 @@ class Engine:
             if verdict.ends == "nothing":
                 if await turns.after(session, thread, agent, step.side):
                     return await self._open_in(session, thread, first=False, merged=True)
-                await queue.release(session, claim, fenced=True)
+                await queue.release(session, claim, fenced=True, row=thread)
                 return RELEASED
         if verdict.ends == "session":
             await turns.end_session(session, thread, verdict)
-            await queue.release(session, claim, fenced=True)
+            await queue.release(session, claim, fenced=True, row=thread)
             return RELEASED
         return await self._open_in(session, thread, first=False, merged=True)
 
