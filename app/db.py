@@ -124,6 +124,8 @@ async def driver(session: AsyncSession, *, flush: bool = True) -> Driver:
         await write(session)
     held = session.info.get(_DRIVER)
     if held is not None and held[0] is sync.get_transaction():  # the same transaction: the same connection
+        if sync.in_nested_transaction():
+            await session.connection()  # SQLAlchemy emits a savepoint lazily: before this statement, not after
         found: Driver = held[1]
         return found
     connection = await session.connection()
@@ -263,8 +265,9 @@ def settle(session: AsyncSession, row: Any) -> None:
 
 def _settled(session: AsyncSession, state: Any) -> None:
     """Mark a row whose changes are all written as unmodified: the unit of work would otherwise still visit it at
-    the next flush (every commit flushes) to find nothing to write."""
-    if state.modified and not state.committed_state:
+    the next flush (every commit flushes) to find nothing to write. Not inside a savepoint: one that rolls back
+    expires the rows it modified, and this one must be among them (its values would outlive the rollback)."""
+    if state.modified and not state.committed_state and not session.in_nested_transaction():
         state._commit_all(state.dict, session.sync_session.identity_map)
 
 

@@ -132,6 +132,7 @@ class Worker:
                 self._more = self._notices != heard
 
     async def _execute(self, claim: queue.Claim) -> None:
+        heard = self._notices
         try:
             await self._engine.execute(claim)
         except (Exception, errors.Aborted):
@@ -139,6 +140,10 @@ class Worker:
         finally:
             if self._running.get(claim.thread_id, (None,))[0] == claim:
                 del self._running[claim.thread_id]
+            # a notice while it ran may be its own release (runnable again), which any claim made meanwhile skipped
+            # as still running: claim again
+            if self._notices != heard:
+                self._more = True
             if self._more:
                 self._wake.set()  # a slot is free, and something may be waiting for one
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 
 import pytest
@@ -85,3 +86,22 @@ async def test_a_driver_error_is_a_dbapi_error_the_engine_can_classify(
         assert not errors.Unavailable.of(caught.value) and not errors.Contention.of(caught.value)
     async with sessions() as s, s.begin():  # the session's connection went back to the pool clean
         assert len(await messages.history(s, tid)) == 1
+
+
+async def test_a_row_written_in_a_savepoint_that_rolls_back_shows_what_is_stored(
+    sessions: async_sessionmaker[AsyncSession],
+) -> None:
+    """A row written in plain SQL inside a savepoint stays marked modified, so the savepoint's rollback expires it
+    like any row it changed: its rolled-back values are not used."""
+    tid = await _thread(sessions)
+    async with sessions() as s, s.begin():
+        row = await messages.add(s, tid, "assistant", status="pending")
+        with contextlib.suppress(RuntimeError):
+            async with s.begin_nested():
+                await messages.save(s, row, status="completed", content="rolled back")
+                raise RuntimeError
+        assert {"status", "content"} <= sa_inspect(row).unloaded  # expired: read again before use
+        await s.refresh(row)
+        assert (row.status, row.content) == ("pending", None)
+        await messages.save(s, row, status="completed", content="kept")
+        assert not s.dirty  # outside a savepoint a written row is settled

@@ -131,7 +131,9 @@ class Histories:
 
     def of(self, thread_id: uuid.UUID) -> History:
         """The thread's history, kept or new; now the most recently used."""
-        held = self._held.pop(thread_id, None) or History()
+        held = self._held.pop(thread_id, None)
+        if held is None:
+            held = History()
         self._held[thread_id] = held
         return held
 
