@@ -338,9 +338,9 @@ async def release(
     if row is not None:
         if changes is not None:
             changes.written(session)
-        for key, value in (("lease_token", None), ("lease_owner", None), ("attempt", found["attempt"])):
+        released = {"lease_token": None, "lease_owner": None, **{k: found[k] for k in ("attempt", "runnable_since")}}
+        for key, value in released.items():
             set_committed_value(row, key, value)
-        set_committed_value(row, "runnable_since", found["runnable_since"])
         db.settle(session, row)
     return found["runnable_since"] is not None
 

@@ -562,17 +562,9 @@ async def test_children_are_read_only_for_a_thread_that_has_had_one(sessions: as
     """The engine reads a thread's children at every step only if it ever had one: any child's insert, whatever
     code makes it, marks its parent (a trigger); `subagents.create` marks the parent it holds too."""
     agent = define_agent(name="a", side_a={"prompt": "p"})
-    async with sessions() as s, s.begin():
-        parent = await threads.create(s, agent, keys.OPEN)
-        assert not parent.has_children and await subagents.children_of(s, parent) == []
-        child = tables.Thread(id=uuid.uuid4(), agent="a", type="ai_human", parent_id=parent.id, user_id=parent.user_id)
-        s.add(child)
-        await s.flush()
-    async with sessions() as s:
-        parent = await threads.lock(s, parent.id)
-        assert parent.has_children
-        assert [c.id for c in await subagents.children_of(s, parent)] == [child.id]
-        second = await subagents.create(
+
+    async def spawn(s: AsyncSession, parent: tables.Thread) -> tables.Thread:
+        return await subagents.create(
             s,
             parent,
             agent="a",
@@ -586,20 +578,19 @@ async def test_children_are_read_only_for_a_thread_that_has_had_one(sessions: as
             parent_communication="implicit",
             terminal=False,
         )
+
+    async with sessions() as s, s.begin():
+        parent = await threads.create(s, agent, keys.OPEN)
+        assert not parent.has_children and await subagents.children_of(s, parent) == []
+        child = tables.Thread(id=uuid.uuid4(), agent="a", type="ai_human", parent_id=parent.id, user_id=parent.user_id)
+        s.add(child)
+        await s.flush()
+    async with sessions() as s:
+        parent = await threads.lock(s, parent.id)
+        assert parent.has_children
+        assert [c.id for c in await subagents.children_of(s, parent)] == [child.id]
+        second = await spawn(s, parent)
         fresh = await threads.create(s, agent, keys.OPEN)
-        third = await subagents.create(
-            s,
-            fresh,
-            agent="a",
-            agent_type="ai_human",
-            owner_side="a",
-            title=None,
-            description=None,
-            resumable=False,
-            blocking=True,
-            receives_messages=None,
-            parent_communication="implicit",
-            terminal=False,
-        )
+        third = await spawn(s, fresh)
         assert fresh.has_children and [c.id for c in await subagents.children_of(s, fresh)] == [third.id]
         assert len(await subagents.children_of(s, parent)) == 2 and second.parent_id == parent.id
