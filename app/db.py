@@ -29,6 +29,17 @@ log = logging.getLogger(__name__)
 MIGRATIONS = Path(__file__).resolve().parent.parent / "migrations"
 MIGRATION_LOCK = 7_316_001  # pg_advisory_xact_lock key: replicas never migrate at once
 
+# Every connection plans a prepared statement once and reuses the plan. Postgres' default re-plans each of the
+# first five executions per connection, and for good whenever a plan for the given values looks cheaper: the hot
+# path's statements are key lookups where that never pays, and planning was most of their server-side cost
+# (bench/README.md, "plans").
+SERVER_SETTINGS = {"plan_cache_mode": "force_generic_plan"}
+
+
+async def connect(dsn: str, connect_timeout: float) -> asyncpg.Connection:
+    """A raw asyncpg connection (LISTEN, claims, heartbeats, live deltas) with the engine's server settings."""
+    return await asyncpg.connect(dsn, timeout=connect_timeout, server_settings=SERVER_SETTINGS)
+
 
 def create_engine(url: str, pool_size: int = 10, max_overflow: int | None = None) -> AsyncEngine:
     """An asyncpg engine; JSONB values go through the standard json module.
@@ -40,7 +51,10 @@ def create_engine(url: str, pool_size: int = 10, max_overflow: int | None = None
     engine (`errors.Unavailable`) or the API (503) handles that one failure.
     """
     engine = create_async_engine(
-        url, pool_size=pool_size, max_overflow=pool_size if max_overflow is None else max_overflow
+        url,
+        pool_size=pool_size,
+        max_overflow=pool_size if max_overflow is None else max_overflow,
+        connect_args={"server_settings": SERVER_SETTINGS},
     )
     event.listen(engine.sync_engine, "checkout", _closed_is_disconnected)
     return engine
@@ -48,10 +62,10 @@ def create_engine(url: str, pool_size: int = 10, max_overflow: int | None = None
 
 def worker_pool(worker_concurrency: int) -> tuple[int, int]:
     """Pool size and overflow for a worker: one connection per running execution at most (none holds two), plus
-    the claim loop and the timers; half of it kept open, the rest opened under load."""
-    needed = worker_concurrency + 4
-    kept = min(needed, max(10, needed // 2))
-    return kept, needed - kept
+    the claim loop and the timers. All of them stay open once opened: an overflow connection is closed when it
+    goes back, and under load that meant a new connection (a Postgres backend, every statement prepared again)
+    several times a second."""
+    return worker_concurrency + 4, 0
 
 
 def _closed_is_disconnected(dbapi_connection: Any, record: Any, proxy: Any) -> None:

@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import asyncpg
 
-from app import queue
+from app import db, queue
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +97,7 @@ class Heartbeat:
                     log.warning("the worker's event loop has not run for %.1f s; its leases are kept alive", stalled)
                 claims = self._claims()
                 try:
-                    conn = conn or await asyncpg.connect(self._url, timeout=interval)
+                    conn = conn or await db.connect(self._url, connect_timeout=interval)
                     async with asyncio.timeout(interval):
                         lost = await queue.heartbeat(conn, claims, self._lease, lock_timeout=interval / 2)
                 except Exception as exc:

@@ -151,7 +151,7 @@ class Hub:
         self._watcher = asyncio.create_task(self._watch(), name="hub-listener")
 
     async def _listen(self) -> None:
-        self._conn = await asyncpg.connect(self._dsn, timeout=10)
+        self._conn = await db.connect(self._dsn, connect_timeout=10)
         await self._conn.add_listener(CHANNEL, self._on_notify)
 
     async def _watch(self) -> None:
@@ -304,7 +304,7 @@ class Publisher:
         async with self._lock:
             try:
                 if self._conn is None or self._conn.is_closed():
-                    self._conn = await asyncpg.connect(self._dsn, timeout=5)
+                    self._conn = await db.connect(self._dsn, connect_timeout=5)
                 for piece in pieces:
                     body = {
                         "thread_id": str(thread_id),

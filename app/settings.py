@@ -33,7 +33,7 @@ class Settings(BaseSettings):
         default=DEFAULT_TOOL_TIMEOUT, gt=0, description="seconds a tool call may run (a tool's own `timeout` wins)"
     )
     max_session_steps: int = Field(default=250, ge=1)
-    db_pool_size: int = Field(default=10, ge=1)
+    db_pool_size: int = Field(default=20, ge=1)
     migrate_on_start: bool = True
     sse_buffer: int = Field(default=1000, ge=1, description="live events a stream may lag before it is cut off")
     max_body_bytes: int = Field(default=10 * 1024 * 1024, ge=1024, description="largest request body accepted")

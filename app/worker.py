@@ -20,7 +20,7 @@ import asyncpg
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
-from app import blobs, effects, errors, events, lifecycle, queue
+from app import blobs, db, effects, errors, events, lifecycle, queue
 from app.engine.run import Engine
 from app.heartbeat import Heartbeat
 from app.settings import Settings, plain_url
@@ -99,7 +99,7 @@ class Worker:
         assert self._settings.database_url is not None
         if listener is not None:
             log.info("listener connection lost; reconnecting")
-        conn = await asyncpg.connect(plain_url(self._settings.database_url), timeout=10)
+        conn = await db.connect(plain_url(self._settings.database_url), connect_timeout=10)
         await conn.add_listener(queue.WAKEUP_CHANNEL, lambda *_: self._notified())
         await conn.add_listener(lifecycle.CONTROL_CHANNEL, lambda *args: self._abandon(args[3]))
         return conn
@@ -109,7 +109,7 @@ class Worker:
         if claimer is not None and not claimer.is_closed():
             return claimer
         assert self._settings.database_url is not None
-        return await asyncpg.connect(plain_url(self._settings.database_url), timeout=10)
+        return await db.connect(plain_url(self._settings.database_url), connect_timeout=10)
 
     def _notified(self) -> None:
         self._notices += 1

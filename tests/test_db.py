@@ -7,11 +7,12 @@ import uuid
 
 import pytest
 from sqlalchemy import inspect as sa_inspect
-from sqlalchemy import select
+from sqlalchemy import select, text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app import db, errors, keys, messages, tables, threads
+from app.settings import plain_url
 from app.spec import define_agent
 
 AGENT = define_agent(name="a", side_a={"prompt": "p"})
@@ -105,3 +106,16 @@ async def test_a_row_written_in_a_savepoint_that_rolls_back_shows_what_is_stored
         assert (row.status, row.content) == ("pending", None)
         await messages.save(s, row, status="completed", content="kept")
         assert not s.dirty  # outside a savepoint a written row is settled
+
+
+async def test_every_connection_plans_a_statement_once_and_a_worker_pool_keeps_its_connections(
+    sessions: async_sessionmaker[AsyncSession], database_url: str
+) -> None:
+    async with sessions() as s:
+        assert (await s.execute(text("SHOW plan_cache_mode"))).scalar_one() == "force_generic_plan"
+    raw = await db.connect(plain_url(database_url), connect_timeout=10)
+    try:
+        assert await raw.fetchval("SHOW plan_cache_mode") == "force_generic_plan"
+    finally:
+        await raw.close()
+    assert db.worker_pool(50) == (54, 0)  # an overflow connection would be closed on return, and opened again

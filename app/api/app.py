@@ -37,7 +37,7 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        engine: AsyncEngine = db.create_engine(url, settings.db_pool_size)
+        engine: AsyncEngine = db.create_engine(url, settings.db_pool_size, 0)  # all kept open once opened
         sessions = db.sessionmaker(engine)
         hub = Hub(plain_url(url), settings.sse_buffer, sessions)
         await hub.start()
