@@ -178,12 +178,13 @@ async def write(session: AsyncSession) -> None:
         await update(session, row, keys)
 
 
-_INSERTS: dict[tuple[type, tuple[str, ...]], tuple[str, list[tuple[str, bool]], list[tuple[str, str]]]] = {}
+_INSERTS: dict[tuple[type, tuple[str, ...]], tuple[str, str, list[tuple[str, bool]], list[tuple[str, str]]]] = {}
 
 
-def _insert_of(cls: type, given: tuple[str, ...]) -> tuple[str, list[tuple[str, bool]], list[tuple[str, str]]]:
-    """The INSERT of a mapped class's `given` attributes, returning every other column (its server defaults); with
-    each given attribute and whether it is JSON (sent as text, as SQLAlchemy sends it), and what is read back."""
+def _insert_of(cls: type, given: tuple[str, ...]) -> tuple[str, str, list[tuple[str, bool]], list[tuple[str, str]]]:
+    """The INSERT of a mapped class's `given` attributes, and its RETURNING clause of every other column (its server
+    defaults); with each given attribute and whether it is JSON (sent as text, as SQLAlchemy sends it), and what is
+    read back."""
     mapper: Any = sa_inspect(cls)
     columns = {a.key: a.columns[0] for a in mapper.column_attrs}
     params = [(key, isinstance(columns[key].type, JSON)) for key in given]
@@ -191,26 +192,37 @@ def _insert_of(cls: type, given: tuple[str, ...]) -> tuple[str, list[tuple[str, 
     names = ", ".join(f'"{columns[key].name}"' for key in given)
     values = ", ".join(f"CAST(${i} AS jsonb)" if is_json else f"${i}" for i, (_, is_json) in enumerate(params, 1))
     returning = " RETURNING " + ", ".join(f'"{name}"' for _, name in back) if back else ""
-    sql = f"INSERT INTO {mapper.local_table.name} ({names}) VALUES ({values}){returning}"  # noqa: S608 -- names of the mapped table
-    return sql, params, back
+    sql = f"INSERT INTO {mapper.local_table.name} ({names}) VALUES ({values})"  # noqa: S608 -- names of the mapped table
+    return sql, returning, params, back
 
 
-async def insert(session: AsyncSession, row: Any) -> None:
-    """Insert a new ORM object in one prepared statement and add it to `session` as persistent, its server defaults
-    read back: what `session.add` + `flush` does, without the unit of work (several times the round trip's cost)."""
+def _shape(row: Any) -> tuple[str, str, list[tuple[str, bool]], list[tuple[str, str]]]:
     cls = type(row)
     given = tuple(sorted(key for key in row.__dict__ if not key.startswith("_")))
     shape = _INSERTS.get((cls, given))
     if shape is None:
         shape = _INSERTS[(cls, given)] = _insert_of(cls, given)
-    sql, params, back = shape
+    return shape
+
+
+async def insert(session: AsyncSession, row: Any) -> None:
+    """Insert a new ORM object in one prepared statement and add it to `session` as persistent, its server defaults
+    read back: what `session.add` + `flush` does, without the unit of work (several times the round trip's cost)."""
+    sql, returning, params, back = _shape(row)
     values = [json.dumps(row.__dict__[key]) if json_ else row.__dict__[key] for key, json_ in params]
-    found = await (await driver(session, flush=False)).fetchrow(sql, *values)
+    found = await (await driver(session, flush=False)).fetchrow(sql + returning, *values)
     for key, name in back:
         assert found is not None
         set_committed_value(row, key, found[name])
     make_transient_to_detached(row)
     session.add(row)
+
+
+def insert_statement(row: Any) -> tuple[str, list[Any]]:
+    """The INSERT of a new ORM object (nothing read back) and its parameters, for a caller that sends it with other
+    statements (`events.alongside`); the object itself stays out of any session."""
+    sql, _, params, _ = _shape(row)
+    return sql, [json.dumps(row.__dict__[key]) if json_ else row.__dict__[key] for key, json_ in params]
 
 
 @dataclass(frozen=True)

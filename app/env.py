@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import uuid
+from collections import OrderedDict
 from dataclasses import dataclass
 
 from cryptography.fernet import Fernet
@@ -11,7 +12,7 @@ from sqlalchemy import delete, func, or_, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import crypto, db, errors, tables
+from app import crypto, db, errors, queue, tables
 
 INSTANCE = ""  # the owner of instance-scoped values
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
@@ -104,14 +105,35 @@ _LAYERS = (
 
 
 async def layers(session: AsyncSession, fernet: Fernet, thread_id: uuid.UUID, user_id: str) -> Layers:
-    """The thread's, its owner's and the instance's values in one query, secrets decrypted (for the engine only;
-    read at every step: in plain SQL)."""
+    """The thread's, its owner's and the instance's values in one query, secrets decrypted (for the engine only:
+    every step asks). In a fenced transaction, whose fence read the values' version (`counters.env`, bumped by any
+    write to them in its own transaction), the layers last read at that version are reused instead."""
+    version: int | None = session.info.get(queue.ENV_VERSION)
+    key = (thread_id, user_id)
+    kept = _KEPT.get(key)
+    if version is not None and kept is not None and kept[0] == version:
+        _KEPT.move_to_end(key)
+        return _copy(kept[1])
     rows = await (await db.driver(session)).fetch(_LAYERS, str(thread_id), user_id, INSTANCE)
     found = Layers({}, {}, {})
     for r in rows:
         value = Value(crypto.decrypt(fernet, r["value"]) if r["type"] == "secret" else r["value"], r["type"])
         getattr(found, r["scope"])[r["name"]] = value
+    if version is not None:  # read after the version: at least as new as it (a newer write bumps it past)
+        _KEPT[key] = (version, _copy(found))
+        _KEPT.move_to_end(key)
+        while len(_KEPT) > KEPT:
+            _KEPT.popitem(last=False)
     return found
+
+
+KEPT = 10_000  # threads whose layers a worker keeps (the least recently used go)
+_KEPT: OrderedDict[tuple[uuid.UUID, str], tuple[int, Layers]] = OrderedDict()
+
+
+def _copy(layers: Layers) -> Layers:
+    """Layers of their own (a tool setting a value changes its step's copy)."""
+    return Layers(dict(layers.thread), dict(layers.user), dict(layers.instance))
 
 
 async def set_thread(

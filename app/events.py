@@ -9,6 +9,7 @@ payloads only (`hub.Publisher`).
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -58,6 +59,29 @@ _BATCH = "events.batch"  # `session.info` key of the events held for one thread 
 class _Held:
     thread_id: uuid.UUID
     items: list[tuple[str, str]] = field(default_factory=list)
+    writes: list[tuple[str, list[Any]]] = field(default_factory=list)  # `alongside`
+
+
+_CTES: dict[tuple[tuple[str, ...], int], str] = {}
+_PARAMETER = re.compile(r"[$](\d+)")
+
+
+def _ctes(writes: list[tuple[str, list[Any]]], first: int) -> str:
+    """`writes` as data-modifying CTEs (`w0 AS (...), w1 AS (...)`), their parameters numbered on from `first`;
+    cached, as asyncpg caches the prepared statement by its text."""
+    key = (tuple(w for w, _ in writes), first)
+    found = _CTES.get(key)
+    if found is None:
+        parts, at = [], first
+        for i, (write, args) in enumerate(writes):
+            parts.append(f"w{i} AS ({_renumbered(write, at - 1)})")
+            at += len(args)
+        found = _CTES[key] = ", ".join(parts)
+    return found
+
+
+def _renumbered(sql: str, shift: int) -> str:
+    return _PARAMETER.sub(lambda m: f"${int(m.group(1)) + shift}", sql)
 
 
 def hold(session: AsyncSession, thread_id: uuid.UUID) -> None:
@@ -71,18 +95,44 @@ async def flush(session: AsyncSession, thread: tables.Thread | None = None) -> N
     """Write the events held on `session` (before its commit, and before a savepoint); with the held thread's row,
     its changed columns go in the same statement (the events' UPDATE of that row)."""
     held: _Held | None = session.info.get(_BATCH)
-    if held is None or not held.items:
+    if held is None or not (held.items or held.writes):
         return
     types, datas = [t for t, _ in held.items], [d for _, d in held.items]
-    held.items = []
+    writes, extra = held.writes, [a for _, args in held.writes for a in args]
+    held.items, held.writes = [], []
     driver = await db.driver(session, flush=False)
-    changes = db.changes(thread, first=6) if thread is not None and thread.id == held.thread_id else None
-    if changes is None:
-        await driver.execute(_APPEND_MANY, held.thread_id, len(types), types, datas, CHANNEL)
+    if not types:
+        await _write(driver, writes)
         return
-    sql = _append_many_with(changes.sets)
-    await driver.execute(sql, held.thread_id, len(types), types, datas, CHANNEL, *changes.params)
-    changes.written(session)
+    changes = db.changes(thread, first=6) if thread is not None and thread.id == held.thread_id else None
+    sql, params = (_APPEND_MANY, []) if changes is None else (_append_many_with(changes.sets), changes.params)
+    if writes:  # before the statement's own CTEs, which start it
+        sql = sql.replace("WITH ", f"WITH {_ctes(writes, 6 + len(params))}, ", 1)
+    await driver.execute(sql, held.thread_id, len(types), types, datas, CHANNEL, *params, *extra)
+    if changes is not None:
+        changes.written(session)
+
+
+async def alongside(session: AsyncSession, sql: str, args: list[Any]) -> None:
+    """A write nothing later in the transaction reads (a request's log row): sent in the statement that writes the
+    held events at `flush` (one round trip fewer), or at once when no events are held."""
+    held: _Held | None = session.info.get(_BATCH)
+    if held is None:
+        await (await db.driver(session, flush=False)).execute(sql, *args)
+        return
+    held.writes.append((sql, args))
+
+
+async def write_alongside(session: AsyncSession) -> None:
+    """Send the writes held by `alongside` now, for a statement that reads what they write."""
+    held: _Held | None = session.info.get(_BATCH)
+    if held is not None and held.writes:
+        writes, held.writes = held.writes, []
+        await _write(await db.driver(session, flush=False), writes)
+
+
+async def _write(driver: db.Driver, writes: list[tuple[str, list[Any]]]) -> None:
+    await driver.execute(f"WITH {_ctes(writes, 1)} SELECT 1", *[a for _, args in writes for a in args])
 
 
 @asynccontextmanager

@@ -138,7 +138,7 @@ async def claim(conn: db.Fetcher, owner: str, lease_seconds: float, running: Seq
 # heartbeat could not renew it for a whole lease) is lost too, as another worker may claim it any moment. Built once:
 # SQLAlchemy then reuses its compiled form without deriving a cache key per call.
 _FENCE = """
-    SELECT * FROM threads t
+    SELECT t.*, (SELECT value FROM counters WHERE name = 'env') AS env_version FROM threads t
     WHERE t.id = $1 AND t.lease_token = $2
       AND EXISTS (SELECT 1 FROM leases l WHERE l.thread_id = $1 AND l.token = $2 AND l.expires_at > now())
     FOR NO KEY UPDATE OF t
@@ -152,7 +152,11 @@ async def fence(session: AsyncSession, claim: Claim) -> tables.Thread:
     if found is None:
         raise errors.LeaseLost()
     thread: tables.Thread = db.attach(session, tables.Thread, found)
+    session.info[ENV_VERSION] = found["env_version"]
     return thread
+
+
+ENV_VERSION = "queue.env_version"  # `session.info` key: the env values' version as the fence read it (`env.layers`)
 
 
 # HEARTBEAT: renew every lease this process holds in one statement, run by `app/heartbeat.py` on its own connection.

@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 import pytest
 from pydantic import BaseModel
+from sqlalchemy import text as sql
 
 from app import events
 from app.catalog import Catalog
@@ -262,6 +263,19 @@ async def test_without_include_chat_a_turn_sees_only_itself(app_factory: Any, in
 
 async def _ready(value: bool) -> bool:
     return value
+
+
+async def test_a_turn_of_replies_takes_the_script_in_order(app_factory: Any) -> None:
+    # each step's log row goes with its closing transaction's events, and the next step opens in that transaction:
+    # the script position counts the row before it is sent on its own
+    cat = catalog(["one", "two", "three"], side={"stop_on_response": False, "max_steps": 3})
+    client, tid = await run(app_factory, cat, "go")
+    assert [m["content"] for m in await stored(client, tid) if m["role"] == "assistant"] == ["one", "two", "three"]
+    assert ("turn_ended", {"side": "a", "reason": "max_steps"}) in await event_types(client, tid)
+    app: Any = client._transport.app  # type: ignore[attr-defined]
+    async with app.state.sessions() as session:
+        logged = (await session.execute(sql("SELECT count(*) FROM logs WHERE thread_id = :t"), {"t": tid})).scalar()
+    assert logged == 3
 
 
 async def test_script_position_is_durable_across_workers(app_factory: Any) -> None:

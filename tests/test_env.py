@@ -10,10 +10,12 @@ from typing import Any
 
 import httpx
 import pytest
+from cryptography.fernet import Fernet
 from fastapi import FastAPI
-from sqlalchemy import select
+from sqlalchemy import select, text
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app import events, keys, tables
+from app import env, events, keys, queue, tables, threads
 from app.catalog import Catalog
 from app.spec import ThreadState, define_agent, define_model, define_prompt, define_tool
 from tests.conftest import client_for, wait_for
@@ -277,5 +279,39 @@ async def test_secrets_of_every_level_never_appear(app_factory: Any, caplog: pyt
     assert {"event_type": "debug", "data": {"keys": ["***"] * 3, "***": "as a key too"}} in stored
     texts = [r.text for r in responses] + [repr(stored), repr(values), repr(messages), caplog.text]
     for secret in SECRETS:
-        for text in texts:
-            assert secret not in text
+        for shown in texts:
+            assert secret not in shown
+
+
+async def test_a_worker_keeps_a_threads_layers_until_any_value_changes(
+    sessions: async_sessionmaker[AsyncSession],
+) -> None:
+    """`env.layers` in a fenced transaction reuses what it read at the version the fence saw; any write to the
+    values (a trigger, in the writer's transaction) moves the version on, and the next step reads them again."""
+    fernet = Fernet(Fernet.generate_key())
+    async with sessions() as s, s.begin():
+        tid = (await threads.create(s, define_agent(name="a", side_a={"prompt": "p"}), keys.OPEN)).id
+
+    async def version() -> int:
+        async with sessions() as s:
+            return int((await s.execute(text("SELECT value FROM counters WHERE name = 'env'"))).scalar_one())
+
+    async def layers(at: int | None) -> env.Layers:
+        async with sessions() as s, s.begin():
+            s.info[queue.ENV_VERSION] = at
+            return await env.layers(s, fernet, tid, keys.OPEN.user_id)
+
+    before = await version()
+    assert (await layers(before)).thread == {}
+    async with sessions() as s, s.begin():
+        await env.set_thread(s, fernet, tid, {"X": "1"}, set())
+    after = await version()
+    assert after > before
+    assert (await layers(before)).thread == {}  # kept: read at that version
+    got = await layers(after)
+    assert got.thread == {"X": env.Value("1", "text")}
+    got.thread["X"] = env.Value("changed by a tool", "text")  # a step's own copy
+    assert (await layers(after)).thread == {"X": env.Value("1", "text")}
+    async with sessions() as s, s.begin():
+        await env.delete_thread(s, tid, ["X"])
+    assert await version() > after and (await layers(await version())).thread == {}

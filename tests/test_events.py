@@ -155,3 +155,52 @@ async def test_held_events_carry_the_thread_rows_changes_in_one_statement(
         stored = await s.get_one(tables.Thread, tid)
         assert (stored.status, stored.session_result, stored.event_seq) == ("running", {"n": 1}, 2)
         assert [r.type for r in await events.read(s, tid, 0)] == ["step_started", "llm_request"]
+
+
+async def test_writes_alongside_go_with_the_held_events_or_on_their_own(
+    sessions: async_sessionmaker[AsyncSession],
+) -> None:
+    """`alongside` writes (a request's log row) travel in the events' statement, their parameters numbered after the
+    thread row's changes; `write_alongside` sends them alone for a statement that reads them; unheld, at once."""
+    agent = define_agent(name="a", side_a={"prompt": "p"})
+    async with sessions() as s, s.begin():
+        tid = (await threads.create(s, agent, keys.OPEN)).id
+
+    def log(n: int) -> tables.Log:
+        return tables.Log(
+            id=uuid.uuid4(),
+            thread_id=tid,
+            kind="llm",
+            model=f"m{n}",
+            provider="test",
+            status="success",
+            request={"n": n},
+        )
+
+    async def models(s: AsyncSession) -> list[str]:
+        found = await s.execute(text("SELECT model FROM logs WHERE thread_id = :t ORDER BY model"), {"t": tid})
+        return list(found.scalars())
+
+    async with sessions() as s, s.begin():
+        thread = await threads.get(s, tid, keys.OPEN, lock=True)
+        events.hold(s, tid)
+        await events.alongside(s, *db.insert_statement(log(1)))
+        await events.alongside(s, *db.insert_statement(log(2)))
+        assert await models(s) == []  # held
+        await events.write_alongside(s)
+        assert await models(s) == ["m1", "m2"]
+        await events.alongside(s, *db.insert_statement(log(3)))
+        await events.append(s, tid, "llm_response", {"model": "m3"})
+        thread.status = "running"
+        statements: list[str] = []
+        raw = await db.driver(s, flush=False)
+        raw._conn.add_query_logger(lambda record: statements.append(record.query))
+        await events.flush(s, thread)
+        await asyncio.sleep(0)
+        assert len(statements) == 1 and not s.dirty
+    async with sessions() as s, s.begin():
+        assert await models(s) == ["m1", "m2", "m3"]
+        assert (await s.get_one(tables.Thread, tid)).status == "running"
+        assert [r.type for r in await events.read(s, tid, 0)] == ["llm_response"]
+        await events.alongside(s, *db.insert_statement(log(4)))  # nothing held: written at once
+        assert await models(s) == ["m1", "m2", "m3", "m4"]

@@ -214,7 +214,7 @@ class Caller:
         if made is None:
             async with tx() as (session, _):
                 if before is not None:
-                    await write(session, before)
+                    await write(session, before, counted=True)
                 made = await announce(session, thread_id, definition, attempt.number)
         key = api_key(definition, env, self._process_env)
         secrets = [*env.secrets(), *([key] if key else [])]
@@ -373,12 +373,16 @@ async def announce(session: AsyncSession, thread_id: uuid.UUID, definition: Mode
     return made
 
 
-async def write(session: AsyncSession, result: Result) -> None:
-    """Write a request's record, once: its log row and, for an answer, its `llm_response` event."""
+async def write(session: AsyncSession, result: Result, *, counted: bool = False) -> None:
+    """Write a request's record, once: its log row and, for an answer, its `llm_response` event. The log row goes
+    with the transaction's events (`events.alongside`) unless `counted`: the transaction counts requests made next."""
     row, result.record = result.record, None
     if row is None:
         return
-    await db.insert(session, row)
+    if counted:
+        await db.insert(session, row)
+    else:
+        await events.alongside(session, *db.insert_statement(row))
     if isinstance(result.response, LLMResponse):
         await events.append(
             session,
@@ -398,4 +402,5 @@ _REQUESTS_MADE = "SELECT count(*) FROM logs WHERE thread_id = $1 AND kind = 'llm
 
 async def _requests_made(session: AsyncSession, thread_id: uuid.UUID, model: str) -> int:
     """Requests a thread has made to a model: the `test` provider's durable script position."""
+    await events.write_alongside(session)  # the log row of a step this transaction closed
     return int(await (await db.driver(session, flush=False)).fetchval(_REQUESTS_MADE, thread_id, model))
