@@ -21,7 +21,7 @@ from typing import Any, Protocol
 import asyncpg
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app import db, events
+from app import db, events, keys
 
 log = logging.getLogger(__name__)
 
@@ -145,6 +145,7 @@ class Hub:
         self._pending: set[uuid.UUID] = set()  # keys with announced events not read yet
         self._drainer: asyncio.Task[None] | None = None
         self._watcher: asyncio.Task[None] | None = None
+        self.keyless = keys.Keyless()  # open mode's key count, kept while this connection hears of key changes
 
     async def start(self) -> None:
         await self._listen()
@@ -153,6 +154,12 @@ class Hub:
     async def _listen(self) -> None:
         self._conn = await db.connect(self._dsn, connect_timeout=10)
         await self._conn.add_listener(CHANNEL, self._on_notify)
+        await self._conn.add_listener(keys.CHANNEL, lambda *_: self.keyless.changed())
+        self.keyless.changed()  # whatever changed while nobody listened
+
+    @property
+    def listening(self) -> bool:
+        return self._conn is not None and not self._conn.is_closed()
 
     async def _watch(self) -> None:
         """Open the LISTEN connection again when the database dropped it (a restart). Notifications sent meanwhile

@@ -54,8 +54,32 @@ async def verify(session: AsyncSession, key: str) -> Principal:
     return Principal(user_id=row.user_id, admin=row.admin)
 
 
+CHANNEL = "agents_keys"  # notified by a trigger on any change to `api_keys` (migration 0012)
+
+
+class Keyless:
+    """Open mode's question at each request, "is there still no key?", counted once per change: the answer is kept
+    while the connection that hears of changes (the hub's, listening on `CHANNEL`) stays up. A key created ends
+    open mode as soon as its notification arrives (moments after its commit)."""
+
+    def __init__(self) -> None:
+        self._epoch = 0  # moves on at every notification, and whenever the listener (re)connects
+        self._none_at: int | None = None  # the epoch at which a count found no key
+
+    def changed(self) -> None:
+        self._epoch += 1
+
+    async def none(self, session: AsyncSession, *, listening: bool) -> bool:
+        if listening and self._none_at == self._epoch:
+            return True
+        epoch = self._epoch  # a change heard during the count moves it on: the next request counts again
+        none = await active_count(session) == 0
+        self._none_at = epoch if none and listening else None
+        return none
+
+
 async def active_count(session: AsyncSession) -> int:
-    """Keys not revoked (open mode ends with the first): asked on every request in open mode, so in plain SQL."""
+    """Keys not revoked (open mode ends with the first), in plain SQL."""
     return int(await (await db.driver(session)).fetchval("SELECT count(*) FROM api_keys WHERE revoked_at IS NULL"))
 
 

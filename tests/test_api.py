@@ -232,6 +232,36 @@ async def test_revoked_key_is_refused(app: FastAPI) -> None:
         assert_error(await c.get("/threads"), 401, "unauthorized")
 
 
+async def test_open_mode_counts_keys_once_per_change(app: FastAPI, monkeypatch: pytest.MonkeyPatch) -> None:
+    counted: list[int] = []
+    real = keys.active_count
+
+    async def counting(session: Any) -> int:
+        counted.append(found := await real(session))
+        return found
+
+    monkeypatch.setattr(keys, "active_count", counting)
+    async with client_for(app) as anon:
+        for _ in range(3):
+            assert (await anon.get("/threads")).status_code == 200
+        assert counted == [0]  # counted once: nothing changed since
+        key = await _key(app, "dave")  # a trigger announces it; the hub hears it moments after the commit
+
+        async def refused() -> bool:
+            return (await anon.get("/threads")).status_code == 401
+
+        await wait_for(refused)
+        async with app.state.sessions() as s, s.begin():
+            assert await keys.revoke(s, key[:10]) == 1
+
+        async def open_again() -> bool:
+            return (await anon.get("/threads")).status_code == 200
+
+        await wait_for(open_again)  # no key left: open mode is back
+        counted.clear()
+        assert (await anon.get("/threads")).status_code == 200 and counted == []
+
+
 async def test_open_mode_is_off_beyond_loopback(app_factory: Any) -> None:
     app = await app_factory(_catalog(), host="0.0.0.0")
     async with client_for(app) as c:

@@ -31,7 +31,8 @@ async def _identify(s: AsyncSession, request: Request, authorization: str | None
         if scheme.lower() != "bearer" or not key.strip():
             raise errors.Unauthorized("Send the key as `Authorization: Bearer <key>`.")
         return await keys.verify(s, key.strip())
-    if request.app.state.open_mode and await keys.active_count(s) == 0:
+    hub = request.app.state.hub
+    if request.app.state.open_mode and await hub.keyless.none(s, listening=hub.listening):
         return keys.OPEN
     raise errors.Unauthorized()
 
