@@ -102,30 +102,36 @@ class Driver:
     async def fetch(self, sql: str, *args: Any) -> list[asyncpg.Record]:
         try:
             return await self._conn.fetch(sql, *args)
-        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as error:
+        except _DRIVER_ERRORS as error:
             raise _translated(sql, error) from error
 
     async def fetchrow(self, sql: str, *args: Any) -> asyncpg.Record | None:
         try:
             return await self._conn.fetchrow(sql, *args)
-        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as error:
+        except _DRIVER_ERRORS as error:
             raise _translated(sql, error) from error
 
     async def fetchval(self, sql: str, *args: Any) -> Any:
         try:
             return await self._conn.fetchval(sql, *args)
-        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as error:
+        except _DRIVER_ERRORS as error:
             raise _translated(sql, error) from error
 
     async def execute(self, sql: str, *args: Any) -> None:
         try:
             await self._conn.execute(sql, *args)
-        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as error:
+        except _DRIVER_ERRORS as error:
             raise _translated(sql, error) from error
 
 
+# What a statement on a connection can raise: a database error, or a connection that is closed or in a state no
+# statement can be sent on (asyncpg's `InternalClientError`: seen on a pooled connection the database was shutting
+# down, "another operation is in progress"); those are the connection's end, not the statement's.
+_DRIVER_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.exceptions.InternalClientError, OSError)
+
+
 def _translated(sql: str, error: BaseException) -> exc.DBAPIError:
-    closed = isinstance(error, OSError | asyncpg.InterfaceError) and not isinstance(error, asyncpg.PostgresError)
+    closed = not isinstance(error, asyncpg.PostgresError)
     return exc.DBAPIError(sql, None, error, connection_invalidated=closed)
 
 
@@ -145,7 +151,14 @@ async def driver(session: AsyncSession, *, flush: bool = True) -> Driver:
     connection = await session.connection()
     adapted: Any = connection.sync_connection.connection.dbapi_connection  # type: ignore[union-attr]
     if adapted._transaction is None and adapted.isolation_level != "autocommit":
-        await adapted._start_transaction()  # what SQLAlchemy's first statement would do
+        try:
+            await adapted._start_transaction()  # what SQLAlchemy's first statement would do
+        except Exception as error:  # SQLAlchemy's translation, not wrapped as its statements' errors are
+            cause = error.__cause__ if isinstance(error.__cause__, _DRIVER_ERRORS) else error
+            translated = _translated("BEGIN", cause)
+            if translated.connection_invalidated:
+                await connection.invalidate()  # not back into the pool: the next checkout would fail the same way
+            raise translated from error
     found = Driver(adapted._connection)
     session.info[_DRIVER] = (sync.get_transaction(), found)
     return found

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import uuid
+from typing import Any
 
 import pytest
 from sqlalchemy import inspect as sa_inspect
@@ -119,3 +121,26 @@ async def test_every_connection_plans_a_statement_once_and_a_worker_pool_keeps_i
     finally:
         await raw.close()
     assert db.worker_pool(50) == (54, 0)  # an overflow connection would be closed on return, and opened again
+
+
+async def test_a_connection_busy_with_another_operation_is_unavailable_not_an_internal_error(
+    sessions: async_sessionmaker[AsyncSession],
+) -> None:
+    """What the database shutting down left on a pooled connection (chaos, a restart): asyncpg refuses any statement
+    with "another operation is in progress". That is the connection's end (503 at the API, a retry in the engine),
+    at the transaction's BEGIN as at any statement, and the connection is not handed out again."""
+    async with sessions() as s:
+        connection = await s.connection()
+        raw: Any = connection.sync_connection.connection.dbapi_connection._connection  # type: ignore[union-attr]
+        busy = asyncio.create_task(raw.fetch("SELECT pg_sleep(0.3)"))
+        await asyncio.sleep(0.05)
+        with pytest.raises(DBAPIError) as begin:
+            await db.driver(s)
+        assert begin.value.connection_invalidated and errors.Unavailable.of(begin.value)
+        assert connection.invalidated
+        with pytest.raises(DBAPIError) as statement:
+            await db.Driver(raw).fetchval("SELECT 1")
+        assert statement.value.connection_invalidated and errors.Unavailable.of(statement.value)
+        busy.cancel()
+        with contextlib.suppress(BaseException):
+            await busy
