@@ -154,7 +154,9 @@ async def driver(session: AsyncSession, *, flush: bool = True) -> Driver:
         try:
             await adapted._start_transaction()  # what SQLAlchemy's first statement would do
         except Exception as error:  # SQLAlchemy's translation, not wrapped as its statements' errors are
-            cause = error.__cause__ if isinstance(error.__cause__, _DRIVER_ERRORS) else error
+            cause = error.__cause__
+            if not isinstance(cause, _DRIVER_ERRORS):
+                raise
             translated = _translated("BEGIN", cause)
             if translated.connection_invalidated:
                 await connection.invalidate()  # not back into the pool: the next checkout would fail the same way

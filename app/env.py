@@ -106,8 +106,8 @@ _LAYERS = (
 
 async def layers(session: AsyncSession, fernet: Fernet, thread_id: uuid.UUID, user_id: str) -> Layers:
     """The thread's, its owner's and the instance's values in one query, secrets decrypted (for the engine only:
-    every step asks). In a fenced transaction, whose fence read the values' version (`counters.env`, bumped by any
-    write to them in its own transaction), the layers last read at that version are reused instead."""
+    every step asks). In a transaction that read the values' version (`queue.waiting`: `counters.env`, moved on by
+    the commit of any write to them), the layers last read at that version are reused instead."""
     version: int | None = session.info.get(queue.ENV_VERSION)
     key = (thread_id, user_id)
     kept = _KEPT.get(key)

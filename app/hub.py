@@ -152,10 +152,15 @@ class Hub:
         self._watcher = asyncio.create_task(self._watch(), name="hub-listener")
 
     async def _listen(self) -> None:
-        self._conn = await db.connect(self._dsn, connect_timeout=10)
-        await self._conn.add_listener(CHANNEL, self._on_notify)
-        await self._conn.add_listener(keys.CHANNEL, lambda *_: self.keyless.changed())
+        conn = await db.connect(self._dsn, connect_timeout=10)
+        try:
+            await conn.add_listener(CHANNEL, self._on_notify)
+            await conn.add_listener(keys.CHANNEL, lambda *_: self.keyless.changed())
+        except BaseException:
+            await conn.close()
+            raise
         self.keyless.changed()  # whatever changed while nobody listened
+        self._conn = conn  # `listening` from here on, not before both channels are
 
     @property
     def listening(self) -> bool:

@@ -138,7 +138,7 @@ async def claim(conn: db.Fetcher, owner: str, lease_seconds: float, running: Seq
 # heartbeat could not renew it for a whole lease) is lost too, as another worker may claim it any moment. Built once:
 # SQLAlchemy then reuses its compiled form without deriving a cache key per call.
 _FENCE = """
-    SELECT t.*, (SELECT value FROM counters WHERE name = 'env') AS env_version FROM threads t
+    SELECT * FROM threads t
     WHERE t.id = $1 AND t.lease_token = $2
       AND EXISTS (SELECT 1 FROM leases l WHERE l.thread_id = $1 AND l.token = $2 AND l.expires_at > now())
     FOR NO KEY UPDATE OF t
@@ -152,11 +152,7 @@ async def fence(session: AsyncSession, claim: Claim) -> tables.Thread:
     if found is None:
         raise errors.LeaseLost()
     thread: tables.Thread = db.attach(session, tables.Thread, found)
-    session.info[ENV_VERSION] = found["env_version"]
     return thread
-
-
-ENV_VERSION = "queue.env_version"  # `session.info` key: the env values' version as the fence read it (`env.layers`)
 
 
 # HEARTBEAT: renew every lease this process holds in one statement, run by `app/heartbeat.py` on its own connection.
@@ -210,10 +206,15 @@ async def heartbeat(
 
 
 # WAITING: what the thread's inbox holds right now, in one read: input to deliver, effects to run.
+# WAITING: with the env values' version (`counters.env`, moved on by the commit of any write to them), read here and
+# not by the fence: a statement that waited for the row lock reads on the snapshot it started with, and would miss a
+# write the lock's holder committed just before this step.
 _WAITING = """
-    SELECT coalesce(bool_or(kind <> 'effect'), false) AS input, coalesce(bool_or(kind = 'effect'), false) AS effect
+    SELECT coalesce(bool_or(kind <> 'effect'), false) AS input, coalesce(bool_or(kind = 'effect'), false) AS effect,
+           (SELECT value FROM counters WHERE name = 'env') AS env_version
     FROM inbox WHERE thread_id = $1 AND set_aside_at IS NULL
 """
+ENV_VERSION = "queue.env_version"  # `session.info` key: the env values' version as `waiting` read it (`env.layers`)
 
 
 async def revoke(session: AsyncSession, thread_id: uuid.UUID) -> None:
@@ -222,9 +223,11 @@ async def revoke(session: AsyncSession, thread_id: uuid.UUID) -> None:
 
 
 async def waiting(session: AsyncSession, thread_id: uuid.UUID) -> tuple[bool, bool]:
-    """Whether input, and whether effects, wait in the thread's inbox (set-aside rows do not count)."""
+    """Whether input, and whether effects, wait in the thread's inbox (set-aside rows do not count); the env values'
+    version goes into `session.info` for `env.layers` (the engine asks at every step's opening)."""
     row = await (await db.driver(session, flush=False)).fetchrow(_WAITING, thread_id)
     assert row is not None
+    session.info[ENV_VERSION] = row["env_version"]
     return bool(row["input"]), bool(row["effect"])
 
 

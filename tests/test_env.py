@@ -305,6 +305,9 @@ async def test_a_worker_keeps_a_threads_layers_until_any_value_changes(
     assert (await layers(before)).thread == {}
     async with sessions() as s, s.begin():
         await env.set_thread(s, fernet, tid, {"X": "1"}, set())
+        async with sessions() as other, other.begin():  # the counter is taken at commit only: it orders no lock
+            locked = "SELECT value FROM counters WHERE name = 'env' FOR UPDATE NOWAIT"
+            assert (await other.execute(text(locked))).scalar_one() == before
     after = await version()
     assert after > before
     assert (await layers(before)).thread == {}  # kept: read at that version

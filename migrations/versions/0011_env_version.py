@@ -1,6 +1,7 @@
-"""counters.env: a version of the env values, bumped by a trigger in the transaction of any write to them, so a
-worker keeps a thread's env layers between its steps and reads them again only when something changed (the engine
-read them at every step; the fence reads the version with the thread row)
+"""counters.env: a version of the env values, moved on by the commit of any write to them (a deferred trigger: the
+counter row is locked only at commit, after every other lock the writer takes, so it orders no lock), so a worker
+keeps a thread's env layers between its steps and reads them again only when something changed (the engine read
+them at every step; `queue.waiting` reads the version)
 
 Revision ID: 0011
 Revises: 0010
@@ -29,12 +30,17 @@ def upgrade() -> None:
         """
     )
     op.execute(
-        "CREATE TRIGGER env_values_changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON env_values "
+        "CREATE CONSTRAINT TRIGGER env_values_changed AFTER INSERT OR UPDATE OR DELETE ON env_values "
+        "DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION env_values_changed()"
+    )
+    op.execute(
+        "CREATE TRIGGER env_values_truncated AFTER TRUNCATE ON env_values "
         "FOR EACH STATEMENT EXECUTE FUNCTION env_values_changed()"
     )
 
 
 def downgrade() -> None:
+    op.execute("DROP TRIGGER env_values_truncated ON env_values")
     op.execute("DROP TRIGGER env_values_changed ON env_values")
     op.execute("DROP FUNCTION env_values_changed()")
     op.execute("DELETE FROM counters WHERE name = 'env'")
