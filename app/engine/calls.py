@@ -214,7 +214,7 @@ class Caller:
         if made is None:
             async with tx() as (session, _):
                 if before is not None:
-                    await write(session, before, counted=True)
+                    await write(session, before)
                 made = await announce(session, thread_id, definition, attempt.number)
         key = api_key(definition, env, self._process_env)
         secrets = [*env.secrets(), *([key] if key else [])]
@@ -373,16 +373,13 @@ async def announce(session: AsyncSession, thread_id: uuid.UUID, definition: Mode
     return made
 
 
-async def write(session: AsyncSession, result: Result, *, counted: bool = False) -> None:
-    """Write a request's record, once: its log row and, for an answer, its `llm_response` event. The log row goes
-    with the transaction's events (`events.alongside`) unless `counted`: the transaction counts requests made next."""
+async def write(session: AsyncSession, result: Result) -> None:
+    """Write a request's record, once: its log row (with the transaction's events: `events.alongside`; the request
+    count sends it first) and, for an answer, its `llm_response` event."""
     row, result.record = result.record, None
     if row is None:
         return
-    if counted:
-        await db.insert(session, row)
-    else:
-        await events.alongside(session, *db.insert_statement(row))
+    await events.alongside(session, *db.insert_statement(row))
     if isinstance(result.response, LLMResponse):
         await events.append(
             session,
