@@ -35,7 +35,8 @@ _APPEND = """
 
 
 # APPEND_MANY: a batch of one thread's events, their seqs taken at once under the row lock, one NOTIFY naming the
-# first (the hub reads everything after what it has, so it gets the whole batch).
+# first and carrying the events themselves when they fit (`$6`, see `_carried`); without them the hub reads
+# everything after what it has, so it gets the whole batch.
 _APPEND_MANY = """
     WITH next AS (UPDATE threads SET event_seq = event_seq + $2 WHERE id = $1 RETURNING event_seq),
     stored AS (
@@ -43,12 +44,23 @@ _APPEND_MANY = """
         SELECT $1, next.event_seq - $2 + e.ord, e.type, CAST(e.data AS jsonb)
         FROM next, unnest($3::text[], $4::text[]) WITH ORDINALITY AS e(type, data, ord)
     )
-    SELECT pg_notify($5, CAST($1 AS text) || ':' || (next.event_seq - $2 + 1)) FROM next
+    SELECT pg_notify($5, CAST($1 AS text) || ':' || (next.event_seq - $2 + 1) || $6) FROM next
 """
+
+CARRIED_BYTES = 8000 - 64  # a NOTIFY payload's limit, less `thread_id:seq` (at most 56 bytes) and the separator
+
+
+def _carried(types: list[str], datas: list[str]) -> str:
+    """The suffix of a batch's NOTIFY: `:` and the events as a JSON array of `[type, data]` when that fits in a
+    payload (the hub then hands them on without reading them back), else nothing."""
+    body = ":[" + ",".join(f"[{json.dumps(t)},{d}]" for t, d in zip(types, datas, strict=True)) + "]"
+    if len(body) * 4 <= CARRIED_BYTES or len(body.encode()) <= CARRIED_BYTES:  # UTF-8: at most 4 bytes a character
+        return body
+    return ""
 
 
 def _append_many_with(sets: str) -> str:
-    """`_APPEND_MANY` that also writes the thread row's changed columns (`sets`, from `$6`) in its UPDATE."""
+    """`_APPEND_MANY` that also writes the thread row's changed columns (`sets`, from `$7`) in its UPDATE."""
     return _APPEND_MANY.replace("SET event_seq = event_seq + $2", f"SET event_seq = event_seq + $2, {sets}", 1)
 
 
@@ -104,11 +116,12 @@ async def flush(session: AsyncSession, thread: tables.Thread | None = None) -> N
     if not types:
         await _write(driver, writes)
         return
-    changes = db.changes(thread, first=6) if thread is not None and thread.id == held.thread_id else None
+    changes = db.changes(thread, first=7) if thread is not None and thread.id == held.thread_id else None
     sql, params = (_APPEND_MANY, []) if changes is None else (_append_many_with(changes.sets), changes.params)
     if writes:  # before the statement's own CTEs, which start it
-        sql = sql.replace("WITH ", f"WITH {_ctes(writes, 6 + len(params))}, ", 1)
-    await driver.execute(sql, held.thread_id, len(types), types, datas, CHANNEL, *params, *extra)
+        sql = sql.replace("WITH ", f"WITH {_ctes(writes, 7 + len(params))}, ", 1)
+    carried = _carried(types, datas)
+    await driver.execute(sql, held.thread_id, len(types), types, datas, CHANNEL, carried, *params, *extra)
     if changes is not None:
         changes.written(session)
 

@@ -2,7 +2,9 @@
 
 A committed event is announced as `thread_id:seq`. For a thread (or the lifecycle stream) that has subscribers in
 this process, the hub reads the new events **once** and hands the same `Entry` (payload serialised once) to every
-subscriber, so a thousand streams on one thread cost one query per event, not a thousand. Streamed deltas
+subscriber, so a thousand streams on one thread cost one query per event, not a thousand. The batch an engine
+transaction writes usually comes with its announcement (`thread_id:seq:[[type, data], ...]`, when it fits in a
+payload): then nothing is read at all, unless a read of that thread is under way or a seq was skipped. Streamed deltas
 (`message_chunk`) arrive as JSON payloads; a delta that arrives while the events before it are still being read
 waits for them, so a subscriber never sees a message's text before the message.
 """
@@ -225,8 +227,11 @@ class Hub:
                 data = body["data"]
                 self._live(key, Live(body["type"], data, json.dumps(data)))
             else:
-                tid, seq = payload.split(":")
-                self._stored(uuid.UUID(tid), int(seq))
+                tid, seq, *carried = payload.split(":", 2)
+                if carried:
+                    self._carried(uuid.UUID(tid), int(seq), json.loads(carried[0]))
+                else:
+                    self._stored(uuid.UUID(tid), int(seq))
         except (ValueError, KeyError, TypeError):
             log.warning("ignoring malformed event notification %r", payload[:100])
 
@@ -251,6 +256,23 @@ class Hub:
         self._pending.add(key)
         if self._drainer is None or self._drainer.done():
             self._drainer = asyncio.create_task(self._drain())
+
+    def _carried(self, key: uuid.UUID, first: int, items: list[list[Any]]) -> None:
+        """Events that came with their announcement: handed on at once when they follow what was handed on before
+        and no read is under way (which keeps seq order); otherwise announced, so the log is read."""
+        if not items or key not in self._subs:
+            return
+        tail = self._tails.get(key)
+        if tail is None:
+            tail = self._tails[key] = _Tail(fetched=first - 1, wanted=first - 1)
+        if tail.fetched >= first:
+            return  # read ahead already
+        if tail.fetched != first - 1 or tail.wanted > tail.fetched:
+            self._stored(key, first)
+            return
+        entries = [Entry(first + i, str(type_), data, json.dumps(data)) for i, (type_, data) in enumerate(items)]
+        tail.wanted = entries[-1].seq
+        self._hand_over(key, tail, entries)
 
     async def _fetch(self, afters: dict[uuid.UUID, int]) -> dict[uuid.UUID, list[Entry]]:
         """The events after each key's position: the threads' in one query on the LISTEN connection (the drain is

@@ -143,3 +143,72 @@ async def test_when_the_hub_cannot_read_streams_fall_back_to_the_log(
     assert [int(f["id"]) for f in frames] == [*seqs, last]  # every event, from the log
     assert all(isinstance(i, Stored) and i.entry is None for i in delivered(sub))  # "read it yourself"
     app.state.hub.unsubscribe(sub)
+
+
+async def _flush_held(app: Any, thread_id: uuid.UUID, datas: list[dict[str, Any]]) -> None:
+    """One engine-like transaction: the thread's events held, then written (and announced) in one statement."""
+    async with app.state.sessions() as session, session.begin():
+        events.hold(session, thread_id)
+        for data in datas:
+            await events.append(session, thread_id, "event", data)
+        await events.flush(session)
+
+
+async def test_a_held_batch_comes_with_its_announcement_and_is_not_read_back(
+    app_factory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app = await app_factory(load_catalog(ROOT / "agents"))
+    thread_id = await _thread(app)
+    reads = _counting_reads(monkeypatch)
+    sub: Subscription = app.state.hub.subscribe(thread_id)
+    await _flush_held(app, thread_id, [{"i": 0, "text": "héllo ✓"}, {"i": 1}])
+    await _flush_held(app, thread_id, [{"i": 2}])
+    await wait_for(lambda: asyncio.sleep(0, len(delivered(sub)) == 3))
+    assert reads == []  # handed on from the notifications alone
+    items = delivered(sub)
+    assert [i.seq for i in items] == [1, 2, 3]
+    assert [i.entry.data for i in items if isinstance(i, Stored) and i.entry] == [
+        {"i": 0, "text": "héllo ✓"},
+        {"i": 1},
+        {"i": 2},
+    ]
+    app.state.hub.unsubscribe(sub)
+
+
+async def test_a_batch_too_large_to_carry_is_read_from_the_log(
+    app_factory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app = await app_factory(load_catalog(ROOT / "agents"))
+    thread_id = await _thread(app)
+    reads = _counting_reads(monkeypatch)
+    sub: Subscription = app.state.hub.subscribe(thread_id)
+    big = "é" * 3000  # 6,000 bytes twice: over a NOTIFY payload
+    await _flush_held(app, thread_id, [{"text": big}, {"text": big}])
+    await wait_for(lambda: asyncio.sleep(0, len(delivered(sub)) == 2))
+    assert reads == [1]
+    assert [i.entry.data["text"] == big for i in delivered(sub) if isinstance(i, Stored) and i.entry] == [True, True]
+    app.state.hub.unsubscribe(sub)
+
+
+async def test_a_carried_batch_waits_for_a_read_under_way(app_factory: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    app = await app_factory(load_catalog(ROOT / "agents"))
+    thread_id = await _thread(app)
+    gate = asyncio.Event()
+    original = hub.Hub._fetch
+    reads: list[int] = []
+
+    async def held_back(self: hub.Hub, afters: dict[uuid.UUID, int]) -> dict[uuid.UUID, list[hub.Entry]]:
+        reads.append(len(afters))
+        await gate.wait()
+        return await original(self, afters)
+
+    monkeypatch.setattr(hub.Hub, "_fetch", held_back)
+    sub: Subscription = app.state.hub.subscribe(thread_id)
+    [first] = await _append(app, thread_id, 1)  # announced without its event: read, and the read is held back
+    await _flush_held(app, thread_id, [{"i": 1}])  # comes with its event, but must not pass the one before it
+    await asyncio.sleep(0.3)
+    assert not sub.items and reads == [1]
+    gate.set()
+    await wait_for(lambda: asyncio.sleep(0, len(delivered(sub)) == 2))
+    assert [i.seq for i in delivered(sub)] == [first, first + 1]
+    app.state.hub.unsubscribe(sub)
