@@ -59,9 +59,21 @@ def _carried(types: list[str], datas: list[str]) -> str:
     return ""
 
 
-def _append_many_with(sets: str) -> str:
-    """`_APPEND_MANY` that also writes the thread row's changed columns (`sets`, from `$7`) in its UPDATE."""
-    return _APPEND_MANY.replace("SET event_seq = event_seq + $2", f"SET event_seq = event_seq + $2, {sets}", 1)
+def _append_many_with(sets: str, wake: str | None) -> str:
+    """`_APPEND_MANY` that also writes the thread row's changed columns (`sets`, from `$7`) in its UPDATE; with
+    `wake` (a channel), it marks the thread runnable there too and wakes a worker on that channel at commit."""
+    if wake is not None:
+        sets = ", ".join(s for s in (sets, "runnable_since = coalesce(runnable_since, now())") if s)
+    sql = _APPEND_MANY.replace("SET event_seq = event_seq + $2", f"SET event_seq = event_seq + $2, {sets}", 1)
+    if wake is not None:
+        sql = sql.replace("|| $6) FROM next", f"|| $6), pg_notify('{wake}', '') FROM next", 1)
+    return sql
+
+
+# RUNNABLE: `_APPEND_MANY`'s wake-up without events, after the writes held alongside (`_ctes`).
+_RUNNABLE = (
+    "UPDATE threads SET runnable_since = coalesce(runnable_since, now()) WHERE id = $1 RETURNING pg_notify($2, '')"
+)
 
 
 _BATCH = "events.batch"  # `session.info` key of the events held for one thread until `flush`
@@ -72,6 +84,7 @@ class _Held:
     thread_id: uuid.UUID
     items: list[tuple[str, str]] = field(default_factory=list)
     writes: list[tuple[str, list[Any]]] = field(default_factory=list)  # `alongside`
+    wake: str | None = None  # `runnable`: the wake-up channel
 
 
 _CTES: dict[tuple[tuple[str, ...], int], str] = {}
@@ -107,17 +120,23 @@ async def flush(session: AsyncSession, thread: tables.Thread | None = None) -> N
     """Write the events held on `session` (before its commit, and before a savepoint); with the held thread's row,
     its changed columns go in the same statement (the events' UPDATE of that row)."""
     held: _Held | None = session.info.get(_BATCH)
-    if held is None or not (held.items or held.writes):
+    if held is None or not (held.items or held.writes or held.wake):
         return
     types, datas = [t for t, _ in held.items], [d for _, d in held.items]
-    writes, extra = held.writes, [a for _, args in held.writes for a in args]
-    held.items, held.writes = [], []
+    writes, extra, wake = held.writes, [a for _, args in held.writes for a in args], held.wake
+    held.items, held.writes, held.wake = [], [], None
     driver = await db.driver(session, flush=False)
     if not types:
-        await _write(driver, writes)
+        if wake is not None:
+            prefix = f"WITH {_ctes(writes, 3)} " if writes else ""
+            await driver.execute(prefix + _RUNNABLE, held.thread_id, wake, *extra)
+        elif writes:
+            await _write(driver, writes)
         return
     changes = db.changes(thread, first=7) if thread is not None and thread.id == held.thread_id else None
-    sql, params = (_APPEND_MANY, []) if changes is None else (_append_many_with(changes.sets), changes.params)
+    assert wake is None or changes is None or "runnable_since" not in changes.keys, "set in SQL when waking"
+    sets, params = ("", []) if changes is None else (changes.sets, changes.params)
+    sql = _append_many_with(sets, wake) if sets or wake is not None else _APPEND_MANY
     if writes:  # before the statement's own CTEs, which start it
         sql = sql.replace("WITH ", f"WITH {_ctes(writes, 7 + len(params))}, ", 1)
     carried = _carried(types, datas)
@@ -134,6 +153,17 @@ async def alongside(session: AsyncSession, sql: str, args: list[Any]) -> None:
         await (await db.driver(session, flush=False)).execute(sql, *args)
         return
     held.writes.append((sql, args))
+
+
+def runnable(session: AsyncSession, thread_id: uuid.UUID, channel: str) -> bool:
+    """Mark the thread runnable and wake a worker on `channel` in the statement that writes the held events (one
+    round trip fewer), when `session` holds the thread's events; False when it does not (the caller does it). The
+    held row object's `runnable_since` is not refreshed."""
+    held: _Held | None = session.info.get(_BATCH)
+    if held is None or held.thread_id != thread_id:
+        return False
+    held.wake = channel
+    return True
 
 
 async def write_alongside(session: AsyncSession) -> None:

@@ -24,7 +24,7 @@ from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm.attributes import set_committed_value
 
-from app import db, errors, tables
+from app import db, errors, events, tables
 
 WAKEUP_CHANNEL = "agents_wakeup"
 
@@ -76,6 +76,19 @@ async def enqueue(session: AsyncSession, thread_id: uuid.UUID, kind: str, payloa
     driver = await db.driver(session)
     inbox_id: int = await driver.fetchval(_ENQUEUE, thread_id, kind, json.dumps(payload), WAKEUP_CHANNEL)
     return inbox_id
+
+
+# INBOX_ADD: ENQUEUE's inbox row alone (`enqueue_alongside`).
+_INBOX_ADD = "INSERT INTO inbox (thread_id, kind, payload) VALUES ($1, $2, CAST($3 AS jsonb))"
+
+
+async def enqueue_alongside(session: AsyncSession, thread_id: uuid.UUID, kind: str, payload: dict[str, Any]) -> None:
+    """`enqueue` in a transaction that holds the thread's events and reads no inbox row after it (`POST /messages`):
+    the row, the runnable mark and the wake-up go in the statement that writes the events (`events.alongside`)."""
+    if not events.runnable(session, thread_id, WAKEUP_CHANNEL):
+        await enqueue(session, thread_id, kind, payload)
+        return
+    await events.alongside(session, _INBOX_ADD, [thread_id, kind, json.dumps(payload)])
 
 
 # MARK_RUNNABLE: as in ENQUEUE, without input (a run that must go on).

@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
-from app import db, errors, keys, queue, tables, threads
+from app import db, errors, events, keys, queue, tables, threads
 from app.heartbeat import Heartbeat
 from app.settings import plain_url
 from app.spec import define_agent
@@ -45,6 +45,52 @@ async def _runnable(sessions: async_sessionmaker[AsyncSession], n: int) -> list[
 async def _claim(sessions: async_sessionmaker[AsyncSession], owner: str = "w", lease: float = 30) -> queue.Claim | None:
     async with db.autocommit(sessions) as s:
         return await queue.claim(await db.driver(s), owner, lease)
+
+
+async def test_input_enqueued_alongside_rides_with_the_held_events(
+    sessions: async_sessionmaker[AsyncSession], database_url: str
+) -> None:
+    """`POST /messages`: the inbox row, the runnable mark and the wake-up go in the events' statement, with an event
+    to write or without one; with no events held, `enqueue` does it all at once."""
+    async with sessions() as s, s.begin():
+        ids = [(await threads.create(s, AGENT, keys.OPEN)).id for _ in range(3)]
+    woken: list[str] = []
+    listener = await asyncpg.connect(plain_url(database_url))
+    await listener.add_listener(queue.WAKEUP_CHANNEL, lambda *a: woken.append(a[-1]))
+    try:
+        for tid, status in zip(ids, ("queued", None, None), strict=True):
+            async with sessions() as s, s.begin():
+                thread = await threads.get(s, tid, keys.OPEN, lock=True)
+                held = tid != ids[2]
+                if held:
+                    events.hold(s, tid)
+                statements: list[str] = []
+                conn = (await db.driver(s, flush=False))._conn
+                conn.add_query_logger(logger := lambda r, into=statements: into.append(r.query))
+                await asyncio.sleep(0)
+                statements.clear()  # the lock's, logged late
+                await queue.enqueue_alongside(s, tid, queue.Kind.MESSAGE, {"id": str(uuid.uuid4()), "role": "user"})
+                if status is not None:
+                    await threads.set_status(s, thread, status)
+                await asyncio.sleep(0)  # query loggers are called soon after
+                assert len(statements) == (0 if held else 1)  # held back, or written at once
+                await events.flush(s, thread)
+                await asyncio.sleep(0)
+                assert len(statements) == 1
+                conn.remove_query_logger(logger)
+        await asyncio.sleep(0.3)
+        assert len(woken) == 3
+        async with sessions() as s:
+            for tid in ids:
+                row = await s.get_one(tables.Thread, tid)
+                assert row.runnable_since is not None
+                inbox = await queue.pending(s, tid)
+                assert [i.kind for i in inbox] == [queue.Kind.MESSAGE]
+            assert [r.type for r in await events.read(s, ids[0], 0)] == ["thread_status"]
+        claimed = {c.thread_id for c in [await _claim(sessions) for _ in ids] if c is not None}
+        assert claimed == set(ids)
+    finally:
+        await listener.close()
 
 
 async def test_claim_takes_the_oldest_runnable_thread_once(

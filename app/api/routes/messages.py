@@ -54,7 +54,7 @@ async def enqueue_message(
         "attachments": refs,
         "queued_at": datetime.now(UTC).isoformat(),
     }
-    await queue.enqueue(session, thread.id, queue.Kind.MESSAGE, payload)
+    await queue.enqueue_alongside(session, thread.id, queue.Kind.MESSAGE, payload)  # with the events (`post_message`)
     if body.role != "system":
         await lifecycle.unpark(session, thread)
     if thread.status == "idle":
