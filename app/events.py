@@ -53,6 +53,8 @@ CARRIED_BYTES = 8000 - 64  # a NOTIFY payload's limit, less `thread_id:seq` (at 
 def _carried(types: list[str], datas: list[str]) -> str:
     """The suffix of a batch's NOTIFY: `:` and the events as a JSON array of `[type, data]` when that fits in a
     payload (the hub then hands them on without reading them back), else nothing."""
+    if sum(map(len, datas)) > CARRIED_BYTES:
+        return ""
     body = ":[" + ",".join(f"[{json.dumps(t)},{d}]" for t, d in zip(types, datas, strict=True)) + "]"
     if len(body) * 4 <= CARRIED_BYTES or len(body.encode()) <= CARRIED_BYTES:  # UTF-8: at most 4 bytes a character
         return body
@@ -134,7 +136,8 @@ async def flush(session: AsyncSession, thread: tables.Thread | None = None) -> N
             await _write(driver, writes)
         return
     changes = db.changes(thread, first=7) if thread is not None and thread.id == held.thread_id else None
-    assert wake is None or changes is None or "runnable_since" not in changes.keys, "set in SQL when waking"
+    if wake is not None and changes is not None and "runnable_since" in changes.keys:
+        raise ValueError("runnable_since is set by the statement itself when it wakes a worker")
     sets, params = ("", []) if changes is None else (changes.sets, changes.params)
     sql = _append_many_with(sets, wake) if sets or wake is not None else _APPEND_MANY
     if writes:  # before the statement's own CTEs, which start it

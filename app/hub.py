@@ -228,10 +228,11 @@ class Hub:
                 self._live(key, Live(body["type"], data, json.dumps(data)))
             else:
                 tid, seq, *carried = payload.split(":", 2)
-                if carried:
-                    self._carried(uuid.UUID(tid), int(seq), json.loads(carried[0]))
-                else:
-                    self._stored(uuid.UUID(tid), int(seq))
+                key = uuid.UUID(tid)
+                if carried and key in self._subs:  # decoded only where someone follows the thread
+                    self._carried(key, int(seq), json.loads(carried[0]))
+                elif not carried:
+                    self._stored(key, int(seq))
         except (ValueError, KeyError, TypeError):
             log.warning("ignoring malformed event notification %r", payload[:100])
 
@@ -262,13 +263,14 @@ class Hub:
         and no read is under way (which keeps seq order); otherwise announced, so the log is read."""
         if not items or key not in self._subs:
             return
+        last = first + len(items) - 1
         tail = self._tails.get(key)
         if tail is None:
             tail = self._tails[key] = _Tail(fetched=first - 1, wanted=first - 1)
-        if tail.fetched >= first:
+        if tail.fetched >= last:
             return  # read ahead already
         if tail.fetched != first - 1 or tail.wanted > tail.fetched:
-            self._stored(key, first)
+            self._stored(key, last)  # read up to its last event (a page may have ended inside the batch)
             return
         entries = [Entry(first + i, str(type_), data, json.dumps(data)) for i, (type_, data) in enumerate(items)]
         tail.wanted = entries[-1].seq

@@ -182,7 +182,7 @@ async def test_a_batch_too_large_to_carry_is_read_from_the_log(
     thread_id = await _thread(app)
     reads = _counting_reads(monkeypatch)
     sub: Subscription = app.state.hub.subscribe(thread_id)
-    big = "é" * 3000  # 6,000 bytes twice: over a NOTIFY payload
+    big = "é" * 3000  # stored as `\u00e9`: 18,000 bytes each, over a NOTIFY payload
     await _flush_held(app, thread_id, [{"text": big}, {"text": big}])
     await wait_for(lambda: asyncio.sleep(0, len(delivered(sub)) == 2))
     assert reads == [1]
@@ -211,4 +211,28 @@ async def test_a_carried_batch_waits_for_a_read_under_way(app_factory: Any, monk
     gate.set()
     await wait_for(lambda: asyncio.sleep(0, len(delivered(sub)) == 2))
     assert [i.seq for i in delivered(sub)] == [first, first + 1]
+    app.state.hub.unsubscribe(sub)
+
+
+async def test_a_carried_batch_behind_a_read_is_read_to_its_end_across_pages(
+    app_factory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app = await app_factory(load_catalog(ROOT / "agents"))
+    thread_id = await _thread(app)
+    gate = asyncio.Event()
+    original = hub.Hub._fetch
+
+    async def held_back(self: hub.Hub, afters: dict[uuid.UUID, int]) -> dict[uuid.UUID, list[hub.Entry]]:
+        await gate.wait()
+        return await original(self, afters)
+
+    monkeypatch.setattr(hub.Hub, "_fetch", held_back)
+    monkeypatch.setattr(hub, "PAGE", 2)  # the first read ends inside the carried batch
+    sub: Subscription = app.state.hub.subscribe(thread_id)
+    [first] = await _append(app, thread_id, 1)
+    await _flush_held(app, thread_id, [{"i": 1}, {"i": 2}, {"i": 3}])
+    await asyncio.sleep(0.1)
+    gate.set()
+    await wait_for(lambda: asyncio.sleep(0, len(delivered(sub)) == 4))
+    assert [i.seq for i in delivered(sub)] == [first, first + 1, first + 2, first + 3]
     app.state.hub.unsubscribe(sub)
