@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import uvicorn
+from pydantic import ValidationError
 
 from app import catalog as catalog_mod
 from app import crypto, db, env, errors, keys
@@ -86,7 +87,12 @@ def _serve(settings: Settings, with_worker: bool, migrate: bool) -> None:
         asyncio.run(_refuse_open_bind(settings))
         app = create_app(settings, catalog, with_worker=with_worker)
         config = uvicorn.Config(
-            app, host=settings.host, port=settings.port, log_level="info", timeout_graceful_shutdown=5
+            app,
+            host=settings.host,
+            port=settings.port,
+            log_level=settings.log_level,
+            access_log=settings.access_log,
+            timeout_graceful_shutdown=5,
         )
         _settle()
         _Server(config).run()
@@ -234,7 +240,12 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        read = Settings()
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])).upper()}: {e['msg']}" for e in exc.errors())
+        raise SystemExit(f"error: invalid setting: {problems}") from None
+    logging.basicConfig(level=read.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     overrides: dict[str, object] = {}
     for field, attr in (
         ("agents_dir", "agents_dir"),
@@ -247,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
             overrides[field] = value
     if getattr(args, "no_migrate", False):
         overrides["migrate_on_start"] = False
-    settings = Settings().model_copy(update=overrides)
+    settings = read.model_copy(update=overrides)
     try:
         if args.command == "check":
             return _check(settings)

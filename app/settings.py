@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipaddress
 import os
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -21,6 +22,10 @@ class Settings(BaseSettings):
     agents_dir: Path = Field(default=Path("agents"), description="folder of agents, prompts, models, tools")
     data_dir: Path = Field(default=Path(".data"), description="embedded Postgres data and the generated key")
     secret_key: str | None = Field(default=None, description="encrypts secrets at rest")
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        default="info", description="the least severe log lines the processes write"
+    )
+    access_log: bool = Field(default=True, description="one log line per HTTP request (off: fewer lines, less CPU)")
     host: str = "127.0.0.1"
     port: int = 8000
     worker_concurrency: int = Field(default=50, ge=1)

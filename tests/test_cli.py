@@ -7,6 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
+
+from tests import processes
 from tests.conftest import ROOT
 
 FIXTURES = ROOT / "tests" / "fixtures" / "catalog"
@@ -94,3 +97,30 @@ def test_worker_and_api_refuse_to_start_without_a_secret_key_off_loopback(databa
         assert "SECRET_KEY is missing" in result.stderr and "Traceback" not in result.stderr
     weak = agents("serve", "--host", "0.0.0.0", env={**env, "SECRET_KEY": "changeme"})
     assert weak.returncode == 1 and "SECRET_KEY" in weak.stderr and "Traceback" not in weak.stderr
+
+
+def test_a_bad_setting_is_named_not_traced() -> None:
+    result = agents("check", env={"LOG_LEVEL": "loud", "PORT": "eighty"})
+    assert result.returncode == 1
+    assert "error: invalid setting:" in result.stderr and "LOG_LEVEL" in result.stderr and "PORT" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+async def test_the_access_log_and_the_log_level_are_settings(database_url: str, tmp_path: Path) -> None:
+    """One line per request by default; `ACCESS_LOG=false` drops them, `LOG_LEVEL=warning` the start-up lines."""
+    base_env = {k: v for k, v in os.environ.items() if k not in ("SECRET_KEY", "AGENTS_DIR")}
+    logs = {}
+    for name, extra in (("default", {}), ("quiet", {"ACCESS_LOG": "false", "LOG_LEVEL": "warning"})):
+        port = processes.free_port()
+        log = tmp_path / f"{name}.log"
+        env = {**base_env, "DATABASE_URL": database_url, "PORT": str(port), "DATA_DIR": str(tmp_path), **extra}
+        proc = processes.start(["api"], env, log)
+        try:
+            await processes.until_ready(f"http://127.0.0.1:{port}", proc, log)
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+                assert (await client.get("/agents")).status_code == 200
+        finally:
+            assert processes.stop(proc) == 0
+        logs[name] = log.read_text()
+    assert '"GET /agents HTTP/1.1" 200' in logs["default"] and "Application startup complete" in logs["default"]
+    assert '"GET /agents' not in logs["quiet"] and "Application startup complete" not in logs["quiet"]
