@@ -53,12 +53,10 @@ CARRIED_BYTES = 8000 - 64  # a NOTIFY payload's limit, less `thread_id:seq` (at 
 def _carried(types: list[str], datas: list[str]) -> str:
     """The suffix of a batch's NOTIFY: `:` and the events as a JSON array of `[type, data]` when that fits in a
     payload (the hub then hands them on without reading them back), else nothing."""
-    if sum(map(len, datas)) > CARRIED_BYTES:
+    if sum(map(len, datas)) > CARRIED_BYTES:  # too large whatever the encoding: not built at all
         return ""
     body = ":[" + ",".join(f"[{json.dumps(t)},{d}]" for t, d in zip(types, datas, strict=True)) + "]"
-    if len(body) * 4 <= CARRIED_BYTES or len(body.encode()) <= CARRIED_BYTES:  # UTF-8: at most 4 bytes a character
-        return body
-    return ""
+    return body if len(body.encode()) <= CARRIED_BYTES else ""
 
 
 def _append_many_with(sets: str, wake: str | None) -> str:
@@ -72,8 +70,9 @@ def _append_many_with(sets: str, wake: str | None) -> str:
     return sql
 
 
-# RUNNABLE: `_APPEND_MANY`'s wake-up without events, after the writes held alongside (`_ctes`).
-_RUNNABLE = (
+# RUNNABLE: keep (or set) `runnable_since` and wake a worker on `$2` at commit: `_APPEND_MANY`'s wake-up without
+# events (after the writes held alongside), and `queue.mark_runnable`.
+RUNNABLE = (
     "UPDATE threads SET runnable_since = coalesce(runnable_since, now()) WHERE id = $1 RETURNING pg_notify($2, '')"
 )
 
@@ -131,7 +130,7 @@ async def flush(session: AsyncSession, thread: tables.Thread | None = None) -> N
     if not types:
         if wake is not None:
             prefix = f"WITH {_ctes(writes, 3)} " if writes else ""
-            await driver.execute(prefix + _RUNNABLE, held.thread_id, wake, *extra)
+            await driver.execute(prefix + RUNNABLE, held.thread_id, wake, *extra)
         elif writes:
             await _write(driver, writes)
         return

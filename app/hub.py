@@ -260,8 +260,9 @@ class Hub:
 
     def _carried(self, key: uuid.UUID, first: int, items: list[list[Any]]) -> None:
         """Events that came with their announcement: handed on at once when they follow what was handed on before
-        and no read is under way (which keeps seq order); otherwise announced, so the log is read."""
-        if not items or key not in self._subs:
+        and no read is under way (which keeps seq order); otherwise announced, so the log is read. The caller checked
+        that someone here follows the thread."""
+        if not items:
             return
         last = first + len(items) - 1
         tail = self._tails.get(key)

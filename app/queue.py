@@ -91,10 +91,8 @@ async def enqueue_alongside(session: AsyncSession, thread_id: uuid.UUID, kind: s
     await events.alongside(session, _INBOX_ADD, [thread_id, kind, json.dumps(payload)])
 
 
-# MARK_RUNNABLE: as in ENQUEUE, without input (a run that must go on).
-_MARK_RUNNABLE = (
-    "UPDATE threads SET runnable_since = coalesce(runnable_since, now()) WHERE id = $1 RETURNING pg_notify($2, '')"
-)
+# MARK_RUNNABLE: as in ENQUEUE, without input (a run that must go on); the statement is `events.RUNNABLE`.
+_MARK_RUNNABLE = events.RUNNABLE
 
 
 async def mark_runnable(session: AsyncSession, thread_id: uuid.UUID) -> None:

@@ -48,6 +48,21 @@ def _counting_reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return calls
 
 
+def _gated_reads(monkeypatch: pytest.MonkeyPatch) -> tuple[asyncio.Event, list[int]]:
+    """The hub's reads held back until the returned gate is set; how many keys each read asked for."""
+    gate = asyncio.Event()
+    calls: list[int] = []
+    original = hub.Hub._fetch
+
+    async def held_back(self: hub.Hub, afters: dict[uuid.UUID, int]) -> dict[uuid.UUID, list[hub.Entry]]:
+        calls.append(len(afters))
+        await gate.wait()
+        return await original(self, afters)
+
+    monkeypatch.setattr(hub.Hub, "_fetch", held_back)
+    return gate, calls
+
+
 async def test_many_subscribers_share_one_read_per_event(app_factory: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     app = await app_factory(load_catalog(ROOT / "agents"))
     thread_id = await _thread(app)
@@ -97,14 +112,7 @@ async def test_a_delta_waits_for_the_events_announced_before_it(
 ) -> None:
     app = await app_factory(load_catalog(ROOT / "agents"))
     thread_id = await _thread(app)
-    gate = asyncio.Event()
-    original = hub.Hub._fetch
-
-    async def held_back(self: hub.Hub, afters: dict[uuid.UUID, int]) -> dict[uuid.UUID, list[hub.Entry]]:
-        await gate.wait()
-        return await original(self, afters)
-
-    monkeypatch.setattr(hub.Hub, "_fetch", held_back)
+    gate, _ = _gated_reads(monkeypatch)
     sub: Subscription = app.state.hub.subscribe(thread_id)
     [seq] = await _append(app, thread_id, 1)
     publisher = hub.Publisher(plain_url(app.state.settings.database_url))
@@ -193,16 +201,7 @@ async def test_a_batch_too_large_to_carry_is_read_from_the_log(
 async def test_a_carried_batch_waits_for_a_read_under_way(app_factory: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     app = await app_factory(load_catalog(ROOT / "agents"))
     thread_id = await _thread(app)
-    gate = asyncio.Event()
-    original = hub.Hub._fetch
-    reads: list[int] = []
-
-    async def held_back(self: hub.Hub, afters: dict[uuid.UUID, int]) -> dict[uuid.UUID, list[hub.Entry]]:
-        reads.append(len(afters))
-        await gate.wait()
-        return await original(self, afters)
-
-    monkeypatch.setattr(hub.Hub, "_fetch", held_back)
+    gate, reads = _gated_reads(monkeypatch)
     sub: Subscription = app.state.hub.subscribe(thread_id)
     [first] = await _append(app, thread_id, 1)  # announced without its event: read, and the read is held back
     await _flush_held(app, thread_id, [{"i": 1}])  # comes with its event, but must not pass the one before it
@@ -219,14 +218,7 @@ async def test_a_carried_batch_behind_a_read_is_read_to_its_end_across_pages(
 ) -> None:
     app = await app_factory(load_catalog(ROOT / "agents"))
     thread_id = await _thread(app)
-    gate = asyncio.Event()
-    original = hub.Hub._fetch
-
-    async def held_back(self: hub.Hub, afters: dict[uuid.UUID, int]) -> dict[uuid.UUID, list[hub.Entry]]:
-        await gate.wait()
-        return await original(self, afters)
-
-    monkeypatch.setattr(hub.Hub, "_fetch", held_back)
+    gate, _ = _gated_reads(monkeypatch)
     monkeypatch.setattr(hub, "PAGE", 2)  # the first read ends inside the carried batch
     sub: Subscription = app.state.hub.subscribe(thread_id)
     [first] = await _append(app, thread_id, 1)
