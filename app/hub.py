@@ -326,37 +326,81 @@ class Hub:
 
 
 class Publisher:
-    """Sends live-only events (streamed deltas) on its own connection, outside any transaction."""
+    """Sends live-only events (streamed deltas) on its own connection, outside any transaction.
+
+    `publish` queues and returns: a sender task sends what is queued in order, everything queued while a send was
+    under way in one statement. A caller never waits behind the others' round trips (with one send per delta under a
+    lock, fifty streaming calls queued ~190 ms per delta under load); `sent` waits for what it queued, so a message's
+    deltas go out before the transaction that stores it commits. Deltas are a courtesy (the stored message carries
+    the text), so a batch the database refuses is dropped, and so is a delta that finds `LIMIT` queued."""
+
+    LIMIT = 10_000
 
     def __init__(self, dsn: str) -> None:
         self._dsn = dsn
         self._conn: asyncpg.Connection | None = None
-        self._lock = asyncio.Lock()
+        self._queued: list[str] = []
+        self._sender: asyncio.Task[None] | None = None
+        self._full = False  # warned about a full queue, until it drains
+        self._counts = [0, 0]  # events queued, events sent (or dropped) so far
+        self._waiting: list[tuple[int, asyncio.Future[None]]] = []  # `sent` callers: the count each waits for
 
-    async def publish(self, thread_id: uuid.UUID, type_: str, data: dict[str, Any]) -> None:
-        """Send a live event; text longer than a NOTIFY allows is split into consecutive chunks."""
+    def publish(self, thread_id: uuid.UUID, type_: str, data: dict[str, Any]) -> None:
+        """Queue a live event for sending; text longer than a NOTIFY allows is split into consecutive chunks."""
+        if len(self._queued) >= self.LIMIT:
+            if not self._full:
+                log.warning("live events dropped: %d queued; the stored messages carry the text", self.LIMIT)
+                self._full = True
+            return
         chunk = str(data.get("chunk", ""))
         offset = int(data.get("offset", 0))
-        pieces = [chunk[i : i + PIECE] for i in range(0, len(chunk), PIECE)] or [chunk]
-        async with self._lock:
+        for piece in [chunk[i : i + PIECE] for i in range(0, len(chunk), PIECE)] or [chunk]:
+            body = {"thread_id": str(thread_id), "type": type_, "data": {**data, "chunk": piece, "offset": offset}}
+            self._queued.append(json.dumps(body))
+            self._counts[0] += 1
+            offset += len(piece)
+        if self._sender is None or self._sender.done():
+            self._sender = asyncio.get_running_loop().create_task(self._send())
+
+    async def sent(self) -> None:
+        """Wait until every event queued so far has been sent (or dropped)."""
+        if self._counts[1] < self._counts[0]:
+            done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._waiting.append((self._counts[0], done))
+            await done
+
+    async def _send(self) -> None:
+        while self._queued:
+            batch, self._queued = self._queued, []
+            self._full = False
             try:
                 if self._conn is None or self._conn.is_closed():
                     self._conn = await db.connect(self._dsn, connect_timeout=5)
-                for piece in pieces:
-                    body = {
-                        "thread_id": str(thread_id),
-                        "type": type_,
-                        "data": {**data, "chunk": piece, "offset": offset},
-                    }
-                    await self._conn.execute("SELECT pg_notify($1, $2)", CHANNEL, json.dumps(body))
-                    offset += len(piece)
-            except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-                # live deltas are a courtesy: a client reads the text from the stored message, so a delta lost
-                # while the database is unreachable costs nothing, and must not fail the call it belongs to
-                log.warning("live event not sent (%s); the stored message carries the text", type(exc).__name__)
+                # NOTIFY: in order, one round trip for the batch
+                await self._conn.execute("SELECT pg_notify($1, p) FROM unnest($2::text[]) AS p", CHANNEL, batch)
+            except Exception as exc:  # unreachable, refused, or anything else: never the streaming call's failure
+                log.warning(
+                    "%d live events not sent (%s); the stored messages carry the text", len(batch), type(exc).__name__
+                )
                 self._conn = None
+            finally:  # sent, dropped, or cut off (a cancelled sender): nobody waits for these any longer
+                self._counts[1] += len(batch)
+                self._wake()
+
+    def _wake(self) -> None:
+        still = []
+        for target, done in self._waiting:
+            if target > self._counts[1]:
+                still.append((target, done))
+            elif not done.done():
+                done.set_result(None)
+        self._waiting = still
 
     async def close(self) -> None:
+        """Send what is queued, then close the connection."""
+        if self._sender is not None:
+            await self._sender
+            self._sender = None
         if self._conn is not None:
             await self._conn.close()
             self._conn = None

@@ -4,12 +4,13 @@ them, and the log as the fallback when the hub cannot read."""
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from typing import Any
 
 import pytest
 
-from app import events, hub
+from app import db, events, hub
 from app.catalog import load as load_catalog
 from app.hub import Batch, Live, Stored, Subscription
 from app.settings import plain_url
@@ -117,7 +118,7 @@ async def test_a_delta_waits_for_the_events_announced_before_it(
     [seq] = await _append(app, thread_id, 1)
     publisher = hub.Publisher(plain_url(app.state.settings.database_url))
     try:
-        await publisher.publish(thread_id, "message_chunk", {"message_id": "m", "chunk": "hi", "offset": 0})
+        publisher.publish(thread_id, "message_chunk", {"message_id": "m", "chunk": "hi", "offset": 0})
         await asyncio.sleep(0.3)
         assert not sub.items  # the chunk arrived, but the event before it is still being read
         gate.set()
@@ -228,3 +229,63 @@ async def test_a_carried_batch_behind_a_read_is_read_to_its_end_across_pages(
     await wait_for(lambda: asyncio.sleep(0, len(delivered(sub)) == 4))
     assert [i.seq for i in delivered(sub)] == [first, first + 1, first + 2, first + 3]
     app.state.hub.unsubscribe(sub)
+
+
+async def _listening(dsn: str) -> tuple[Any, list[dict[str, Any]]]:
+    conn = await db.connect(dsn, connect_timeout=5)
+    heard: list[dict[str, Any]] = []
+    await conn.add_listener(hub.CHANNEL, lambda *args: heard.append(json.loads(args[3])))
+    return conn, heard
+
+
+async def test_deltas_queued_meanwhile_go_out_together_in_order(database_url: str) -> None:
+    dsn = plain_url(database_url)
+    listener, heard = await _listening(dsn)
+    publisher = hub.Publisher(dsn)
+    statements: list[int] = []
+    try:
+        publisher.publish(uuid.uuid4(), "message_chunk", {"message_id": "warm", "chunk": "x", "offset": 0})
+        await publisher.sent()
+        conn = publisher._conn
+        assert conn is not None
+
+        class Counted:  # the connection, its statements counted (asyncpg's own attributes are read-only)
+            def is_closed(self) -> bool:
+                return conn.is_closed()
+
+            async def execute(self, *args: Any) -> Any:
+                statements.append(len(args[2]))
+                return await conn.execute(*args)
+
+            async def close(self) -> None:
+                await conn.close()
+
+        publisher._conn = Counted()  # type: ignore[assignment]
+        threads = [uuid.uuid4() for _ in range(3)]
+        for i in range(60):  # three streaming calls' deltas, interleaved, with nothing awaited between them
+            thread_id = threads[i % 3]
+            publisher.publish(thread_id, "message_chunk", {"message_id": str(thread_id), "chunk": "ab", "offset": i})
+        publisher.publish(threads[0], "message_chunk", {"message_id": "long", "chunk": "y" * 2500, "offset": 0})
+        await publisher.sent()  # returns once all of it is out
+        assert statements == [63]  # one statement for everything queued while nothing was being sent
+        await wait_for(lambda: asyncio.sleep(0, len(heard) == 64))
+        for thread_id in threads:
+            mine = [h["data"]["offset"] for h in heard if h["data"]["message_id"] == str(thread_id)]
+            assert mine == sorted(mine) and len(mine) == 20
+        long = [h["data"] for h in heard if h["data"]["message_id"] == "long"]
+        assert [(d["offset"], len(d["chunk"])) for d in long] == [(0, 1000), (1000, 1000), (2000, 500)]
+    finally:
+        await publisher.close()
+        await listener.close()
+
+
+async def test_publishing_never_waits_for_the_database_nor_fails(caplog: pytest.LogCaptureFixture) -> None:
+    publisher = hub.Publisher("postgresql://nobody@127.0.0.1:1/none")  # nothing listens there
+    publisher.publish(uuid.uuid4(), "message_chunk", {"message_id": "m", "chunk": "hi", "offset": 0})  # returns
+    await asyncio.wait_for(publisher.sent(), 10)  # dropped counts as done: a waiter is never stuck
+    assert "1 live events not sent" in caplog.text
+    publisher.LIMIT = 2
+    for i in range(5):
+        publisher.publish(uuid.uuid4(), "message_chunk", {"message_id": "m", "chunk": "hi", "offset": i})
+    assert len(publisher._queued) <= 2 and "live events dropped: 2 queued" in caplog.text
+    await asyncio.wait_for(publisher.close(), 10)

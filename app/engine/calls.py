@@ -258,13 +258,14 @@ class Caller:
         try:
             async for event in stream:
                 if isinstance(event, Done):
+                    await self._publisher.sent()  # the deltas before the message that completes them
                     return result(event.response)
                 assert isinstance(event, TextDelta | ReasoningDelta)
                 kind = "message_chunk" if isinstance(event, TextDelta) else "reasoning_chunk"
                 if ttft is None:
                     ttft = (time.monotonic() - started) * 1000
                 data = {"message_id": str(message_id), "depth": depth, "offset": offsets[kind], "chunk": event.text}
-                await self._publisher.publish(thread_id, kind, {**data, "attempt": attempt})
+                self._publisher.publish(thread_id, kind, {**data, "attempt": attempt})
                 offsets[kind] += len(event.text)
                 if kind == "message_chunk":
                     text.append(event.text)
