@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import warnings
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -19,8 +20,9 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import JSON, Connection, event, exc, text
 from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
-from sqlalchemy.orm import make_transient_to_detached
+from sqlalchemy.orm import Session, make_transient_to_detached
 from sqlalchemy.orm.attributes import instance_state, set_committed_value
+from sqlalchemy.util import await_only
 
 from app.settings import Settings
 
@@ -135,13 +137,19 @@ def _translated(sql: str, error: BaseException) -> exc.DBAPIError:
     return exc.DBAPIError(sql, None, error, connection_invalidated=closed)
 
 
-async def driver(session: AsyncSession, *, flush: bool = True) -> Driver:
+async def driver(session: AsyncSession, *, flush: bool = True, carries: bool = False) -> Driver:
     """The session's connection as a `Driver`, inside its transaction (begun here if no statement began it yet).
     Pending ORM changes are flushed first, as SQLAlchemy's own statements would (unless in `no_autoflush`);
-    `flush=False` for a statement that neither reads nor writes what the ORM may hold back (an event, a new row)."""
+    `flush=False` for a statement that neither reads nor writes what the ORM may hold back (an event, a new row).
+    Deferred writes (`defer`) are sent first, unless the statement `carries` them itself (`deferred`)."""
     sync = session.sync_session
     if flush and sync.autoflush:
         await write(session)
+    if not carries and _DEFERRED in session.info:
+        writes = deferred(session)
+        carrier = await driver(session, flush=False, carries=True)
+        await carrier.execute(f"WITH {ctes(writes, 1)} SELECT 1", *[a for _, args in writes for a in args])
+        return carrier
     held = session.info.get(_DRIVER)
     if held is not None and held[0] is sync.get_transaction():  # the same transaction: the same connection
         if sync.in_nested_transaction():
@@ -167,6 +175,77 @@ async def driver(session: AsyncSession, *, flush: bool = True) -> Driver:
 
 
 _DRIVER = "db.driver"  # `session.info` key: (the transaction, its Driver)
+
+
+# -- deferred writes ---------------------------------------------------------------------------------------------
+# A write nothing reads back at once (a message's answer, a log row, an inbox row) can wait for the transaction's next
+# statement and ride in it as a data-modifying CTE: `events.flush` writes the engine's held events that way, so such
+# a write costs no round trip of its own. Any other statement sends what is deferred first, on its own: a plain one
+# through `driver`, SQLAlchemy's through the session events below (a query, a flush, the commit), so whatever
+# follows a deferred write sees it, and none is lost.
+
+_DEFERRED = "db.deferred"  # `session.info` key: the writes deferred, in order
+
+
+async def defer(session: AsyncSession, sql: str, args: list[Any]) -> None:
+    """Send the write `sql` (it returns nothing) with the transaction's next statement. Inside a savepoint it is sent
+    at once: the savepoint's end must find it written, or rolled back."""
+    if session.in_nested_transaction():
+        await (await driver(session, flush=False)).execute(sql, *args)
+        return
+    session.info.setdefault(_DEFERRED, []).append((sql, args))
+
+
+def deferred(session: AsyncSession | Session) -> list[tuple[str, list[Any]]]:
+    """Take the writes deferred on `session`, for a statement that carries them (`ctes`)."""
+    found: list[tuple[str, list[Any]]] = session.info.pop(_DEFERRED, [])
+    return found
+
+
+_CTES: dict[tuple[tuple[str, ...], int], str] = {}
+_PARAMETER = re.compile(r"[$](\d+)")
+
+
+def ctes(writes: list[tuple[str, list[Any]]], first: int) -> str:
+    """`writes` as data-modifying CTEs (`w0 AS (...), w1 AS (...)`), their parameters numbered on from `first`;
+    cached, as asyncpg caches the prepared statement by its text."""
+    key = (tuple(w for w, _ in writes), first)
+    found = _CTES.get(key)
+    if found is None:
+        parts, at = [], first
+        for i, (write, args) in enumerate(writes):
+            parts.append(f"w{i} AS ({_renumbered(write, at - 1)})")
+            at += len(args)
+        found = _CTES[key] = ", ".join(parts)
+    return found
+
+
+def _renumbered(sql: str, shift: int) -> str:
+    return _PARAMETER.sub(lambda m: f"${int(m.group(1)) + shift}", sql)
+
+
+def _send_deferred(session: Session, *_: Any) -> None:
+    """Before SQLAlchemy runs a statement, flushes or commits: what is deferred goes first (in the session's
+    greenlet, so the connection is driven as SQLAlchemy drives it)."""
+    if _DEFERRED not in session.info:
+        return
+    writes = deferred(session)
+    raw: Any = session.connection().connection.dbapi_connection
+    sql = f"WITH {ctes(writes, 1)} SELECT 1"
+    try:
+        await_only(raw._connection.execute(sql, *[a for _, args in writes for a in args]))
+    except _DRIVER_ERRORS as error:
+        raise _translated(sql, error) from error
+
+
+def _on_execute(state: Any) -> None:
+    _send_deferred(state.session)
+
+
+event.listen(Session, "do_orm_execute", _on_execute)
+event.listen(Session, "before_flush", _send_deferred)
+event.listen(Session, "before_commit", _send_deferred)
+event.listen(Session, "after_rollback", lambda session: session.info.pop(_DEFERRED, None))
 
 
 async def write(session: AsyncSession) -> None:
@@ -235,7 +314,7 @@ async def insert(session: AsyncSession, row: Any) -> None:
 
 def insert_statement(row: Any) -> tuple[str, list[Any]]:
     """The INSERT of a new ORM object (nothing read back) and its parameters, for a caller that sends it with other
-    statements (`events.alongside`); the object itself stays out of any session."""
+    statements (`defer`); the object itself stays out of any session."""
     sql, _, params, _ = _shape(row)
     return sql, [json.dumps(row.__dict__[key]) if json_ else row.__dict__[key] for key, json_ in params]
 
@@ -287,15 +366,19 @@ def changes(row: Any, keys: tuple[str, ...] | None = None, first: int = 2) -> Ch
     return Changes(row, keys, values, params, sets)
 
 
-async def update(session: AsyncSession, row: Any, keys: tuple[str, ...]) -> None:
+async def update(session: AsyncSession, row: Any, keys: tuple[str, ...], *, later: bool = False) -> None:
     """Write the `keys` attributes of a persistent ORM object in one prepared statement, as committed values (the
-    unit of work will not write them again)."""
+    unit of work will not write them again); `later`: with the transaction's next statement (`defer`)."""
     found = changes(row, keys)
     assert found is not None
     mapper: Any = sa_inspect(type(row))
     (primary,) = mapper.primary_key
     sql = f'UPDATE {mapper.local_table.name} SET {found.sets} WHERE "{primary.name}" = $1'  # noqa: S608 -- mapped names
-    await (await driver(session, flush=False)).execute(sql, sa_inspect(row).identity[0], *found.params)
+    args = [sa_inspect(row).identity[0], *found.params]
+    if later:
+        await defer(session, sql, args)
+    else:
+        await (await driver(session, flush=False)).execute(sql, *args)
     found.written(session)
 
 

@@ -9,7 +9,6 @@ payloads only (`hub.Publisher`).
 from __future__ import annotations
 
 import json
-import re
 import uuid
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -18,9 +17,11 @@ from typing import Any
 
 import asyncpg
 from sqlalchemy import func, select, text
+from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm.attributes import set_committed_value
 
-from app import db, tables
+from app import db, errors, tables
 
 CHANNEL = "agents_events"
 
@@ -70,8 +71,36 @@ def _append_many_with(sets: str, wake: str | None) -> str:
     return sql
 
 
+def _append_many_releasing(sets: str, token: int, channel: str) -> str:
+    """`_APPEND_MANY` that also gives the thread back (`queue.release`'s plain case, `$token` the lease token): the
+    lease row goes, the row's lease columns are cleared, and it stays runnable (a worker woken on `channel`) only if
+    input waits. Returns the row's `runnable_since` and `attempt` as the release left them; no row when the lease
+    is not the one given."""
+    sets = ", ".join(s for s in (sets, _RELEASE_SETS) if s)
+    sql = _APPEND_MANY.replace("SET event_seq = event_seq + $2", f"SET event_seq = event_seq + $2, {sets}", 1)
+    mine = f"lease_token = ${token} RETURNING event_seq, runnable_since, attempt)"
+    dropped = f"dropped AS (DELETE FROM leases WHERE thread_id = $1 AND token = ${token})"  # noqa: S608 -- a number
+    sql = sql.replace("WHERE id = $1 RETURNING event_seq),", f"WHERE id = $1 AND {mine}, {dropped},", 1)
+    return sql.replace(
+        "|| $6) FROM next",
+        f"|| $6), next.runnable_since, next.attempt, "
+        f"CASE WHEN next.runnable_since IS NOT NULL THEN pg_notify('{channel}', '') END FROM next",
+        1,
+    )
+
+
+# RELEASE_SETS: as `queue._RELEASE` sets them without a refund or `again`: runnable only with input waiting (the row
+# lock taken by the transaction's fence keeps any new input's commit after this one).
+_RELEASE_SETS = (
+    "lease_token = NULL, lease_owner = NULL, attempt = 0, runnable_since = CASE WHEN EXISTS ("
+    "SELECT 1 FROM inbox WHERE inbox.thread_id = threads.id AND inbox.set_aside_at IS NULL"
+    ") THEN coalesce(runnable_since, now()) ELSE NULL END"
+)
+RELEASED = ("lease_token", "lease_owner", "attempt", "runnable_since")  # the columns a release sets
+
+
 # RUNNABLE: keep (or set) `runnable_since` and wake a worker on `$2` at commit: `_APPEND_MANY`'s wake-up without
-# events (after the writes held alongside), and `queue.mark_runnable`.
+# events (after the deferred writes, `db.defer`), and `queue.mark_runnable`.
 RUNNABLE = (
     "UPDATE threads SET runnable_since = coalesce(runnable_since, now()) WHERE id = $1 RETURNING pg_notify($2, '')"
 )
@@ -84,30 +113,8 @@ _BATCH = "events.batch"  # `session.info` key of the events held for one thread 
 class _Held:
     thread_id: uuid.UUID
     items: list[tuple[str, str]] = field(default_factory=list)
-    writes: list[tuple[str, list[Any]]] = field(default_factory=list)  # `alongside`
     wake: str | None = None  # `runnable`: the wake-up channel
-
-
-_CTES: dict[tuple[tuple[str, ...], int], str] = {}
-_PARAMETER = re.compile(r"[$](\d+)")
-
-
-def _ctes(writes: list[tuple[str, list[Any]]], first: int) -> str:
-    """`writes` as data-modifying CTEs (`w0 AS (...), w1 AS (...)`), their parameters numbered on from `first`;
-    cached, as asyncpg caches the prepared statement by its text."""
-    key = (tuple(w for w, _ in writes), first)
-    found = _CTES.get(key)
-    if found is None:
-        parts, at = [], first
-        for i, (write, args) in enumerate(writes):
-            parts.append(f"w{i} AS ({_renumbered(write, at - 1)})")
-            at += len(args)
-        found = _CTES[key] = ", ".join(parts)
-    return found
-
-
-def _renumbered(sql: str, shift: int) -> str:
-    return _PARAMETER.sub(lambda m: f"${int(m.group(1)) + shift}", sql)
+    release: tuple[uuid.UUID, str] | None = None  # `releasing`: the lease token, and the wake-up channel
 
 
 def hold(session: AsyncSession, thread_id: uuid.UUID) -> None:
@@ -119,20 +126,28 @@ def hold(session: AsyncSession, thread_id: uuid.UUID) -> None:
 
 async def flush(session: AsyncSession, thread: tables.Thread | None = None) -> None:
     """Write the events held on `session` (before its commit, and before a savepoint); with the held thread's row,
-    its changed columns go in the same statement (the events' UPDATE of that row)."""
+    its changed columns go in the same statement (the events' UPDATE of that row), and so do the deferred writes
+    (`db.defer`)."""
     held: _Held | None = session.info.get(_BATCH)
-    if held is None or not (held.items or held.writes or held.wake):
+    if held is None:
         return
+    writes = db.deferred(session)
+    if not (held.items or writes or held.wake):
+        return
+    driver = await db.driver(session, flush=False, carries=True)
     types, datas = [t for t, _ in held.items], [d for _, d in held.items]
-    writes, extra, wake = held.writes, [a for _, args in held.writes for a in args], held.wake
-    held.items, held.writes, held.wake = [], [], None
-    driver = await db.driver(session, flush=False)
+    extra, wake, release = [a for _, args in writes for a in args], held.wake, held.release
+    held.items, held.wake, held.release = [], None, None
+    if release is not None:
+        assert thread is not None and thread.id == held.thread_id and types, "`releasing` checked all three"
+        await _flush_releasing(session, driver, thread, types, datas, writes, release)
+        return
     if not types:
         if wake is not None:
-            prefix = f"WITH {_ctes(writes, 3)} " if writes else ""
+            prefix = f"WITH {db.ctes(writes, 3)} " if writes else ""
             await driver.execute(prefix + RUNNABLE, held.thread_id, wake, *extra)
         elif writes:
-            await _write(driver, writes)
+            await driver.execute(f"WITH {db.ctes(writes, 1)} SELECT 1", *extra)
         return
     changes = db.changes(thread, first=7) if thread is not None and thread.id == held.thread_id else None
     if wake is not None and changes is not None and "runnable_since" in changes.keys:
@@ -140,21 +155,51 @@ async def flush(session: AsyncSession, thread: tables.Thread | None = None) -> N
     sets, params = ("", []) if changes is None else (changes.sets, changes.params)
     sql = _append_many_with(sets, wake) if sets or wake is not None else _APPEND_MANY
     if writes:  # before the statement's own CTEs, which start it
-        sql = sql.replace("WITH ", f"WITH {_ctes(writes, 7 + len(params))}, ", 1)
+        sql = sql.replace("WITH ", f"WITH {db.ctes(writes, 7 + len(params))}, ", 1)
     carried = _carried(types, datas)
     await driver.execute(sql, held.thread_id, len(types), types, datas, CHANNEL, carried, *params, *extra)
     if changes is not None:
         changes.written(session)
 
 
-async def alongside(session: AsyncSession, sql: str, args: list[Any]) -> None:
-    """A write nothing later in the transaction reads (a request's log row): sent in the statement that writes the
-    held events at `flush` (one round trip fewer), or at once when no events are held."""
+async def _flush_releasing(
+    session: AsyncSession,
+    driver: db.Driver,
+    thread: tables.Thread,
+    types: list[str],
+    datas: list[str],
+    writes: list[tuple[str, list[Any]]],
+    release: tuple[uuid.UUID, str],
+) -> None:
+    token, channel = release
+    keys = tuple(sorted(k for k in sa_inspect(thread).committed_state if k not in RELEASED))
+    changes = db.changes(thread, keys, first=7) if keys else None
+    sets, params = ("", []) if changes is None else (changes.sets, changes.params)
+    sql = _append_many_releasing(sets, 7 + len(params), channel)
+    if writes:
+        sql = sql.replace("WITH ", f"WITH {db.ctes(writes, 8 + len(params))}, ", 1)
+    extra = [a for _, args in writes for a in args]
+    carried = _carried(types, datas)
+    found = await driver.fetchrow(sql, thread.id, len(types), types, datas, CHANNEL, carried, *params, token, *extra)
+    if found is None:
+        raise errors.LeaseLost()
+    if changes is not None:
+        changes.written(session)
+    released = {"lease_token": None, "lease_owner": None, "attempt": found["attempt"]}
+    for key, value in {**released, "runnable_since": found["runnable_since"]}.items():
+        set_committed_value(thread, key, value)
+    db.settle(session, thread)
+
+
+def releasing(session: AsyncSession, thread: tables.Thread, token: uuid.UUID, channel: str) -> bool:
+    """Give the thread back (`queue.release` with neither `again` nor a refund) in the statement that writes the held
+    events, one round trip fewer, when `session` holds the thread's events and has some to write; False when it does
+    not (the caller releases it). The transaction must hold the row lock (the engine's fence)."""
     held: _Held | None = session.info.get(_BATCH)
-    if held is None:
-        await (await db.driver(session, flush=False)).execute(sql, *args)
-        return
-    held.writes.append((sql, args))
+    if held is None or held.thread_id != thread.id or not held.items or held.wake is not None:
+        return False
+    held.release = (token, channel)
+    return True
 
 
 def runnable(session: AsyncSession, thread_id: uuid.UUID, channel: str) -> bool:
@@ -162,22 +207,10 @@ def runnable(session: AsyncSession, thread_id: uuid.UUID, channel: str) -> bool:
     round trip fewer), when `session` holds the thread's events; False when it does not (the caller does it). The
     held row object's `runnable_since` is not refreshed."""
     held: _Held | None = session.info.get(_BATCH)
-    if held is None or held.thread_id != thread_id:
+    if held is None or held.thread_id != thread_id or held.release is not None:
         return False
     held.wake = channel
     return True
-
-
-async def write_alongside(session: AsyncSession) -> None:
-    """Send the writes held by `alongside` now, for a statement that reads what they write."""
-    held: _Held | None = session.info.get(_BATCH)
-    if held is not None and held.writes:
-        writes, held.writes = held.writes, []
-        await _write(await db.driver(session, flush=False), writes)
-
-
-async def _write(driver: db.Driver, writes: list[tuple[str, list[Any]]]) -> None:
-    await driver.execute(f"WITH {_ctes(writes, 1)} SELECT 1", *[a for _, args in writes for a in args])
 
 
 @asynccontextmanager

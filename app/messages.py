@@ -80,12 +80,12 @@ async def add(session: AsyncSession, thread_id: uuid.UUID, role: str, **fields: 
     return row
 
 
-async def save(session: AsyncSession, row: tables.Message, **fields: Any) -> tables.Message:
-    """Update a message and announce it."""
+async def save(session: AsyncSession, row: tables.Message, *, later: bool = False, **fields: Any) -> tables.Message:
+    """Update a message and announce it; `later`: the UPDATE goes with the transaction's next statement (`db.defer`)."""
     for key, value in fields.items():
         setattr(row, key, value)
     row.updated_at = datetime.now(UTC)
-    await db.update(session, row, (*sorted(fields), "updated_at"))
+    await db.update(session, row, (*sorted(fields), "updated_at"), later=later)
     await announce(session, row)
     return row
 

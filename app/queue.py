@@ -83,12 +83,12 @@ _INBOX_ADD = "INSERT INTO inbox (thread_id, kind, payload) VALUES ($1, $2, CAST(
 
 
 async def enqueue_alongside(session: AsyncSession, thread_id: uuid.UUID, kind: str, payload: dict[str, Any]) -> None:
-    """`enqueue` in a transaction that holds the thread's events and reads no inbox row after it (`POST /messages`):
-    the row, the runnable mark and the wake-up go in the statement that writes the events (`events.alongside`)."""
+    """`enqueue` in a transaction that holds the thread's events (`POST /messages`): the row, the runnable mark and
+    the wake-up go in the statement that writes the events (`db.defer`)."""
     if not events.runnable(session, thread_id, WAKEUP_CHANNEL):
         await enqueue(session, thread_id, kind, payload)
         return
-    await events.alongside(session, _INBOX_ADD, [thread_id, kind, json.dumps(payload)])
+    await db.defer(session, _INBOX_ADD, [thread_id, kind, json.dumps(payload)])
 
 
 # MARK_RUNNABLE: as in ENQUEUE, without input (a run that must go on); the statement is `events.RUNNABLE`.
@@ -319,7 +319,7 @@ _RELEASE = """
     WHERE id = $1 AND lease_token = $2
     RETURNING runnable_since, attempt, CASE WHEN runnable_since IS NOT NULL THEN pg_notify($5, '') END
 """
-_RELEASED = ("lease_token", "lease_owner", "attempt", "runnable_since")  # the columns the release itself sets
+_RELEASED = events.RELEASED  # the columns the release itself sets
 
 
 async def release(
@@ -361,6 +361,13 @@ async def release(
             set_committed_value(row, key, value)
         db.settle(session, row)
     return found["runnable_since"] is not None
+
+
+async def release_with_events(session: AsyncSession, claim: Claim, row: tables.Thread) -> None:
+    """`release` (neither `again` nor a refund) in a fenced transaction: in the statement that writes its held events
+    when it has some (one round trip fewer), else on its own."""
+    if not events.releasing(session, row, claim.token, WAKEUP_CHANNEL):
+        await release(session, claim, fenced=True, row=row)
 
 
 # STRANDED: threads holding input that nothing will ever run: not leased (or the lease expired), not runnable, and not

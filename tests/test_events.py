@@ -157,11 +157,12 @@ async def test_held_events_carry_the_thread_rows_changes_in_one_statement(
         assert [r.type for r in await events.read(s, tid, 0)] == ["step_started", "llm_request"]
 
 
-async def test_writes_alongside_go_with_the_held_events_or_on_their_own(
+async def test_deferred_writes_ride_with_the_held_events_or_go_before_any_other_statement(
     sessions: async_sessionmaker[AsyncSession],
 ) -> None:
-    """`alongside` writes (a request's log row) travel in the events' statement, their parameters numbered after the
-    thread row's changes; `write_alongside` sends them alone for a statement that reads them; unheld, at once."""
+    """`db.defer` writes (a request's log row, an answer) travel in the events' statement, their parameters numbered
+    after the thread row's changes; any other statement (plain or SQLAlchemy's), a flush or the commit sends them
+    first on their own; a savepoint writes them at once; a rollback drops them."""
     agent = define_agent(name="a", side_a={"prompt": "p"})
     async with sessions() as s, s.begin():
         tid = (await threads.create(s, agent, keys.OPEN)).id
@@ -184,23 +185,40 @@ async def test_writes_alongside_go_with_the_held_events_or_on_their_own(
     async with sessions() as s, s.begin():
         thread = await threads.get(s, tid, keys.OPEN, lock=True)
         events.hold(s, tid)
-        await events.alongside(s, *db.insert_statement(log(1)))
-        await events.alongside(s, *db.insert_statement(log(2)))
-        assert await models(s) == []  # held
-        await events.write_alongside(s)
-        assert await models(s) == ["m1", "m2"]
-        await events.alongside(s, *db.insert_statement(log(3)))
-        await events.append(s, tid, "llm_response", {"model": "m3"})
-        thread.status = "running"
         statements: list[str] = []
         raw = await db.driver(s, flush=False)
         raw._conn.add_query_logger(lambda record: statements.append(record.query))
+        await db.defer(s, *db.insert_statement(log(1)))
+        await db.defer(s, *db.insert_statement(log(2)))
+        await asyncio.sleep(0)
+        assert statements == []  # deferred
+        assert await models(s) == ["m1", "m2"]  # a query sends them first
+        await asyncio.sleep(0)
+        assert statements[0].startswith("WITH w0 AS (INSERT INTO logs")  # both, in one statement
+        await db.defer(s, *db.insert_statement(log(3)))
+        found = await (await db.driver(s)).fetchval("SELECT count(*) FROM logs WHERE thread_id = $1", tid)
+        assert found == 3  # so does a plain statement
+        await db.defer(s, *db.insert_statement(log(4)))
+        await events.append(s, tid, "llm_response", {"model": "m4"})
+        thread.status = "running"
+        await asyncio.sleep(0)  # query loggers are called soon after
+        statements.clear()
         await events.flush(s, thread)
         await asyncio.sleep(0)
-        assert len(statements) == 1 and not s.dirty
+        assert len(statements) == 1 and not s.dirty  # the events, the row's change and the log row: one statement
     async with sessions() as s, s.begin():
-        assert await models(s) == ["m1", "m2", "m3"]
+        assert await models(s) == ["m1", "m2", "m3", "m4"]
         assert (await s.get_one(tables.Thread, tid)).status == "running"
         assert [r.type for r in await events.read(s, tid, 0)] == ["llm_response"]
-        await events.alongside(s, *db.insert_statement(log(4)))  # nothing held: written at once
-        assert await models(s) == ["m1", "m2", "m3", "m4"]
+        await db.defer(s, *db.insert_statement(log(5)))  # nothing held: the commit sends it
+    async with sessions() as s:
+        async with s.begin():
+            await db.defer(s, *db.insert_statement(log(6)))
+            await s.rollback()  # dropped with the transaction: not sent in the next one
+        async with s.begin():
+            assert await models(s) == ["m1", "m2", "m3", "m4", "m5"]
+        async with s.begin():
+            async with s.begin_nested() as savepoint:
+                await db.defer(s, *db.insert_statement(log(7)))  # inside a savepoint: written at once
+                await savepoint.rollback()
+            assert await models(s) == ["m1", "m2", "m3", "m4", "m5"]

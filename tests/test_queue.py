@@ -168,6 +168,67 @@ async def test_a_release_writes_the_rows_changes_in_its_own_statement(
         assert (stored.attempt, stored.lease_token, stored.lease_owner) == (2 if keep_attempt else 0, None, None)
 
 
+@pytest.mark.parametrize("input_waits", [False, True])
+async def test_a_release_rides_with_the_held_events(
+    sessions: async_sessionmaker[AsyncSession], database_url: str, input_waits: bool
+) -> None:
+    """The engine's closing transaction: the lease, the row's changes, the events and the deferred writes in one
+    statement; the thread stays runnable (and a worker is woken) only if input waits."""
+    [tid] = await _runnable(sessions, 1)
+    claim = await _claim(sessions)
+    assert claim is not None
+    woken: list[str] = []
+    listener = await asyncpg.connect(plain_url(database_url))
+    await listener.add_listener(queue.WAKEUP_CHANNEL, lambda *a: woken.append(a[-1]))
+    try:
+        async with sessions() as s, s.begin():
+            thread = await queue.fence(s, claim)
+            events.hold(s, tid)
+            if not input_waits:
+                await queue.take_inbox(s, tid)
+            thread.status, thread.attempt, thread.session_turns = "idle", 1, 4
+            await events.append(s, tid, "turn_ended", {"side": "a", "reason": "stop_on_response"})
+            await db.defer(s, "UPDATE threads SET name = $1 WHERE id = $2", ["closed", tid])
+            statements: list[str] = []
+            conn = (await db.driver(s, flush=False))._conn
+            await asyncio.sleep(0)
+            conn.add_query_logger(logger := lambda r, into=statements: into.append(r.query))
+            await queue.release_with_events(s, claim, thread)
+            await events.flush(s, thread)
+            await asyncio.sleep(0)
+            conn.remove_query_logger(logger)
+            assert len(statements) == 1 and not s.dirty
+            assert (thread.attempt, thread.lease_token, thread.lease_owner) == (0, None, None)
+            assert (thread.runnable_since is not None) is input_waits
+        async with sessions() as s:
+            stored = await s.get_one(tables.Thread, tid)
+            assert (stored.status, stored.session_turns, stored.name, stored.event_seq) == ("idle", 4, "closed", 1)
+            assert (stored.attempt, stored.lease_token, stored.lease_owner) == (0, None, None)
+            assert (stored.runnable_since is not None) is input_waits
+            assert await s.get(tables.Lease, tid) is None
+            assert [e.type for e in await events.read(s, tid, 0)] == ["turn_ended"]
+        await asyncio.sleep(0.2)
+        assert len(woken) == (1 if input_waits else 0)
+        assert ((await _claim(sessions)) is not None) is input_waits
+    finally:
+        await listener.close()
+
+
+async def test_a_release_with_nothing_held_is_a_release_of_its_own(sessions: async_sessionmaker[AsyncSession]) -> None:
+    [tid] = await _runnable(sessions, 1)
+    claim = await _claim(sessions)
+    assert claim is not None
+    async with sessions() as s, s.begin():
+        thread = await queue.fence(s, claim)
+        events.hold(s, tid)  # but no event appended: the release cannot ride on anything
+        await queue.take_inbox(s, tid)
+        await queue.release_with_events(s, claim, thread)
+        assert (thread.lease_token, thread.runnable_since) == (None, None)
+        await events.flush(s, thread)
+    async with sessions() as s:
+        assert await s.get(tables.Lease, tid) is None
+
+
 async def test_expired_lease_is_claimable_and_fences_the_old_holder(
     sessions: async_sessionmaker[AsyncSession],
 ) -> None:

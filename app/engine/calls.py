@@ -375,12 +375,12 @@ async def announce(session: AsyncSession, thread_id: uuid.UUID, definition: Mode
 
 
 async def write(session: AsyncSession, result: Result) -> None:
-    """Write a request's record, once: its log row (with the transaction's events: `events.alongside`; the request
-    count sends it first) and, for an answer, its `llm_response` event."""
+    """Write a request's record, once: its log row (with the transaction's events: `db.defer`; any statement that
+    reads it sends it first) and, for an answer, its `llm_response` event."""
     row, result.record = result.record, None
     if row is None:
         return
-    await events.alongside(session, *db.insert_statement(row))
+    await db.defer(session, *db.insert_statement(row))
     if isinstance(result.response, LLMResponse):
         await events.append(
             session,
@@ -400,5 +400,4 @@ _REQUESTS_MADE = "SELECT count(*) FROM logs WHERE thread_id = $1 AND kind = 'llm
 
 async def _requests_made(session: AsyncSession, thread_id: uuid.UUID, model: str) -> int:
     """Requests a thread has made to a model: the `test` provider's durable script position."""
-    await events.write_alongside(session)  # the log row of a step this transaction closed
     return int(await (await db.driver(session, flush=False)).fetchval(_REQUESTS_MADE, thread_id, model))

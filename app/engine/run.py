@@ -317,11 +317,11 @@ class Engine:
             if verdict.ends == "nothing":
                 if await turns.after(session, thread, agent, step.side):
                     return await self._open_in(session, thread, first=False, merged=True)
-                await queue.release(session, claim, fenced=True, row=thread)
+                await queue.release_with_events(session, claim, thread)
                 return RELEASED
         if verdict.ends == "session":
             await turns.end_session(session, thread, verdict)
-            await queue.release(session, claim, fenced=True, row=thread)
+            await queue.release_with_events(session, claim, thread)
             return RELEASED
         return await self._open_in(session, thread, first=False, merged=True)
 
@@ -437,7 +437,8 @@ class Engine:
             "model": result.model.name,
             "usage": response.usage.as_dict(),
         }
-        await messages.save(session, message, **await hook_runner.before_update_message(message, updates))
+        # the answer rides with the transaction's events: nothing reads it back before they are written
+        await messages.save(session, message, later=True, **await hook_runner.before_update_message(message, updates))
         await hook_runner.after_update_message(message)
         thread.last_message_at = datetime.now(UTC)
         thread.step_open = bool(response.tool_calls)  # until the step's stops are evaluated
