@@ -36,7 +36,7 @@ _APPEND = """
 
 
 # APPEND_MANY: a batch of one thread's events, their seqs taken at once under the row lock, one NOTIFY naming the
-# first and carrying the events themselves when they fit (`$6`, see `_carried`); without them the hub reads
+# first and carrying the events themselves when they fit (`$6`, see `carried`); without them the hub reads
 # everything after what it has, so it gets the whole batch.
 _APPEND_MANY = """
     WITH next AS (UPDATE threads SET event_seq = event_seq + $2 WHERE id = $1 RETURNING event_seq),
@@ -51,7 +51,7 @@ _APPEND_MANY = """
 CARRIED_BYTES = 8000 - 64  # a NOTIFY payload's limit, less `thread_id:seq` (at most 56 bytes) and the separator
 
 
-def _carried(types: list[str], datas: list[str]) -> str:
+def carried(types: list[str], datas: list[str]) -> str:
     """The suffix of a batch's NOTIFY: `:` and the events as a JSON array of `[type, data]` when that fits in a
     payload (the hub then hands them on without reading them back), else nothing."""
     if sum(map(len, datas)) > CARRIED_BYTES:  # too large whatever the encoding: not built at all
@@ -156,8 +156,8 @@ async def flush(session: AsyncSession, thread: tables.Thread | None = None) -> N
     sql = _append_many_with(sets, wake) if sets or wake is not None else _APPEND_MANY
     if writes:  # before the statement's own CTEs, which start it
         sql = sql.replace("WITH ", f"WITH {db.ctes(writes, 7 + len(params))}, ", 1)
-    carried = _carried(types, datas)
-    await driver.execute(sql, held.thread_id, len(types), types, datas, CHANNEL, carried, *params, *extra)
+    suffix = carried(types, datas)
+    await driver.execute(sql, held.thread_id, len(types), types, datas, CHANNEL, suffix, *params, *extra)
     if changes is not None:
         changes.written(session)
 
@@ -179,8 +179,8 @@ async def _flush_releasing(
     if writes:
         sql = sql.replace("WITH ", f"WITH {db.ctes(writes, 8 + len(params))}, ", 1)
     extra = [a for _, args in writes for a in args]
-    carried = _carried(types, datas)
-    found = await driver.fetchrow(sql, thread.id, len(types), types, datas, CHANNEL, carried, *params, token, *extra)
+    suffix = carried(types, datas)
+    found = await driver.fetchrow(sql, thread.id, len(types), types, datas, CHANNEL, suffix, *params, token, *extra)
     if found is None:
         raise errors.LeaseLost()
     if changes is not None:

@@ -91,6 +91,56 @@ async def enqueue_alongside(session: AsyncSession, thread_id: uuid.UUID, kind: s
     await db.defer(session, _INBOX_ADD, [thread_id, kind, json.dumps(payload)])
 
 
+# POST: `POST /messages` in one statement outside any transaction (no BEGIN, no COMMIT): the thread row locked if it
+# is the caller's (`$2`, NULL for an admin), not terminated and not stopped (the lock returns its latest version, so
+# these hold at commit); the inbox row; the row marked runnable and, if it was idle, `queued` with its `thread_status`
+# event, announced as `events.flush` announces a batch (`$6`: the event itself, carried); the wake-up. When a check
+# fails nothing is written and no row comes back.
+_POST = """
+    WITH t AS (
+        SELECT id, status FROM threads
+        WHERE id = $1 AND (CAST($2 AS text) IS NULL OR user_id = $2) AND terminated_at IS NULL AND NOT stopped
+        FOR NO KEY UPDATE
+    ),
+    next AS (
+        UPDATE threads SET
+            event_seq = threads.event_seq + CASE WHEN t.status = 'idle' THEN 1 ELSE 0 END,
+            status = CASE WHEN t.status = 'idle' THEN 'queued' ELSE threads.status END,
+            updated_at = CASE WHEN t.status = 'idle' THEN now() ELSE threads.updated_at END,
+            runnable_since = coalesce(threads.runnable_since, now())
+        FROM t WHERE threads.id = t.id
+        RETURNING threads.event_seq, t.status = 'idle' AS queued
+    ),
+    added AS (INSERT INTO inbox (thread_id, kind, payload) SELECT $1, $3, CAST($4 AS jsonb) FROM next),
+    stored AS (
+        INSERT INTO events (thread_id, seq, type, data)
+        SELECT $1, next.event_seq, 'thread_status', CAST($7 AS jsonb) FROM next WHERE next.queued
+    )
+    SELECT next.queued, pg_notify($8, ''),
+           CASE WHEN next.queued THEN pg_notify($5, CAST($1 AS text) || ':' || next.event_seq || $6) END
+    FROM next
+"""
+_QUEUED = json.dumps({"status": "queued"})  # the `thread_status` event of a thread that was idle
+
+
+async def post(driver: db.Driver, thread_id: uuid.UUID, user_id: str | None, payload: dict[str, Any]) -> bool:
+    """Queue a message for a thread its caller may post to (`user_id`; None for an admin), in one atomic statement
+    (`driver` in autocommit); False, with nothing written, when the thread is not found, not the caller's,
+    terminated or stopped (the caller's general path says which, or resumes the stop)."""
+    found = await driver.fetchrow(
+        _POST,
+        thread_id,
+        user_id,
+        Kind.MESSAGE,
+        json.dumps(payload),
+        events.CHANNEL,
+        events.carried(["thread_status"], [_QUEUED]),
+        _QUEUED,
+        WAKEUP_CHANNEL,
+    )
+    return found is not None
+
+
 # MARK_RUNNABLE: as in ENQUEUE, without input (a run that must go on); the statement is `events.RUNNABLE`.
 _MARK_RUNNABLE = events.RUNNABLE
 

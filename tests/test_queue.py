@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 
 import asyncpg
 import pytest
-from sqlalchemy import text
+from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from app import db, errors, events, keys, queue, tables, threads
@@ -227,6 +227,57 @@ async def test_a_release_with_nothing_held_is_a_release_of_its_own(sessions: asy
         await events.flush(s, thread)
     async with sessions() as s:
         assert await s.get(tables.Lease, tid) is None
+
+
+async def test_a_posted_message_is_one_statement_or_nothing(
+    sessions: async_sessionmaker[AsyncSession], database_url: str
+) -> None:
+    """`POST /messages`' usual case: the inbox row, the runnable mark, `queued` with its event (only for an idle
+    thread) and the wake-up in one autocommit statement; not the caller's, terminated or stopped: nothing at all."""
+    principal = keys.Principal(user_id="ann", admin=False)
+    async with sessions() as s, s.begin():
+        idle, busy, stopped, ended = [(await threads.create(s, AGENT, principal)).id for _ in range(4)]
+        for tid, column in ((busy, "status = 'running'"), (stopped, "stopped"), (ended, "terminated_at = now()")):
+            value = "" if "=" in column else " = true"
+            await s.execute(text(f"UPDATE threads SET {column}{value} WHERE id = :id"), {"id": tid})
+    woken: list[str] = []
+    announced: list[str] = []
+    listener = await asyncpg.connect(plain_url(database_url))
+    await listener.add_listener(queue.WAKEUP_CHANNEL, lambda *a: woken.append(a[-1]))
+    await listener.add_listener(events.CHANNEL, lambda *a: announced.append(a[-1]))
+    try:
+        for tid, user, expected in (
+            (idle, "ann", True),
+            (busy, None, True),  # an admin
+            (idle, "bob", False),  # not his
+            (stopped, "ann", False),
+            (ended, "ann", False),
+            (uuid.uuid4(), None, False),
+        ):
+            async with db.autocommit(sessions) as s:
+                driver = await db.driver(s)
+                statements: list[str] = []
+                driver._conn.add_query_logger(logger := lambda r, into=statements: into.append(r.query))
+                payload = {"id": str(uuid.uuid4()), "role": "user", "content": "hi"}
+                assert await queue.post(driver, tid, user, payload) is expected
+                await asyncio.sleep(0)
+                driver._conn.remove_query_logger(logger)
+                assert len(statements) == 1  # no BEGIN, no COMMIT
+        await asyncio.sleep(0.2)
+        assert len(woken) == 2  # idle (by ann, not by bob) and busy
+        async with sessions() as s:
+            rows = {t.id: t for t in (await s.execute(select(tables.Thread))).scalars()}
+            assert (rows[idle].status, rows[busy].status) == ("queued", "running")
+            assert rows[idle].runnable_since is not None and rows[busy].runnable_since is not None
+            assert rows[stopped].runnable_since is None and rows[ended].runnable_since is None
+            inbox = (await s.execute(select(tables.Inbox.thread_id))).scalars().all()
+            assert sorted(map(str, inbox)) == sorted(map(str, [idle, busy]))
+            queued = [(e.type, e.data) for e in await events.read(s, idle, 0)]
+            assert queued == [("thread_status", {"status": "queued"})]
+            assert await events.read(s, busy, 0) == []
+        assert announced == [f'{idle}:1:[["thread_status",{{"status": "queued"}}]]']  # the event carried
+    finally:
+        await listener.close()
 
 
 async def test_expired_lease_is_claimable_and_fences_the_old_holder(

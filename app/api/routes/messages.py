@@ -16,7 +16,7 @@ from starlette.datastructures import FormData, UploadFile
 
 from app import attachments, db, errors, events, lifecycle, messages, queue, subagents, tables, threads
 from app.api import schemas
-from app.api.deps import CurrentUser, SessionDep, SettingsDep
+from app.api.deps import CurrentUser, SessionDep, SettingsDep, sessions
 
 router = APIRouter(tags=["messages"])
 
@@ -37,13 +37,24 @@ async def enqueue_message(
     worker claims it (§2)."""
     if thread.terminated_at is not None:
         raise errors.ThreadTerminated()
-    refs = [
+    refs: list[dict[str, Any]] = [
         await attachments.store(session, thread.id, a.name, attachments.decode(a.data, a.name), a.mime_type, limit)
         for a in body.attachments
     ]
     for upload in uploads or []:
         name = upload.filename or "file"
         refs.append(await attachments.store(session, thread.id, name, _chunks(upload), upload.content_type, limit))
+    message_id, payload = _payload(body, refs)
+    await queue.enqueue_alongside(session, thread.id, queue.Kind.MESSAGE, payload)  # with the events (`post_message`)
+    if body.role != "system":
+        await lifecycle.unpark(session, thread)
+    if thread.status == "idle":
+        await threads.set_status(session, thread, "queued")
+    return message_id
+
+
+def _payload(body: schemas.MessageIn, refs: list[dict[str, Any]]) -> tuple[uuid.UUID, dict[str, Any]]:
+    """A new message's id, and its inbox payload."""
     message_id = uuid.uuid4()
     payload = {
         "id": str(message_id),
@@ -54,12 +65,7 @@ async def enqueue_message(
         "attachments": refs,
         "queued_at": datetime.now(UTC).isoformat(),
     }
-    await queue.enqueue_alongside(session, thread.id, queue.Kind.MESSAGE, payload)  # with the events (`post_message`)
-    if body.role != "system":
-        await lifecycle.unpark(session, thread)
-    if thread.status == "idle":
-        await threads.set_status(session, thread, "queued")
-    return message_id
+    return message_id, payload
 
 
 async def _chunks(upload: UploadFile) -> AsyncIterator[bytes]:
@@ -134,6 +140,17 @@ async def post_message(
     """Queue a message (JSON with base64 `attachments`, or multipart with files); a `user` message makes side A
     act. Attachments are stored under `/attachments/` in the thread's files."""
     media = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if media != "multipart/form-data":
+        try:
+            body = schemas.MessageIn.model_validate_json(await request.body())
+        except ValidationError as exc:
+            raise RequestValidationError(exc.errors()) from None
+        if not body.attachments:  # the usual message: one statement, no transaction around it
+            message_id, payload = _payload(body, [])
+            async with db.autocommit(sessions(request)) as auto:
+                if await queue.post(await db.driver(auto), thread_id, None if who.admin else who.user_id, payload):
+                    return schemas.Queued(message_id=message_id)
+    # attachments to store, or a thread that is not found, terminated or stopped: in a transaction
     thread = await threads.get(session, thread_id, who, lock=True)
     events.hold(session, thread.id)  # the row is locked: its events go with its changes in one statement at the end
     if media == "multipart/form-data":
@@ -141,10 +158,6 @@ async def post_message(
             body, uploads = _from_form(form)
             message_id = await enqueue_message(session, thread, body, settings.max_file_bytes, uploads)
     else:
-        try:
-            body = schemas.MessageIn.model_validate_json(await request.body())
-        except ValidationError as exc:
-            raise RequestValidationError(exc.errors()) from None
         message_id = await enqueue_message(session, thread, body, settings.max_file_bytes)
     await events.flush(session, thread)
     await db.write(session)
