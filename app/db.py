@@ -182,24 +182,54 @@ _DRIVER = "db.driver"  # `session.info` key: (the transaction, its Driver)
 # statement and ride in it as a data-modifying CTE: `events.flush` writes the engine's held events that way, so such
 # a write costs no round trip of its own. Any other statement sends what is deferred first, on its own: a plain one
 # through `driver`, SQLAlchemy's through the session events below (a query, a flush, the commit), so whatever
-# follows a deferred write sees it, and none is lost.
+# follows a deferred write sees it, and none is lost. All parts of one statement see one snapshot and a row can be
+# changed only once in it, so the thread row (which the events statement updates) is never deferred, and a second
+# write of a row already deferred sends the first one before it.
 
-_DEFERRED = "db.deferred"  # `session.info` key: the writes deferred, in order
+_DEFERRED = "db.deferred"  # `session.info` key: the writes deferred, in order, with the rows they target
+_TARGET = re.compile(r"^\s*(?:INSERT\s+INTO|UPDATE|DELETE\s+FROM)\s+(\w+)", re.IGNORECASE)
 
 
-async def defer(session: AsyncSession, sql: str, args: list[Any]) -> None:
-    """Send the write `sql` (it returns nothing) with the transaction's next statement. Inside a savepoint it is sent
-    at once: the savepoint's end must find it written, or rolled back."""
-    if session.in_nested_transaction():
-        await (await driver(session, flush=False)).execute(sql, *args)
+async def defer(session: AsyncSession, sql: str, args: list[Any], row: Any = None) -> None:
+    """Send the write `sql` (it returns nothing) with the transaction's next statement; `row` names the row it
+    changes when it changes an existing one (an UPDATE's key). Inside a savepoint, and for the thread row, it is sent
+    at once (a savepoint's end must find it written, or rolled back)."""
+    carrier = await driver(session, flush=False, carries=True)  # the transaction is begun: never autocommit
+    table = _table(sql)
+    held: list[tuple[str, list[Any], tuple[str, Any] | None]] = session.info.get(_DEFERRED, [])
+    target = None if row is None else (table, row)
+    if (
+        session.in_nested_transaction()
+        or table == "threads"
+        or (target is not None and target in {t for *_, t in held})
+    ):
+        await driver(session, flush=False)  # what was deferred before goes first
+        await carrier.execute(sql, *args)
         return
-    session.info.setdefault(_DEFERRED, []).append((sql, args))
+    session.info.setdefault(_DEFERRED, []).append((sql, args, target))
+
+
+def _table(sql: str) -> str:
+    found = _TARGET.match(sql)
+    if found is None:
+        raise ValueError(f"not a single-table write: {sql[:60]!r}")
+    return found.group(1).lower()
 
 
 def deferred(session: AsyncSession | Session) -> list[tuple[str, list[Any]]]:
     """Take the writes deferred on `session`, for a statement that carries them (`ctes`)."""
-    found: list[tuple[str, list[Any]]] = session.info.pop(_DEFERRED, [])
-    return found
+    return [(sql, args) for sql, args, _ in session.info.pop(_DEFERRED, [])]
+
+
+def deferred_tables(session: AsyncSession) -> set[str]:
+    """The tables the writes deferred on `session` write."""
+    return {_table(sql) for sql, *_ in session.info.get(_DEFERRED, [])}
+
+
+async def send_deferred(session: AsyncSession) -> None:
+    """Send what is deferred now (before a savepoint: its rollback must not take them with it)."""
+    if _DEFERRED in session.info:
+        await driver(session, flush=False)
 
 
 _CTES: dict[tuple[tuple[str, ...], int], str] = {}
@@ -245,7 +275,16 @@ def _on_execute(state: Any) -> None:
 event.listen(Session, "do_orm_execute", _on_execute)
 event.listen(Session, "before_flush", _send_deferred)
 event.listen(Session, "before_commit", _send_deferred)
-event.listen(Session, "after_rollback", lambda session: session.info.pop(_DEFERRED, None))
+
+
+def _ended(session: Session, transaction: Any) -> None:
+    """The outermost transaction ended (a commit sent them; a rollback drops them): none is carried over into the
+    session's next transaction. A savepoint's end leaves the enclosing transaction's alone."""
+    if transaction.parent is None:
+        session.info.pop(_DEFERRED, None)
+
+
+event.listen(Session, "after_transaction_end", _ended)
 
 
 async def write(session: AsyncSession) -> None:
@@ -376,7 +415,7 @@ async def update(session: AsyncSession, row: Any, keys: tuple[str, ...], *, late
     sql = f'UPDATE {mapper.local_table.name} SET {found.sets} WHERE "{primary.name}" = $1'  # noqa: S608 -- mapped names
     args = [sa_inspect(row).identity[0], *found.params]
     if later:
-        await defer(session, sql, args)
+        await defer(session, sql, args, row=args[0])
     else:
         await (await driver(session, flush=False)).execute(sql, *args)
     found.written(session)

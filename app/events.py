@@ -81,9 +81,10 @@ def _append_many_releasing(sets: str, token: int, channel: str) -> str:
     mine = f"lease_token = ${token} RETURNING event_seq, runnable_since, attempt)"
     dropped = f"dropped AS (DELETE FROM leases WHERE thread_id = $1 AND token = ${token})"  # noqa: S608 -- a number
     sql = sql.replace("WHERE id = $1 RETURNING event_seq),", f"WHERE id = $1 AND {mine}, {dropped},", 1)
+    sql = sql.replace("SELECT pg_notify($5,", "SELECT CASE WHEN $2 > 0 THEN pg_notify($5,", 1)  # no events: no news
     return sql.replace(
         "|| $6) FROM next",
-        f"|| $6), next.runnable_since, next.attempt, "
+        f"|| $6) END, next.runnable_since, next.attempt, "
         f"CASE WHEN next.runnable_since IS NOT NULL THEN pg_notify('{channel}', '') END FROM next",
         1,
     )
@@ -131,15 +132,18 @@ async def flush(session: AsyncSession, thread: tables.Thread | None = None) -> N
     held: _Held | None = session.info.get(_BATCH)
     if held is None:
         return
+    # a release goes with the thread's row (the transaction's last flush); one without it writes only the events
+    release = held.release if thread is not None and thread.id == held.thread_id else None
     writes = db.deferred(session)
-    if not (held.items or writes or held.wake):
+    if not (held.items or writes or held.wake or release):
         return
     driver = await db.driver(session, flush=False, carries=True)
     types, datas = [t for t, _ in held.items], [d for _, d in held.items]
-    extra, wake, release = [a for _, args in writes for a in args], held.wake, held.release
-    held.items, held.wake, held.release = [], None, None
+    extra, wake = [a for _, args in writes for a in args], held.wake
+    held.items, held.wake = [], None
     if release is not None:
-        assert thread is not None and thread.id == held.thread_id and types, "`releasing` checked all three"
+        assert thread is not None
+        held.release = None
         await _flush_releasing(session, driver, thread, types, datas, writes, release)
         return
     if not types:
@@ -193,10 +197,11 @@ async def _flush_releasing(
 
 def releasing(session: AsyncSession, thread: tables.Thread, token: uuid.UUID, channel: str) -> bool:
     """Give the thread back (`queue.release` with neither `again` nor a refund) in the statement that writes the held
-    events, one round trip fewer, when `session` holds the thread's events and has some to write; False when it does
-    not (the caller releases it). The transaction must hold the row lock (the engine's fence)."""
+    events at the transaction's last flush (one round trip fewer), when `session` holds the thread's events; False
+    when it does not, or when deferred input would escape the release's look at the inbox (the caller releases it).
+    The transaction must hold the row lock (the engine's fence), and mark nothing runnable after this."""
     held: _Held | None = session.info.get(_BATCH)
-    if held is None or held.thread_id != thread.id or not held.items or held.wake is not None:
+    if held is None or held.thread_id != thread.id or held.wake is not None or "inbox" in db.deferred_tables(session):
         return False
     held.release = (token, channel)
     return True
@@ -207,7 +212,9 @@ def runnable(session: AsyncSession, thread_id: uuid.UUID, channel: str) -> bool:
     round trip fewer), when `session` holds the thread's events; False when it does not (the caller does it). The
     held row object's `runnable_since` is not refreshed."""
     held: _Held | None = session.info.get(_BATCH)
-    if held is None or held.thread_id != thread_id or held.release is not None:
+    if held is not None and held.release is not None:
+        raise ValueError("the thread is released at the end of this transaction: nothing may mark it runnable")
+    if held is None or held.thread_id != thread_id:
         return False
     held.wake = channel
     return True
@@ -217,6 +224,7 @@ def runnable(session: AsyncSession, thread_id: uuid.UUID, channel: str) -> bool:
 async def written_at_once(session: AsyncSession) -> AsyncIterator[None]:
     """Events appended inside are written at once (a savepoint that may roll back must take its events with it)."""
     await flush(session)
+    await db.send_deferred(session)
     held = session.info.pop(_BATCH, None)
     try:
         yield

@@ -325,6 +325,22 @@ class Hub:
             self._push(key, tail.held.popleft()[1])
 
 
+NOTIFY_BYTES = 8000 - 1  # a NOTIFY payload's limit (less one: the terminating zero)
+
+
+def _pieces(text: str, size: int) -> list[str]:
+    """`text` in consecutive pieces of at most `size` characters whose event stays under a NOTIFY's limit once
+    encoded (JSON escapes a character into as many as 12 bytes), so no piece is refused."""
+    pieces: list[str] = []
+    for start in range(0, len(text), size):
+        piece = text[start : start + size]
+        if len(json.dumps(piece).encode()) > NOTIFY_BYTES - 400:  # room for the event's other fields
+            pieces += _pieces(piece, max(1, size // 2))
+        else:
+            pieces.append(piece)
+    return pieces or [text]
+
+
 class Publisher:
     """Sends live-only events (streamed deltas) on its own connection, outside any transaction.
 
@@ -344,9 +360,12 @@ class Publisher:
         self._full = False  # warned about a full queue, until it drains
         self._counts = [0, 0]  # events queued, events sent (or dropped) so far
         self._waiting: list[tuple[int, asyncio.Future[None]]] = []  # `sent` callers: the count each waits for
+        self._closed = False
 
     def publish(self, thread_id: uuid.UUID, type_: str, data: dict[str, Any]) -> None:
         """Queue a live event for sending; text longer than a NOTIFY allows is split into consecutive chunks."""
+        if self._closed:
+            return
         if len(self._queued) >= self.LIMIT:
             if not self._full:
                 log.warning("live events dropped: %d queued; the stored messages carry the text", self.LIMIT)
@@ -354,12 +373,15 @@ class Publisher:
             return
         chunk = str(data.get("chunk", ""))
         offset = int(data.get("offset", 0))
-        for piece in [chunk[i : i + PIECE] for i in range(0, len(chunk), PIECE)] or [chunk]:
+        for piece in _pieces(chunk, PIECE):
             body = {"thread_id": str(thread_id), "type": type_, "data": {**data, "chunk": piece, "offset": offset}}
             self._queued.append(json.dumps(body))
             self._counts[0] += 1
             offset += len(piece)
-        if self._sender is None or self._sender.done():
+        self._sending()
+
+    def _sending(self) -> None:
+        if self._queued and (self._sender is None or self._sender.done()):
             self._sender = asyncio.get_running_loop().create_task(self._send())
 
     async def sent(self) -> None:
@@ -367,6 +389,7 @@ class Publisher:
         if self._counts[1] < self._counts[0]:
             done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             self._waiting.append((self._counts[0], done))
+            self._sending()  # a sender cut off (cancelled) leaves its queue to the next one
             await done
 
     async def _send(self) -> None:
@@ -382,7 +405,10 @@ class Publisher:
                 log.warning(
                     "%d live events not sent (%s); the stored messages carry the text", len(batch), type(exc).__name__
                 )
-                self._conn = None
+                if not isinstance(exc, asyncpg.PostgresError) and self._conn is not None:  # the connection's end
+                    conn, self._conn = self._conn, None
+                    with contextlib.suppress(Exception):
+                        await conn.close(timeout=1)
             finally:  # sent, dropped, or cut off (a cancelled sender): nobody waits for these any longer
                 self._counts[1] += len(batch)
                 self._wake()
@@ -397,7 +423,8 @@ class Publisher:
         self._waiting = still
 
     async def close(self) -> None:
-        """Send what is queued, then close the connection."""
+        """Send what is queued, then close the connection; later events are dropped."""
+        self._closed = True
         if self._sender is not None:
             await self._sender
             self._sender = None

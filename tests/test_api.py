@@ -224,6 +224,21 @@ async def test_keys_and_ownership(app: FastAPI) -> None:
         assert [t["id"] for t in (await root.get("/threads")).json()["threads"]] == [tid]
 
 
+async def test_a_keyed_message_takes_one_connection_per_request(app_factory: Any) -> None:
+    """With a key, the caller is looked up in the request's transaction, and the message is queued in it: a second
+    connection taken meanwhile would wait forever on a full pool (here, a pool of one)."""
+    app = await app_factory(load_catalog(ROOT / "agents"), db_pool_size=1)
+    key = await _key(app, "dora")
+    async with client_for(app, key) as c:
+        tid = (await c.post("/threads", json={"agent": "assistant"})).json()["id"]
+        posts = [c.post(f"/threads/{tid}/messages", json={"content": f"m{i}"}) for i in range(3)]
+        answers = await asyncio.wait_for(asyncio.gather(*posts), 10)
+        assert [a.status_code for a in answers] == [202, 202, 202]
+        queued = (await c.get(f"/threads/{tid}/messages")).json()["messages"]
+        assert sorted(m["content"] for m in queued) == ["m0", "m1", "m2"]
+        assert (await c.get(f"/threads/{tid}")).json()["status"] == "queued"
+
+
 async def test_revoked_key_is_refused(app: FastAPI) -> None:
     key = await _key(app, "carol")
     async with app.state.sessions() as s, s.begin():

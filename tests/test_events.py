@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app import db, events, keys, tables, threads
+from app import db, events, keys, messages, tables, threads
 from app.catalog import load as load_catalog
 from app.spec import define_agent
 from tests.conftest import ROOT, client_for
@@ -222,3 +222,36 @@ async def test_deferred_writes_ride_with_the_held_events_or_go_before_any_other_
                 await db.defer(s, *db.insert_statement(log(7)))  # inside a savepoint: written at once
                 await savepoint.rollback()
             assert await models(s) == ["m1", "m2", "m3", "m4", "m5"]
+        async with s.begin():
+            await db.defer(s, *db.insert_statement(log(8)))  # before a hook's savepoint, which rolls back
+            async with events.written_at_once(s), s.begin_nested() as savepoint:
+                await db.defer(s, *db.insert_statement(log(9)))
+                await savepoint.rollback()
+            await db.defer(s, *db.insert_statement(log(10)))
+        async with s.begin():
+            assert await models(s) == ["m1", "m10", "m2", "m3", "m4", "m5", "m8"]  # the savepoint took only its own
+
+
+async def test_a_row_deferred_twice_keeps_its_last_write(sessions: async_sessionmaker[AsyncSession]) -> None:
+    """One statement changes a row once: a second deferred UPDATE of it sends the first before it; the thread row
+    (which the events statement updates) is never deferred."""
+    agent = define_agent(name="a", side_a={"prompt": "p"})
+    async with sessions() as s, s.begin():
+        thread = await threads.create(s, agent, keys.OPEN)
+        row = await messages.add(s, thread.id, "assistant", status="pending")
+    async with sessions() as s, s.begin():
+        thread = await threads.get(s, thread.id, keys.OPEN, lock=True)
+        events.hold(s, thread.id)
+        row = await messages.get(s, thread.id, row.id)
+        await messages.save(s, row, later=True, content="first", status="completed")
+        await messages.save(s, row, later=True, content="second")
+        await db.defer(s, "UPDATE threads SET name = $1 WHERE id = $2", ["renamed", thread.id])
+        thread.status = "running"
+        await events.flush(s, thread)
+    async with sessions() as s:
+        stored = await messages.get(s, thread.id, row.id)
+        assert (stored.content, stored.status) == ("second", "completed")
+        renamed = await s.get_one(tables.Thread, thread.id)
+        assert (renamed.name, renamed.status) == ("renamed", "running")
+        announced = [e.data["data"]["content"] for e in await events.read(s, thread.id, 0)]
+        assert announced == [None, "first", "second"]  # the pending message's insert, then both updates

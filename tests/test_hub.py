@@ -289,3 +289,29 @@ async def test_publishing_never_waits_for_the_database_nor_fails(caplog: pytest.
         publisher.publish(uuid.uuid4(), "message_chunk", {"message_id": "m", "chunk": "hi", "offset": i})
     assert len(publisher._queued) <= 2 and "live events dropped: 2 queued" in caplog.text
     await asyncio.wait_for(publisher.close(), 10)
+
+
+def test_a_delta_is_split_so_every_piece_fits_in_a_notify() -> None:
+    text = "😀" * 1500 + "a" * 2500  # JSON writes each emoji as 12 bytes
+    pieces = hub._pieces(text, hub.PIECE)
+    assert "".join(pieces) == text
+    assert all(len(json.dumps({"chunk": p}).encode()) < hub.NOTIFY_BYTES - 300 for p in pieces)
+    assert hub._pieces("", hub.PIECE) == [""]
+
+
+async def test_a_waiter_is_served_even_when_a_sender_was_cut_off(database_url: str) -> None:
+    dsn = plain_url(database_url)
+    listener, heard = await _listening(dsn)
+    publisher = hub.Publisher(dsn)
+    try:
+        publisher.publish(uuid.uuid4(), "message_chunk", {"message_id": "m", "chunk": "a", "offset": 0})
+        assert publisher._sender is not None
+        publisher._sender.cancel()  # before it ran at all: what it had queued is still queued
+        await asyncio.sleep(0)
+        await asyncio.wait_for(publisher.sent(), 10)  # a new sender takes it over
+        await wait_for(lambda: asyncio.sleep(0, len(heard) == 1))
+    finally:
+        await publisher.close()
+        await listener.close()
+    publisher.publish(uuid.uuid4(), "message_chunk", {"message_id": "m", "chunk": "late", "offset": 0})
+    assert publisher._sender is None or publisher._sender.done()  # closed: dropped, no connection reopened

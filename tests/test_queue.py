@@ -214,19 +214,36 @@ async def test_a_release_rides_with_the_held_events(
         await listener.close()
 
 
-async def test_a_release_with_nothing_held_is_a_release_of_its_own(sessions: async_sessionmaker[AsyncSession]) -> None:
-    [tid] = await _runnable(sessions, 1)
-    claim = await _claim(sessions)
-    assert claim is not None
-    async with sessions() as s, s.begin():
-        thread = await queue.fence(s, claim)
-        events.hold(s, tid)  # but no event appended: the release cannot ride on anything
-        await queue.take_inbox(s, tid)
-        await queue.release_with_events(s, claim, thread)
-        assert (thread.lease_token, thread.runnable_since) == (None, None)
-        await events.flush(s, thread)
-    async with sessions() as s:
-        assert await s.get(tables.Lease, tid) is None
+async def test_a_release_without_events_goes_at_the_last_flush_or_at_once(
+    sessions: async_sessionmaker[AsyncSession], database_url: str
+) -> None:
+    """Held but with no event to write, the release still rides in one statement and announces no event; with
+    nothing held it is a release of its own, at once."""
+    announced: list[str] = []
+    listener = await asyncpg.connect(plain_url(database_url))
+    await listener.add_listener(events.CHANNEL, lambda *a: announced.append(a[-1]))
+    try:
+        for held in (True, False):
+            [tid] = await _runnable(sessions, 1)
+            claim = await _claim(sessions)
+            assert claim is not None
+            async with sessions() as s, s.begin():
+                thread = await queue.fence(s, claim)
+                if held:
+                    events.hold(s, tid)
+                await queue.take_inbox(s, tid)
+                await queue.release_with_events(s, claim, thread)
+                assert (thread.lease_token is None) is not held  # held: at the flush
+                await events.flush(s, thread)
+                assert (thread.lease_token, thread.runnable_since) == (None, None)
+            async with sessions() as s:
+                assert await s.get(tables.Lease, tid) is None
+                stored = await s.get_one(tables.Thread, tid)
+                assert (stored.lease_token, stored.runnable_since, stored.event_seq) == (None, None, 0)
+        await asyncio.sleep(0.2)
+        assert announced == []
+    finally:
+        await listener.close()
 
 
 async def test_a_posted_message_is_one_statement_or_nothing(

@@ -273,7 +273,9 @@ class Caller:
                         await _flush(tx, message_id, "".join(text))
                         flushed = time.monotonic()
         except ProviderError as exc:
+            await self._publisher.sent()  # the deltas before the failure that ends them
             return result(exc)
+        await self._publisher.sent()
         return result(ProviderError("the stream ended without a final response", kind="stream", retriable=True))
 
 

@@ -17,6 +17,7 @@ from starlette.datastructures import FormData, UploadFile
 from app import attachments, db, errors, events, lifecycle, messages, queue, subagents, tables, threads
 from app.api import schemas
 from app.api.deps import CurrentUser, SessionDep, SettingsDep, sessions
+from app.keys import Principal
 
 router = APIRouter(tags=["messages"])
 
@@ -51,6 +52,22 @@ async def enqueue_message(
     if thread.status == "idle":
         await threads.set_status(session, thread, "queued")
     return message_id
+
+
+async def _posted(
+    request: Request, session: AsyncSession, thread_id: uuid.UUID, who: Principal, payload: dict[str, Any]
+) -> bool:
+    """The usual message (no attachments to store) in one statement (`queue.post`): with no transaction around it,
+    or, when the caller's key was just looked up, in that transaction (one connection per request: a second one
+    taken while holding the first can wait forever on a full pool)."""
+    user_id = None if who.admin else who.user_id
+    if session.in_transaction():
+        if not await queue.post(await db.driver(session), thread_id, user_id, payload):
+            return False
+        await session.commit()
+        return True
+    async with db.autocommit(sessions(request)) as auto:
+        return await queue.post(await db.driver(auto), thread_id, user_id, payload)
 
 
 def _payload(body: schemas.MessageIn, refs: list[dict[str, Any]]) -> tuple[uuid.UUID, dict[str, Any]]:
@@ -145,11 +162,10 @@ async def post_message(
             body = schemas.MessageIn.model_validate_json(await request.body())
         except ValidationError as exc:
             raise RequestValidationError(exc.errors()) from None
-        if not body.attachments:  # the usual message: one statement, no transaction around it
+        if not body.attachments:  # the usual message
             message_id, payload = _payload(body, [])
-            async with db.autocommit(sessions(request)) as auto:
-                if await queue.post(await db.driver(auto), thread_id, None if who.admin else who.user_id, payload):
-                    return schemas.Queued(message_id=message_id)
+            if await _posted(request, session, thread_id, who, payload):
+                return schemas.Queued(message_id=message_id)
     # attachments to store, or a thread that is not found, terminated or stopped: in a transaction
     thread = await threads.get(session, thread_id, who, lock=True)
     events.hold(session, thread.id)  # the row is locked: its events go with its changes in one statement at the end
