@@ -45,6 +45,8 @@ async def test_nul_bytes_in_messages_and_queries_are_refused(client: httpx.Async
     for body in ({"content": "a\u0000"}, {"content": "a", "metadata": {"k": ["\u0000"]}}):
         assert_error(await client.post(f"/threads/{tid}/messages", json=body), 422, "invalid_request")
     assert (await client.get(f"/threads/{tid}/messages")).json()["messages"] == []
+    missing = f"/threads/{uuid.uuid4()}/messages"  # a thread that is not there is not found, whatever the body
+    assert_error(await client.post(missing, json={"content": "a\u0000"}), 404, "thread_not_found")
     for params in ({"agent": "\u0000"}, {"tag": "\u0000"}, {"cursor": "\u0000"}):
         response = await client.get("/threads", params=params)
         assert 400 <= response.status_code < 500, response.text

@@ -161,6 +161,7 @@ async def post_message(
         try:
             body = schemas.MessageIn.model_validate_json(await request.body())
         except ValidationError as exc:
+            await threads.get(session, thread_id, who)  # a thread the caller cannot see is not found, whatever the body
             raise RequestValidationError(exc.errors()) from None
         if not body.attachments:  # the usual message
             message_id, payload = _payload(body, [])
