@@ -90,12 +90,13 @@ def _append_many_releasing(sets: str, token: int, channel: str) -> str:
     )
 
 
+# INPUT_WAITS: whether the thread's inbox holds input, in an UPDATE of its row (also `queue._RELEASE`).
 # RELEASE_SETS: as `queue._RELEASE` sets them without a refund or `again`: runnable only with input waiting (the row
 # lock taken by the transaction's fence keeps any new input's commit after this one).
+INPUT_WAITS = "EXISTS (SELECT 1 FROM inbox WHERE inbox.thread_id = threads.id AND inbox.set_aside_at IS NULL)"
 _RELEASE_SETS = (
-    "lease_token = NULL, lease_owner = NULL, attempt = 0, runnable_since = CASE WHEN EXISTS ("
-    "SELECT 1 FROM inbox WHERE inbox.thread_id = threads.id AND inbox.set_aside_at IS NULL"
-    ") THEN coalesce(runnable_since, now()) ELSE NULL END"
+    "lease_token = NULL, lease_owner = NULL, attempt = 0, "
+    f"runnable_since = CASE WHEN {INPUT_WAITS} THEN coalesce(runnable_since, now()) ELSE NULL END"
 )
 RELEASED = ("lease_token", "lease_owner", "attempt", "runnable_since")  # the columns a release sets
 

@@ -358,7 +358,8 @@ class Publisher:
         self._queued: list[str] = []
         self._sender: asyncio.Task[None] | None = None
         self._full = False  # warned about a full queue, until it drains
-        self._counts = [0, 0]  # events queued, events sent (or dropped) so far
+        self._queued_total = 0  # events queued so far
+        self._sent_total = 0  # events sent (or dropped) so far
         self._waiting: list[tuple[int, asyncio.Future[None]]] = []  # `sent` callers: the count each waits for
         self._closed = False
 
@@ -376,7 +377,7 @@ class Publisher:
         for piece in _pieces(chunk, PIECE):
             body = {"thread_id": str(thread_id), "type": type_, "data": {**data, "chunk": piece, "offset": offset}}
             self._queued.append(json.dumps(body))
-            self._counts[0] += 1
+            self._queued_total += 1
             offset += len(piece)
         self._sending()
 
@@ -386,9 +387,9 @@ class Publisher:
 
     async def sent(self) -> None:
         """Wait until every event queued so far has been sent (or dropped)."""
-        if self._counts[1] < self._counts[0]:
+        if self._sent_total < self._queued_total:
             done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            self._waiting.append((self._counts[0], done))
+            self._waiting.append((self._queued_total, done))
             self._sending()  # a sender cut off (cancelled) leaves its queue to the next one
             await done
 
@@ -410,13 +411,13 @@ class Publisher:
                     with contextlib.suppress(Exception):
                         await conn.close(timeout=1)
             finally:  # sent, dropped, or cut off (a cancelled sender): nobody waits for these any longer
-                self._counts[1] += len(batch)
+                self._sent_total += len(batch)
                 self._wake()
 
     def _wake(self) -> None:
         still = []
         for target, done in self._waiting:
-            if target > self._counts[1]:
+            if target > self._sent_total:
                 still.append((target, done))
             elif not done.done():
                 done.set_result(None)

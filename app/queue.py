@@ -361,14 +361,10 @@ _RELEASE = """
     WITH dropped AS (DELETE FROM leases WHERE thread_id = $1 AND token = $2)
     UPDATE threads SET lease_token = NULL, lease_owner = NULL,
            attempt = CASE WHEN $4 THEN greatest(coalesce(CAST($6 AS integer), attempt) - 1, 0) ELSE 0 END,
-           runnable_since = CASE
-               WHEN $3 OR EXISTS (
-                   SELECT 1 FROM inbox WHERE inbox.thread_id = threads.id AND inbox.set_aside_at IS NULL
-               )
-               THEN coalesce(runnable_since, now()) ELSE NULL END{sets}
+           runnable_since = CASE WHEN $3 OR {waits} THEN coalesce(runnable_since, now()) ELSE NULL END{sets}
     WHERE id = $1 AND lease_token = $2
     RETURNING runnable_since, attempt, CASE WHEN runnable_since IS NOT NULL THEN pg_notify($5, '') END
-"""
+""".replace("{waits}", events.INPUT_WAITS)
 _RELEASED = events.RELEASED  # the columns the release itself sets
 
 
