@@ -75,6 +75,26 @@ async def test_oversized_bodies_are_413(client: httpx.AsyncClient) -> None:
     assert (await client.get(f"/threads/{tid}/messages")).json()["messages"] == []
 
 
+async def _chunks(body: bytes, size: int = 8192) -> Any:
+    for i in range(0, len(body), size):
+        yield body[i : i + size]
+
+
+async def test_chunked_bodies_are_counted_as_they_arrive(client: httpx.AsyncClient) -> None:
+    """A body without `Content-Length` is cut off at the limit, whatever route reads it."""
+    json = {"content-type": "application/json"}
+    big = b'{"agent": "assistant", "messages": [{"content": "' + b"x" * 200_000 + b'"}]}'
+    assert_error(await client.post("/threads", content=_chunks(big), headers=json), 413, "too_large")
+    assert (await client.get("/threads")).json()["threads"] == []
+    tid = await _thread(client)
+    message = b'{"content": "' + b"x" * 200_000 + b'"}'
+    response = await client.post(f"/threads/{tid}/messages", content=_chunks(message), headers=json)
+    assert_error(response, 413, "too_large")
+    assert (await client.get(f"/threads/{tid}/messages")).json()["messages"] == []
+    small = b'{"content": "hello"}'
+    assert (await client.post(f"/threads/{tid}/messages", content=_chunks(small), headers=json)).status_code == 202
+
+
 async def test_unknown_ids_in_paths(client: httpx.AsyncClient) -> None:
     tid = await _thread(client)
     assert_error(await client.get(f"/threads/{tid}/messages/{uuid.uuid4()}"), 404, "message_not_found")

@@ -1,13 +1,16 @@
 """Refuse what no route can take before it is read: NUL in the URL, oversized or non-JSON bodies.
 
 A plain ASGI middleware (not `BaseHTTPMiddleware`, which would pipe every streamed event through a memory stream).
+The size limit is checked twice: against `Content-Length` before the body is read, and against the bytes as they
+arrive (a chunked body has no length), so no route ever reads more than the limit.
 """
 
 from __future__ import annotations
 
 import re
 
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app import endpoints
 from app.api import errors
@@ -22,6 +25,17 @@ def _custom(path: str) -> bool:
     return match is not None and match.group(1) not in endpoints.RESERVED
 
 
+class _Overflow(HTTPException):
+    """Raised into the route reading the body; an `HTTPException` so FastAPI's body parsing lets it through."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(413, f"The body exceeds the limit of {limit} bytes.")
+
+
+def _too_large(limit: int) -> ASGIApp:
+    return errors.envelope(413, "too_large", f"The body exceeds the limit of {limit} bytes.")
+
+
 class Guard:
     def __init__(self, app: ASGIApp, max_body_bytes: int, max_file_bytes: int) -> None:
         self.app = app
@@ -29,12 +43,62 @@ class Guard:
         self.max_file_bytes = max_file_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            refusal = self.refusal(scope)
-            if refusal is not None:
-                await refusal(scope, receive, send)
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        refusal = self.refusal(scope)
+        if refusal is not None:
+            await refusal(scope, receive, send)
+            return
+        if scope["method"] in ("POST", "PUT", "PATCH"):
+            await self.counted(scope, receive, send, self.limit(scope))
+        else:  # no route reads another method's body
+            await self.app(scope, receive, send)
+
+    async def counted(self, scope: Scope, receive: Receive, send: Send, limit: int) -> None:
+        """Run the app on a body counted as it arrives; past `limit`, the route's read fails and the client gets
+        413, whatever the route made of the failure."""
+        received = 0
+        over = started = False
+
+        async def counting_receive() -> Message:
+            nonlocal received, over
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    over = True
+                    raise _Overflow(limit)
+            return message
+
+        async def guarded_send(message: Message) -> None:
+            nonlocal started
+            if over:  # the route's own answer to the failed read is replaced by the 413
+                if not started:
+                    started = True
+                    await _too_large(limit)(scope, receive, send)
                 return
-        await self.app(scope, receive, send)
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, counting_receive, guarded_send)
+        except Exception:
+            if not over or started:
+                raise
+            await _too_large(limit)(scope, receive, send)
+
+    def limit(self, scope: Scope) -> int:
+        """The largest body this route may be sent."""
+        upload = scope["method"] == "PUT" and FILES.match(scope["path"]) is not None
+        if upload:
+            return self.max_file_bytes
+        headers = dict(scope["headers"])
+        media = headers.get(b"content-type", b"").decode("latin-1").split(";")[0].strip().lower()
+        if scope["method"] == "POST" and media == "multipart/form-data" and MESSAGES.match(scope["path"]):
+            return self.max_file_bytes + self.max_body_bytes  # files and the other fields
+        return self.max_body_bytes
 
     def refusal(self, scope: Scope) -> ASGIApp | None:
         raw_path: bytes = scope.get("raw_path") or scope["path"].encode()
@@ -47,11 +111,9 @@ class Guard:
         multipart = (
             scope["method"] == "POST" and media == "multipart/form-data" and MESSAGES.match(scope["path"]) is not None
         )
-        limit = self.max_file_bytes if upload else self.max_body_bytes
-        if multipart:  # files and the other fields
-            limit = self.max_file_bytes + self.max_body_bytes
+        limit = self.limit(scope)
         if length.isdigit() and int(length) > limit:
-            return errors.envelope(413, "too_large", f"The body exceeds the limit of {limit} bytes.")
+            return _too_large(limit)
         has_body = length != "0" or "transfer-encoding" in headers
         json_body = media == "application/json" or media.endswith("+json")
         free = upload or multipart or json_body or _custom(scope["path"])
