@@ -55,6 +55,12 @@ class BadCursor(Invalid):
     code = "bad_cursor"
 
 
+class BadText(Invalid):
+    """Text must be valid Unicode: the body holds an unpaired surrogate (such as `\\ud800`)."""
+
+    code = "invalid_text"
+
+
 class MissingVariables(AgentsError):
     """Required variables are missing."""
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import uuid
 from typing import Any
 
@@ -73,6 +74,53 @@ async def test_oversized_bodies_are_413(client: httpx.AsyncClient) -> None:
     response = await client.post(f"/threads/{tid}/messages", json={"content": "x" * 200_000})
     assert_error(response, 413, "too_large")
     assert (await client.get(f"/threads/{tid}/messages")).json()["messages"] == []
+
+
+LONE = '"\\ud800"'  # JSON text of an unpaired surrogate: valid JSON, not valid Unicode
+
+
+@pytest.mark.parametrize(
+    "template",
+    [
+        '{"agent": "assistant", "tags": [%s]}',
+        '{"agent": "assistant", "name": %s}',
+        '{"agent": "assistant", "env": {%s: "x"}}',
+        '{"agent": "assistant", "env": {"X": %s}}',
+        '{"agent": "assistant", "messages": [{"content": "a", "metadata": {"k": %s}}]}',
+    ],
+)
+async def test_unpaired_surrogates_are_400_not_500(client: httpx.AsyncClient, template: str) -> None:
+    body = (template % LONE).encode()
+    response = await client.post("/threads", content=body, headers={"content-type": "application/json"})
+    assert_error(response, 400, "invalid_text")
+    assert (await client.get("/threads")).json()["threads"] == []
+
+
+async def test_unpaired_surrogates_in_messages_and_env_are_400(client: httpx.AsyncClient) -> None:
+    tid = await _thread(client)
+    json = {"content-type": "application/json"}
+    for body in (
+        b'{"content": "a", "metadata": {"k": "\\udc00"}}',
+        b'{"content": "\\ud800x"}',
+        b'{"content": "\xed\xa0\x80"}',  # the raw bytes of a surrogate, which Python's decoder lets through
+    ):
+        response = await client.post(f"/threads/{tid}/messages", content=body, headers=json)
+        assert_error(response, 400, "invalid_text")
+    form = {"content": (None, "a"), "metadata": (None, '{"k": "\\ud800"}')}  # multipart, no file
+    assert_error(await client.post(f"/threads/{tid}/messages", files=form), 400, "invalid_text")
+    response = await client.put("/env/user/NAME", content=b'{"value": "\\ud800"}', headers=json)
+    assert_error(response, 400, "invalid_text")
+    assert (await client.get(f"/threads/{tid}/messages")).json()["messages"] == []
+    pair = b'{"content": "\\ud83d\\ude00"}'  # a surrogate pair is an emoji, and fine
+    assert (await client.post(f"/threads/{tid}/messages", content=pair, headers=json)).status_code == 202
+    stored = await client.get(f"/threads/{tid}/messages")
+    assert stored.json()["messages"][0]["content"] == "\U0001f600"
+
+
+async def test_a_cursor_past_the_calendar_is_400(client: httpx.AsyncClient) -> None:
+    for stamp in ("9999-12-31T23:59:59-10:00", "2026-01-01T00:00:00"):
+        cursor = base64.urlsafe_b64encode(f"{stamp}|{uuid.uuid4()}".encode()).decode()
+        assert_error(await client.get("/threads", params={"cursor": cursor}), 400, "bad_cursor")
 
 
 async def _chunks(body: bytes, size: int = 8192) -> Any:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from app.api import schemas
+from app.api import bodies, schemas
 from app.api.deps import CatalogDep, CurrentUser
 from app.catalog import Catalog
 from app.spec import AgentDefinition
 
-router = APIRouter(tags=["agents"])
+router = APIRouter(tags=["agents"], route_class=bodies.Route)
 
 
 def _summary(catalog: Catalog, agent: AgentDefinition) -> dict[str, object]:

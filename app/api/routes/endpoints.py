@@ -19,10 +19,11 @@ from starlette.exceptions import HTTPException
 
 from app import endpoints as routing
 from app import errors, threads
+from app.api import bodies
 from app.api.deps import CatalogDep, StreamUser, sessions
 from app.engine import outside
 
-router = APIRouter(tags=["endpoints"])
+router = APIRouter(tags=["endpoints"], route_class=bodies.Route)
 log = logging.getLogger(__name__)
 
 

@@ -7,11 +7,11 @@ from typing import Any, Literal
 from fastapi import APIRouter, Request
 
 from app import env, errors
-from app.api import schemas
+from app.api import bodies, schemas
 from app.api.deps import CurrentUser, SessionDep
 from app.keys import Principal
 
-router = APIRouter(tags=["env"])
+router = APIRouter(tags=["env"], route_class=bodies.Route)
 
 Scope = Literal["user", "instance"]
 

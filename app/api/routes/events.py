@@ -20,11 +20,11 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.types import Message, Receive, Scope, Send
 
 from app import events, threads
-from app.api import schemas
+from app.api import bodies, schemas
 from app.api.deps import StreamUser, sessions
 from app.hub import Batch, Hub, Live, Overflow, Subscription
 
-router = APIRouter(tags=["events"])
+router = APIRouter(tags=["events"], route_class=bodies.Route)
 
 KEEPALIVE_SECONDS = 15
 PAGE = 500  # stored events read per query

@@ -10,10 +10,10 @@ from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from app import blobs, errors, files, threads
-from app.api import schemas
+from app.api import bodies, schemas
 from app.api.deps import CurrentUser, SessionDep, SettingsDep, sessions
 
-router = APIRouter(tags=["files"])
+router = APIRouter(tags=["files"], route_class=bodies.Route)
 
 ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"model": schemas.Error},

@@ -6,10 +6,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from app import db
-from app.api import schemas
+from app.api import bodies, schemas
 from app.api.errors import envelope
 
-router = APIRouter(tags=["service"])
+router = APIRouter(tags=["service"], route_class=bodies.Route)
 
 
 @router.get("/health")

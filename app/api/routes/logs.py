@@ -8,10 +8,10 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Query
 
 from app import logs, threads
-from app.api import schemas
+from app.api import bodies, schemas
 from app.api.deps import CurrentUser, SessionDep
 
-router = APIRouter(tags=["logs"])
+router = APIRouter(tags=["logs"], route_class=bodies.Route)
 
 ERRORS: dict[int | str, dict[str, Any]] = {401: {"model": schemas.Error}, 404: {"model": schemas.Error}}
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
@@ -15,11 +14,11 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from starlette.datastructures import FormData, UploadFile
 
 from app import attachments, db, errors, events, lifecycle, messages, queue, subagents, tables, threads
-from app.api import schemas
+from app.api import bodies, schemas
 from app.api.deps import CurrentUser, SessionDep, SettingsDep, sessions
 from app.keys import Principal
 
-router = APIRouter(tags=["messages"])
+router = APIRouter(tags=["messages"], route_class=bodies.Route)
 
 ERRORS: dict[int | str, dict[str, Any]] = {401: {"model": schemas.Error}, 404: {"model": schemas.Error}}
 
@@ -110,7 +109,7 @@ def _from_form(form: FormData) -> tuple[schemas.MessageIn, list[UploadFile]]:
             fields[key] = value.strip().lower() in ("1", "true", "yes", "on")
         elif key == "metadata":
             try:
-                fields[key] = json.loads(value)
+                fields[key] = bodies.loads(value)
             except ValueError:
                 raise errors.Invalid("The `metadata` field must be a JSON object.") from None
         else:

@@ -10,12 +10,12 @@ from fastapi import APIRouter, Query, Request
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import env, errors, events, lifecycle, queue, tables, threads
-from app.api import schemas
+from app.api import bodies, schemas
 from app.api.deps import CatalogDep, CurrentUser, SessionDep, SettingsDep
 from app.api.routes.messages import enqueue_message
 from app.catalog import Catalog
 
-router = APIRouter(tags=["threads"])
+router = APIRouter(tags=["threads"], route_class=bodies.Route)
 
 ERRORS: dict[int | str, dict[str, Any]] = {401: {"model": schemas.Error}, 404: {"model": schemas.Error}}
 

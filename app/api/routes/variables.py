@@ -8,10 +8,10 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from app import subagents, threads
-from app.api import schemas
+from app.api import bodies, schemas
 from app.api.deps import CatalogDep, CurrentUser, SessionDep
 
-router = APIRouter(tags=["subagents"])
+router = APIRouter(tags=["subagents"], route_class=bodies.Route)
 
 ERRORS: dict[int | str, dict[str, Any]] = {401: {"model": schemas.Error}, 404: {"model": schemas.Error}}
 
