@@ -97,6 +97,12 @@ class Forbidden(AgentsError):
     code = "forbidden"
 
 
+class HostNotAllowed(Forbidden):
+    """Open mode serves requests addressed to this machine only."""
+
+    code = "host_not_allowed"
+
+
 class NotReady(AgentsError):
     """The service is not ready."""
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import ipaddress
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 DEFAULT_TOOL_TIMEOUT = 300.0  # seconds
 
@@ -28,6 +28,11 @@ class Settings(BaseSettings):
     access_log: bool = Field(default=True, description="one log line per HTTP request (off: fewer lines, less CPU)")
     host: str = "127.0.0.1"
     port: int = 8000
+    allowed_hosts: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="in open mode, host names served besides loopback ones (comma-separated): any other `Host` is "
+        "refused, so a web page cannot reach the API by DNS rebinding",
+    )
     worker_concurrency: int = Field(default=50, ge=1)
     lease_seconds: float = Field(default=10.0, gt=0)
     poll_interval: float = Field(default=1.0, gt=0)
@@ -59,6 +64,13 @@ class Settings(BaseSettings):
     @classmethod
     def _asyncpg_driver(cls, value: str | None) -> str | None:
         return normalise_url(value) if value else None
+
+    @field_validator("allowed_hosts", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [host.strip().lower() for host in value.split(",") if host.strip()]
+        return value
 
     @property
     def loopback(self) -> bool:

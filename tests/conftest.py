@@ -130,7 +130,7 @@ async def app_factory(settings: Settings) -> AsyncIterator[Any]:
 
 def client_for(app: FastAPI, key: str | None = None) -> httpx.AsyncClient:
     headers = {"Authorization": f"Bearer {key}"} if key else {}
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test", headers=headers)
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://localhost", headers=headers)
 
 
 async def wait_for(predicate: Any, timeout: float = 10.0, interval: float = 0.05) -> Any:

@@ -283,6 +283,22 @@ async def test_open_mode_is_off_beyond_loopback(app_factory: Any) -> None:
         assert_error(await c.get("/threads"), 401, "unauthorized")
 
 
+async def test_open_mode_serves_only_hosts_of_this_machine(app_factory: Any, serve: Any) -> None:
+    """A page that rebinds its own name to 127.0.0.1 still sends that name: open mode refuses it (DNS rebinding)."""
+    app = await app_factory(_catalog(), allowed_hosts=["agents.internal", "box.lan"])
+    base = await serve(app)
+    async with httpx.AsyncClient(base_url=base) as c:
+        for host in ("localhost", "localhost:8000", "127.0.0.1", "[::1]:8000", "app.localhost", "agents.internal"):
+            assert (await c.get("/threads", headers={"host": host})).status_code == 200, host
+        assert (await c.get("/threads", headers={"host": "box.lan:9"})).status_code == 200
+        for host in ("evil.example.com", "evil.example.com:8000", "127.0.0.1.evil.example", "localhost.evil"):
+            response = await c.get("/threads", headers={"host": host})
+            assert_error(response, 403, "host_not_allowed")
+            assert (await c.post("/threads", json={"agent": "assistant"}, headers={"host": host})).status_code == 403
+        assert (await c.get("/threads")).json()["threads"] == []
+        assert (await c.get("/health", headers={"host": "evil.example.com"})).status_code == 200  # no data there
+
+
 # -- the stream, over a real HTTP server (ASGITransport buffers whole responses) ---------------------------
 
 

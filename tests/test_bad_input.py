@@ -123,6 +123,21 @@ async def test_a_cursor_past_the_calendar_is_400(client: httpx.AsyncClient) -> N
         assert_error(await client.get("/threads", params={"cursor": cursor}), 400, "bad_cursor")
 
 
+@pytest.mark.parametrize(
+    "body", [{"content": ""}, {"content": "   \n\t"}, {}, {"content": None}, {"content": "", "attachments": []}]
+)
+async def test_an_empty_message_is_422_and_starts_nothing(client: httpx.AsyncClient, body: dict[str, Any]) -> None:
+    tid = await _thread(client)
+    assert_error(await client.post(f"/threads/{tid}/messages", json=body), 422, "invalid_request")
+    assert_error(await client.post(f"/threads/{tid}/messages", files={"content": (None, " ")}), 422, "invalid_request")
+    thread = await client.post("/threads", json={"agent": "assistant", "messages": [body]})
+    assert_error(thread, 422, "invalid_request")
+    assert (await client.get(f"/threads/{tid}/messages")).json()["messages"] == []
+    assert (await client.get(f"/threads/{tid}")).json()["status"] == "idle"
+    only_a_file = {"file": ("a.txt", b"hello", "text/plain")}
+    assert (await client.post(f"/threads/{tid}/messages", files=only_a_file)).status_code == 202
+
+
 async def _chunks(body: bytes, size: int = 8192) -> Any:
     for i in range(0, len(body), size):
         yield body[i : i + size]

@@ -35,3 +35,10 @@ def test_plain_url_is_libpq_spelling() -> None:
 )
 def test_loopback(host: str, loop: bool) -> None:
     assert is_loopback(host) is loop
+
+
+def test_allowed_hosts_read_comma_separated(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ALLOWED_HOSTS", " agents.internal, Box.Lan ,,")
+    assert Settings().allowed_hosts == ["agents.internal", "box.lan"]
+    monkeypatch.delenv("ALLOWED_HOSTS")
+    assert Settings().allowed_hosts == []

@@ -11,7 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from app import errors, keys
 from app.catalog import Catalog
 from app.keys import Principal
-from app.settings import Settings
+from app.settings import Settings, is_loopback
 
 
 def sessions(request: Request) -> async_sessionmaker[AsyncSession]:
@@ -33,8 +33,22 @@ async def _identify(s: AsyncSession, request: Request, authorization: str | None
         return await keys.verify(s, key.strip())
     hub = request.app.state.hub
     if request.app.state.open_mode and await hub.keyless.none(s, listening=hub.listening):
+        _local(request)
         return keys.OPEN
     raise errors.Unauthorized()
+
+
+def _local(request: Request) -> None:
+    """Open mode serves only requests addressed to this machine: a web page that rebinds its own name to 127.0.0.1
+    still sends that name as `Host`."""
+    host = (request.url.hostname or "").lower().rstrip(".")
+    allowed: list[str] = request.app.state.settings.allowed_hosts
+    if is_loopback(host) or host.endswith(".localhost") or host in allowed:
+        return
+    raise errors.HostNotAllowed(
+        f"Host `{host}` is not served in open mode (no API key): use localhost, list it in ALLOWED_HOSTS, "
+        "or create a key with `agents keys create`."
+    )
 
 
 async def principal(

@@ -6,7 +6,7 @@ import uuid
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationInfo, model_validator
 
 
 def _refuse_nul(value: Any) -> None:
@@ -46,6 +46,15 @@ class MessageIn(In):
     attachments: list[AttachmentIn] = Field(default_factory=list)
     silent: bool = False
     metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _not_empty(self, info: ValidationInfo) -> MessageIn:
+        """Text or a file: an empty message would start a turn about nothing (`files` in the context counts the
+        multipart parts)."""
+        files = (info.context or {}).get("files", 0)
+        if not (self.content and self.content.strip()) and not self.attachments and not files:
+            raise ValueError("a message needs text in `content` or at least one attachment")
+        return self
 
 
 class ThreadIn(In):

@@ -89,9 +89,9 @@ async def _chunks(upload: UploadFile) -> AsyncIterator[bytes]:
         yield piece
 
 
-def _validated(data: Any) -> schemas.MessageIn:
+def _validated(data: Any, files: int) -> schemas.MessageIn:
     try:
-        return schemas.MessageIn.model_validate(data)
+        return schemas.MessageIn.model_validate(data, context={"files": files})
     except ValidationError as exc:
         raise RequestValidationError(exc.errors()) from None
 
@@ -116,7 +116,7 @@ def _from_form(form: FormData) -> tuple[schemas.MessageIn, list[UploadFile]]:
             raise errors.Invalid(f"Unknown field `{key}`: send `content`, `role`, `silent`, `metadata` and files.")
     if len(uploads) > MAX_UPLOADS:
         raise errors.Invalid(f"At most {MAX_UPLOADS} files per message.")
-    return _validated(fields), uploads
+    return _validated(fields, len(uploads)), uploads
 
 
 _BODY = {
