@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+from types import SimpleNamespace
 from typing import Any
 
 from app.catalog import load as load_catalog
@@ -65,3 +67,22 @@ async def test_the_launch_team_publishes_after_the_bootstrap_flow(app_factory: A
     )
     publisher = (await client.get(f"/threads/{done.json()['child_thread_id']}")).json()
     assert publisher["env_types"]["CMS_TOKEN"] == "secret" and publisher["env"]["CMS_TOKEN"] is None
+
+
+def _demo_reply(text: str) -> Any:
+    respond = load_catalog(ROOT / "agents").models["demo"].respond
+    assert respond is not None
+    message = SimpleNamespace(role="user", content=text, name=None)
+    return respond(SimpleNamespace(messages=[message]))
+
+
+def test_the_demo_model_finds_arithmetic_in_linear_time() -> None:
+    """Its first version's regex took 1.5 s on 8,000 digits and hours on a million characters."""
+    expression = _demo_reply("What is 12 * (3 + 4)?")["tool_calls"][0]["arguments"]["expression"]
+    assert expression == "12 * (3 + 4)"
+    assert _demo_reply("and (1) then 7 / 2.5?")["tool_calls"][0]["arguments"]["expression"] == "7 / 2.5"
+    assert "text" in _demo_reply("route 66 north")
+    for text in ("1" * 1_000_000, "1 " * 500_000, "9" * 999_999 + "+1"):
+        started = time.perf_counter()
+        _demo_reply(text)
+        assert time.perf_counter() - started < 1.0

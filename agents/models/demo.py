@@ -12,7 +12,8 @@ import re
 
 from app.spec import define_model
 
-ARITHMETIC = re.compile(r"[-+*/().\d\s]*\d\s*[-+*/]\s*[-+*/().\d\s]+")
+OPERATOR = re.compile(r"\d[ \t]*[-+*/][ \t]*[-(.\d]")  # a digit, an operator, then an operand
+ARITHMETIC_CHARS = frozenset("-+*/(). \t0123456789")
 REMIND = re.compile(r"remind me in (\d+(?:\.\d+)?) seconds? to (.+)", re.IGNORECASE)
 
 
@@ -33,15 +34,30 @@ def respond(request):
         return {"tool_calls": [{"name": "set_reminder", "arguments": arguments}]}
     if "report" in text.lower():
         return {"tool_calls": [{"name": "write_report", "arguments": {"title": "Conversation report"}}]}
-    match = ARITHMETIC.search(text)
-    if match:
-        return {"tool_calls": [{"name": "calculate", "arguments": {"expression": match.group().strip()}}]}
+    expression = arithmetic(text)
+    if expression:
+        return {"tool_calls": [{"name": "calculate", "arguments": {"expression": expression}}]}
     if "time" in text.lower():
         return {"tool_calls": [{"name": "get_time", "arguments": {}}]}
     return {
         "text": "I am the demo assistant on the offline `test` model. "
         "Ask me to calculate something like 2 + 2 * 3, ask me for the time, or ask for a report."
     }
+
+
+def arithmetic(text):
+    """The first stretch of arithmetic in `text` ("12 * (3 + 4)"), found in linear time: the run of arithmetic
+    characters around the first digit-operator-operand (one regex over the whole run would backtrack on long
+    digit runs)."""
+    found = OPERATOR.search(text)
+    if found is None:
+        return None
+    start, end = found.start(), found.end()
+    while start > 0 and text[start - 1] in ARITHMETIC_CHARS:
+        start -= 1
+    while end < len(text) and text[end] in ARITHMETIC_CHARS:
+        end += 1
+    return text[start:end].strip()
 
 
 DEFAULT_MODEL = {"openai": "gpt-4.1-mini", "anthropic": "claude-sonnet-4-5"}
