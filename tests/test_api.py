@@ -154,7 +154,7 @@ async def test_list_threads_paginates_newest_first(client: httpx.AsyncClient) ->
     assert len((await client.get("/threads", params={"parent_id": "none"})).json()["threads"]) == 5
     assert_error(await client.get("/threads", params={"cursor": "garbage"}), 400, "bad_cursor")
     assert_error(await client.get("/threads", params={"limit": 0}), 422, "invalid_request")
-    assert_error(await client.get("/threads", params={"parent_id": "x"}), 400, "invalid_request")
+    assert_error(await client.get("/threads", params={"parent_id": "x"}), 422, "invalid_request")
 
 
 async def test_thread_not_found(client: httpx.AsyncClient) -> None:

@@ -157,7 +157,7 @@ async def test_queued_message_shows_its_attachments_before_delivery(app_factory:
 @pytest.mark.parametrize(
     ("attachment", "status"),
     [
-        ({"name": "a.txt", "mime_type": "text/plain", "data": "not base64!"}, 400),
+        ({"name": "a.txt", "mime_type": "text/plain", "data": "not base64!"}, 422),
         ({"name": "big.bin", "mime_type": "application/octet-stream", "data": base64.b64encode(b"x" * 3000).decode()},
          413),
     ],

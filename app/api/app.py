@@ -9,10 +9,11 @@ from collections.abc import AsyncIterator
 
 import httpx
 from fastapi import FastAPI
+from fastapi.routing import APIRoute
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app import crypto, db, keys
-from app.api import errors
+from app.api import errors, openapi
 from app.api.guard import Guard
 from app.api.routes import agents, effects, env, files, health, logs, messages, subagents, threads, variables
 from app.api.routes import endpoints as endpoint_routes
@@ -83,10 +84,11 @@ def create_app(
     app.state.catalog = catalog
     app.state.open_mode = False
     errors.install(app)
+    openapi.install(app)
 
     app.add_middleware(Guard, max_body_bytes=settings.max_body_bytes, max_file_bytes=settings.max_file_bytes)
 
-    for router in (
+    routers = (
         health.router,
         agents.router,
         threads.router,
@@ -98,7 +100,11 @@ def create_app(
         subagents.router,
         variables.router,
         env.router,
-    ):
+    )
+    for router in routers:
         app.include_router(router)
+    app.state.documented_routes = [  # a 405's `Allow` lists what each of them answers at the path
+        r for router in routers for r in router.routes if isinstance(r, APIRoute) and r.include_in_schema
+    ]
     app.include_router(endpoint_routes.router)  # last: it takes every path under a thread, so built-in routes win
     return app

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Annotated
 
-from fastapi import Depends, Header, Request
+from fastapi import Depends, Request, Security
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app import errors, keys
@@ -51,19 +52,20 @@ def _local(request: Request) -> None:
     )
 
 
-async def principal(
-    request: Request,
-    s: Annotated[AsyncSession, Depends(session)],
-    authorization: Annotated[str | None, Header()] = None,
-) -> Principal:
+# Documents the scheme in OpenAPI; the header itself is read by `_identify`, which says what is wrong with it.
+_bearer = HTTPBearer(auto_error=False, description="An API key (`agents keys create`); none in open mode.")
+Bearer = Annotated[HTTPAuthorizationCredentials | None, Security(_bearer)]
+
+
+async def principal(request: Request, s: Annotated[AsyncSession, Depends(session)], _: Bearer) -> Principal:
     """The caller, checked on the request's own session (one connection per request)."""
-    return await _identify(s, request, authorization)
+    return await _identify(s, request, request.headers.get("authorization"))
 
 
-async def stream_principal(request: Request, authorization: Annotated[str | None, Header()] = None) -> Principal:
+async def stream_principal(request: Request, _: Bearer) -> Principal:
     """The caller of a stream, checked on a short session of its own: a stream holds no request-scoped session."""
     async with sessions(request)() as s:
-        return await _identify(s, request, authorization)
+        return await _identify(s, request, request.headers.get("authorization"))
 
 
 async def catalog(request: Request) -> Catalog:  # async: FastAPI runs a plain `def` dependency on a thread

@@ -8,8 +8,10 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
 from sqlalchemy.exc import DBAPIError
 from starlette.exceptions import HTTPException
+from starlette.routing import Match
 
 from app import errors
 
@@ -75,12 +77,24 @@ async def _validation(_: Request, exc: Exception) -> JSONResponse:
     return envelope(422, "invalid_request", f"Invalid request: {summary}", {"problems": problems})
 
 
-async def _http(_: Request, exc: Exception) -> JSONResponse:
+async def _http(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, HTTPException)
     code = HTTP_CODES.get(exc.status_code, "error")
     response = envelope(exc.status_code, code, str(exc.detail))
-    response.headers.update(exc.headers or {})  # e.g. `Allow` of a 405
+    response.headers.update(exc.headers or {})
+    if exc.status_code == 405:
+        response.headers["Allow"] = _allow(request, response.headers.get("Allow", ""))
     return response
+
+
+def _allow(request: Request, allow: str) -> str:
+    """Every method the path answers: the router's 405 names only the first route whose path matched."""
+    methods = [m.strip() for m in allow.split(",") if m.strip()]
+    routes: list[APIRoute] = request.app.state.documented_routes
+    for route in routes:
+        if route.matches(request.scope)[0] != Match.NONE:
+            methods += sorted((route.methods or set()) - set(methods))
+    return ", ".join(methods)
 
 
 async def _driver(request: Request, exc: Exception) -> JSONResponse:

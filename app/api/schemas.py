@@ -6,7 +6,7 @@ import uuid
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationInfo, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, StrictBool, ValidationInfo, model_validator
 
 
 def _refuse_nul(value: Any) -> None:
@@ -34,17 +34,30 @@ class In(BaseModel):
         return data
 
 
+BASE64 = r"^(data:[^,]*,)?(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
+
+
 class AttachmentIn(In):
     name: str = Field(min_length=1, max_length=255)
-    mime_type: str = Field(min_length=1, max_length=255)
-    data: str = Field(description="base64 content")
+    mime_type: str = Field(min_length=1, max_length=200)
+    data: str = Field(description="base64 content (a `data:` URL prefix is allowed)", pattern=BASE64)
 
 
 class MessageIn(In):
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={  # what `_not_empty` checks, so clients (and schema-driven tests) can see it
+            "anyOf": [
+                {"required": ["content"], "properties": {"content": {"type": "string", "pattern": "\\S"}}},
+                {"required": ["attachments"], "properties": {"attachments": {"type": "array", "minItems": 1}}},
+            ]
+        },
+    )
+
     content: str | None = Field(default=None, max_length=1_000_000)
     role: Literal["user", "assistant", "system"] = "user"
     attachments: list[AttachmentIn] = Field(default_factory=list)
-    silent: bool = False
+    silent: StrictBool = False
     metadata: dict[str, Any] = Field(default_factory=dict)
 
     @model_validator(mode="after")

@@ -106,7 +106,7 @@ def _from_form(form: FormData) -> tuple[schemas.MessageIn, list[UploadFile]]:
         elif key in ("content", "role"):
             fields[key] = value
         elif key == "silent":
-            fields[key] = value.strip().lower() in ("1", "true", "yes", "on")
+            fields[key] = {"true": True, "false": False}.get(value.strip().lower(), value)  # else: a 422
         elif key == "metadata":
             try:
                 fields[key] = bodies.loads(value)
@@ -127,13 +127,24 @@ _BODY = {
             "schema": {
                 "type": "object",
                 "properties": {
-                    "content": {"type": "string"},
+                    "content": {"type": "string", "maxLength": 1_000_000},
                     "role": {"type": "string", "enum": ["user", "assistant", "system"]},
                     "silent": {"type": "boolean"},
-                    "metadata": {"type": "string", "description": "a JSON object"},
-                    "files": {"type": "array", "items": {"type": "string", "format": "binary"}},
+                    "metadata": {"type": "object", "description": "a JSON object"},
+                    "files": {
+                        "type": "array",
+                        "items": {"type": "string", "format": "binary"},
+                        "maxItems": MAX_UPLOADS,
+                        "description": "file parts (any part with a file name)",
+                    },
                 },
-            }
+                "additionalProperties": False,
+                "anyOf": [  # text or a file, as for JSON
+                    {"required": ["content"], "properties": {"content": {"type": "string", "pattern": "\\S"}}},
+                    {"required": ["files"], "properties": {"files": {"type": "array", "minItems": 1}}},
+                ],
+            },
+            "encoding": {"metadata": {"contentType": "application/json"}},
         },
     },
 }

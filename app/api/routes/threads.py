@@ -98,22 +98,16 @@ async def list_threads(
     who: CurrentUser,
     agent: str | None = None,
     tag: str | None = None,
-    parent_id: Annotated[str | None, Query(description="a thread id, or `none` for top-level threads")] = None,
+    parent_id: Annotated[
+        uuid.UUID | Literal["none"] | None, Query(description="a thread id, or `none` for top-level threads")
+    ] = None,
     status: Literal["idle", "queued", "running", "waiting", "stopped", "terminated"] | None = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     cursor: str | None = None,
 ) -> schemas.ThreadList:
     """The caller's threads, newest first."""
-    parent: uuid.UUID | str | None = None
-    if parent_id == "none":
-        parent = "none"
-    elif parent_id is not None:
-        try:
-            parent = uuid.UUID(parent_id)
-        except ValueError as exc:
-            raise errors.Invalid("`parent_id` must be a thread id or `none`") from exc
     rows, next_cursor = await threads.list_(
-        session, who, agent=agent, tag=tag, parent_id=parent, status=status, limit=limit, cursor=cursor
+        session, who, agent=agent, tag=tag, parent_id=parent_id, status=status, limit=limit, cursor=cursor
     )
     counts = await threads.children_counts(session, [r.id for r in rows])
     return schemas.ThreadList(

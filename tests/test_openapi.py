@@ -1,0 +1,106 @@
+"""The OpenAPI document says what the server does: the error envelope, bearer auth, every failure a route can
+answer, `Allow` on a 405, and a bounded schemathesis run (all operations but the streams) finds nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fastapi import FastAPI
+
+from app import keys
+from app.catalog import load as load_catalog
+from tests.conftest import ROOT, client_for
+
+ERROR = {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
+
+
+@pytest.fixture
+async def app(app_factory: Any) -> FastAPI:
+    started: FastAPI = await app_factory(load_catalog(ROOT / "agents"))
+    return started
+
+
+async def _document(app: FastAPI) -> dict[str, Any]:
+    async with client_for(app) as client:
+        document: dict[str, Any] = (await client.get("/openapi.json")).json()
+    return document
+
+
+def _operations(document: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
+    return [(m.upper(), p, op) for p, item in document["paths"].items() for m, op in item.items()]
+
+
+async def test_errors_are_the_envelope_and_auth_is_a_bearer_scheme(app: FastAPI) -> None:
+    document = await _document(app)
+    assert "HTTPValidationError" not in str(document) and "ValidationError" not in document["components"]["schemas"]
+    assert document["components"]["securitySchemes"]["HTTPBearer"] == {
+        "type": "http",
+        "scheme": "bearer",
+        "description": "An API key (`agents keys create`); none in open mode.",
+    }
+    for method, path, op in _operations(document):
+        assert all(p["name"].lower() != "authorization" for p in op.get("parameters", [])), (method, path)
+        for status, response in op["responses"].items():
+            if status[0] in "45":
+                assert response["content"] == ERROR, (method, path, status)
+        if path not in ("/health", "/ready"):
+            assert op["security"] == [{"HTTPBearer": []}], (method, path)
+            assert {"401", "403", "503"} <= set(op["responses"]), (method, path)
+        if "requestBody" in op:
+            assert {"400", "413", "415", "422"} <= set(op["responses"]), (method, path)
+        if "{" in path:
+            assert "404" in op["responses"], (method, path)
+
+
+async def test_a_thread_names_a_hosted_agent_and_links_to_its_operations(app: FastAPI) -> None:
+    document = await _document(app)
+    agent = document["components"]["schemas"]["ThreadIn"]["properties"]["agent"]
+    assert agent["enum"] == sorted(load_catalog(ROOT / "agents").agents)
+    links = document["paths"]["/threads"]["post"]["responses"]["201"]["links"]
+    on_a_thread = [op for _, path, op in _operations(document) if path.startswith("/threads/{thread_id}")]
+    assert {link["operationId"] for link in links.values()} == {op["operationId"] for op in on_a_thread}
+    assert all(link["parameters"] == {"path.thread_id": "$response.body#/id"} for link in links.values())
+
+
+async def test_a_405_allows_every_method_of_the_path(app: FastAPI) -> None:
+    async with client_for(app) as client:
+        tid = (await client.post("/threads", json={"agent": "assistant"})).json()["id"]
+        for path, allow in (
+            ("/threads", "GET, POST"),
+            (f"/threads/{tid}/messages", "GET, POST"),
+            (f"/threads/{tid}/fs/a.txt", "DELETE, GET, PUT"),
+            ("/env/user/NAME", "DELETE, GET, PUT"),
+        ):
+            response = await client.request("OPTIONS", path)
+            assert response.status_code == 405 and response.json()["error"]["code"] == "method_not_allowed"
+            assert sorted(response.headers["allow"].split(", ")) == allow.split(", "), path
+
+
+async def test_schemathesis_finds_no_server_error_and_no_conformance_failure(app: FastAPI, serve: Any) -> None:
+    """Bounded (a fixed seed, a few examples per operation), every check; the streams are left out (they never
+    end). NUL is not generated: Postgres cannot store it, and the schema cannot say so for free-form JSON."""
+    async with app.state.sessions() as session:
+        _, key = await keys.create(session, "schemathesis")
+        await session.commit()
+    base = await serve(app)
+    async with httpx.AsyncClient(base_url=base) as client:  # open mode ends once the server hears of the key
+        for _ in range(100):
+            if (await client.get("/threads")).status_code == 401:
+                break
+            await asyncio.sleep(0.05)
+    st = Path(sys.executable).parent / "st"
+    process = await asyncio.create_subprocess_exec(
+        *(str(st), "--config-file", str(ROOT / "tests" / "schemathesis.toml"), "run", f"{base}/openapi.json"),
+        *("--checks", "all", "--seed", "1", "--max-examples", "5", "--workers", "1"),
+        *("--exclude-path-regex", "/events", "--header", f"Authorization: Bearer {key}"),
+        *("--generation-allow-x00", "false", "--generation-database", "none", "--no-color"),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    output, _ = await asyncio.wait_for(process.communicate(), timeout=600)
+    assert process.returncode == 0, output.decode()[-8000:]
