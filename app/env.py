@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import uuid
 from collections import OrderedDict
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from cryptography.fernet import Fernet
@@ -162,19 +163,26 @@ async def public_view(session: AsyncSession, thread_id: uuid.UUID) -> tuple[dict
     return await public(session, "thread", str(thread_id))
 
 
-async def copy_thread(session: AsyncSession, source: uuid.UUID, destination: uuid.UUID, exclude: set[str]) -> None:
-    """Give a child a copy of its parent's thread values (still encrypted), leaving out `exclude` (§6.7)."""
-    rows = (
-        await session.execute(
-            select(tables.EnvValue).where(tables.EnvValue.scope == "thread", tables.EnvValue.owner == str(source))
-        )
-    ).scalars()
-    for row in rows:
-        if row.name not in exclude:
-            session.add(
-                tables.EnvValue(scope="thread", owner=str(destination), name=row.name, type=row.type, value=row.value)
-            )
-    await session.flush()
+# COPY: a parent's thread values (still encrypted) into a new child, in one statement, leaving out the names in $3
+# and, for the names in $4, the name and every `NAME__k` (an immediate fan-out's per-instance values).
+_COPY = """
+INSERT INTO env_values (scope, owner, name, type, value)
+SELECT 'thread', $2, name, type, value FROM env_values
+WHERE scope = 'thread' AND owner = $1
+    AND NOT name = ANY($3::text[]) AND NOT regexp_replace(name, '__[0-9]+$', '') = ANY($4::text[])
+"""
+
+
+async def copy_thread(
+    session: AsyncSession,
+    source: uuid.UUID,
+    destination: uuid.UUID,
+    exclude: Collection[str],
+    instances: Collection[str] = (),
+) -> None:
+    """Give a child a copy of its parent's thread values, leaving out `exclude` (scoped names) and, for the names
+    in `instances`, the name and every `NAME__k` (§6.6, §6.7)."""
+    await (await db.driver(session)).execute(_COPY, str(source), str(destination), list(exclude), list(instances))
 
 
 async def delete_all(session: AsyncSession, thread_id: uuid.UUID) -> None:
