@@ -302,9 +302,11 @@ async def start(
     fernet: Fernet,
     parent: tables.Thread,
     creation: Creation,
+    *,
+    most: int | None = None,
 ) -> tables.Thread:
-    """Create a child of `parent` for a subagent entry, hand it its files and scoped values, and queue its first
-    message (to its side A)."""
+    """Create a child of `parent` for a subagent entry, hand it its files and scoped values (at most `most` values
+    in all, when given), and queue its first message (to its side A)."""
     agent = catalog.agent(creation.agent)
     resumable = creation.entry.resumable or None
     scoped = {v.name for v in catalog.variables_of_agent(agent.name) if v.scoped}
@@ -331,7 +333,7 @@ async def start(
     if creation.scoped_env:
         declared = {v.name for v in catalog.variables_of_agent(agent.name) if v.type == "secret"}
         secret = (declared | set(creation.scoped_secret)) & set(creation.scoped_env)
-        await env.set_thread(session, fernet, child.id, creation.scoped_env, secret)
+        await env.set_thread(session, fernet, child.id, creation.scoped_env, secret, most=most)
     refs = await copy_files(session, parent.id, creation.paths, child.id)
     await send(session, child, "user", creation.content, refs, silent=creation.silent)
     return child
@@ -383,9 +385,11 @@ async def fulfil(
     parent: tables.Thread,
     request: tables.VariableRequest,
     values: dict[str, str],
+    most: int | None = None,
 ) -> tables.Thread:
-    """Create the deferred child from the request's original payload with `values` as its scoped env; the child
-    reports like a non-blocking one. `MissingVariables` (what is still missing), or `Conflict` when used twice."""
+    """Create the deferred child from the request's original payload with `values` as its scoped env (the child
+    holding at most `most` values); the child reports like a non-blocking one. `MissingVariables` (what is still
+    missing), or `Conflict` when used twice."""
     if request.status != "pending":
         raise errors.RequestUsed("This variable request was already used")
     if parent.terminated_at is not None:
@@ -397,7 +401,7 @@ async def fulfil(
         raise errors.StillMissing(f"Missing required variables: {', '.join(missing)}", missing=missing)
     scoped_env = {**creation.scoped_env, **values}
     deferred = replace(creation, blocking=False, scoped_env=scoped_env)
-    child = await start(session, catalog, fernet, parent, deferred)
+    child = await start(session, catalog, fernet, parent, deferred, most=most)
     request.status = "success"
     request.child_id = child.id
     request.missing = []

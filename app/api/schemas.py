@@ -66,7 +66,7 @@ class ThreadPatch(In):
 
 
 class EnvIn(In):
-    value: str = Field(max_length=100_000)
+    value: str = Field(description="at most `ENV_MAX_VALUE_BYTES` bytes")
     type: Literal["text", "secret"] = "text"
 
 
@@ -114,7 +114,9 @@ class Thread(BaseModel):
     status: str
     side: str | None
     session: Session
-    env: dict[str, str | None]
+    env: dict[str, str | None] | None = Field(
+        description="text values, secret ones null; null in listings (`env_types` names the variables there)"
+    )
     env_types: dict[str, str]
     created_at: datetime
     updated_at: datetime

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Request
 
 from app import env, errors
 from app.api import schemas
-from app.api.deps import CurrentUser, SessionDep
+from app.api.deps import CurrentUser, EnvLimits, SessionDep
 from app.keys import Principal
 
 router = APIRouter(tags=["env"])
@@ -19,6 +19,11 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"model": schemas.Error},
     401: {"model": schemas.Error},
     403: {"model": schemas.Error},
+}
+WRITE_ERRORS: dict[int | str, dict[str, Any]] = {
+    **ERRORS,
+    413: {"model": schemas.Error},
+    422: {"model": schemas.Error},
 }
 
 
@@ -47,15 +52,21 @@ async def get_env(scope: Scope, name: str, session: SessionDep, who: CurrentUser
     return schemas.EnvVariable(name=name, type=types[name], value=values[name])
 
 
-@router.put("/env/{scope}/{name}", responses=ERRORS)
+@router.put("/env/{scope}/{name}", responses=WRITE_ERRORS)
 async def put_env(
-    scope: Scope, name: str, body: schemas.EnvIn, request: Request, session: SessionDep, who: CurrentUser
+    scope: Scope,
+    name: str,
+    body: schemas.EnvIn,
+    request: Request,
+    session: SessionDep,
+    who: CurrentUser,
+    limits: EnvLimits,
 ) -> schemas.EnvVariable:
-    """Set a value; `type: "secret"` stores it encrypted and it is never returned."""
+    """Set a value; `type: "secret"` stores it encrypted and it is never returned. 413 past the env limits."""
     owner = _owner(scope, who)
-    env.check(name, body.value)
+    env.check({name: body.value}, limits)
     secret = {name} if body.type == "secret" else set()
-    await env.put(session, request.app.state.fernet, scope, owner, {name: body.value}, secret)
+    await env.put(session, request.app.state.fernet, scope, owner, {name: body.value}, secret, most=limits.variables)
     await session.commit()
     return schemas.EnvVariable(name=name, type=body.type, value=None if body.type == "secret" else body.value)
 
