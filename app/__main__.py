@@ -172,9 +172,12 @@ async def _env(settings: Settings, args: argparse.Namespace) -> None:
     try:
         async with db.sessionmaker(engine)() as session, session.begin():
             if args.env_command == "set":
-                env.check(args.name, args.value)
+                values = {args.name: args.value}
+                limits = env.Limits(settings.env_max_variables, settings.env_max_value_bytes)
+                env.check(values, limits)
                 secret = {args.name} if args.secret else set()
-                await env.put(session, crypto.server_key(settings), scope, owner, {args.name: args.value}, secret)
+                fernet = crypto.server_key(settings)
+                await env.put(session, fernet, scope, owner, values, secret, most=limits.variables)
                 print(f"set {'secret ' if args.secret else ''}{args.name} for {where}")
             elif args.env_command == "list":
                 values, types = await env.public(session, scope, owner)

@@ -5,17 +5,18 @@ from __future__ import annotations
 import re
 import uuid
 from collections import OrderedDict
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from cryptography.fernet import Fernet
-from sqlalchemy import delete, func, or_, select
-from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy import delete, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import crypto, db, errors, queue, tables
 
 INSTANCE = ""  # the owner of instance-scoped values
-NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+NAME_CHARS = 128  # a name is an identifier, not data (the column holds 200)
 
 
 @dataclass(frozen=True)
@@ -35,27 +36,92 @@ class Layers:
     instance: dict[str, Value]
 
 
-def check(name: str, value: str) -> None:
-    """Refuse a name that is not an identifier, or a value Postgres cannot store."""
-    if not NAME.fullmatch(name):
-        raise errors.Invalid(f"`{name[:200]}` is not a variable name: use letters, digits and `_`, not a digit first")
-    if "\x00" in value:
-        raise errors.Invalid(f"the value of `{name}` contains a NUL character")
+@dataclass(frozen=True)
+class Limits:
+    """How much env one owner (a thread, a user, the instance) may hold: `ENV_MAX_VARIABLES` values of at most
+    `ENV_MAX_VALUE_BYTES` each."""
+
+    variables: int
+    value_bytes: int
+
+
+def check_name(name: str) -> None:
+    """The one rule for a variable name, wherever one enters: an identifier of at most `NAME_CHARS` characters."""
+    if len(name) > NAME_CHARS or not NAME.fullmatch(name):
+        shown = name if len(name) <= 40 else name[:40] + "…"
+        raise errors.BadVariableName(
+            f"`{shown}` is not a variable name: use 1 to {NAME_CHARS} letters, digits and `_`, not a digit first"
+        )
+
+
+def check(values: Mapping[str, str], limits: Limits) -> None:
+    """Refuse values no request may write: more than an owner may hold, a bad name, a value over the size limit or
+    one Postgres cannot store."""
+    if len(values) > limits.variables:
+        raise _too_many(len(values), limits.variables)
+    for name, value in values.items():
+        check_name(name)
+        size = len(value.encode())
+        if size > limits.value_bytes:
+            raise errors.VariableTooLarge(
+                f"The value of `{name}` is {size} bytes; a value may have at most {limits.value_bytes} bytes "
+                "(`ENV_MAX_VALUE_BYTES`).",
+                name=name,
+                limit=limits.value_bytes,
+                bytes=size,
+            )
+        if "\x00" in value:
+            raise errors.Invalid(f"the value of `{name}` contains a NUL character")
+
+
+def _too_many(count: int, limit: int) -> errors.TooManyVariables:
+    return errors.TooManyVariables(
+        f"That would make {count} variables; a thread, a user or the instance may hold at most {limit} variables "
+        "(`ENV_MAX_VARIABLES`).",
+        limit=limit,
+        count=count,
+    )
+
+
+# PUT: upsert an owner's values ($3 names, $4 types, $5 values) in one statement. With a bound ($6), nothing is
+# written unless the owner then holds at most that many. Returns how many it holds (or would hold) after.
+_PUT = """
+WITH held AS (
+    SELECT count(*) + cardinality($3::text[]) AS n FROM env_values
+    WHERE scope = $1 AND owner = $2 AND NOT name = ANY($3::text[])
+), written AS (
+    INSERT INTO env_values (scope, owner, name, type, value)
+    SELECT $1, $2, v.name, v.type, v.value FROM unnest($3::text[], $4::text[], $5::text[]) AS v(name, type, value)
+    WHERE $6::int IS NULL OR (SELECT n FROM held) <= $6::int
+    ON CONFLICT ON CONSTRAINT env_values_scope_owner_name
+    DO UPDATE SET type = excluded.type, value = excluded.value, updated_at = now()
+)
+SELECT n FROM held
+"""
 
 
 async def put(
-    session: AsyncSession, fernet: Fernet, scope: str, owner: str, values: dict[str, str], secret: set[str]
+    session: AsyncSession,
+    fernet: Fernet,
+    scope: str,
+    owner: str,
+    values: Mapping[str, str],
+    secret: Collection[str],
+    *,
+    most: int | None = None,
 ) -> None:
-    """Upsert values of one scope; names in `secret` are encrypted."""
-    for name, value in values.items():
-        kind = "secret" if name in secret else "text"
-        stored = crypto.encrypt(fernet, value) if kind == "secret" else value
-        stmt = insert(tables.EnvValue).values(scope=scope, owner=owner, name=name, type=kind, value=stored)
-        await session.execute(
-            stmt.on_conflict_do_update(
-                constraint="env_values_scope_owner_name", set_={"type": kind, "value": stored, "updated_at": func.now()}
-            )
-        )
+    """Upsert values of one scope (names and values `check`ed) in one statement; names in `secret` are encrypted.
+    With `most`, a write that would leave the owner more values than that is refused and writes nothing."""
+    if not values:
+        return
+    names = list(values)
+    kinds = ["secret" if name in secret else "text" for name in names]
+    stored = [
+        crypto.encrypt(fernet, values[n]) if k == "secret" else values[n] for n, k in zip(names, kinds, strict=True)
+    ]
+    held = await (await db.driver(session)).fetchval(_PUT, scope, owner, names, kinds, stored, most)
+    if most is not None and held > most:
+        raise _too_many(held, most)
 
 
 async def remove(session: AsyncSession, scope: str, owner: str, names: list[str]) -> int:
@@ -70,13 +136,10 @@ async def remove(session: AsyncSession, scope: str, owner: str, names: list[str]
 
 async def public(session: AsyncSession, scope: str, owner: str) -> tuple[dict[str, str | None], dict[str, str]]:
     """(`env`, `env_types`) of one scope as the API shows them: secret values are null."""
-    rows = (
-        await session.execute(
-            select(tables.EnvValue)
-            .where(tables.EnvValue.scope == scope, tables.EnvValue.owner == owner)
-            .order_by(tables.EnvValue.name)
-        )
-    ).scalars()
+    t = tables.EnvValue
+    rows = await session.execute(
+        select(t.name, t.type, t.value).where(t.scope == scope, t.owner == owner).order_by(t.name)
+    )
     env: dict[str, str | None] = {}
     types: dict[str, str] = {}
     for r in rows:
@@ -137,10 +200,16 @@ def _copy(layers: Layers) -> Layers:
 
 
 async def set_thread(
-    session: AsyncSession, fernet: Fernet, thread_id: uuid.UUID, values: dict[str, str], secret: set[str]
+    session: AsyncSession,
+    fernet: Fernet,
+    thread_id: uuid.UUID,
+    values: Mapping[str, str],
+    secret: Collection[str],
+    *,
+    most: int | None = None,
 ) -> None:
-    """Upsert thread-scoped values; names in `secret` are encrypted."""
-    await put(session, fernet, "thread", str(thread_id), values, secret)
+    """Upsert thread-scoped values (`put`); names in `secret` are encrypted."""
+    await put(session, fernet, "thread", str(thread_id), values, secret, most=most)
 
 
 async def delete_thread(session: AsyncSession, thread_id: uuid.UUID, names: list[str]) -> None:
@@ -157,24 +226,44 @@ async def thread_types(session: AsyncSession, thread_id: uuid.UUID) -> dict[str,
     return {r.name: r.type for r in rows}
 
 
+async def types_by_thread(session: AsyncSession, ids: list[uuid.UUID]) -> dict[uuid.UUID, dict[str, str]]:
+    """Names and types of several threads' values, by thread, in one query (listings show no values)."""
+    t = tables.EnvValue
+    owners = [str(i) for i in ids]
+    rows = await session.execute(
+        select(t.owner, t.name, t.type).where(t.scope == "thread", t.owner.in_(owners)).order_by(t.owner, t.name)
+    )
+    found: dict[uuid.UUID, dict[str, str]] = {}
+    for r in rows:
+        found.setdefault(uuid.UUID(r.owner), {})[r.name] = r.type
+    return found
+
+
 async def public_view(session: AsyncSession, thread_id: uuid.UUID) -> tuple[dict[str, str | None], dict[str, str]]:
     """(`env`, `env_types`) as the API shows them: secret values are null."""
     return await public(session, "thread", str(thread_id))
 
 
-async def copy_thread(session: AsyncSession, source: uuid.UUID, destination: uuid.UUID, exclude: set[str]) -> None:
-    """Give a child a copy of its parent's thread values (still encrypted), leaving out `exclude` (§6.7)."""
-    rows = (
-        await session.execute(
-            select(tables.EnvValue).where(tables.EnvValue.scope == "thread", tables.EnvValue.owner == str(source))
-        )
-    ).scalars()
-    for row in rows:
-        if row.name not in exclude:
-            session.add(
-                tables.EnvValue(scope="thread", owner=str(destination), name=row.name, type=row.type, value=row.value)
-            )
-    await session.flush()
+# COPY: a parent's thread values (still encrypted) into a new child, in one statement, leaving out the names in $3
+# and, for the names in $4, the name and every `NAME__k` (an immediate fan-out's per-instance values).
+_COPY = """
+INSERT INTO env_values (scope, owner, name, type, value)
+SELECT 'thread', $2, name, type, value FROM env_values
+WHERE scope = 'thread' AND owner = $1
+    AND NOT name = ANY($3::text[]) AND NOT regexp_replace(name, '__[0-9]+$', '') = ANY($4::text[])
+"""
+
+
+async def copy_thread(
+    session: AsyncSession,
+    source: uuid.UUID,
+    destination: uuid.UUID,
+    exclude: Collection[str],
+    instances: Collection[str] = (),
+) -> None:
+    """Give a child a copy of its parent's thread values, leaving out `exclude` (scoped names) and, for the names
+    in `instances`, the name and every `NAME__k` (§6.6, §6.7)."""
+    await (await db.driver(session)).execute(_COPY, str(source), str(destination), list(exclude), list(instances))
 
 
 async def delete_all(session: AsyncSession, thread_id: uuid.UUID) -> None:

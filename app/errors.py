@@ -49,6 +49,12 @@ class Invalid(AgentsError):
     code = "invalid_request"
 
 
+class BadVariableName(Invalid):
+    """That is not a variable name."""
+
+    code = "invalid_variable_name"
+
+
 class BadCursor(Invalid):
     """The cursor is not one this server gave out."""
 
@@ -159,6 +165,18 @@ class TooLarge(AgentsError):
     """The content exceeds the size limit."""
 
     code = "too_large"
+
+
+class TooManyVariables(TooLarge):
+    """More variables than one thread, user or the instance may hold."""
+
+    code = "too_many_variables"
+
+
+class VariableTooLarge(TooLarge):
+    """A variable's value is larger than the limit."""
+
+    code = "variable_too_large"
 
 
 class EndpointNotFound(NotFound):

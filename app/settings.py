@@ -48,6 +48,10 @@ class Settings(BaseSettings):
     sse_buffer: int = Field(default=1000, ge=1, description="live events a stream may lag before it is cut off")
     max_body_bytes: int = Field(default=10 * 1024 * 1024, ge=1024, description="largest request body accepted")
     max_file_bytes: int = Field(default=50 * 1024 * 1024, ge=1024, description="largest file a thread may store")
+    env_max_variables: int = Field(
+        default=200, ge=1, description="variables one thread, user or the instance may hold (and one request set)"
+    )
+    env_max_value_bytes: int = Field(default=64 * 1024, ge=1, description="largest variable value, in UTF-8 bytes")
     event_retention_days: float = Field(default=7.0, gt=0, description="how long stored events are kept")
     cleanup_interval: float = Field(default=300.0, gt=0, description="seconds between retention sweeps (workers)")
     blob_grace_seconds: float = Field(

@@ -55,9 +55,11 @@ async def create(
     terminal: bool,
     name: str | None = None,
     scoped: set[str] | None = None,
+    instances: set[str] | None = None,
     spawn_group_id: uuid.UUID | None = None,
 ) -> tables.Thread:
-    """A child thread of `parent` with a copy of its thread env (scoped names left out, §6.7)."""
+    """A child thread of `parent` with a copy of its thread env: scoped names left out (§6.7), and for the names
+    in `instances` (a fan-out's per-instance values, §6.6) the name and every `NAME__k` too."""
     child_id = uuid.uuid4()
     child = tables.Thread(
         id=child_id,
@@ -84,7 +86,7 @@ async def create(
     await session.flush()
     await session.refresh(child)
     set_committed_value(parent, "has_children", True)  # as the insert's trigger stored it
-    await env.copy_thread(session, parent.id, child.id, exclude=scoped or set())
+    await env.copy_thread(session, parent.id, child.id, scoped or set(), instances or set())
     await events.append_lifecycle(session, child, "thread_created")
     await events.append(session, parent.id, "subagent_created", entry(child))
     return child
@@ -269,6 +271,7 @@ class Creation:
     silent: bool = False
     tags: list[str] = field(default_factory=list)
     scoped_env: dict[str, str] = field(default_factory=dict)
+    scoped_secret: list[str] = field(default_factory=list)  # names of `scoped_env` read from secret values
     spawn_group_id: uuid.UUID | None = None
 
     def payload(self) -> dict[str, Any]:
@@ -284,11 +287,26 @@ class Creation:
         return cls(**{**fields, "spawn_group_id": uuid.UUID(group) if group else None})
 
 
+def instance_names(entry: ToolEntry) -> set[str]:
+    """The names an `immediate` fan-out reads once per instance (`NAME`, `NAME__2`, …): its `scoped_env`, `name_env`
+    and `description_env` (§6.6)."""
+    config = entry.immediate
+    if isinstance(config, bool):
+        return set()
+    return {*config.scoped_env, *(n for n in (config.name_env, config.description_env) if n)}
+
+
 async def start(
-    session: AsyncSession, catalog: Catalog, fernet: Fernet, parent: tables.Thread, creation: Creation
+    session: AsyncSession,
+    catalog: Catalog,
+    fernet: Fernet,
+    parent: tables.Thread,
+    creation: Creation,
+    *,
+    most: int | None = None,
 ) -> tables.Thread:
-    """Create a child of `parent` for a subagent entry, hand it its files and scoped values, and queue its first
-    message (to its side A)."""
+    """Create a child of `parent` for a subagent entry, hand it its files and scoped values (at most `most` values
+    in all, when given), and queue its first message (to its side A)."""
     agent = catalog.agent(creation.agent)
     resumable = creation.entry.resumable or None
     scoped = {v.name for v in catalog.variables_of_agent(agent.name) if v.scoped}
@@ -307,13 +325,15 @@ async def start(
         terminal=terminal(agent),
         name=creation.name,
         scoped=scoped,
+        instances=instance_names(creation.entry),
         spawn_group_id=creation.spawn_group_id,
     )
     if creation.tags:
         child.tags = [*child.tags, *creation.tags]
     if creation.scoped_env:
         declared = {v.name for v in catalog.variables_of_agent(agent.name) if v.type == "secret"}
-        await env.set_thread(session, fernet, child.id, creation.scoped_env, declared & set(creation.scoped_env))
+        secret = (declared | set(creation.scoped_secret)) & set(creation.scoped_env)
+        await env.set_thread(session, fernet, child.id, creation.scoped_env, secret, most=most)
     refs = await copy_files(session, parent.id, creation.paths, child.id)
     await send(session, child, "user", creation.content, refs, silent=creation.silent)
     return child
@@ -365,9 +385,11 @@ async def fulfil(
     parent: tables.Thread,
     request: tables.VariableRequest,
     values: dict[str, str],
+    most: int | None = None,
 ) -> tables.Thread:
-    """Create the deferred child from the request's original payload with `values` as its scoped env; the child
-    reports like a non-blocking one. `MissingVariables` (what is still missing), or `Conflict` when used twice."""
+    """Create the deferred child from the request's original payload with `values` as its scoped env (the child
+    holding at most `most` values); the child reports like a non-blocking one. `MissingVariables` (what is still
+    missing), or `Conflict` when used twice."""
     if request.status != "pending":
         raise errors.RequestUsed("This variable request was already used")
     if parent.terminated_at is not None:
@@ -378,7 +400,8 @@ async def fulfil(
     if missing:
         raise errors.StillMissing(f"Missing required variables: {', '.join(missing)}", missing=missing)
     scoped_env = {**creation.scoped_env, **values}
-    child = await start(session, catalog, fernet, parent, replace(creation, blocking=False, scoped_env=scoped_env))
+    deferred = replace(creation, blocking=False, scoped_env=scoped_env)
+    child = await start(session, catalog, fernet, parent, deferred, most=most)
     request.status = "success"
     request.child_id = child.id
     request.missing = []

@@ -141,6 +141,19 @@ async def test_secrets_are_encrypted_at_rest(client: httpx.AsyncClient, app: Fas
     assert "plain-secret-value" not in stored
 
 
+async def test_thread_listings_carry_env_names_and_types_not_values(client: httpx.AsyncClient) -> None:
+    """A listing's threads show what env they hold (`env_types`) but not the values (`env` is null): a listing
+    stays small whatever the values; one thread's own `GET` shows its text values."""
+    big = "v" * 60_000
+    body = {"agent": "assistant", "env": {"BIG": big, "S": "s3cret"}, "secrets": ["S"]}
+    tid = (await client.post("/threads", json=body)).json()["id"]
+    listed = await client.get("/threads")
+    [item] = listed.json()["threads"]
+    assert item["id"] == tid and item["env"] is None and item["env_types"] == {"BIG": "text", "S": "secret"}
+    assert big not in listed.text and len(listed.content) < 5_000
+    assert (await client.get(f"/threads/{tid}")).json()["env"] == {"BIG": big, "S": None}
+
+
 async def test_list_threads_paginates_newest_first(client: httpx.AsyncClient) -> None:
     ids = [
         (await client.post("/threads", json={"agent": "assistant", "tags": [f"t{i}"]})).json()["id"] for i in range(5)

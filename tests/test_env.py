@@ -3,22 +3,25 @@ secrets that never leave (`semantics.md` §8)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import pytest
 from cryptography.fernet import Fernet
 from fastapi import FastAPI
-from sqlalchemy import select, text
+from sqlalchemy import event, select, text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app import env, events, keys, queue, tables, threads
+from app import db, env, events, keys, queue, subagents, tables, threads
 from app.catalog import Catalog
-from app.spec import ThreadState, define_agent, define_model, define_prompt, define_tool
+from app.spec import ThreadState, ToolEntry, define_agent, define_model, define_prompt, define_tool
 from tests.conftest import client_for, wait_for
+from tests.test_api import assert_error
 
 LEVELS = ["thread", "user", "instance", "agent", "tool", "prompt"]
 
@@ -196,9 +199,8 @@ async def test_user_env_routes_reach_only_the_callers_own_values(app_factory: An
         assert list((await a.get("/env/user")).json()["env"]) == ["TOKEN"]
         assert (await a.put("/env/user/REGION", json={"value": "us", "type": "secret"})).json()["value"] is None
         assert (await a.put("/env/user/REGION", json={"value": "us"})).json()["value"] == "us"  # back to text
-        bad = await a.put("/env/user/1BAD", json={"value": "x"})
-        assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_request"
-        assert (await a.put("/env/user/A-B", json={"value": "x"})).status_code == 400
+        assert_error(await a.put("/env/user/1BAD", json={"value": "x"}), 422, "invalid_variable_name")
+        assert_error(await a.put("/env/user/A-B", json={"value": "x"}), 422, "invalid_variable_name")
         assert (await a.put("/env/user/OK", json={"value": "a\x00b"})).status_code == 422
         assert (await a.put("/env/user/OK", json={"value": "x", "type": "public"})).status_code == 422
         assert (await a.put("/env/user/OK", json={"value": 3})).status_code == 422
@@ -238,6 +240,103 @@ async def test_patch_thread_env_keeps_secrets_secret(app_factory: Any) -> None:
         patched = await client.patch(f"/threads/{tid}", json={"env": {"C": "c"}, "secrets": ["C"], "env_delete": ["B"]})
         assert patched.json()["env"] == {"A": None, "API_KEY": None, "C": None}
         assert (await client.patch(f"/threads/{tid}", json={"secrets": ["Z"]})).status_code == 400
+
+
+# -- names and limits -----------------------------------------------------------------------------------------
+
+BAD_NAMES = ("bad name!", "", "1X", "A-B", "é", "N" * 129, "N" * 300)
+
+
+async def pending_request(app: FastAPI, tid: str) -> str:
+    """A variable request of the thread, as a subagent creation waiting for values stores one (§6.7)."""
+    async with app.state.sessions() as s, s.begin():
+        parent = await threads.lock(s, uuid.UUID(tid))
+        creation = subagents.Creation("agent", ToolEntry(name="agent"), "a", "hi", blocking=False)
+        row = await subagents.request_variables(s, parent, "agent", [], [], creation)
+    return str(row.id)
+
+
+async def test_a_bad_variable_name_is_refused_alike_wherever_names_enter(app_factory: Any) -> None:
+    """One rule for names (an identifier of at most 128 characters) on every route a name enters by: a clear 422,
+    the same for each, and nothing written."""
+    app = await app_factory(catalog(["ok"]))
+    async with client_for(app) as client:
+        tid = (await client.post("/threads", json={"agent": "agent"})).json()["id"]
+        request_id = await pending_request(app, tid)
+        for name in BAD_NAMES:
+            responses = [
+                await client.post("/threads", json={"agent": "agent", "env": {name: "v"}}),
+                await client.patch(f"/threads/{tid}", json={"env": {name: "v"}}),
+                await client.post(f"/threads/{tid}/variables/{request_id}", json={"env": {name: "v"}}),
+            ]
+            if name:  # a path segment is never empty
+                responses.append(await client.put(f"/env/user/{quote(name)}", json={"value": "v"}))
+            found = [assert_error(response, 422, "invalid_variable_name") for response in responses]
+            assert len({e["message"] for e in found}) == 1, found
+            assert "letters, digits and `_`" in found[0]["message"] and "128" in found[0]["message"]
+        assert [t["id"] for t in (await client.get("/threads")).json()["threads"]] == [tid]
+        assert (await client.get(f"/threads/{tid}")).json()["env"] == {}
+        assert (await client.get(f"/threads/{tid}/variables/{request_id}")).json()["status"] == "pending"
+        assert (await client.get("/env/user")).json()["env"] == {}
+        longest = "N" * 128
+        assert (await client.patch(f"/threads/{tid}", json={"env": {longest: "v"}})).json()["env"] == {longest: "v"}
+
+
+async def test_env_is_bounded_in_count_and_value_size(app_factory: Any) -> None:
+    """`ENV_MAX_VARIABLES` values per thread (and user, and instance), `ENV_MAX_VALUE_BYTES` per value: more is a
+    413 naming the limit, and nothing is written."""
+    app = await app_factory(catalog(["ok"]), env_max_variables=3, env_max_value_bytes=8)
+    async with client_for(app) as client:
+        four = {"A": "1", "B": "2", "C": "3", "D": "4"}
+        too_many = await client.post("/threads", json={"agent": "agent", "env": four})
+        error = assert_error(too_many, 413, "too_many_variables")
+        assert "at most 3 variables" in error["message"] and "ENV_MAX_VARIABLES" in error["message"]
+        assert error["details"] == {"limit": 3, "count": 4}
+        wide = {"agent": "agent", "env": {"A": "é" * 5}}  # 5 characters, 10 bytes
+        error = assert_error(await client.post("/threads", json=wide), 413, "variable_too_large")
+        assert "`A`" in error["message"] and "8 bytes" in error["message"] and "ENV_MAX_VALUE_BYTES" in error["message"]
+        assert error["details"] == {"name": "A", "limit": 8, "bytes": 10}
+        assert (await client.get("/threads")).json()["threads"] == []
+
+        tid = (await client.post("/threads", json={"agent": "agent", "env": {"A": "1", "B": "2"}})).json()["id"]
+        assert (await client.patch(f"/threads/{tid}", json={"env": {"A": "x", "C": "3"}})).status_code == 200
+        assert_error(await client.patch(f"/threads/{tid}", json={"env": {"D": "4"}}), 413, "too_many_variables")
+        wide = {"env": {"B": "123456789"}}
+        assert_error(await client.patch(f"/threads/{tid}", json=wide), 413, "variable_too_large")
+        swapped = await client.patch(f"/threads/{tid}", json={"env": {"D": "4"}, "env_delete": ["A"]})
+        assert swapped.status_code == 200 and swapped.json()["env"] == {"B": "2", "C": "3", "D": "4"}
+        request_id = await pending_request(app, tid)
+        provide = f"/threads/{tid}/variables/{request_id}"
+        assert_error(await client.post(provide, json={"env": four}), 413, "too_many_variables")
+        # the child would hold the parent's three values and this one
+        assert_error(await client.post(provide, json={"env": {"X": "1"}}), 413, "too_many_variables")
+        assert (await client.get(provide)).json()["status"] == "pending"
+        assert (await client.get(f"/threads/{tid}")).json()["env"] == {"B": "2", "C": "3", "D": "4"}
+
+        for name in "ABC":
+            assert (await client.put(f"/env/user/{name}", json={"value": name})).status_code == 200
+        assert_error(await client.put("/env/user/D", json={"value": "4"}), 413, "too_many_variables")
+        assert_error(await client.put("/env/user/A", json={"value": "123456789"}), 413, "variable_too_large")
+        assert (await client.put("/env/user/A", json={"value": "again"})).status_code == 200  # a replacement fits
+        assert (await client.get("/env/user")).json()["env"] == {"A": "again", "B": "B", "C": "C"}
+
+
+async def test_writing_many_values_is_one_statement(sessions: async_sessionmaker[AsyncSession]) -> None:
+    fernet = Fernet(Fernet.generate_key())
+    async with sessions() as s, s.begin():
+        tid = (await threads.create(s, define_agent(name="a", side_a={"prompt": "p"}), keys.OPEN)).id
+    values = {f"V{i}": str(i) for i in range(150)}
+    async with sessions() as s, s.begin():
+        statements: list[str] = []  # SQLAlchemy's, and those sent on the driver's connection directly
+        raw = await db.driver(s)
+        raw._conn.add_query_logger(lambda record: statements.append(record.query))
+        event.listen(s.sync_session.get_bind(), "before_cursor_execute", lambda *args: statements.append(args[2]))
+        await env.set_thread(s, fernet, tid, values, {"V0"})
+        await asyncio.sleep(0)  # query loggers are called soon after
+        assert len(statements) == 1, statements[:3]
+    async with sessions() as s, s.begin():
+        stored = (await env.layers(s, fernet, tid, keys.OPEN.user_id)).thread
+    assert len(stored) == 150 and stored["V0"] == env.Value("0", "secret") and stored["V9"] == env.Value("9", "text")
 
 
 # -- secrets never leave --------------------------------------------------------------------------------------

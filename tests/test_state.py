@@ -487,6 +487,7 @@ async def test_set_env_is_stored_and_seen_at_once(app_factory: Any) -> None:
                 {"name": "read_var", "arguments": {"name": "GREETING"}},
                 {"name": "set_var", "arguments": {"name": "TOKEN", "value": "t0ken"}},
                 {"name": "set_var", "arguments": {"name": "KEY", "value": "k2"}},
+                {"name": "set_var", "arguments": {"name": "bad name!", "value": "x"}},
             ]
         },
         "ok",
@@ -495,7 +496,8 @@ async def test_set_env_is_stored_and_seen_at_once(app_factory: Any) -> None:
     app, client, tid = await start(app_factory, catalog(recorder, prompt), env={"KEY": "k1"}, secrets=["KEY"])
     await say(client, tid, "go")
     tools = [m["content"] for m in await stored(client, tid) if m["role"] == "tool"]
-    assert tools == ["hello", "hello", "***", "***"]  # a tool that echoes a secret has it masked (§8)
+    assert tools[:4] == ["hello", "hello", "***", "***"]  # a tool that echoes a secret has it masked (§8)
+    assert "`bad name!` is not a variable name" in tools[4]  # the one name rule (`env.check_name`)
     assert recorder.seen[1][0] == ("system", "Say hello")
     thread = (await client.get(f"/threads/{tid}")).json()
     assert thread["env"] == {"GREETING": "hello", "TOKEN": None, "KEY": None}

@@ -445,18 +445,26 @@ async def test_immediate_children_start_at_thread_creation_without_the_parent_ru
 
 
 async def test_immediate_fan_out_gives_each_instance_its_own_scoped_values(app_factory: Any) -> None:
-    seen: dict[str, str] = {}
+    """Instance k gets its group's values under the plain names, a secret staying secret, and none of the other
+    instances' values: no `NAME__k` and no plain `NAME` of instance 1 reach it from the parent (§6.6, §6.7)."""
+    seen: dict[str, dict[str, str | None]] = {}
 
-    @define_tool(description="Read the scoped value.")
+    @define_tool(description="Read the scoped values.")
     async def read_region(state: ThreadState) -> str:
-        seen[state.thread_id] = await state.env("REGION")
+        async def value(name: str) -> str | None:
+            try:
+                return await state.env(name)
+            except LookupError:
+                return None
+
+        seen[state.thread_id] = {"REGION": await state.env("REGION"), "TOKEN": await value("TOKEN")}
         await state.write_file("/out/note.txt", "x")
         return "read"
 
     brain = Brain(lambda request: "nothing to do")
     entry = {
         "name": "qa",
-        "immediate": {"scoped_env": ["REGION"], "name_env": "REGION_NAME"},
+        "immediate": {"scoped_env": ["REGION", "TOKEN"], "name_env": "REGION_NAME"},
         "resumable": {"receives_messages": "side_a", "max_instances": 2},
     }
     scoped = {"name": "REGION", "type": "text", "required": True, "scoped": True}
@@ -464,8 +472,10 @@ async def test_immediate_fan_out_gives_each_instance_its_own_scoped_values(app_f
     cat.tools["write_note"] = read_region  # type: ignore[index]
     app = await app_factory(cat, with_worker=True)
     client = client_for(app)
-    env = {"REGION": "eu", "REGION_NAME": "europe", "REGION__2": "us", "REGION_NAME__2": "america", "REGION__3": "ap"}
-    tid = (await client.post("/threads", json={"agent": "boss", "env": env})).json()["id"]
+    env = {"REGION": "eu", "REGION_NAME": "europe", "TOKEN": "tok-eu", "REGION__2": "us", "REGION_NAME__2": "america",
+           "REGION__3": "ap", "TOKEN__3": "tok-ap", "SHARED": "all"}  # fmt: skip
+    body = {"agent": "boss", "env": env, "secrets": ["TOKEN", "TOKEN__3"]}
+    tid = (await client.post("/threads", json=body)).json()["id"]
 
     async def two() -> list[dict[str, Any]] | None:
         entries = await registry(client, tid)
@@ -475,10 +485,16 @@ async def test_immediate_fan_out_gives_each_instance_its_own_scoped_values(app_f
     assert sorted(e["thread_name"] for e in entries) == ["america", "europe"]  # capped at max_instances = 2
     assert entries[0]["spawn_group_id"] is not None and entries[0]["spawn_group_id"] == entries[1]["spawn_group_id"]
     by_name = {e["thread_name"]: e["reference"] for e in entries}
-    assert seen == {by_name["europe"]: "eu", by_name["america"]: "us"}
-    for reference in by_name.values():  # a scoped name is never copied from the parent's thread env
-        child_env = (await client.get(f"/threads/{reference}")).json()["env"]
-        assert "REGION__2" in child_env and child_env.get("REGION") in ("eu", "us")
+    # instance 2 has no TOKEN__2: it has no TOKEN at all, never instance 1's
+    assert seen == {
+        by_name["europe"]: {"REGION": "eu", "TOKEN": "tok-eu"},
+        by_name["america"]: {"REGION": "us", "TOKEN": None},
+    }
+    europe = (await client.get(f"/threads/{by_name['europe']}")).json()
+    assert europe["env"] == {"REGION": "eu", "SHARED": "all", "TOKEN": None}
+    assert europe["env_types"] == {"REGION": "text", "SHARED": "text", "TOKEN": "secret"}
+    america = (await client.get(f"/threads/{by_name['america']}")).json()
+    assert america["env"] == {"REGION": "us", "SHARED": "all"}
 
 
 # -- scoped variables and the bootstrap flow ----------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""Dependencies routes declare: a session (the route commits), the caller, the catalog, the settings."""
+"""Dependencies routes declare: a session (the route commits), the caller, the catalog, the settings, the env
+limits."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from fastapi import Depends, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app import errors, keys
+from app import env, errors, keys
 from app.catalog import Catalog
 from app.keys import Principal
 from app.settings import Settings, is_loopback
@@ -78,8 +79,15 @@ async def settings(request: Request) -> Settings:
     return value
 
 
+async def env_limits(request: Request) -> env.Limits:
+    """How much env one thread, user or the instance may hold (`Settings.env_max_*`)."""
+    value: Settings = request.app.state.settings
+    return env.Limits(value.env_max_variables, value.env_max_value_bytes)
+
+
 SessionDep = Annotated[AsyncSession, Depends(session)]
 CurrentUser = Annotated[Principal, Depends(principal)]
 StreamUser = Annotated[Principal, Depends(stream_principal)]
 CatalogDep = Annotated[Catalog, Depends(catalog)]
 SettingsDep = Annotated[Settings, Depends(settings)]
+EnvLimits = Annotated[env.Limits, Depends(env_limits)]

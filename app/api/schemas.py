@@ -37,6 +37,10 @@ class In(BaseModel):
 BASE64 = r"^(data:[^,]*,)?(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
 
 
+ENV_NAME = {"pattern": "^[A-Za-z_][A-Za-z0-9_]*$", "maxLength": 128}  # `env.check_name`, for the schema only
+ENV = {"propertyNames": ENV_NAME}  # (the check answers 422 `invalid_variable_name` wherever a name enters)
+
+
 class AttachmentIn(In):
     name: str = Field(min_length=1, max_length=255)
     mime_type: str = Field(min_length=1, max_length=200)
@@ -72,7 +76,7 @@ class MessageIn(In):
 
 class ThreadIn(In):
     agent: str = Field(validation_alias=AliasChoices("agent", "agent_id"), min_length=1, max_length=200)
-    env: dict[str, str] = Field(default_factory=dict)
+    env: dict[str, str] = Field(default_factory=dict, json_schema_extra=ENV)
     secrets: list[str] = Field(default_factory=list)
     tags: list[str] = Field(default_factory=list, max_length=100)
     name: str | None = Field(default=None, max_length=500)
@@ -82,13 +86,13 @@ class ThreadIn(In):
 class ThreadPatch(In):
     tags: list[str] | None = Field(default=None, max_length=100)
     name: str | None = Field(default=None, max_length=500)
-    env: dict[str, str] = Field(default_factory=dict)
+    env: dict[str, str] = Field(default_factory=dict, json_schema_extra=ENV)
     secrets: list[str] = Field(default_factory=list)
     env_delete: list[str] = Field(default_factory=list)
 
 
 class EnvIn(In):
-    value: str = Field(max_length=100_000)
+    value: str = Field(description="at most `ENV_MAX_VALUE_BYTES` bytes")
     type: Literal["text", "secret"] = "text"
 
 
@@ -136,7 +140,9 @@ class Thread(BaseModel):
     status: str
     side: str | None
     session: Session
-    env: dict[str, str | None]
+    env: dict[str, str | None] | None = Field(
+        description="text values, secret ones null; null in listings (`env_types` names the variables there)"
+    )
     env_types: dict[str, str]
     created_at: datetime
     updated_at: datetime
@@ -366,7 +372,7 @@ class VariableRequest(BaseModel):
 
 
 class VariablesIn(In):
-    env: dict[str, str] = Field(default_factory=dict)
+    env: dict[str, str] = Field(default_factory=dict, json_schema_extra=ENV)
 
 
 class VariablesDone(BaseModel):

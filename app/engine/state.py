@@ -270,8 +270,9 @@ class RunState(FileMethods):
 
     async def set_env(self, name: str, value: str) -> None:
         self._own("set_env")
-        if not isinstance(name, str) or not name or not isinstance(value, str):
-            raise errors.Invalid("`state.set_env` takes a non-empty variable name and a string value")
+        if not isinstance(name, str) or not isinstance(value, str):
+            raise errors.Invalid("`state.set_env` takes a variable name and a string value")
+        env_store.check_name(name)
         _refuse_nul(name, value)
         declared = {v.name for v in self._catalog.variables_of_agent(self.agent_id) if v.type == "secret"}
         async with self._transaction() as (session, thread):

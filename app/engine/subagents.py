@@ -265,7 +265,7 @@ def _instances(entry: ToolEntry, env: Env, limit: int | None) -> list[dict[str, 
     as they are and instance k reads `NAME__k` while the first of them is defined (§6.6)."""
     config = entry.immediate
     if config is True:
-        return [{"k": 1, "scoped": {}, "name": None, "description": None}]
+        return [{"k": 1, "scoped": {}, "secret": [], "name": None, "description": None}]
     if not config:
         return []
     groups: list[dict[str, Any]] = []
@@ -285,9 +285,9 @@ def _instances(entry: ToolEntry, env: Env, limit: int | None) -> list[dict[str, 
         if k > 1 and (not names or value(names[0]) is None):
             break
         scoped = {n: v for n in names if (v := value(n)) is not None}
-        groups.append(
-            {"k": k, "scoped": scoped, "name": value(config.name_env), "description": value(config.description_env)}
-        )
+        secret = [n for n in scoped if env.is_secret(n + suffix)]  # a secret stays one under its plain name
+        name, description = value(config.name_env), value(config.description_env)
+        groups.append({"k": k, "scoped": scoped, "secret": secret, "name": name, "description": description})
         if not names:
             break
         k += 1
@@ -332,6 +332,7 @@ async def spawn_immediate(
                 silent=True,
                 tags=[tag],
                 scoped_env=group["scoped"],
+                scoped_secret=group["secret"],
                 spawn_group_id=group_id,
             )
             required, missing = await subagents.missing_scoped(

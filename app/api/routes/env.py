@@ -2,23 +2,29 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Path, Request
 
 from app import env, errors
 from app.api import bodies, schemas
-from app.api.deps import CurrentUser, SessionDep
+from app.api.deps import CurrentUser, EnvLimits, SessionDep
 from app.keys import Principal
 
 router = APIRouter(tags=["env"], route_class=bodies.Route)
 
 Scope = Literal["user", "instance"]
+Name = Annotated[str, Path(json_schema_extra=schemas.ENV_NAME)]
 
 ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"model": schemas.Error},
     401: {"model": schemas.Error},
     403: {"model": schemas.Error},
+}
+WRITE_ERRORS: dict[int | str, dict[str, Any]] = {
+    **ERRORS,
+    413: {"model": schemas.Error},
+    422: {"model": schemas.Error},
 }
 
 
@@ -39,7 +45,7 @@ async def list_env(scope: Scope, session: SessionDep, who: CurrentUser) -> schem
 
 
 @router.get("/env/{scope}/{name}", responses={**ERRORS, 404: {"model": schemas.Error}})
-async def get_env(scope: Scope, name: str, session: SessionDep, who: CurrentUser) -> schemas.EnvVariable:
+async def get_env(scope: Scope, name: Name, session: SessionDep, who: CurrentUser) -> schemas.EnvVariable:
     """One value (null when secret)."""
     values, types = await env.public(session, scope, _owner(scope, who))
     if name not in types:
@@ -47,21 +53,27 @@ async def get_env(scope: Scope, name: str, session: SessionDep, who: CurrentUser
     return schemas.EnvVariable(name=name, type=types[name], value=values[name])
 
 
-@router.put("/env/{scope}/{name}", responses=ERRORS)
+@router.put("/env/{scope}/{name}", responses=WRITE_ERRORS)
 async def put_env(
-    scope: Scope, name: str, body: schemas.EnvIn, request: Request, session: SessionDep, who: CurrentUser
+    scope: Scope,
+    name: Name,
+    body: schemas.EnvIn,
+    request: Request,
+    session: SessionDep,
+    who: CurrentUser,
+    limits: EnvLimits,
 ) -> schemas.EnvVariable:
-    """Set a value; `type: "secret"` stores it encrypted and it is never returned."""
+    """Set a value; `type: "secret"` stores it encrypted and it is never returned. 413 past the env limits."""
     owner = _owner(scope, who)
-    env.check(name, body.value)
+    env.check({name: body.value}, limits)
     secret = {name} if body.type == "secret" else set()
-    await env.put(session, request.app.state.fernet, scope, owner, {name: body.value}, secret)
+    await env.put(session, request.app.state.fernet, scope, owner, {name: body.value}, secret, most=limits.variables)
     await session.commit()
     return schemas.EnvVariable(name=name, type=body.type, value=None if body.type == "secret" else body.value)
 
 
 @router.delete("/env/{scope}/{name}", responses={**ERRORS, 404: {"model": schemas.Error}})
-async def delete_env(scope: Scope, name: str, session: SessionDep, who: CurrentUser) -> schemas.EnvVariable:
+async def delete_env(scope: Scope, name: Name, session: SessionDep, who: CurrentUser) -> schemas.EnvVariable:
     """Remove a value; 404 when there is none."""
     owner = _owner(scope, who)
     values, types = await env.public(session, scope, owner)

@@ -11,7 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import env, errors, events, lifecycle, queue, tables, threads
 from app.api import bodies, schemas
-from app.api.deps import CatalogDep, CurrentUser, SessionDep, SettingsDep
+from app.api.deps import CatalogDep, CurrentUser, EnvLimits, SessionDep, SettingsDep
 from app.api.routes.messages import enqueue_message
 from app.catalog import Catalog
 
@@ -21,10 +21,16 @@ ERRORS: dict[int | str, dict[str, Any]] = {401: {"model": schemas.Error}, 404: {
 
 
 async def view(session: AsyncSession, row: tables.Thread, children: int | None = None) -> schemas.Thread:
-    """The API's `Thread` for a row."""
+    """The API's `Thread` for a row, with its env (text values shown, secret ones null)."""
     values, types = await env.public_view(session, row.id)
     if children is None:
         children = (await threads.children_counts(session, [row.id])).get(row.id, 0)
+    return _thread(row, children, values, types)
+
+
+def _thread(
+    row: tables.Thread, children: int, values: dict[str, str | None] | None, types: dict[str, str]
+) -> schemas.Thread:
     return schemas.Thread(
         id=row.id,
         agent=row.agent,
@@ -62,7 +68,9 @@ def missing_variables(catalog: Catalog, agent: str, provided: set[str]) -> list[
     )
 
 
-@router.post("/threads", status_code=201, responses={**ERRORS, 422: {"model": schemas.Error}})
+@router.post(
+    "/threads", status_code=201, responses={**ERRORS, 413: {"model": schemas.Error}, 422: {"model": schemas.Error}}
+)
 async def create_thread(
     body: schemas.ThreadIn,
     request: Request,
@@ -70,9 +78,11 @@ async def create_thread(
     who: CurrentUser,
     catalog: CatalogDep,
     settings: SettingsDep,
+    limits: EnvLimits,
 ) -> schemas.Thread:
-    """Create a thread of an agent; `messages` are queued in order."""
+    """Create a thread of an agent; `messages` are queued in order. 413 past the env limits."""
     agent = catalog.agent(body.agent)
+    env.check(body.env, limits)
     unknown_secrets = sorted(set(body.secrets) - set(body.env))
     if unknown_secrets:
         raise errors.Invalid(f"`secrets` names variables not in `env`: {', '.join(unknown_secrets)}")
@@ -105,14 +115,15 @@ async def list_threads(
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     cursor: str | None = None,
 ) -> schemas.ThreadList:
-    """The caller's threads, newest first."""
+    """The caller's threads, newest first; each shows its env's names and types, not its values (`env` is null)."""
     rows, next_cursor = await threads.list_(
         session, who, agent=agent, tag=tag, parent_id=parent_id, status=status, limit=limit, cursor=cursor
     )
-    counts = await threads.children_counts(session, [r.id for r in rows])
-    return schemas.ThreadList(
-        threads=[await view(session, r, counts.get(r.id, 0)) for r in rows], next_cursor=next_cursor
-    )
+    ids = [r.id for r in rows]
+    counts = await threads.children_counts(session, ids)
+    types = await env.types_by_thread(session, ids)
+    listed = [_thread(r, counts.get(r.id, 0), None, types.get(r.id, {})) for r in rows]
+    return schemas.ThreadList(threads=listed, next_cursor=next_cursor)
 
 
 @router.get("/threads/{thread_id}", responses=ERRORS)
@@ -167,7 +178,9 @@ async def terminate_thread(thread_id: uuid.UUID, session: SessionDep, who: Curre
     return result
 
 
-@router.patch("/threads/{thread_id}", responses={**ERRORS, 400: {"model": schemas.Error}})
+@router.patch(
+    "/threads/{thread_id}", responses={**ERRORS, **{status: {"model": schemas.Error} for status in (400, 413, 422)}}
+)
 async def update_thread(
     thread_id: uuid.UUID,
     body: schemas.ThreadPatch,
@@ -175,9 +188,12 @@ async def update_thread(
     session: SessionDep,
     who: CurrentUser,
     catalog: CatalogDep,
+    limits: EnvLimits,
 ) -> schemas.Thread:
-    """Change the thread's name, tags or env (secrets stay secret; `env_delete` removes values)."""
+    """Change the thread's name, tags or env (secrets stay secret; `env_delete` removes values, before `env` is
+    written). 413 past the env limits."""
     thread = await threads.get(session, thread_id, who, lock=True)
+    env.check(body.env, limits)
     unknown_secrets = sorted(set(body.secrets) - set(body.env))
     if unknown_secrets:
         raise errors.Invalid(f"`secrets` names variables not in `env`: {', '.join(unknown_secrets)}")
@@ -185,13 +201,14 @@ async def update_thread(
         thread.name = body.name
     if body.tags is not None:
         thread.tags = body.tags
+    if body.env_delete:
+        await env.delete_thread(session, thread.id, body.env_delete)
     if body.env:
         stored_secret = {n for n, t in (await env.thread_types(session, thread.id)).items() if t == "secret"}
         declared_secret = {v.name for v in catalog.variables_of_agent(thread.agent) if v.type == "secret"}
         secret = set(body.secrets) | stored_secret | declared_secret
-        await env.set_thread(session, request.app.state.fernet, thread.id, body.env, secret)
-    if body.env_delete:
-        await env.delete_thread(session, thread.id, body.env_delete)
+        fernet = request.app.state.fernet
+        await env.set_thread(session, fernet, thread.id, body.env, secret, most=limits.variables)
     thread.updated_at = datetime.now(UTC)
     await events.append_lifecycle(session, thread, "thread_updated")
     result = await view(session, thread)

@@ -7,9 +7,9 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
-from app import subagents, threads
+from app import env, subagents, threads
 from app.api import bodies, schemas
-from app.api.deps import CatalogDep, CurrentUser, SessionDep
+from app.api.deps import CatalogDep, CurrentUser, EnvLimits, SessionDep
 
 router = APIRouter(tags=["subagents"], route_class=bodies.Route)
 
@@ -36,7 +36,7 @@ async def get_request(
 
 @router.post(
     "/threads/{thread_id}/variables/{request_id}",
-    responses={**ERRORS, 400: {"model": schemas.Error}, 409: {"model": schemas.Error}},
+    responses={**ERRORS, **{status: {"model": schemas.Error} for status in (400, 409, 413, 422)}},
 )
 async def provide(
     thread_id: uuid.UUID,
@@ -46,11 +46,15 @@ async def provide(
     session: SessionDep,
     who: CurrentUser,
     catalog: CatalogDep,
+    limits: EnvLimits,
 ) -> schemas.VariablesDone:
     """Provide the missing values: the deferred subagent is created from the original payload and starts; it
-    reports to the parent like a non-blocking one. 400 while names are still missing, 409 when used twice."""
+    reports to the parent like a non-blocking one. 400 while names are still missing, 409 when used twice, 413
+    past the env limits."""
     thread = await threads.get(session, thread_id, who, lock=True)
+    env.check(body.env, limits)
     row = await subagents.variable_request(session, thread.id, request_id)
-    child = await subagents.fulfil(session, catalog, request.app.state.fernet, thread, row, body.env)
+    fernet = request.app.state.fernet
+    child = await subagents.fulfil(session, catalog, fernet, thread, row, body.env, limits.variables)
     await session.commit()
     return schemas.VariablesDone(request_id=row.id, child_thread_id=child.id, status="success")
