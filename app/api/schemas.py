@@ -7,6 +7,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, StrictBool, ValidationInfo, model_validator
+from pydantic.config import JsonDict
 
 
 def _refuse_nul(value: Any) -> None:
@@ -37,8 +38,8 @@ class In(BaseModel):
 BASE64 = r"^(data:[^,]*,)?(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
 
 
-ENV_NAME = {"pattern": "^[A-Za-z_][A-Za-z0-9_]*$", "maxLength": 128}  # `env.check_name`, for the schema only
-ENV = {"propertyNames": ENV_NAME}  # (the check answers 422 `invalid_variable_name` wherever a name enters)
+ENV_NAME: JsonDict = {"pattern": "^[A-Za-z_][A-Za-z0-9_]*$", "maxLength": 128}  # `env.check_name`, schema only
+ENV: JsonDict = {"propertyNames": ENV_NAME}  # (the check answers 422 `invalid_variable_name` wherever a name enters)
 
 
 class AttachmentIn(In):
