@@ -19,7 +19,7 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm.attributes import set_committed_value
 
-from app import attachments, db, env, errors, events, messages, queue, tables, threads
+from app import attachments, crypto, db, env, errors, events, messages, queue, tables, threads
 from app.catalog import Catalog
 from app.spec.definitions import AgentDefinition, ToolEntry
 
@@ -274,16 +274,29 @@ class Creation:
     scoped_secret: list[str] = field(default_factory=list)  # names of `scoped_env` read from secret values
     spawn_group_id: uuid.UUID | None = None
 
-    def payload(self) -> dict[str, Any]:
+    def payload(self, fernet: Fernet) -> dict[str, Any]:
+        """The creation as JSON to store; scoped values read from secrets are stored encrypted (`sealed`)."""
         data = dataclasses.asdict(self)
         data["entry"] = self.entry.model_dump(mode="json")
         data["spawn_group_id"] = str(self.spawn_group_id) if self.spawn_group_id else None
+        data["scoped_env"] = {
+            name: crypto.encrypt(fernet, value) if name in self.scoped_secret else value
+            for name, value in self.scoped_env.items()
+        }
+        data["sealed"] = True
         return data
 
     @classmethod
-    def of(cls, payload: dict[str, Any]) -> Creation:
-        group = payload.get("spawn_group_id")
-        fields = {**payload, "entry": ToolEntry.model_validate(payload["entry"])}
+    def of(cls, payload: dict[str, Any], fernet: Fernet) -> Creation:
+        fields = dict(payload)
+        group = fields.get("spawn_group_id")
+        if fields.pop("sealed", False):  # rows stored before secrets were sealed hold them as they were
+            secret = set(fields.get("scoped_secret") or ())
+            fields["scoped_env"] = {
+                name: crypto.decrypt(fernet, value) if name in secret else value
+                for name, value in (fields.get("scoped_env") or {}).items()
+            }
+        fields["entry"] = ToolEntry.model_validate(payload["entry"])
         return cls(**{**fields, "spawn_group_id": uuid.UUID(group) if group else None})
 
 
@@ -341,6 +354,7 @@ async def start(
 
 async def request_variables(
     session: AsyncSession,
+    fernet: Fernet,
     parent: tables.Thread,
     agent: str,
     required: list[str],
@@ -354,7 +368,7 @@ async def request_variables(
         agent=agent,
         required=required,
         missing=missing,
-        payload=creation.payload(),
+        payload=creation.payload(fernet),
     )
     session.add(row)
     await session.flush()
@@ -394,7 +408,7 @@ async def fulfil(
         raise errors.RequestUsed("This variable request was already used")
     if parent.terminated_at is not None:
         raise errors.ThreadTerminated()
-    creation = Creation.of(request.payload)
+    creation = Creation.of(request.payload, fernet)
     provided = set(values) | set(creation.scoped_env)  # an immediate instance's own values count too
     _, missing = await missing_scoped(session, catalog, parent, request.agent, provided)
     if missing:

@@ -4,6 +4,7 @@ secrets that never leave (`semantics.md` §8)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import uuid
 from pathlib import Path
@@ -252,8 +253,32 @@ async def pending_request(app: FastAPI, tid: str) -> str:
     async with app.state.sessions() as s, s.begin():
         parent = await threads.lock(s, uuid.UUID(tid))
         creation = subagents.Creation("agent", ToolEntry(name="agent"), "a", "hi", blocking=False)
-        row = await subagents.request_variables(s, parent, "agent", [], [], creation)
+        row = await subagents.request_variables(s, app.state.fernet, parent, "agent", [], [], creation)
     return str(row.id)
+
+
+async def test_a_waiting_creation_keeps_its_secret_scoped_values_encrypted(app_factory: Any) -> None:
+    """A fan-out instance waiting for variables holds values read from secrets: stored sealed, read back whole."""
+    app = await app_factory(catalog(["ok"]))
+    async with client_for(app) as client:
+        tid = (await client.post("/threads", json={"agent": "agent"})).json()["id"]
+    creation = subagents.Creation(
+        "agent",
+        ToolEntry(name="agent"),
+        "a",
+        "hi",
+        blocking=False,
+        scoped_env={"TOKEN": "s3cret-value", "REGION": "eu"},
+        scoped_secret=["TOKEN"],
+    )
+    async with app.state.sessions() as s, s.begin():
+        parent = await threads.lock(s, uuid.UUID(tid))
+        row = await subagents.request_variables(s, app.state.fernet, parent, "agent", [], [], creation)
+    async with app.state.sessions() as s:
+        stored = await s.execute(select(tables.VariableRequest.payload).where(tables.VariableRequest.id == row.id))
+        payload = stored.scalar_one()
+    assert "s3cret-value" not in json.dumps(payload) and payload["scoped_env"]["REGION"] == "eu"
+    assert subagents.Creation.of(payload, app.state.fernet) == creation
 
 
 async def test_a_bad_variable_name_is_refused_alike_wherever_names_enter(app_factory: Any) -> None:

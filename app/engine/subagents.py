@@ -203,7 +203,7 @@ async def call(
     creation = subagents.Creation(agent.name, entry, side, content, blocking=entry.blocking, paths=paths, name=name)
     required, missing = await subagents.missing_scoped(session, catalog, parent, agent.name, set())
     if missing:  # nothing is created: the values come through the bootstrap routes (§6.7)
-        request = await subagents.request_variables(session, parent, agent.name, required, missing, creation)
+        request = await subagents.request_variables(session, fernet, parent, agent.name, required, missing, creation)
         return Answered(_env_required(parent, agent.name, request))
     child = await subagents.start(session, catalog, fernet, parent, creation)
     return await _wait_or_answer(session, parent, child, call, tool, subagents.CREATED.format(id=child.id))
@@ -339,7 +339,9 @@ async def spawn_immediate(
                 session, catalog, parent, agent.name, set(group["scoped"])
             )
             if missing:  # no child yet: the values come through the bootstrap routes (§6.7)
-                request = await subagents.request_variables(session, parent, agent.name, required, missing, creation)
+                request = await subagents.request_variables(
+                    session, fernet, parent, agent.name, required, missing, creation
+                )
                 existing.add(tag)
                 data = _env_required(parent, agent.name, request).error_data
                 await events.append(session, parent.id, "event", {"event_type": "subagent_env_required", "data": data})
