@@ -78,7 +78,7 @@ class MessageIn(In):
 class ThreadIn(In):
     agent: str = Field(validation_alias=AliasChoices("agent", "agent_id"), min_length=1, max_length=200)
     env: dict[str, str] = Field(default_factory=dict, json_schema_extra=ENV)
-    secrets: list[str] = Field(default_factory=list)
+    secrets: list[str] = Field(default_factory=list, max_length=1000)
     tags: list[str] = Field(default_factory=list, max_length=100)
     name: str | None = Field(default=None, max_length=500)
     messages: list[MessageIn] = Field(default_factory=list, max_length=100)
@@ -88,8 +88,8 @@ class ThreadPatch(In):
     tags: list[str] | None = Field(default=None, max_length=100)
     name: str | None = Field(default=None, max_length=500)
     env: dict[str, str] = Field(default_factory=dict, json_schema_extra=ENV)
-    secrets: list[str] = Field(default_factory=list)
-    env_delete: list[str] = Field(default_factory=list)
+    secrets: list[str] = Field(default_factory=list, max_length=1000)
+    env_delete: list[str] = Field(default_factory=list, max_length=1000)
 
 
 class EnvIn(In):
