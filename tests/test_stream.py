@@ -1,7 +1,8 @@
 """`GET /threads/{id}/events` is durable and resumable (`storage-and-queue.md` "The event log", `http-api.md`
 "Stream"): every resume point replays exactly the stored suffix, clients that drop at random rebuild the exact
 transcript, events cross from an `agents worker` process to `agents api` processes, a slow subscriber is cut off and
-resumes without loss, and the filters hold. Streams run over real HTTP servers (ASGITransport buffers responses)."""
+resumes without loss, the filters hold, and a revoked key ends its streams. Streams run over real HTTP servers
+(ASGITransport buffers responses)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import json
 import os
 import random
 import socket
+import sys
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -23,7 +25,7 @@ from fastapi import FastAPI
 from pydantic import BaseModel
 from sqlalchemy import func, select
 
-from app import events, messages
+from app import events, keys, messages
 from app.api import schemas
 from app.catalog import Catalog
 from app.settings import plain_url
@@ -496,3 +498,51 @@ async def test_filters_silent_depth_reasoning_and_unnumbered_chunks(app_factory:
             replayed: list[Frame] = []
             await follow(client, f"{path}?{query}", replayed, until_id(end))
             assert message_ids(replayed) & hidden == visible, query
+
+
+# -- 6. a revoked key ------------------------------------------------------------------------------------------
+
+
+async def revoke_with_cli(database_url: str, prefix: str) -> None:
+    """`agents keys revoke <prefix>`, as an operator would: another process."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        *("-m", "app", "keys", "revoke", prefix),
+        cwd=ROOT,
+        env={**os.environ, "DATABASE_URL": database_url},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    out, _ = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0 and b"revoked 1" in out, out.decode()
+
+
+async def test_a_revoked_key_ends_its_streams(app_factory: Any, serve: Serve, database_url: str) -> None:
+    app = await app_factory(catalog([]))
+    async with app.state.sessions() as session, session.begin():
+        _, erin = await keys.create(session, "erin")
+        _, frank = await keys.create(session, "frank")
+    base = await serve(app)
+    async with (
+        httpx.AsyncClient(base_url=base, timeout=20, headers={"Authorization": f"Bearer {erin}"}) as client,
+        httpx.AsyncClient(base_url=base, timeout=20, headers={"Authorization": f"Bearer {frank}"}) as other,
+    ):
+        tid = (await client.post("/threads", json={"agent": "agent"})).json()["id"]
+        mine: list[Frame] = []
+        lifecycle: list[Frame] = []
+        kept: list[Frame] = []
+        streams = [
+            asyncio.create_task(follow(client, f"/threads/{tid}/events", mine, lambda _: False)),
+            asyncio.create_task(follow(client, "/events", lifecycle, lambda _: False)),
+        ]
+        bystander = asyncio.create_task(follow(other, "/events", kept, lambda f: f.get("id") == "2"))
+        await wait_for(lambda: asyncio.sleep(0, bool(lifecycle)))  # `thread_created`, replayed
+        await mark(app, tid)
+        await wait_for(lambda: asyncio.sleep(0, bool(mine)))  # both streams are live
+        await revoke_with_cli(database_url, erin[:10])
+        assert await asyncio.wait_for(asyncio.gather(*streams), 5) == [False, False]  # the server ended them
+        assert (await client.get(f"/threads/{tid}")).status_code == 401
+        assert (await client.get(f"/threads/{tid}/events")).status_code == 401
+        assert not bystander.done()  # another key's stream goes on
+        await other.post("/threads", json={"agent": "agent"})
+        assert await asyncio.wait_for(bystander, 10)

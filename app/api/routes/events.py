@@ -23,6 +23,7 @@ from app import events, threads
 from app.api import schemas
 from app.api.deps import StreamUser, sessions
 from app.hub import Batch, Hub, Live, Overflow, Subscription
+from app.keys import Principal
 
 router = APIRouter(tags=["events"])
 
@@ -144,6 +145,7 @@ def _take(
 
 def _response(
     request: Request,
+    who: Principal,
     key: uuid.UUID,
     after: int,
     read: Reader,
@@ -151,7 +153,8 @@ def _response(
     visible: Visible,
     owner: str | None = None,
 ) -> EventSourceResponse:
-    """Replay the log after `after`, then follow the hub; `owner` keeps only that user's entries (lifecycle)."""
+    """Replay the log after `after`, then follow the hub until `who`'s key is revoked; `owner` keeps only that user's
+    entries (lifecycle)."""
     factory: async_sessionmaker[AsyncSession] = sessions(request)
     hub: Hub = request.app.state.hub
     contiguous = key != events.LIFECYCLE  # a thread's seqs have no holes: a hole means "read the log"
@@ -163,7 +166,7 @@ def _response(
     async def generate() -> AsyncIterator[ServerSentEvent | bytes]:
         position = after
         finished = _Finished()
-        sub = hub.subscribe(key)  # subscribe first, then read the backlog: nothing falls between
+        sub = hub.subscribe(key, who.key_id)  # subscribe first, then read the backlog: nothing falls between
         try:
             async with factory() as session:
                 oldest = await missed(session, position)
@@ -218,7 +221,7 @@ async def stream(
         return await events.missed(session, thread_id, after)
 
     visible = _visible(include_silent, depth, reasoning)
-    return _response(request, thread_id, _start(since, last_event_id), read, missed, visible)
+    return _response(request, who, thread_id, _start(since, last_event_id), read, missed, visible)
 
 
 @router.get("/events", response_class=EventSourceResponse, responses=RESPONSES)
@@ -235,5 +238,12 @@ async def lifecycle(
         return await events.read_lifecycle(session, user, after, limit)
 
     return _response(
-        request, events.LIFECYCLE, _start(since, last_event_id), read, events.missed_lifecycle, lambda *_: True, user
+        request,
+        who,
+        events.LIFECYCLE,
+        _start(since, last_event_id),
+        read,
+        events.missed_lifecycle,
+        lambda *_: True,
+        user,
     )
