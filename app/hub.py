@@ -7,6 +7,9 @@ transaction writes usually comes with its announcement (`thread_id:seq:[[type, d
 payload): then nothing is read at all, unless a read of that thread is under way or a seq was skipped. Streamed deltas
 (`message_chunk`) arrive as JSON payloads; a delta that arrives while the events before it are still being read
 waits for them, so a subscriber never sees a message's text before the message.
+
+A stream opened with an API key is cut off once the key is revoked, whichever process revoked it: the hub hears of
+every change to the keys, and checks them again every `KEY_CHECK` seconds.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ log = logging.getLogger(__name__)
 CHANNEL = events.CHANNEL
 PIECE = 1000  # characters per NOTIFY: even fully escaped, a piece stays under the 8000-byte limit
 WATCH_INTERVAL = 1.0  # seconds between checks that the LISTEN connection is still open
+KEY_CHECK = 5.0  # seconds between checks of the keys streams were opened with, changed or not
 PAGE = 500  # events read per query
 
 
@@ -92,8 +96,9 @@ class Overflow(Exception):
 class Subscription:
     """One SSE client's bounded buffer of notifications; the stream takes what is buffered in one go."""
 
-    def __init__(self, key: uuid.UUID, size: int) -> None:
+    def __init__(self, key: uuid.UUID, size: int, api_key: uuid.UUID | None = None) -> None:
         self.key = key
+        self.api_key = api_key  # the key the stream was opened with (none in open mode)
         self.items: deque[Stored | Live | Batch] = deque()
         self.size = size
         self.overflowed = False
@@ -147,22 +152,29 @@ class Hub:
         self._pending: set[uuid.UUID] = set()  # keys with announced events not read yet
         self._drainer: asyncio.Task[None] | None = None
         self._watcher: asyncio.Task[None] | None = None
+        self._keys_changed = asyncio.Event()
+        self._key_checker: asyncio.Task[None] | None = None
         self.keyless = keys.Keyless()  # open mode's key count, kept while this connection hears of key changes
 
     async def start(self) -> None:
         await self._listen()
         self._watcher = asyncio.create_task(self._watch(), name="hub-listener")
+        self._key_checker = asyncio.create_task(self._end_revoked(), name="hub-keys")
 
     async def _listen(self) -> None:
         conn = await db.connect(self._dsn, connect_timeout=10)
         try:
             await conn.add_listener(CHANNEL, self._on_notify)
-            await conn.add_listener(keys.CHANNEL, lambda *_: self.keyless.changed())
+            await conn.add_listener(keys.CHANNEL, self._on_keys)
         except BaseException:
             await conn.close()
             raise
         self.keyless.changed()  # whatever changed while nobody listened
         self._conn = conn  # `listening` from here on, not before both channels are
+
+    def _on_keys(self, *_: object) -> None:
+        self.keyless.changed()
+        self._keys_changed.set()
 
     @property
     def listening(self) -> bool:
@@ -185,9 +197,35 @@ class Hub:
                 for sub in list(subs):
                     sub.cut_off()
 
+    async def _end_revoked(self) -> None:
+        """Cut off the streams whose key was revoked: when keys change, and every `KEY_CHECK` seconds for a change
+        announced before a stream subscribed (while it was being opened)."""
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._keys_changed.wait(), KEY_CHECK)
+            self._keys_changed.clear()
+            held = {sub.api_key for subs in self._subs.values() for sub in subs if sub.api_key is not None}
+            if not held:
+                continue
+            try:  # shielded: a cancelled check must not cost the pool its connection
+                revoked = await asyncio.shield(self._revoked(held))
+            except Exception as exc:  # the database is unreachable: the next round checks again
+                log.warning("cannot check the keys of open streams (%s)", type(exc).__name__)
+                continue
+            ended = [sub for subs in self._subs.values() for sub in subs if sub.api_key in revoked]
+            for sub in ended:
+                sub.cut_off()
+            if ended:
+                log.info("%d streams ended: their key was revoked", len(ended))
+
+    async def _revoked(self, held: set[uuid.UUID]) -> set[uuid.UUID]:
+        async with db.autocommit(self._sessions) as session:
+            return await keys.revoked(session, held)
+
     async def stop(self) -> None:
-        if self._watcher is not None:
-            self._watcher.cancel()
+        for task in (self._watcher, self._key_checker):
+            if task is not None:
+                task.cancel()
         if self._drainer is not None:
             self._drainer.cancel()
         self._tails.clear()
@@ -196,8 +234,8 @@ class Hub:
                 await self._conn.close(timeout=2)
             self._conn = None
 
-    def subscribe(self, key: uuid.UUID) -> Subscription:
-        sub = Subscription(key, self._buffer)
+    def subscribe(self, key: uuid.UUID, api_key: uuid.UUID | None = None) -> Subscription:
+        sub = Subscription(key, self._buffer, api_key)
         self._subs.setdefault(key, set()).add(sub)
         return sub
 

@@ -6,6 +6,7 @@ import contextlib
 import hashlib
 import secrets
 import uuid
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from sqlalchemy import func, select, update
@@ -22,6 +23,7 @@ class Principal:
 
     user_id: str
     admin: bool = False
+    key_id: uuid.UUID | None = None  # the key presented (none in open mode): its streams end when it is revoked
 
 
 OPEN = Principal(user_id="local", admin=True)  # the caller in open mode (loopback bind, no key configured)
@@ -51,7 +53,13 @@ async def verify(session: AsyncSession, key: str) -> Principal:
     ).scalar_one_or_none()
     if row is None:
         raise errors.Unauthorized("The API key is not valid.")
-    return Principal(user_id=row.user_id, admin=row.admin)
+    return Principal(user_id=row.user_id, admin=row.admin, key_id=row.id)
+
+
+async def revoked(session: AsyncSession, ids: Collection[uuid.UUID]) -> set[uuid.UUID]:
+    """Which of `ids` no longer let anyone in: revoked, or gone."""
+    active = select(tables.ApiKey.id).where(tables.ApiKey.id.in_(ids), tables.ApiKey.revoked_at.is_(None))
+    return set(ids) - set((await session.execute(active)).scalars())
 
 
 CHANNEL = "agents_keys"  # notified by a trigger on any change to `api_keys` (migration 0012)

@@ -46,6 +46,9 @@ class Settings(BaseSettings):
     db_pool_size: int = Field(default=20, ge=1)
     migrate_on_start: bool = True
     sse_buffer: int = Field(default=1000, ge=1, description="live events a stream may lag before it is cut off")
+    sse_send_timeout: float = Field(
+        default=30.0, gt=0, description="seconds a stream waits for a client that stopped reading, then drops it"
+    )
     max_body_bytes: int = Field(default=10 * 1024 * 1024, ge=1024, description="largest request body accepted")
     max_file_bytes: int = Field(default=50 * 1024 * 1024, ge=1024, description="largest file a thread may store")
     env_max_variables: int = Field(

@@ -1,5 +1,5 @@
 """The hub: one read per announced event for all of a process's subscribers, deltas kept behind the events before
-them, and the log as the fallback when the hub cannot read."""
+them, the log as the fallback when the hub cannot read, and streams cut off when their key is revoked."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from app import db, events, hub
+from app import db, events, hub, keys
 from app.catalog import load as load_catalog
-from app.hub import Batch, Live, Stored, Subscription
+from app.hub import Batch, Live, Overflow, Stored, Subscription
 from app.settings import plain_url
 from tests.conftest import ROOT, client_for, wait_for
 from tests.test_api import read_events
@@ -229,6 +229,31 @@ async def test_a_carried_batch_behind_a_read_is_read_to_its_end_across_pages(
     await wait_for(lambda: asyncio.sleep(0, len(delivered(sub)) == 4))
     assert [i.seq for i in delivered(sub)] == [first, first + 1, first + 2, first + 3]
     app.state.hub.unsubscribe(sub)
+
+
+async def test_a_key_revoked_before_its_stream_subscribed_is_caught_by_the_next_check(
+    app_factory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A revocation announced while a stream was being opened (after its key was checked, before it subscribed) is
+    heard by nobody: the periodic check ends that stream, and only that one."""
+    monkeypatch.setattr(hub, "KEY_CHECK", 0.2)
+    app = await app_factory(load_catalog(ROOT / "agents"))
+    thread_id = await _thread(app)
+    async with app.state.sessions() as session, session.begin():
+        (gone, key), (kept, _) = await keys.create(session, "gina"), await keys.create(session, "hal")
+        assert (await keys.verify(session, key)).key_id == gone.id
+    async with app.state.sessions() as session, session.begin():
+        assert await keys.revoke(session, str(gone.id)) == 1
+    await asyncio.sleep(0.3)  # the announcement came and went: no stream held the key
+    the_hub = app.state.hub
+    revoked = the_hub.subscribe(thread_id, gone.id)
+    others = [the_hub.subscribe(thread_id, kept.id), the_hub.subscribe(thread_id)]
+    with pytest.raises(Overflow):
+        await asyncio.wait_for(revoked.wait(), 5)
+    await asyncio.sleep(0.5)  # more checks
+    assert not any(sub.overflowed for sub in others)
+    for sub in (revoked, *others):
+        the_hub.unsubscribe(sub)
 
 
 async def _listening(dsn: str) -> tuple[Any, list[dict[str, Any]]]:

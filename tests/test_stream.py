@@ -1,7 +1,8 @@
 """`GET /threads/{id}/events` is durable and resumable (`storage-and-queue.md` "The event log", `http-api.md`
 "Stream"): every resume point replays exactly the stored suffix, clients that drop at random rebuild the exact
 transcript, events cross from an `agents worker` process to `agents api` processes, a slow subscriber is cut off and
-resumes without loss, and the filters hold. Streams run over real HTTP servers (ASGITransport buffers responses)."""
+resumes without loss, a client that stops reading is dropped, the filters hold, and a revoked key ends its streams.
+Streams run over real HTTP servers (ASGITransport buffers responses)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import json
 import os
 import random
 import socket
+import sys
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -23,7 +25,7 @@ from fastapi import FastAPI
 from pydantic import BaseModel
 from sqlalchemy import func, select
 
-from app import events, messages
+from app import events, keys, messages
 from app.api import schemas
 from app.catalog import Catalog
 from app.settings import plain_url
@@ -403,6 +405,22 @@ async def read_to_end(reader: asyncio.StreamReader) -> list[Frame]:
     body = b""
     while size := int(await reader.readline(), 16):
         body += (await reader.readexactly(size + 2))[:-2]
+    return parse(body)
+
+
+async def read_cut_off(reader: asyncio.StreamReader) -> list[Frame]:
+    """The rest of a chunked SSE body, parsed into frames, up to the connection's end: the server cut it off
+    (closed the connection without ending the body)."""
+    body, rest = b"", await reader.read()
+    while rest:
+        size, _, rest = rest.partition(b"\r\n")
+        assert int(size, 16), "the body was ended, not cut off"
+        body, rest = body + rest[: int(size, 16)], rest[int(size, 16) + 2 :]
+    return parse(body)
+
+
+def parse(body: bytes) -> list[Frame]:
+    """An SSE body's frames."""
     frames: list[Frame] = []
     for block in body.decode().split("\r\n\r\n"):
         fields = [line.partition(":") for line in block.split("\r\n") if line and not line.startswith(":")]
@@ -440,6 +458,32 @@ async def test_a_slow_subscriber_is_cut_off_and_resumes_without_loss(app_factory
         resumed: list[Frame] = []
         assert await follow(client, path, resumed, until_id(count + 5), headers={"Last-Event-ID": str(got[-1])})
         assert stored_frames(lagging + resumed) == await log_of(app, tid)
+
+
+async def test_a_client_that_stops_reading_is_dropped(app_factory: Any, serve: Serve) -> None:
+    app = await app_factory(catalog([]), sse_send_timeout=1.0)
+    base = await serve(app, sndbuf=4096)
+    async with httpx.AsyncClient(base_url=base, timeout=20) as client:
+        tid = (await client.post("/threads", json={"agent": "agent"})).json()["id"]
+        path = f"/threads/{tid}/events"
+        count, pad = 40, "x" * 8_000
+        reading: list[Frame] = []
+        reader = asyncio.create_task(follow(client, path, reading, until_id(count)))
+        stalled, connection = await lagging_stream(base, path)  # never read until it was dropped
+        await asyncio.sleep(1.5)  # longer than the timeout: a stream with nothing to send waits for nobody
+        assert app.state.hub.subscribers == 2
+        for i in range(count):  # ~320 kB, far more than the stalled stream's buffers (~70 kB): its sends block
+            await mark(app, tid, i=i, pad=pad)
+            await asyncio.sleep(0.01)
+        assert await asyncio.wait_for(reader, 20)  # a client that reads is never dropped
+        assert [int(f["id"]) for f in reading] == list(range(1, count + 1))
+        # the stalled stream is dropped with its subscription (its 1,000 slots never ran over), though nothing read it
+        await wait_for(lambda: asyncio.sleep(0, app.state.hub.subscribers == 0))
+        dropped = await asyncio.wait_for(read_cut_off(stalled), 10)
+        connection.close()
+        await connection.wait_closed()
+        got = [int(f["id"]) for f in dropped]
+        assert got == list(range(1, len(got) + 1)) and len(got) < count, got  # what it got has no gap: it resumes
 
 
 # -- 5. filters ------------------------------------------------------------------------------------------------
@@ -496,3 +540,51 @@ async def test_filters_silent_depth_reasoning_and_unnumbered_chunks(app_factory:
             replayed: list[Frame] = []
             await follow(client, f"{path}?{query}", replayed, until_id(end))
             assert message_ids(replayed) & hidden == visible, query
+
+
+# -- 6. a revoked key ------------------------------------------------------------------------------------------
+
+
+async def revoke_with_cli(database_url: str, prefix: str) -> None:
+    """`agents keys revoke <prefix>`, as an operator would: another process."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        *("-m", "app", "keys", "revoke", prefix),
+        cwd=ROOT,
+        env={**os.environ, "DATABASE_URL": database_url},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    out, _ = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0 and b"revoked 1" in out, out.decode()
+
+
+async def test_a_revoked_key_ends_its_streams(app_factory: Any, serve: Serve, database_url: str) -> None:
+    app = await app_factory(catalog([]))
+    async with app.state.sessions() as session, session.begin():
+        _, erin = await keys.create(session, "erin")
+        _, frank = await keys.create(session, "frank")
+    base = await serve(app)
+    async with (
+        httpx.AsyncClient(base_url=base, timeout=20, headers={"Authorization": f"Bearer {erin}"}) as client,
+        httpx.AsyncClient(base_url=base, timeout=20, headers={"Authorization": f"Bearer {frank}"}) as other,
+    ):
+        tid = (await client.post("/threads", json={"agent": "agent"})).json()["id"]
+        mine: list[Frame] = []
+        lifecycle: list[Frame] = []
+        kept: list[Frame] = []
+        streams = [
+            asyncio.create_task(follow(client, f"/threads/{tid}/events", mine, lambda _: False)),
+            asyncio.create_task(follow(client, "/events", lifecycle, lambda _: False)),
+        ]
+        bystander = asyncio.create_task(follow(other, "/events", kept, lambda f: f.get("id") == "2"))
+        await wait_for(lambda: asyncio.sleep(0, bool(lifecycle)))  # `thread_created`, replayed
+        await mark(app, tid)
+        await wait_for(lambda: asyncio.sleep(0, bool(mine)))  # both streams are live
+        await revoke_with_cli(database_url, erin[:10])
+        assert await asyncio.wait_for(asyncio.gather(*streams), 5) == [False, False]  # the server ended them
+        assert (await client.get(f"/threads/{tid}")).status_code == 401
+        assert (await client.get(f"/threads/{tid}/events")).status_code == 401
+        assert not bystander.done()  # another key's stream goes on
+        await other.post("/threads", json={"agent": "agent"})
+        assert await asyncio.wait_for(bystander, 10)

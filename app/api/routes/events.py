@@ -3,13 +3,15 @@
 Both replay stored events after `Last-Event-ID` (or `since`), then follow live ones, with no gap and no duplicate:
 the stream subscribes first, then reads the backlog, and drops notifications it has already passed. A streamed delta
 (`message_chunk`, `reasoning_chunk`) is dropped too once the stream has shown its message finished: deltas buffered
-while the backlog was read, or announced late, would otherwise follow the message they belong to.
+while the backlog was read, or announced late, would otherwise follow the message they belong to. A client that
+stops reading is dropped once a send has waited `SSE_SEND_TIMEOUT` seconds for it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Annotated, Any, Protocol
@@ -17,13 +19,16 @@ from typing import Annotated, Any, Protocol
 from fastapi import APIRouter, Header, Query, Request
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from sse_starlette import EventSourceResponse, ServerSentEvent
+from sse_starlette.sse import SendTimeoutError
 from starlette.types import Message, Receive, Scope, Send
 
 from app import events, threads
 from app.api import bodies, schemas
 from app.api.deps import StreamUser, sessions
 from app.hub import Batch, Hub, Live, Overflow, Subscription
+from app.keys import Principal
 
+log = logging.getLogger(__name__)
 router = APIRouter(tags=["events"], route_class=bodies.Route)
 
 KEEPALIVE_SECONDS = 15
@@ -68,26 +73,60 @@ def _start(since: int | None, last_event_id: str | None) -> int:
 
 class _EventStream(EventSourceResponse):
     """An `EventSourceResponse` that always ends its HTTP message: at shutdown sse-starlette cancels the stream
-    without a last body message, and the client would see a broken chunked response instead of a clean end."""
+    without a last body message, and the client would see a broken chunked response instead of a clean end.
+
+    A send that waits `timeout` seconds for the client to read (any send: events, pings, the last message) drops
+    the client: `_watch` times the sends, rather than sse-starlette's `send_timeout` and its cancel scope per send (it
+    showed in the fan-out profile), and sse-starlette closes the generator, which releases its subscription."""
+
+    def __init__(self, content: AsyncIterator[ServerSentEvent | bytes], timeout: float) -> None:
+        super().__init__(
+            content,
+            ping=KEEPALIVE_SECONDS,
+            headers={"X-Accel-Buffering": "no"},
+            data_sender_callable=self._watch,  # run in the response's task group: its error ends the response
+        )
+        self._timeout = timeout
+        self._sending = 0  # sends under way
+        self._since = 0.0  # since when some send has been under way
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         ended = False
+        loop = asyncio.get_running_loop()
 
         async def tracked(message: Message) -> None:
             nonlocal ended
             ended = ended or (message["type"] == "http.response.body" and not message.get("more_body", False))
-            await send(message)
+            if not self._sending:
+                self._since = loop.time()
+            self._sending += 1
+            try:
+                await send(message)
+            finally:
+                self._sending -= 1
 
-        await super().__call__(scope, receive, tracked)
+        try:
+            await super().__call__(scope, receive, tracked)
+        except SendTimeoutError:  # no last message: it would wait as long; the server closes the connection
+            log.warning("dropped a stream: its client read nothing for %g s", self._timeout)
+            return
         if not ended:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
 
+    async def _watch(self) -> None:
+        """`SendTimeoutError` once a send has been under way for `timeout` seconds."""
+        loop = asyncio.get_running_loop()
+        while True:
+            wait = self._timeout
+            if self._sending:
+                wait = self._since + self._timeout - loop.time()
+                if wait <= 0:
+                    raise SendTimeoutError()
+            await asyncio.sleep(wait)
+
     async def _send_with_timeout(self, send: Send, message: Message) -> None:
-        """Without a send timeout, send directly: no cancel scope per event (it showed in the fan-out profile)."""
-        if self.send_timeout is None:
-            await send(message)
-        else:
-            await super()._send_with_timeout(send, message)
+        """Send directly: `_watch` applies the timeout."""
+        await send(message)
 
 
 class _Finished:
@@ -144,6 +183,7 @@ def _take(
 
 def _response(
     request: Request,
+    who: Principal,
     key: uuid.UUID,
     after: int,
     read: Reader,
@@ -151,7 +191,8 @@ def _response(
     visible: Visible,
     owner: str | None = None,
 ) -> EventSourceResponse:
-    """Replay the log after `after`, then follow the hub; `owner` keeps only that user's entries (lifecycle)."""
+    """Replay the log after `after`, then follow the hub until `who`'s key is revoked; `owner` keeps only that user's
+    entries (lifecycle)."""
     factory: async_sessionmaker[AsyncSession] = sessions(request)
     hub: Hub = request.app.state.hub
     contiguous = key != events.LIFECYCLE  # a thread's seqs have no holes: a hole means "read the log"
@@ -163,7 +204,7 @@ def _response(
     async def generate() -> AsyncIterator[ServerSentEvent | bytes]:
         position = after
         finished = _Finished()
-        sub = hub.subscribe(key)  # subscribe first, then read the backlog: nothing falls between
+        sub = hub.subscribe(key, who.key_id)  # subscribe first, then read the backlog: nothing falls between
         try:
             async with factory() as session:
                 oldest = await missed(session, position)
@@ -193,7 +234,7 @@ def _response(
         finally:
             hub.unsubscribe(sub)
 
-    return _EventStream(generate(), ping=KEEPALIVE_SECONDS, headers={"X-Accel-Buffering": "no"})
+    return _EventStream(generate(), request.app.state.settings.sse_send_timeout)
 
 
 @router.get("/threads/{thread_id}/events", response_class=EventSourceResponse, responses=RESPONSES)
@@ -218,7 +259,7 @@ async def stream(
         return await events.missed(session, thread_id, after)
 
     visible = _visible(include_silent, depth, reasoning)
-    return _response(request, thread_id, _start(since, last_event_id), read, missed, visible)
+    return _response(request, who, thread_id, _start(since, last_event_id), read, missed, visible)
 
 
 @router.get("/events", response_class=EventSourceResponse, responses=RESPONSES)
@@ -235,5 +276,12 @@ async def lifecycle(
         return await events.read_lifecycle(session, user, after, limit)
 
     return _response(
-        request, events.LIFECYCLE, _start(since, last_event_id), read, events.missed_lifecycle, lambda *_: True, user
+        request,
+        who,
+        events.LIFECYCLE,
+        _start(since, last_event_id),
+        read,
+        events.missed_lifecycle,
+        lambda *_: True,
+        user,
     )
