@@ -143,6 +143,12 @@ class NotAnImage(AgentsError):
     code = "not_an_image"
 
 
+class BadMultipart(Invalid):
+    """The multipart body is malformed or ends before its closing boundary."""
+
+    code = "malformed_multipart"
+
+
 class TooLarge(AgentsError):
     """The content exceeds the size limit."""
 

@@ -25,15 +25,22 @@ MAX_SEGMENT = 255
 DEFAULT_LIMIT = 50 * 1024 * 1024  # bytes per file
 
 
+# C0 and C1 controls and DEL; bidi marks, embeddings, overrides and isolates (a name that reads backwards:
+# https://unicode.org/reports/tr9/#Explicit_Directional_Formatting_Characters); lone surrogates (not UTF-8)
+_UNSAFE = re.compile(r"[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+
+
 def normalise(path: str) -> str:
-    """The canonical form of `path` (`/a/b`), or `BadPath`: no `..`, NUL, control characters or over-long names."""
+    """The canonical form of `path` (`/a/b`), or `BadPath`: no `..`, NUL, control or bidi characters, over-long
+    names."""
     if not isinstance(path, str) or not path.strip():
         raise errors.BadPath("Give a path, such as /notes/todo.md.", path=str(path)[:100])
     if len(path) > MAX_PATH:
         raise errors.BadPath(f"The path is longer than {MAX_PATH} characters.", path=path[:100])
-    if any(ord(c) < 32 or ord(c) == 127 for c in path):
+    if _UNSAFE.search(path):
         raise errors.BadPath(
-            "The path contains NUL or control characters.", path=path.encode("unicode_escape").decode()[:100]
+            "The path contains NUL, control, bidirectional-override or surrogate characters.",
+            path=path.encode("unicode_escape").decode()[:100],
         )
     segments = [s for s in path.split("/") if s not in ("", ".")]
     if ".." in segments:

@@ -215,3 +215,11 @@ async def test_thumbnail_of_a_png_and_image_dimensions(app_factory: Any) -> None
     assert (await client.get(f"/threads/{thread_id}/fs/fake.png", params={"thumbnail": 1})).status_code == 422
     listing = (await client.get(f"/threads/{thread_id}/fs/pics")).json()["entries"]
     assert (listing[0]["width"], listing[0]["height"]) == (1000, 500)
+
+
+@pytest.mark.parametrize(
+    "path", ["/a\rb", "/a\u0085b", "/a\u009fb", "/a\u202eb", "/a\u2066b", "/a\u2069b", "/a\u200fb", "/a\udcffb"]
+)
+def test_control_bidi_and_surrogate_characters_are_refused(path: str) -> None:
+    with pytest.raises(errors.BadPath):
+        files.normalise(path)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
+import pytest
 from sqlalchemy import func, select
 
 from app import keys, tables
@@ -70,11 +71,31 @@ async def test_listings_directories_and_usage(app_factory: Any) -> None:
     assert (await client.get(f"/threads/{tid}/fs?stats=1")).json() == {"files": 3, "directories": 1, "bytes": 6}
 
 
-async def test_bad_paths_are_refused_before_anything_is_stored(app_factory: Any) -> None:
+@pytest.mark.parametrize(
+    "path",
+    [
+        "a/%2e%2e/%2e%2e/etc/passwd",
+        "x%01y.txt",
+        "n%00ul",
+        "a%0db.txt",  # CR
+        "a%0ab.txt",  # LF
+        "trailing%0a",
+        "c1%C2%85.txt",  # U+0085, a C1 control character
+        "c1%C2%9f.txt",
+        "bidi%E2%80%AEtxt.exe",  # U+202E RIGHT-TO-LEFT OVERRIDE
+        "bidi%E2%81%A6x.txt",  # U+2066 LEFT-TO-RIGHT ISOLATE
+        "bad%ff%fe.txt",  # not UTF-8: it would decode to U+FFFD, the same name as %fe%ff
+        "bad%fe%ff.txt",
+        "%c3.txt",
+    ],
+)
+async def test_bad_paths_are_refused_before_anything_is_stored(app_factory: Any, path: str) -> None:
     app, client, tid = await _setup(app_factory)
-    for path in ("a/%2e%2e/%2e%2e/etc/passwd", "x%01y.txt", "n%00ul"):
-        response = await client.put(f"/threads/{tid}/fs/{path}", content=b"data")
-        assert response.status_code == 400, (path, response.text)
+    for method in ("PUT", "GET", "DELETE"):
+        response = await client.request(
+            method, f"/threads/{tid}/fs/{path}", content=b"data" if method == "PUT" else None
+        )
+        assert response.status_code == 400, (method, path, response.text)
         assert response.json()["error"]["code"] in ("bad_path", "invalid_request")
     assert await _stored(app) == (0, 0)
 
