@@ -143,6 +143,24 @@ class NotAnImage(AgentsError):
     code = "not_an_image"
 
 
+class PatternTooLong(Invalid):
+    """The search pattern is too long."""
+
+    code = "pattern_too_long"
+
+
+class UnsupportedPattern(Invalid):
+    """The regular expression needs backreferences or lookaround, which linear-time matching does not have."""
+
+    code = "unsupported_pattern"
+
+
+class SearchTimeout(AgentsError):
+    """The search did not finish in its time budget: narrow the pattern, or search fewer files."""
+
+    code = "search_timeout"
+
+
 class BadMultipart(Invalid):
     """The multipart body is malformed or ends before its closing boundary."""
 
