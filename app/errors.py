@@ -143,6 +143,12 @@ class NotAnImage(AgentsError):
     code = "not_an_image"
 
 
+class ImageTooLarge(NotAnImage):
+    """The image has too many pixels to decode for a thumbnail."""
+
+    code = "image_too_large"
+
+
 class PatternTooLong(Invalid):
     """The search pattern is too long."""
 

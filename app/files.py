@@ -276,15 +276,6 @@ async def find(session: AsyncSession, thread_id: uuid.UUID, pattern: str) -> lis
     return [e for e in entries if e.path in matched][:MAX_RESULTS]
 
 
-async def thumbnail(session: AsyncSession, thread_id: uuid.UUID, path: str) -> bytes | None:
-    """A JPEG thumbnail of the image at `path`; None if it is not an image that can be read."""
-    entry = await stat(session, thread_id, path)
-    if entry.is_dir or entry.sha256 is None or not images.is_image(entry.mime_type):
-        return None
-    data = b"".join([piece async for piece in blobs.chunks(session, entry.sha256)])
-    return await asyncio.to_thread(images.thumbnail, data)  # decoding is CPU work: keep the event loop free
-
-
 @dataclass(frozen=True)
 class Usage:
     files: int

@@ -10,7 +10,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from app import blobs, errors, files, threads
+from app import blobs, files, threads, thumbnails
 from app.api import schemas
 from app.api.deps import CurrentUser, SessionDep, SettingsDep, sessions
 
@@ -116,9 +116,8 @@ async def download(
     if if_none_match is not None and etag in [t.strip() for t in if_none_match.split(",")]:
         return Response(status_code=304, headers={"ETag": etag})
     if thumbnail:
-        image = await files.thumbnail(session, thread.id, entry.path)
-        if image is None:
-            raise errors.NotAnImage(f"{entry.path} is not an image a thumbnail can be made of.", path=entry.path)
+        image = await thumbnails.get(session, entry)
+        await session.commit()  # a thumbnail made now is stored for every later request
         headers = {"ETag": etag, **SANDBOX, "Cache-Control": "private, max-age=3600"}
         return Response(image, media_type="image/jpeg", headers=headers)
     mime = _served_type(entry.mime_type)
