@@ -161,6 +161,36 @@ class NotAnImage(AgentsError):
     code = "not_an_image"
 
 
+class ImageTooLarge(NotAnImage):
+    """The image has too many pixels to decode for a thumbnail."""
+
+    code = "image_too_large"
+
+
+class PatternTooLong(Invalid):
+    """The search pattern is too long."""
+
+    code = "pattern_too_long"
+
+
+class UnsupportedPattern(Invalid):
+    """The regular expression needs backreferences or lookaround, which linear-time matching does not have."""
+
+    code = "unsupported_pattern"
+
+
+class SearchTimeout(AgentsError):
+    """The search did not finish in its time budget: narrow the pattern, or search fewer files."""
+
+    code = "search_timeout"
+
+
+class BadMultipart(Invalid):
+    """The multipart body is malformed or ends before its closing boundary."""
+
+    code = "malformed_multipart"
+
+
 class TooLarge(AgentsError):
     """The content exceeds the size limit."""
 

@@ -10,6 +10,7 @@ import asyncio
 import mimetypes
 import posixpath
 import re
+import time
 import uuid
 from collections.abc import AsyncIterable, AsyncIterator
 from dataclasses import dataclass
@@ -18,22 +19,29 @@ from sqlalchemy import delete, func, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import blobs, errors, images, tables
+from app import blobs, errors, images, patterns, tables
 
 MAX_PATH = 1024  # characters
 MAX_SEGMENT = 255
 DEFAULT_LIMIT = 50 * 1024 * 1024  # bytes per file
 
 
+# C0 and C1 controls and DEL; bidi marks, embeddings, overrides and isolates (a name that reads backwards:
+# https://unicode.org/reports/tr9/#Explicit_Directional_Formatting_Characters); lone surrogates (not UTF-8)
+_UNSAFE = re.compile(r"[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+
+
 def normalise(path: str) -> str:
-    """The canonical form of `path` (`/a/b`), or `BadPath`: no `..`, NUL, control characters or over-long names."""
+    """The canonical form of `path` (`/a/b`), or `BadPath`: no `..`, NUL, control or bidi characters, over-long
+    names."""
     if not isinstance(path, str) or not path.strip():
         raise errors.BadPath("Give a path, such as /notes/todo.md.", path=str(path)[:100])
     if len(path) > MAX_PATH:
         raise errors.BadPath(f"The path is longer than {MAX_PATH} characters.", path=path[:100])
-    if any(ord(c) < 32 or ord(c) == 127 for c in path):
+    if _UNSAFE.search(path):
         raise errors.BadPath(
-            "The path contains NUL or control characters.", path=path.encode("unicode_escape").decode()[:100]
+            "The path contains NUL, control, bidirectional-override or surrogate characters.",
+            path=path.encode("unicode_escape").decode()[:100],
         )
     segments = [s for s in path.split("/") if s not in ("", ".")]
     if ".." in segments:
@@ -219,6 +227,8 @@ async def rmdir(session: AsyncSession, thread_id: uuid.UUID, path: str) -> None:
 
 
 GREP_MAX_FILE = 5 * 1024 * 1024  # larger files are not searched
+GREP_MAX_BYTES = 64 * 1024 * 1024  # a search reads at most this much, files in path order
+SEARCH_SECONDS = 10.0  # a search taking longer is refused (`SearchTimeout`)
 MAX_RESULTS = 1000
 
 
@@ -230,79 +240,40 @@ class Match:
 
 
 async def grep(session: AsyncSession, thread_id: uuid.UUID, pattern: str) -> list[Match]:
-    """Lines of the thread's text files that match the regular expression `pattern` (at most `MAX_RESULTS`)."""
-    if not isinstance(pattern, str) or not pattern or len(pattern) > 1000:
-        raise errors.Invalid("Give a regular expression of 1 to 1000 characters.")
-    try:
-        regex = re.compile(pattern)
-    except re.error as exc:
-        raise errors.Invalid(f"Not a valid regular expression: {exc}.") from exc
+    """Lines of the thread's text files that match the RE2 regular expression `pattern` (at most `MAX_RESULTS`),
+    from files of up to `GREP_MAX_FILE` bytes, `GREP_MAX_BYTES` in all, in path order."""
+    regex = patterns.regex(pattern)
+    deadline = time.monotonic() + SEARCH_SECONDS
     rows = await session.execute(
-        select(tables.File.path, tables.File.sha256)
+        select(tables.File.path, tables.File.sha256, tables.File.size)
         .where(tables.File.thread_id == thread_id, ~tables.File.is_dir, tables.File.size <= GREP_MAX_FILE)
         .order_by(tables.File.path)
     )
     found: list[Match] = []
-    for path, sha in rows.all():
+    budget = GREP_MAX_BYTES
+    for path, sha, size in rows.all():
         assert sha is not None  # files (not directories) always point at a blob
+        budget -= size
+        if budget < 0:
+            break
         data = b"".join([piece async for piece in blobs.chunks(session, sha)])
-        if b"\x00" in data:
-            continue  # binary
-        try:
-            text = data.decode()
-        except UnicodeDecodeError:
-            continue
-        for number, line in enumerate(text.splitlines(), 1):
-            if regex.search(line):
-                found.append(Match(path, number, line[:1000]))
-                if len(found) >= MAX_RESULTS:
-                    return found
+        lines = await asyncio.to_thread(patterns.lines, regex, data, deadline, MAX_RESULTS - len(found))
+        found += [Match(path, number, text) for number, text in lines]
+        if len(found) >= MAX_RESULTS:
+            break
     return found
-
-
-def glob_regex(pattern: str) -> re.Pattern[str]:
-    """A glob as a regex over paths: `*` and `?` stay within a segment, `**` crosses them; a pattern without `/`
-    matches file names anywhere (like `find -name`)."""
-    if not isinstance(pattern, str) or not pattern or len(pattern) > 1000:
-        raise errors.Invalid("Give a glob pattern of 1 to 1000 characters, such as **/*.md.")
-    if "/" not in pattern:
-        pattern = "/**/" + pattern
-    elif not pattern.startswith("/"):
-        pattern = "/" + pattern
-    out, i = [], 0
-    while i < len(pattern):
-        if pattern.startswith("/**/", i):
-            out.append("(?:/.*)?/")
-            i += 4
-        elif pattern.startswith("**", i):
-            out.append(".*")
-            i += 2
-        elif pattern[i] in "*?":
-            out.append("[^/]*" if pattern[i] == "*" else "[^/]")
-            i += 1
-        else:
-            out.append(re.escape(pattern[i]))
-            i += 1
-    return re.compile("".join(out))
 
 
 async def find(session: AsyncSession, thread_id: uuid.UUID, pattern: str) -> list[Entry]:
     """Entries whose path matches the glob `pattern`, by path (at most `MAX_RESULTS`)."""
-    regex = glob_regex(pattern)
+    regex = patterns.glob(pattern)
+    deadline = time.monotonic() + SEARCH_SECONDS
     rows = await session.execute(
         select(tables.File).where(tables.File.thread_id == thread_id).order_by(tables.File.path)
     )
-    found = [Entry.of(r) for r in rows.scalars() if regex.fullmatch(r.path)]
-    return found[:MAX_RESULTS]
-
-
-async def thumbnail(session: AsyncSession, thread_id: uuid.UUID, path: str) -> bytes | None:
-    """A JPEG thumbnail of the image at `path`; None if it is not an image that can be read."""
-    entry = await stat(session, thread_id, path)
-    if entry.is_dir or entry.sha256 is None or not images.is_image(entry.mime_type):
-        return None
-    data = b"".join([piece async for piece in blobs.chunks(session, entry.sha256)])
-    return await asyncio.to_thread(images.thumbnail, data)  # decoding is CPU work: keep the event loop free
+    entries = [Entry.of(r) for r in rows.scalars()]
+    matched = set(await asyncio.to_thread(patterns.fullmatches, regex, [e.path for e in entries], deadline))
+    return [e for e in entries if e.path in matched][:MAX_RESULTS]
 
 
 @dataclass(frozen=True)

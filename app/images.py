@@ -7,6 +7,8 @@ import warnings
 
 from PIL import Image, UnidentifiedImageError
 
+from app import errors
+
 THUMBNAIL = 256  # pixels, the longer side
 MAX_PIXELS = 40_000_000  # larger images are not decoded (decompression bombs)
 
@@ -27,15 +29,15 @@ def dimensions(head: bytes) -> tuple[int, int] | None:
     return int(width), int(height)
 
 
-def thumbnail(data: bytes, size: int = THUMBNAIL) -> bytes | None:
-    """A JPEG no larger than `size` × `size`, or None if `data` is not a readable image (or is too large)."""
+def thumbnail(data: bytes, size: int = THUMBNAIL) -> bytes:
+    """A JPEG no larger than `size` × `size`; `NotAnImage` if `data` is not a readable image, `ImageTooLarge` if
+    decoding it would take more than `MAX_PIXELS` pixels (checked from its header, before decoding)."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             with Image.open(io.BytesIO(data)) as opened:
-                if opened.size[0] * opened.size[1] > MAX_PIXELS:
-                    return None
-                opened.draft("RGB", (size, size))  # JPEG: decode at a reduced scale
+                opened.draft("RGB", (size, size))  # JPEG: decode at a reduced scale (the size it reports shrinks)
+                _within_limit(*opened.size)
                 opened.thumbnail((size, size))
                 image: Image.Image = opened
                 if image.mode not in ("RGB", "L"):  # flatten transparency onto white
@@ -44,6 +46,18 @@ def thumbnail(data: bytes, size: int = THUMBNAIL) -> bytes | None:
                     image.paste(rgba, mask=rgba.getchannel("A"))
                 out = io.BytesIO()
                 image.save(out, "JPEG", quality=80)
-    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError):
-        return None
+    except Image.DecompressionBombError as exc:  # Pillow's own guard, at twice its `MAX_IMAGE_PIXELS`, on opening
+        raise errors.ImageTooLarge(f"The image has too many pixels to decode: {exc}") from None
+    except (UnidentifiedImageError, OSError, ValueError):
+        raise errors.NotAnImage() from None
     return out.getvalue()
+
+
+def _within_limit(width: int, height: int) -> None:
+    if width * height > MAX_PIXELS:
+        raise errors.ImageTooLarge(
+            f"The image is {width} × {height} pixels: over the {MAX_PIXELS:,} pixels a thumbnail is made from.",
+            width=width,
+            height=height,
+            limit=MAX_PIXELS,
+        )

@@ -309,6 +309,17 @@ class BlobChunk(Base):
     data: Mapped[bytes] = mapped_column(LargeBinary)
 
 
+class Thumbnail(Base):
+    """A JPEG thumbnail of an image blob, made once per content and size; it goes when its blob is collected."""
+
+    __tablename__ = "thumbnails"
+
+    sha256: Mapped[str] = mapped_column(ForeignKey("blobs.sha256", ondelete="CASCADE"), primary_key=True)
+    size: Mapped[int] = mapped_column(Integer, primary_key=True)  # pixels, the longer side at most
+    data: Mapped[bytes] = mapped_column(LargeBinary)
+    created_at: Mapped[datetime] = _now()
+
+
 class File(Base):
     """An entry of a thread's file tree: a directory, or a file pointing at its blob."""
 

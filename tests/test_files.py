@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -9,7 +11,7 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select, text
 
-from app import blobs, errors, files, tables
+from app import blobs, errors, files, patterns, tables
 from app.catalog import load as load_catalog
 from tests.conftest import ROOT, client_for
 
@@ -129,23 +131,6 @@ async def test_the_size_limit_is_enforced_while_streaming(app_factory: Any) -> N
     assert await _count(app, tables.Blob) == 0
 
 
-@pytest.mark.parametrize(
-    ("pattern", "matches", "misses"),
-    [
-        ("*.md", ["/a.md", "/x/y/b.md"], ["/a.txt", "/a.md/c"]),
-        ("/reports/*.pdf", ["/reports/q.pdf"], ["/reports/2024/q.pdf", "/other/q.pdf"]),
-        ("reports/**/*.pdf", ["/reports/q.pdf", "/reports/2024/q/r.pdf"], ["/reportsx/q.pdf"]),
-        ("/a?c", ["/abc"], ["/ac", "/a/c"]),
-        ("/src/**", ["/src/a", "/src/a/b.py"], ["/srcs"]),
-        ("(x).md", ["/(x).md"], ["/x.md"]),  # regex metacharacters are literal
-    ],
-)
-def test_glob_patterns(pattern: str, matches: list[str], misses: list[str]) -> None:
-    regex = files.glob_regex(pattern)
-    assert [p for p in matches if regex.fullmatch(p)] == matches
-    assert [p for p in misses if regex.fullmatch(p)] == []
-
-
 async def test_grep_and_find(app_factory: Any) -> None:
     app = await app_factory(load_catalog(ROOT / "agents"))
     thread_id = await _thread(app)
@@ -174,6 +159,89 @@ async def test_grep_and_find(app_factory: Any) -> None:
     assert [e["path"] for e in find.json()["entries"]] == ["/notes/old.txt", "/notes/todo.md"]
     bad = await client.get(f"/threads/{thread_id}/fs", params={"grep": "("})
     assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_request"
+
+
+async def test_pathological_patterns_answer_at_once(app_factory: Any) -> None:
+    app = await app_factory(load_catalog(ROOT / "agents"))
+    thread_id = await _thread(app)
+    async with app.state.sessions() as session, session.begin():
+        await files.write_bytes(session, thread_id, "/" + "a" * 250 + "/" + "a" * 148, b"a" * 25 + b"!\n")
+    client = client_for(app)
+    started = time.monotonic()
+    find = await client.get(f"/threads/{thread_id}/fs", params={"find": "/**b**b**b**b**bZ"})
+    grep = await client.get(f"/threads/{thread_id}/fs", params={"grep": "(a+)+$"})
+    assert time.monotonic() - started < 1
+    assert (find.status_code, find.json()["entries"]) == (200, [])
+    assert (grep.status_code, grep.json()["matches"]) == (200, [])
+
+
+async def test_patterns_linear_matching_cannot_take_are_refused(app_factory: Any) -> None:
+    app = await app_factory(load_catalog(ROOT / "agents"))
+    thread_id = await _thread(app)
+    client = client_for(app)
+    for query, status, code in (
+        ({"grep": r"(a)\1"}, 400, "unsupported_pattern"),
+        ({"grep": "(?=a)"}, 400, "unsupported_pattern"),
+        ({"grep": "a" * 1001}, 400, "pattern_too_long"),
+        ({"find": "*" * 1001}, 400, "pattern_too_long"),
+    ):
+        response = await client.get(f"/threads/{thread_id}/fs", params=query)
+        assert response.status_code == status, response.text
+        assert response.json()["error"]["code"] == code and response.json()["error"]["message"]
+
+
+async def test_grep_reads_a_bounded_number_of_bytes(app_factory: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    app = await app_factory(load_catalog(ROOT / "agents"))
+    thread_id = await _thread(app)
+    async with app.state.sessions() as session, session.begin():
+        for name in ("a", "b", "c"):
+            await files.write_bytes(session, thread_id, f"/{name}.txt", f"TODO {name}\n".encode())  # 7 bytes
+    monkeypatch.setattr(files, "GREP_MAX_BYTES", 14)
+    async with app.state.sessions() as session:
+        assert [m.path for m in await files.grep(session, thread_id, "TODO")] == ["/a.txt", "/b.txt"]
+    monkeypatch.setattr(files, "GREP_MAX_FILE", 6)
+    async with app.state.sessions() as session:
+        assert await files.grep(session, thread_id, "TODO") == []
+
+
+async def test_searches_past_their_time_budget_are_refused(app_factory: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    app = await app_factory(load_catalog(ROOT / "agents"))
+    thread_id = await _thread(app)
+    async with app.state.sessions() as session, session.begin():
+        await files.write_bytes(session, thread_id, "/a.txt", b"TODO\n")
+    monkeypatch.setattr(files, "SEARCH_SECONDS", 0.0)
+    client = client_for(app)
+    for query in ({"grep": "TODO"}, {"find": "*.txt"}):
+        response = await client.get(f"/threads/{thread_id}/fs", params=query)
+        assert response.status_code == 422 and response.json()["error"]["code"] == "search_timeout", response.text
+
+
+async def test_searches_run_off_the_event_loop(app_factory: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    app = await app_factory(load_catalog(ROOT / "agents"))
+    thread_id = await _thread(app)
+    async with app.state.sessions() as session, session.begin():
+        await files.write_bytes(session, thread_id, "/a.txt", b"TODO\n")
+
+    def slow(*args: Any, **kwargs: Any) -> list[Any]:
+        time.sleep(0.3)  # a long match: the event loop must keep serving meanwhile
+        return []
+
+    monkeypatch.setattr(patterns, "lines", slow)
+    monkeypatch.setattr(patterns, "fullmatches", slow)
+    for search in (files.grep, files.find):
+        ticks = 0
+
+        async def tick() -> None:
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.01)
+                ticks += 1
+
+        ticker = asyncio.create_task(tick())
+        async with app.state.sessions() as session:
+            assert await search(session, thread_id, "TODO") == []
+        ticker.cancel()
+        assert ticks >= 10, search
 
 
 def _png(width: int, height: int, mode: str = "RGB") -> bytes:
@@ -215,3 +283,11 @@ async def test_thumbnail_of_a_png_and_image_dimensions(app_factory: Any) -> None
     assert (await client.get(f"/threads/{thread_id}/fs/fake.png", params={"thumbnail": 1})).status_code == 422
     listing = (await client.get(f"/threads/{thread_id}/fs/pics")).json()["entries"]
     assert (listing[0]["width"], listing[0]["height"]) == (1000, 500)
+
+
+@pytest.mark.parametrize(
+    "path", ["/a\rb", "/a\u0085b", "/a\u009fb", "/a\u202eb", "/a\u2066b", "/a\u2069b", "/a\u200fb", "/a\udcffb"]
+)
+def test_control_bidi_and_surrogate_characters_are_refused(path: str) -> None:
+    with pytest.raises(errors.BadPath):
+        files.normalise(path)

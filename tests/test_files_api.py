@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import io
 from collections.abc import AsyncIterator
 from typing import Any
 
+import pytest
+from PIL import Image
 from sqlalchemy import func, select
 
 from app import keys, tables
@@ -46,14 +49,68 @@ async def test_upload_download_round_trip_with_headers(app_factory: Any) -> None
     assert again.status_code == 304 and again.content == b""
 
 
-async def test_html_and_svg_are_downloads_never_inline(app_factory: Any) -> None:
+@pytest.mark.parametrize(
+    ("name", "mime"),
+    [
+        ("page.html", "text/html"),
+        ("page.xhtml", "application/xhtml+xml"),
+        ("logo.svg", "image/svg+xml"),
+        ("a.xml", "text/xml"),
+        ("b.xml", "application/xml"),
+        ("guessed.xml", None),  # no Content-Type: the type guessed from `.xml`
+        ("t.xsl", "application/xslt+xml"),
+        ("r.rdf", "application/rdf+xml"),
+        ("m.eml", "message/rfc822"),
+        ("s.bin", "multipart/x-mixed-replace; boundary=x"),
+        ("x.js", "text/javascript"),
+        ("d.pdf", "application/pdf"),
+        ("u.dat", "application/octet-stream"),
+        ("odd.txt", "Text/HTML ; charset=utf-8"),
+    ],
+)
+async def test_types_outside_the_inline_list_are_downloads(app_factory: Any, name: str, mime: str | None) -> None:
     _app, client, tid = await _setup(app_factory)
-    for name, mime in (("page.html", "text/html"), ("logo.svg", "image/svg+xml")):
-        body = b"<script>alert(1)</script>"
-        assert (await client.put(f"/threads/{tid}/fs/{name}", content=body, headers={"content-type": mime})).is_success
-        got = await client.get(f"/threads/{tid}/fs/{name}")
-        assert got.headers["content-disposition"].startswith("attachment;")
-        assert got.headers["x-content-type-options"] == "nosniff"
+    body = b'<html xmlns="http://www.w3.org/1999/xhtml"><script>alert(1)</script></html>'
+    headers = {"content-type": mime} if mime else {}
+    assert (await client.put(f"/threads/{tid}/fs/{name}", content=body, headers=headers)).status_code == 201
+    got = await client.get(f"/threads/{tid}/fs/{name}")
+    assert got.status_code == 200 and got.headers["content-disposition"].startswith("attachment;"), got.headers
+    assert got.headers["x-content-type-options"] == "nosniff"
+    assert got.headers["content-security-policy"] == "sandbox"
+
+
+@pytest.mark.parametrize(
+    ("name", "mime"),
+    [("a.txt", "text/plain; charset=utf-8"), ("a.png", "image/png"), ("a.json", "application/json")],
+)
+async def test_plain_types_are_inline_and_sandboxed(app_factory: Any, name: str, mime: str) -> None:
+    _app, client, tid = await _setup(app_factory)
+    assert (await client.put(f"/threads/{tid}/fs/{name}", content=b"x", headers={"content-type": mime})).is_success
+    got = await client.get(f"/threads/{tid}/fs/{name}")
+    assert got.headers["content-disposition"].startswith("inline;")
+    assert got.headers["content-security-policy"] == "sandbox"
+    assert got.headers["x-content-type-options"] == "nosniff"
+
+
+async def test_thumbnails_are_sandboxed_too(app_factory: Any) -> None:
+    _app, client, tid = await _setup(app_factory)
+    image = io.BytesIO()
+    Image.new("RGB", (8, 8)).save(image, "PNG")
+    await client.put(f"/threads/{tid}/fs/a.png", content=image.getvalue(), headers={"content-type": "image/png"})
+    thumb = await client.get(f"/threads/{tid}/fs/a.png", params={"thumbnail": 1})
+    assert thumb.status_code == 200 and thumb.headers["content-security-policy"] == "sandbox"
+    assert thumb.headers["x-content-type-options"] == "nosniff"
+
+
+async def test_a_stored_type_that_is_not_a_media_type_is_served_as_bytes(app_factory: Any) -> None:
+    _app, client, tid = await _setup(app_factory)
+    body = {"content": "x", "attachments": [{"name": "a.txt", "mime_type": "text/plain\r\nX-Evil: 1", "data": "aGk="}]}
+    assert (await client.post(f"/threads/{tid}/messages", json=body)).status_code == 202
+    [entry] = (await client.get(f"/threads/{tid}/fs/attachments")).json()["entries"]
+    got = await client.get(f"/threads/{tid}/fs{entry['path']}")
+    assert got.status_code == 200 and got.content == b"hi" and "x-evil" not in got.headers
+    assert got.headers["content-type"] == "application/octet-stream"
+    assert got.headers["content-disposition"].startswith("attachment;")
 
 
 async def test_listings_directories_and_usage(app_factory: Any) -> None:
@@ -70,11 +127,31 @@ async def test_listings_directories_and_usage(app_factory: Any) -> None:
     assert (await client.get(f"/threads/{tid}/fs?stats=1")).json() == {"files": 3, "directories": 1, "bytes": 6}
 
 
-async def test_bad_paths_are_refused_before_anything_is_stored(app_factory: Any) -> None:
+@pytest.mark.parametrize(
+    "path",
+    [
+        "a/%2e%2e/%2e%2e/etc/passwd",
+        "x%01y.txt",
+        "n%00ul",
+        "a%0db.txt",  # CR
+        "a%0ab.txt",  # LF
+        "trailing%0a",
+        "c1%C2%85.txt",  # U+0085, a C1 control character
+        "c1%C2%9f.txt",
+        "bidi%E2%80%AEtxt.exe",  # U+202E RIGHT-TO-LEFT OVERRIDE
+        "bidi%E2%81%A6x.txt",  # U+2066 LEFT-TO-RIGHT ISOLATE
+        "bad%ff%fe.txt",  # not UTF-8: it would decode to U+FFFD, the same name as %fe%ff
+        "bad%fe%ff.txt",
+        "%c3.txt",
+    ],
+)
+async def test_bad_paths_are_refused_before_anything_is_stored(app_factory: Any, path: str) -> None:
     app, client, tid = await _setup(app_factory)
-    for path in ("a/%2e%2e/%2e%2e/etc/passwd", "x%01y.txt", "n%00ul"):
-        response = await client.put(f"/threads/{tid}/fs/{path}", content=b"data")
-        assert response.status_code == 400, (path, response.text)
+    for method in ("PUT", "GET", "DELETE"):
+        response = await client.request(
+            method, f"/threads/{tid}/fs/{path}", content=b"data" if method == "PUT" else None
+        )
+        assert response.status_code == 400, (method, path, response.text)
         assert response.json()["error"]["code"] in ("bad_path", "invalid_request")
     assert await _stored(app) == (0, 0)
 

@@ -28,6 +28,7 @@ STATUS: dict[type[errors.AgentsError], int] = {
     errors.MissingVariables: 422,
     errors.TooLarge: 413,
     errors.NotAnImage: 422,
+    errors.SearchTimeout: 422,
     errors.NotReady: 503,
     errors.ConfigError: 500,
     errors.EndpointFailed: 500,

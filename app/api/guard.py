@@ -1,4 +1,5 @@
-"""Refuse what no route can take before it is read: NUL in the URL, oversized or non-JSON bodies.
+"""Refuse what no route can take before it is read: NUL, control characters or bytes that are not UTF-8 in the
+URL, oversized or non-JSON bodies.
 
 A plain ASGI middleware (not `BaseHTTPMiddleware`, which would pipe every streamed event through a memory stream).
 The size limit is checked twice: against `Content-Length` before the body is read, and against the bytes as they
@@ -8,6 +9,7 @@ arrive (a chunked body has no length), so no route ever reads more than the limi
 from __future__ import annotations
 
 import re
+import urllib.parse
 
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -18,6 +20,19 @@ from app.api import errors
 FILES = re.compile(r"^/threads/[^/]+/fs/")  # raw file uploads: any type, the file size limit
 MESSAGES = re.compile(r"^/threads/[^/]+/messages/?$")  # JSON, or multipart with files
 CUSTOM = re.compile(r"^/threads/[^/]+/([^/]+)")  # a custom thread endpoint reads whatever body it likes
+CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # C0, DEL and C1
+
+
+def _path_problem(raw_path: bytes) -> str | None:
+    """Why the URL path cannot name anything: bytes that are not UTF-8 (decoded leniently, `%ff%fe` and `%fe%ff`
+    would both be U+FFFD, the same name), or control characters (a CR or LF does not even reach a route)."""
+    try:
+        path = urllib.parse.unquote_to_bytes(raw_path).decode()
+    except UnicodeDecodeError:
+        return "The URL path is not valid UTF-8 once percent-decoded."
+    if CONTROL.search(path):
+        return "The URL path contains control characters (such as CR or LF)."
+    return None
 
 
 def _custom(path: str) -> bool:
@@ -104,6 +119,9 @@ class Guard:
         raw_path: bytes = scope.get("raw_path") or scope["path"].encode()
         if b"%00" in scope.get("query_string", b"") or b"%00" in raw_path or "\x00" in scope["path"]:
             return errors.envelope(400, "invalid_request", "NUL characters are not allowed in URLs.")
+        problem = _path_problem(raw_path.split(b"?")[0])
+        if problem is not None:
+            return errors.envelope(400, "bad_path", problem)
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         length = headers.get("content-length", "0")
         media = headers.get("content-type", "").split(";")[0].strip().lower()

@@ -7,7 +7,7 @@ from contextlib import AbstractAsyncContextManager
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import blobs, errors, files, tables
+from app import blobs, errors, files, tables, thumbnails
 from app.spec.state import FileRecord, FileStats, FindResult, GrepMatch, ReaddirResult
 
 
@@ -88,8 +88,8 @@ class FileMethods:
     async def get_file_thumbnail(self, path: str) -> bytes | None:
         async with self._transaction() as (session, thread):
             try:
-                return await files.thumbnail(session, thread.id, path)
-            except errors.FileNotFound:
+                return await thumbnails.get(session, await files.stat(session, thread.id, path))
+            except (errors.FileNotFound, errors.NotAnImage):
                 return None
 
 

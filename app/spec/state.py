@@ -346,7 +346,7 @@ class ThreadState(Protocol):
         ...
 
     async def grep_files(self, pattern: str) -> list[GrepMatch]:
-        """Lines of the thread's text files matching the regular expression `pattern` (at most 1000)."""
+        """Lines of the thread's text files matching the RE2 regular expression `pattern` (at most 1000)."""
         ...
 
     async def find_files(self, pattern: str) -> FindResult:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import urllib.parse
 import uuid
 from typing import Annotated, Any
@@ -9,7 +10,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from app import blobs, errors, files, threads
+from app import blobs, files, threads, thumbnails
 from app.api import bodies, schemas
 from app.api.deps import CurrentUser, SessionDep, SettingsDep, sessions
 
@@ -22,7 +23,35 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     409: {"model": schemas.Error},
     422: {"model": schemas.Error},
 }
-DOWNLOAD_ONLY = {"text/html", "application/xhtml+xml", "image/svg+xml"}  # never rendered inline from our origin
+# Shown in the browser: types no browser runs script in. Every other type is a download (html, svg, xml and its
+# stylesheets, rfc822, multipart/x-mixed-replace, pdf, …), and every file response is sandboxed and never sniffed.
+INLINE = {
+    "text/plain",
+    "text/markdown",
+    "text/csv",
+    "application/json",
+    "image/png",
+    "image/jpeg",
+    "image/gif",
+    "image/webp",
+    "audio/mpeg",
+    "audio/ogg",
+    "audio/wav",
+    "audio/webm",
+    "video/mp4",
+    "video/webm",
+    "video/ogg",
+}
+SANDBOX = {"Content-Security-Policy": "sandbox", "X-Content-Type-Options": "nosniff"}
+MEDIA_TYPE = re.compile(r"[\w!#$&^.+-]+/[\w!#$&^.+-]+( *;[ -~]*)?", re.ASCII)  # type/subtype, printable params
+
+
+def _served_type(mime_type: str | None) -> str:
+    """The stored type as a `Content-Type`, or `application/octet-stream` if it is not one (a type stored from an
+    attachment's JSON could hold anything, CR and LF included)."""
+    if mime_type and MEDIA_TYPE.fullmatch(mime_type):
+        return mime_type
+    return "application/octet-stream"
 
 
 def _record(entry: files.Entry) -> schemas.FileRecord:
@@ -87,21 +116,19 @@ async def download(
     if if_none_match is not None and etag in [t.strip() for t in if_none_match.split(",")]:
         return Response(status_code=304, headers={"ETag": etag})
     if thumbnail:
-        image = await files.thumbnail(session, thread.id, entry.path)
-        if image is None:
-            raise errors.NotAnImage(f"{entry.path} is not an image a thumbnail can be made of.", path=entry.path)
-        headers = {"ETag": etag, "X-Content-Type-Options": "nosniff", "Cache-Control": "private, max-age=3600"}
+        image = await thumbnails.get(session, entry)
+        await session.commit()  # a thumbnail made now is stored for every later request
+        headers = {"ETag": etag, **SANDBOX, "Cache-Control": "private, max-age=3600"}
         return Response(image, media_type="image/jpeg", headers=headers)
-    media = (entry.mime_type or "application/octet-stream").split(";")[0].strip().lower()
-    disposition = "attachment" if media in DOWNLOAD_ONLY else "inline"
+    mime = _served_type(entry.mime_type)
+    disposition = "inline" if mime.split(";")[0].strip().lower() in INLINE else "attachment"
     headers = {
         "ETag": etag,
         "Content-Length": str(entry.size),
         "Content-Disposition": f"{disposition}; filename*=UTF-8''{urllib.parse.quote(entry.name)}",
-        "X-Content-Type-Options": "nosniff",
+        **SANDBOX,
     }
-    body = blobs.stream(sessions(request), entry.sha256)
-    return StreamingResponse(body, media_type=entry.mime_type or "application/octet-stream", headers=headers)
+    return StreamingResponse(blobs.stream(sessions(request), entry.sha256), media_type=mime, headers=headers)
 
 
 @router.put("/threads/{thread_id}/fs/{path:path}", status_code=201, responses={**ERRORS, 413: {"model": schemas.Error}})

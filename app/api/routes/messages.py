@@ -14,7 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from starlette.datastructures import FormData, UploadFile
 
 from app import attachments, db, errors, events, lifecycle, messages, queue, subagents, tables, threads
-from app.api import bodies, schemas
+from app.api import bodies, forms, schemas
 from app.api.deps import CurrentUser, SessionDep, SettingsDep, sessions
 from app.keys import Principal
 
@@ -181,7 +181,7 @@ async def post_message(
     thread = await threads.get(session, thread_id, who, lock=True)
     events.hold(session, thread.id)  # the row is locked: its events go with its changes in one statement at the end
     if media == "multipart/form-data":
-        async with request.form(max_files=MAX_UPLOADS + 1, max_fields=50) as form:
+        async with forms.multipart(request, max_files=MAX_UPLOADS + 1, max_fields=50) as form:
             body, uploads = _from_form(form)
             message_id = await enqueue_message(session, thread, body, settings.max_file_bytes, uploads)
     else:
