@@ -1,16 +1,21 @@
-"""Hostile input never reaches a 500: NUL bytes, huge numbers, deep JSON, oversized bodies."""
+"""Hostile input never reaches a 500 nor stalls the server: NUL bytes, huge numbers, deep JSON, oversized bodies."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import io
+import time
 import uuid
 from typing import Any
 
 import httpx
 import pytest
 from fastapi import FastAPI
+from PIL import Image
 
-from tests.conftest import client_for
+from app.catalog import load as load_catalog
+from tests.conftest import ROOT, client_for
 from tests.test_api import _catalog, assert_error
 
 
@@ -61,11 +66,15 @@ async def test_huge_numbers_are_refused(client: httpx.AsyncClient) -> None:
     assert_error(cursor, 400, "bad_cursor")
 
 
+def _deep_json(depth: int) -> bytes:
+    return b'{"content": "x", "metadata": {"k": ' + b"[" * depth + b"]" * depth + b"}}"
+
+
 async def test_deep_json_is_refused(client: httpx.AsyncClient) -> None:
     tid = await _thread(client)
-    deep = "[" * 5000 + "]" * 5000
-    body = f'{{"content": "x", "metadata": {{"k": {deep}}}}}'.encode()
-    response = await client.post(f"/threads/{tid}/messages", content=body, headers={"content-type": "application/json"})
+    response = await client.post(
+        f"/threads/{tid}/messages", content=_deep_json(5000), headers={"content-type": "application/json"}
+    )
     assert 400 <= response.status_code < 500, response.text
 
 
@@ -164,3 +173,38 @@ async def test_unknown_ids_in_paths(client: httpx.AsyncClient) -> None:
     assert_error(await client.get(f"/threads/{tid}/messages/x"), 422, "invalid_request")
     since = await client.get(f"/threads/{tid}/messages", params={"since_id": str(uuid.uuid4())})
     assert_error(since, 404, "message_not_found")
+
+
+async def test_the_worst_inputs_never_keep_health_waiting(app_factory: Any, serve: Any) -> None:
+    """Fired together at a real server with its worker (as `agents serve` runs), the inputs that once froze or
+    bloated it leave `/health` on the same process answering within a second throughout."""
+    app: FastAPI = await app_factory(load_catalog(ROOT / "agents"), with_worker=True)
+    base = await serve(app)
+    async with httpx.AsyncClient(base_url=base, timeout=60) as client:
+        tid = (await client.post("/threads", json={"agent": "assistant"})).json()["id"]
+        long_path = "/".join(("a" * 250, "a" * 148))
+        await client.put(f"/threads/{tid}/fs/{long_path}", content=b"a" * 25 + b"!\n")
+        image = io.BytesIO()
+        Image.new("RGB", (6000, 6600), "teal").save(image, "PNG")
+        await client.put(f"/threads/{tid}/fs/big.png", content=image.getvalue(), headers={"content-type": "image/png"})
+        json = {"content-type": "application/json"}
+        hostile = [
+            client.get(f"/threads/{tid}/fs", params={"find": "/**b**b**b**b**bZ"}),
+            client.get(f"/threads/{tid}/fs", params={"grep": "(a+)+$"}),
+            *(client.get(f"/threads/{tid}/fs/big.png", params={"thumbnail": 1}) for _ in range(8)),
+            client.post("/threads", json={"agent": "assistant", "env": {f"V{i}": "x" * 100 for i in range(5000)}}),
+            client.post("/threads", content=_chunks(b'{"agent": "' + b"a" * 30_000_000 + b'"}', 65536), headers=json),
+            client.post(f"/threads/{tid}/messages", content=_deep_json(5000), headers=json),
+            client.post(f"/threads/{tid}/messages", json={"content": "1" * 999_999 + "+"}),
+            client.post("/threads", content=b'{"agent": "assistant", "tags": ["\\ud800"]}', headers=json),
+        ]
+        waits: list[float] = []
+        attack = asyncio.gather(*hostile)
+        while not attack.done():
+            started = time.perf_counter()
+            assert (await client.get("/health")).status_code == 200
+            waits.append(time.perf_counter() - started)
+            await asyncio.sleep(0.02)
+        answers = await attack
+    assert all(a.status_code < 500 for a in answers), [(a.status_code, a.text[:200]) for a in answers]
+    assert len(waits) > 5 and max(waits) < 1.0, sorted(waits)[-5:]
