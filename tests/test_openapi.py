@@ -81,7 +81,9 @@ async def test_a_405_allows_every_method_of_the_path(app: FastAPI) -> None:
             assert sorted(response.headers["allow"].split(", ")) == allow.split(", "), path
 
 
-async def test_schemathesis_finds_no_server_error_and_no_conformance_failure(app: FastAPI, serve: Any) -> None:
+async def test_schemathesis_finds_no_server_error_and_no_conformance_failure(
+    app: FastAPI, serve: Any, tmp_path: Path
+) -> None:
     """Bounded (a fixed seed, a few examples per operation), every check; the streams are left out (they never
     end). NUL is not generated: Postgres cannot store it, and the schema cannot say so for free-form JSON."""
     async with app.state.sessions() as session:
@@ -101,6 +103,7 @@ async def test_schemathesis_finds_no_server_error_and_no_conformance_failure(app
         *("--generation-allow-x00", "false", "--generation-database", "none", "--no-color"),
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
+        cwd=tmp_path,  # its cache goes there, not into the checkout
     )
     output, _ = await asyncio.wait_for(process.communicate(), timeout=600)
     assert process.returncode == 0, output.decode()[-8000:]
