@@ -126,6 +126,34 @@ async def test_unpaired_surrogates_in_messages_and_env_are_400(client: httpx.Asy
     assert stored.json()["messages"][0]["content"] == "\U0001f600"
 
 
+async def test_json_that_is_not_utf8_and_multipart_in_other_charsets_are_400(client: httpx.AsyncClient) -> None:
+    """Python's decoder takes UTF-16 and UTF-32 too, and a multipart charset can decode to a lone surrogate."""
+    tid = await _thread(client)
+    for encoding in ("utf-16", "utf-32", "utf-16-be"):
+        body = '{"value": "\\ud800"}'.encode(encoding)
+        response = await client.put("/env/user/X", content=body, headers={"content-type": "application/json"})
+        assert_error(response, 400, "invalid_text")
+        body = '{"name": "\\ud800"}'.encode(encoding)
+        response = await client.patch(f"/threads/{tid}", content=body, headers={"content-type": "application/json"})
+        assert_error(response, 400, "invalid_text")
+    form = b'--b\r\nContent-Disposition: form-data; name="content"\r\n\r\n+2AA-\r\n--b--\r\n'  # UTF-7 for \ud800
+    for charset in ("utf-7", "unicode-escape", "nonsense"):
+        headers = {"content-type": f"multipart/form-data; boundary=b; charset={charset}"}
+        response = await client.post(f"/threads/{tid}/messages", content=form, headers=headers)
+        assert_error(response, 400, "malformed_multipart")
+    headers = {"content-type": "multipart/form-data; boundary=b; charset=UTF-8"}
+    assert (await client.post(f"/threads/{tid}/messages", content=form, headers=headers)).status_code == 202
+
+
+async def test_deep_json_with_escaped_pairs_is_refused_not_500(client: httpx.AsyncClient) -> None:
+    tid = await _thread(client)
+    deep = b'{"content": "\\ud83d\\ude00", "metadata": {"k": ' + b"[" * 5000 + b"]" * 5000 + b"}}"
+    response = await client.post(f"/threads/{tid}/messages", content=deep, headers={"content-type": "application/json"})
+    assert 400 <= response.status_code < 500, response.text
+    form = {"content": (None, "a"), "metadata": (None, '{"k": ' + "[" * 5000 + "]" * 5000 + "}")}
+    assert_error(await client.post(f"/threads/{tid}/messages", files=form), 400, "invalid_request")
+
+
 async def test_a_cursor_past_the_calendar_is_400(client: httpx.AsyncClient) -> None:
     for stamp in ("9999-12-31T23:59:59-10:00", "2026-01-01T00:00:00"):
         cursor = base64.urlsafe_b64encode(f"{stamp}|{uuid.uuid4()}".encode()).decode()

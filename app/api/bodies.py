@@ -18,23 +18,38 @@ _SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")  # an escaped or 
 
 
 def check(body: bytes) -> None:
-    """Raise `BadText` if the JSON `body` decodes to a string with an unpaired surrogate (pairs are fine)."""
+    """Raise `BadText` if the JSON `body` is not UTF-8 (RFC 8259 §8.1; Python's decoder also takes UTF-16 and
+    UTF-32, which the byte scan cannot see into) or decodes to a string with an unpaired surrogate (pairs are fine)."""
+    if body and json.detect_encoding(body) != "utf-8":
+        raise errors.BadText("JSON must be encoded as UTF-8 (without a byte order mark).")
     if _SURROGATE.search(body) is None:
         return
     try:
         value = json.loads(body)
-    except ValueError:
-        return  # not JSON: the route's own parsing answers
-    try:
         json.dumps(value, ensure_ascii=False).encode()
     except UnicodeEncodeError:
         raise errors.BadText() from None
+    except (ValueError, RecursionError):
+        return  # not JSON, or too deep: the route's own parsing answers
 
 
-def loads(text: str | bytes) -> Any:
-    """`json.loads`, refusing unpaired surrogates (for JSON carried in form fields)."""
-    check(text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text)
-    return json.loads(text)
+def loads(text: str) -> Any:
+    """`json.loads`, refusing unpaired surrogates (for JSON carried in form fields); `ValueError` if it is not
+    JSON or nests too deep."""
+    check(text.encode("utf-8", "surrogatepass"))
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("JSON nested too deep") from None
+
+
+def text(value: str) -> str:
+    """A form field's text, refusing unpaired surrogates (a part's charset can decode to them)."""
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        raise errors.BadText() from None
+    return value
 
 
 class Route(APIRoute):
@@ -43,6 +58,9 @@ class Route(APIRoute):
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
+
+        if self.body_field is None and "requestBody" not in (self.openapi_extra or {}):
+            return handler  # takes no JSON body (the files' uploads are bytes of any kind)
 
         async def checked(request: Request) -> Response:
             media = request.headers.get("content-type", "").split(";")[0].strip().lower()

@@ -6,6 +6,7 @@ closing boundary: a cut-off upload would be stored as a shorter message. This on
 
 from __future__ import annotations
 
+import codecs
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -29,6 +30,8 @@ class _Whole(MultiPartParser):
 async def multipart(request: Request, *, max_files: int, max_fields: int) -> AsyncIterator[FormData]:
     """The request's multipart form, its files closed on exit; `BadMultipart` if the body is malformed or ends
     before its closing boundary."""
+    if not _utf8(request.headers.get("content-type", "")):  # other charsets can decode to unpaired surrogates
+        raise errors.BadMultipart("A multipart body's text must be UTF-8 (drop the `charset` parameter).")
     parser = _Whole(request.headers, request.stream(), max_files=max_files, max_fields=max_fields)
     try:
         form = await parser.parse()
@@ -42,3 +45,15 @@ async def multipart(request: Request, *, max_files: int, max_fields: int) -> Asy
         yield form
     finally:
         await form.close()
+
+
+def _utf8(content_type: str) -> bool:
+    """Whether the `charset` parameter is absent or names UTF-8."""
+    for param in content_type.split(";")[1:]:
+        name, _, value = param.partition("=")
+        if name.strip().lower() == "charset":
+            try:
+                return codecs.lookup(value.strip().strip('"')).name == "utf-8"
+            except LookupError:
+                return False
+    return True

@@ -65,10 +65,7 @@ class Guard:
         if refusal is not None:
             await refusal(scope, receive, send)
             return
-        if scope["method"] in ("POST", "PUT", "PATCH"):
-            await self.counted(scope, receive, send, self.limit(scope))
-        else:  # no route reads another method's body
-            await self.app(scope, receive, send)
+        await self.counted(scope, receive, send, self.limit(scope))  # any method: a GET may carry a body too
 
     async def counted(self, scope: Scope, receive: Receive, send: Send, limit: int) -> None:
         """Run the app on a body counted as it arrives; past `limit`, the route's read fails and the client gets

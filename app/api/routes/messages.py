@@ -104,7 +104,7 @@ def _from_form(form: FormData) -> tuple[schemas.MessageIn, list[UploadFile]]:
         if isinstance(value, UploadFile):
             uploads.append(value)
         elif key in ("content", "role"):
-            fields[key] = value
+            fields[key] = bodies.text(value)
         elif key == "silent":
             fields[key] = {"true": True, "false": False}.get(value.strip().lower(), value)  # else: a 422
         elif key == "metadata":
