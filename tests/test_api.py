@@ -304,7 +304,9 @@ async def test_open_mode_serves_only_hosts_of_this_machine(app_factory: Any, ser
         for host in ("localhost", "localhost:8000", "127.0.0.1", "[::1]:8000", "app.localhost", "agents.internal"):
             assert (await c.get("/threads", headers={"host": host})).status_code == 200, host
         assert (await c.get("/threads", headers={"host": "box.lan:9"})).status_code == 200
-        for host in ("evil.example.com", "evil.example.com:8000", "127.0.0.1.evil.example", "localhost.evil"):
+        refused = ("evil.example.com", "evil.example.com:8000", "127.0.0.1.evil.example", "localhost.evil")
+        unparsable = ("evil.example.com:99999", "ev{il}.example.com", "localhost:80:80", "")  # Starlette: 127.0.0.1
+        for host in (*refused, *unparsable):
             response = await c.get("/threads", headers={"host": host})
             assert_error(response, 403, "host_not_allowed")
             assert (await c.post("/threads", json={"agent": "assistant"}, headers={"host": host})).status_code == 403

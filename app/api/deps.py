@@ -3,6 +3,7 @@ limits."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 from typing import Annotated
 
@@ -40,15 +41,30 @@ async def _identify(s: AsyncSession, request: Request, authorization: str | None
     raise errors.Unauthorized()
 
 
+_HOST = re.compile(r"(?P<name>[a-z0-9.-]+|\[[0-9a-f:.]+\])(?::(?P<port>[0-9]{0,5}))?")  # RFC 9110 §7.2
+
+
+def _host(header: str) -> str | None:
+    """The name a `Host` header gives, lowercased, without its port; None if it is not a valid `Host`."""
+    match = _HOST.fullmatch(header.strip().lower())
+    if match is None or (match["port"] and int(match["port"]) > 65535):
+        return None
+    return match["name"].strip("[]").rstrip(".")
+
+
 def _local(request: Request) -> None:
     """Open mode serves only requests addressed to this machine: a web page that rebinds its own name to 127.0.0.1
-    still sends that name as `Host`."""
-    host = (request.url.hostname or "").lower().rstrip(".")
+    still sends that name as `Host` (read from the header itself: Starlette's URL falls back to the socket's
+    address when the header does not parse). No `Host` at all is not a browser."""
+    header = request.headers.get("host")
+    if header is None:
+        return
+    host = _host(header)
     allowed: list[str] = request.app.state.settings.allowed_hosts
-    if is_loopback(host) or host.endswith(".localhost") or host in allowed:
+    if host is not None and (is_loopback(host) or host.endswith(".localhost") or host in allowed):
         return
     raise errors.HostNotAllowed(
-        f"Host `{host}` is not served in open mode (no API key): use localhost, list it in ALLOWED_HOSTS, "
+        f"Host `{header[:100]}` is not served in open mode (no API key): use localhost, list it in ALLOWED_HOSTS, "
         "or create a key with `agents keys create`."
     )
 
