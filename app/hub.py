@@ -198,29 +198,34 @@ class Hub:
                     sub.cut_off()
 
     async def _end_revoked(self) -> None:
-        """Cut off the streams whose key was revoked: when keys change, and every `KEY_CHECK` seconds for a change
-        announced before a stream subscribed (while it was being opened)."""
+        """Cut off the streams whose key was revoked, and those opened in open mode once a key exists: when keys
+        change, and every `KEY_CHECK` seconds for a change announced before a stream subscribed (while it was being
+        opened)."""
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._keys_changed.wait(), KEY_CHECK)
             self._keys_changed.clear()
-            held = {sub.api_key for subs in self._subs.values() for sub in subs if sub.api_key is not None}
-            if not held:
+            subs = [sub for subs in self._subs.values() for sub in subs]
+            held = {sub.api_key for sub in subs if sub.api_key is not None}
+            keyless = any(sub.api_key is None for sub in subs)
+            if not held and not keyless:
                 continue
             try:  # shielded: a cancelled check must not cost the pool its connection
-                revoked = await asyncio.shield(self._revoked(held))
+                revoked, keyed = await asyncio.shield(self._revoked(held, keyless))
             except Exception as exc:  # the database is unreachable: the next round checks again
                 log.warning("cannot check the keys of open streams (%s)", type(exc).__name__)
                 continue
-            ended = [sub for subs in self._subs.values() for sub in subs if sub.api_key in revoked]
+            ended = [sub for sub in subs if sub.api_key in revoked or (sub.api_key is None and keyed)]
             for sub in ended:
                 sub.cut_off()
             if ended:
-                log.info("%d streams ended: their key was revoked", len(ended))
+                log.info("%d streams ended: their key was revoked, or open mode ended", len(ended))
 
-    async def _revoked(self, held: set[uuid.UUID]) -> set[uuid.UUID]:
+    async def _revoked(self, held: set[uuid.UUID], keyless: bool) -> tuple[set[uuid.UUID], bool]:
+        """Which of `held` are revoked, and (asked when streams of open mode are open) whether any key exists."""
         async with db.autocommit(self._sessions) as session:
-            return await keys.revoked(session, held)
+            revoked = await keys.revoked(session, held) if held else set()
+            return revoked, keyless and await keys.active_count(session) > 0
 
     async def stop(self) -> None:
         for task in (self._watcher, self._key_checker):

@@ -588,3 +588,19 @@ async def test_a_revoked_key_ends_its_streams(app_factory: Any, serve: Serve, da
         assert not bystander.done()  # another key's stream goes on
         await other.post("/threads", json={"agent": "agent"})
         assert await asyncio.wait_for(bystander, 10)
+
+
+async def test_streams_of_open_mode_end_when_the_first_key_is_created(app_factory: Any, serve: Serve) -> None:
+    """Open mode ends with the first key: streams it opened end too, as a revoked key's do."""
+    app = await app_factory(catalog([]))
+    base = await serve(app)
+    async with httpx.AsyncClient(base_url=base, timeout=20) as client:
+        tid = (await client.post("/threads", json={"agent": "agent"})).json()["id"]
+        frames: list[Frame] = []
+        stream = asyncio.create_task(follow(client, f"/threads/{tid}/events", frames, lambda _: False))
+        await mark(app, tid)
+        await wait_for(lambda: asyncio.sleep(0, bool(frames)))  # live
+        async with app.state.sessions() as session, session.begin():
+            await keys.create(session, "first")
+        assert await asyncio.wait_for(stream, 5) is False  # the server ended it
+        assert (await client.get(f"/threads/{tid}/events")).status_code == 401

@@ -221,6 +221,8 @@ def _response(
                     if replay:
                         yield b"".join(replay)
                 if len(rows) == PAGE:
+                    if sub.overflowed:  # cut off (its key revoked) or lagging while the backlog replays
+                        return
                     continue  # a full page: more may be stored; anything later is notified
                 while True:  # follow the hub, sending what is buffered in one write, until only the log can help
                     await sub.wait()
