@@ -115,6 +115,12 @@ class NotReady(AgentsError):
     code = "not_ready"
 
 
+class Busy(NotReady):
+    """Too many of these are under way; try again shortly."""
+
+    code = "busy"
+
+
 class StillMissing(MissingVariables):
     """Required variables are still missing."""
 

@@ -1,14 +1,18 @@
 """Image thumbnails (§9): made once per content and size, and stored under the source blob's SHA-256.
 
 Decoding is CPU and memory work: it runs on a pool of `WORKERS` threads, so at most that many images (each of at
-most `images.MAX_PIXELS`) are decoded at once and never on the event loop. A request for a content being made (or
-just made) waits for that one instead of making it again; later ones read the stored row, which goes with its blob.
+most `images.MAX_PIXELS`) are decoded at once and never on the event loop. A request reads its image only once it
+has a slot, and at most `MAX_WAITING` wait for one (each holds its request's database connection): beyond, `Busy`
+(503). A request for a content being made (or just made) waits for that one instead of making it again; later ones
+read the stored row, which goes with its blob.
 """
 
 from __future__ import annotations
 
 import asyncio
+import weakref
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 
 from sqlalchemy import select
 from sqlalchemy.dialects.postgresql import insert
@@ -17,10 +21,22 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from app import blobs, errors, files, images, tables
 
 WORKERS = 2  # images decoded at once in this process
+MAX_WAITING = 8  # requests waiting for a slot, each holding a database connection
 KEEP_SECONDS = 5.0  # a thumbnail just made is answered from memory meanwhile its maker commits it
 
 _pool = ThreadPoolExecutor(WORKERS, thread_name_prefix="thumbnails")
 _making: dict[tuple[str, int], asyncio.Future[bytes]] = {}  # what this process is making, or just made
+
+
+@dataclass
+class _Slots:
+    """One event loop's decoding slots (an asyncio semaphore belongs to one loop)."""
+
+    free: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(WORKERS))
+    waiting: int = 0
+
+
+_slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Slots] = weakref.WeakKeyDictionary()
 
 
 class _Abandoned(Exception):
@@ -61,6 +77,10 @@ async def _shared(session: AsyncSession, sha256: str, size: int) -> bytes:
         thumb = await _make(session, sha256, size)
         making.set_result(thumb)
         return thumb
+    except errors.Busy:  # no answer for this content: those waiting look again
+        making.set_exception(_Abandoned())
+        del _making[key]
+        raise
     except errors.AgentsError as exc:  # the answer for this content: the same for everyone waiting
         making.set_exception(exc)
         raise
@@ -80,8 +100,24 @@ def _forget(key: tuple[str, int], making: asyncio.Future[bytes]) -> None:
 
 
 async def _make(session: AsyncSession, sha256: str, size: int) -> bytes:
-    data = b"".join([piece async for piece in blobs.chunks(session, sha256)])
-    thumb = await asyncio.get_running_loop().run_in_executor(_pool, images.thumbnail, data, size)
+    loop = asyncio.get_running_loop()
+    slots = _slots.setdefault(loop, _Slots())
+    if slots.free.locked() and slots.waiting >= MAX_WAITING:
+        raise errors.Busy("Too many thumbnails are being made right now; try again shortly.")
+    slots.waiting += 1
+    try:
+        await slots.free.acquire()
+    finally:
+        slots.waiting -= 1
+    try:
+        data = b"".join([piece async for piece in blobs.chunks(session, sha256)])
+        decoding = _pool.submit(images.thumbnail, data, size)
+    except BaseException:
+        slots.free.release()
+        raise
+    # the slot is free when the decode ends, not when a cancelled request stops waiting for it
+    decoding.add_done_callback(lambda _: loop.call_soon_threadsafe(slots.free.release))
+    thumb = await asyncio.wrap_future(decoding)
     await session.execute(
         insert(tables.Thumbnail).values(sha256=sha256, size=size, data=thumb).on_conflict_do_nothing()
     )

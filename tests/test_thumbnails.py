@@ -121,3 +121,37 @@ async def test_a_waiter_makes_the_thumbnail_when_its_maker_is_cancelled(
         maker.cancel()
         thumb = await waiter
     assert thumb.startswith(b"\xff\xd8") and made == 2  # made again by the waiter, not lost with its maker
+
+
+async def test_requests_beyond_the_waiting_bound_are_told_to_retry(
+    app_factory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each waiting request holds a database connection: past `MAX_WAITING` (and the slots decoding) the answer is
+    503 `busy` with `Retry-After`, and nobody reads an image before it has a slot."""
+    _app, client, tid = await _setup(app_factory)
+    for i in range(7):
+        png = _png(40 + i, 30)  # seven contents: no request can share another's thumbnail
+        await client.put(f"/threads/{tid}/fs/{i}.png", content=png, headers={"content-type": "image/png"})
+    monkeypatch.setattr(thumbnails, "MAX_WAITING", 2)
+    decoding, most = 0, 0
+    original = images.thumbnail
+
+    def slow(data: bytes, size: int = images.THUMBNAIL) -> bytes:
+        nonlocal decoding, most
+        decoding += 1
+        most = max(most, decoding)
+        time.sleep(0.3)
+        decoding -= 1
+        return original(data, size)
+
+    monkeypatch.setattr(images, "thumbnail", slow)
+    answers = await asyncio.gather(
+        *[client.get(f"/threads/{tid}/fs/{i}.png", params={"thumbnail": 1}) for i in range(7)]
+    )
+    statuses = sorted(a.status_code for a in answers)
+    assert set(statuses) == {200, 503} and statuses.count(200) >= 4, statuses  # 2 decoding + 2 waiting at once
+    busy = next(a for a in answers if a.status_code == 503)
+    assert busy.json()["error"]["code"] == "busy" and busy.headers["retry-after"] == "1"
+    assert most <= thumbnails.WORKERS
+    again = [await client.get(f"/threads/{tid}/fs/{i}.png", params={"thumbnail": 1}) for i in range(7)]
+    assert [a.status_code for a in again] == [200] * 7

@@ -64,7 +64,10 @@ def status_of(exc: errors.AgentsError) -> int:
 
 async def _domain(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, errors.AgentsError)
-    return envelope(status_of(exc), exc.code, exc.message, exc.details or None)
+    response = envelope(status_of(exc), exc.code, exc.message, exc.details or None)
+    if isinstance(exc, errors.Busy):
+        response.headers["Retry-After"] = "1"
+    return response
 
 
 async def _validation(_: Request, exc: Exception) -> JSONResponse:
