@@ -12,8 +12,10 @@ import posixpath
 import re
 import time
 import uuid
-from collections.abc import AsyncIterable, AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from sqlalchemy import delete, func, select
 from sqlalchemy.dialects.postgresql import insert
@@ -28,6 +30,7 @@ DEFAULT_LIMIT = 50 * 1024 * 1024  # bytes per file
 
 # C0 and C1 controls and DEL; bidi marks, embeddings, overrides and isolates (a name that reads backwards:
 # https://unicode.org/reports/tr9/#Explicit_Directional_Formatting_Characters); lone surrogates (not UTF-8)
+T = TypeVar("T")
 _UNSAFE = re.compile(r"[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
 
 
@@ -230,6 +233,14 @@ GREP_MAX_FILE = 5 * 1024 * 1024  # larger files are not searched
 GREP_MAX_BYTES = 64 * 1024 * 1024  # a search reads at most this much, files in path order
 SEARCH_SECONDS = 10.0  # a search taking longer is refused (`SearchTimeout`)
 MAX_RESULTS = 1000
+SEARCHERS = 2  # searches matching at once in this process (more wait): their own threads, not the loop's default
+
+_searchers = ThreadPoolExecutor(SEARCHERS, thread_name_prefix="search")
+
+
+async def _searching(match: Callable[..., T], *args: Any) -> T:
+    """`match(*args)` on a search thread."""
+    return await asyncio.get_running_loop().run_in_executor(_searchers, match, *args)
 
 
 @dataclass(frozen=True)
@@ -257,7 +268,7 @@ async def grep(session: AsyncSession, thread_id: uuid.UUID, pattern: str) -> lis
         if budget < 0:
             break
         data = b"".join([piece async for piece in blobs.chunks(session, sha)])
-        lines = await asyncio.to_thread(patterns.lines, regex, data, deadline, MAX_RESULTS - len(found))
+        lines = await _searching(patterns.lines, regex, data, deadline, MAX_RESULTS - len(found))
         found += [Match(path, number, text) for number, text in lines]
         if len(found) >= MAX_RESULTS:
             break
@@ -272,7 +283,7 @@ async def find(session: AsyncSession, thread_id: uuid.UUID, pattern: str) -> lis
         select(tables.File).where(tables.File.thread_id == thread_id).order_by(tables.File.path)
     )
     entries = [Entry.of(r) for r in rows.scalars()]
-    matched = set(await asyncio.to_thread(patterns.fullmatches, regex, [e.path for e in entries], deadline))
+    matched = set(await _searching(patterns.fullmatches, regex, [e.path for e in entries], deadline))
     return [e for e in entries if e.path in matched][:MAX_RESULTS]
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import time
 
 import pytest
@@ -61,3 +62,17 @@ def test_lines_of_text_and_the_time_budget() -> None:
     assert patterns.lines(regex, "TODO café".encode("latin-1"), time.monotonic() + 5) == []
     with pytest.raises(errors.SearchTimeout):
         patterns.lines(regex, b"x\n" * 10, time.monotonic() - 1)
+
+
+def test_a_long_line_is_searched_in_bounded_time() -> None:
+    """A pattern too big for RE2's fast engine costs microseconds a character; the deadline is checked per line,
+    so a line is searched in its first `MAX_SEARCHED` characters (a 2 MB line took ~13 s here before)."""
+    slow = patterns.regex("[ab]*a[ab]{999}c")
+    line = (random.Random(1).choice("ab") for _ in range(2_000_000))
+    data = "".join(line).encode() + b"\nac\n"
+    started = time.monotonic()
+    assert patterns.lines(slow, data, time.monotonic() + 60) == []
+    assert time.monotonic() - started < 3
+    assert patterns.lines(patterns.regex("b{3}"), b"a" * 70_000 + b"bbb\nxbbb\n", time.monotonic() + 60) == [
+        (2, "xbbb")
+    ]
