@@ -241,6 +241,8 @@ async def test_patch_thread_env_keeps_secrets_secret(app_factory: Any) -> None:
         patched = await client.patch(f"/threads/{tid}", json={"env": {"C": "c"}, "secrets": ["C"], "env_delete": ["B"]})
         assert patched.json()["env"] == {"A": None, "API_KEY": None, "C": None}
         assert (await client.patch(f"/threads/{tid}", json={"secrets": ["Z"]})).status_code == 400
+        replaced = await client.patch(f"/threads/{tid}", json={"env_delete": ["A"], "env": {"A": "3"}})
+        assert replaced.json()["env"]["A"] is None and replaced.json()["env_types"]["A"] == "secret"
 
 
 # -- names and limits -----------------------------------------------------------------------------------------

@@ -201,10 +201,11 @@ async def update_thread(
         thread.name = body.name
     if body.tags is not None:
         thread.tags = body.tags
+    # read before the deletes: a secret deleted and set again in one request (a replacement) stays secret
+    stored_secret = {n for n, t in (await env.thread_types(session, thread.id)).items() if t == "secret"}
     if body.env_delete:
         await env.delete_thread(session, thread.id, body.env_delete)
     if body.env:
-        stored_secret = {n for n, t in (await env.thread_types(session, thread.id)).items() if t == "secret"}
         declared_secret = {v.name for v in catalog.variables_of_agent(thread.agent) if v.type == "secret"}
         secret = set(body.secrets) | stored_secret | declared_secret
         fernet = request.app.state.fernet
