@@ -79,6 +79,12 @@ class Conflict(AgentsError):
     code = "conflict"
 
 
+class NoSuchSide(Conflict):
+    """The thread's agent has no such side (a well-formed request this thread cannot take)."""
+
+    code = "no_such_side"
+
+
 class ThreadTerminated(Conflict):
     """Thread is terminated"""
 

@@ -118,8 +118,8 @@ async def test_stop_answers_open_tool_calls_and_continue_runs_side_a(app_factory
 async def test_continue_validates_the_side(app_factory: Any) -> None:
     client, tid = await start(app_factory)
     response = await client.post(f"/threads/{tid}/continue", json={"side": "b"})
-    assert response.status_code == 400
-    assert response.json()["error"]["code"] == "invalid_request"
+    assert response.status_code == 409  # well-formed, but this thread's agent has one side
+    assert response.json()["error"]["code"] == "no_such_side"
     assert (await client.post(f"/threads/{tid}/continue", json={"side": "c"})).status_code == 422
 
 

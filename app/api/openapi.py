@@ -15,6 +15,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 ERROR = {"$ref": "#/components/schemas/Error"}
+NO_CONTROLS = "^[^\\u0000-\\u001f\\u007f-\\u009f]*$"
 _FASTAPI_ERRORS = ("HTTPValidationError", "ValidationError")
 
 _COMMON: dict[str, str] = {
@@ -62,6 +63,10 @@ def amend(schema: dict[str, Any], agents: list[str]) -> None:
 def _errors(operation: dict[str, Any]) -> None:
     responses: dict[str, Any] = operation["responses"]
     params = operation.get("parameters", [])
+    for param in params:  # every path is refused with 400 `bad_path` if it holds control characters (the guard)
+        schema = param.get("schema", {})
+        if param.get("in") == "path" and schema.get("type") == "string" and "pattern" not in schema:
+            schema["pattern"] = NO_CONTROLS
     body = "requestBody" in operation
     statuses = {"503"}
     if operation.get("security"):

@@ -95,7 +95,17 @@ async def root(
     return _listing("/", await files.readdir(session, thread.id, "/"))
 
 
-@router.get("/threads/{thread_id}/fs/{path:path}", responses=ERRORS, response_model=None)
+DOWNLOAD: dict[int | str, dict[str, Any]] = {  # a file's own type, a JPEG thumbnail, or a directory's listing
+    200: {
+        "description": "The file's bytes as its stored type (or `application/octet-stream`), a JPEG with "
+        "`?thumbnail=1`, or, for a directory, its listing as JSON.",
+        "content": {"*/*": {"schema": {"type": "string", "format": "binary"}}},
+    },
+    304: {"description": "Not modified (`If-None-Match` names the current `ETag`)."},
+}
+
+
+@router.get("/threads/{thread_id}/fs/{path:path}", responses={**ERRORS, **DOWNLOAD}, response_model=None)
 async def download(
     thread_id: uuid.UUID,
     path: str,

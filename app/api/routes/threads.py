@@ -159,7 +159,7 @@ async def continue_thread(
     side = (body or schemas.ContinueIn()).side
     thread = await threads.get(session, thread_id, who, lock=True)
     if catalog.agent(thread.agent).side(side) is None:
-        raise errors.Invalid(f"Agent `{thread.agent}` has no side `{side}` that could act; use side `a`.")
+        raise errors.NoSuchSide(f"Agent `{thread.agent}` has no side `{side}` that could act; use side `a`.")
     await lifecycle.resume(session, thread, side)
     await events.append_lifecycle(session, thread, "thread_updated")
     result = await view(session, thread)
