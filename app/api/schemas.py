@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import uuid
 from datetime import datetime
 from typing import Any, Literal
@@ -35,6 +36,9 @@ class In(BaseModel):
         return data
 
 
+# a character that is not white space, read alike by Python's `re` and by JSON Schema's (ECMA-262) patterns: each
+# one's `\s` plus what only the other counts as white space
+TEXT = "[^\\s\\u001c-\\u001f\\u0085\\ufeff]"
 BASE64 = r"^(data:[^,]*,)?(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
 
 
@@ -53,7 +57,7 @@ class MessageIn(In):
         extra="forbid",
         json_schema_extra={  # what `_not_empty` checks, so clients (and schema-driven tests) can see it
             "anyOf": [
-                {"required": ["content"], "properties": {"content": {"type": "string", "pattern": "\\S"}}},
+                {"required": ["content"], "properties": {"content": {"type": "string", "pattern": TEXT}}},
                 {"required": ["attachments"], "properties": {"attachments": {"type": "array", "minItems": 1}}},
             ]
         },
@@ -70,7 +74,7 @@ class MessageIn(In):
         """Text or a file: an empty message would start a turn about nothing (`files` in the context counts the
         multipart parts)."""
         files = (info.context or {}).get("files", 0)
-        if not (self.content and self.content.strip()) and not self.attachments and not files:
+        if not (self.content and re.search(TEXT, self.content)) and not self.attachments and not files:
             raise ValueError("a message needs text in `content` or at least one attachment")
         return self
 

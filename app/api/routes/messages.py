@@ -140,7 +140,7 @@ _BODY = {
                 },
                 "additionalProperties": False,
                 "anyOf": [  # text or a file, as for JSON
-                    {"required": ["content"], "properties": {"content": {"type": "string", "pattern": "\\S"}}},
+                    {"required": ["content"], "properties": {"content": {"type": "string", "pattern": schemas.TEXT}}},
                     {"required": ["files"], "properties": {"files": {"type": "array", "minItems": 1}}},
                 ],
             },
