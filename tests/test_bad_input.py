@@ -167,6 +167,8 @@ async def test_an_empty_message_is_422_and_starts_nothing(client: httpx.AsyncCli
     tid = await _thread(client)
     assert_error(await client.post(f"/threads/{tid}/messages", json=body), 422, "invalid_request")
     assert_error(await client.post(f"/threads/{tid}/messages", files={"content": (None, " ")}), 422, "invalid_request")
+    null = await client.post(f"/threads/{tid}/messages", content=b"null", headers={"content-type": "application/json"})
+    assert_error(null, 422, "invalid_request")
     thread = await client.post("/threads", json={"agent": "assistant", "messages": [body]})
     assert_error(thread, 422, "invalid_request")
     assert (await client.get(f"/threads/{tid}/messages")).json()["messages"] == []
