@@ -4,6 +4,7 @@ answer, `Allow` on a 405, and a bounded schemathesis run (all operations but the
 from __future__ import annotations
 
 import asyncio
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -107,3 +108,17 @@ async def test_schemathesis_finds_no_server_error_and_no_conformance_failure(
     )
     output, _ = await asyncio.wait_for(process.communicate(), timeout=600)
     assert process.returncode == 0, output.decode()[-8000:]
+
+
+@pytest.mark.parametrize("page", ["/docs", "/redoc"])
+async def test_the_docs_pages_load_every_asset_from_the_server(app: FastAPI, page: str) -> None:
+    """Offline: the page and everything it references come from this server (no CDN, no fonts, no validator)."""
+    async with client_for(app) as client:
+        html = (await client.get(page)).text
+        assert "http://" not in html and "https://" not in html, html
+        assets = re.findall(r"""(?:src|href)="([^"]+)"|url: '([^']+)'|spec-url="([^"]+)\"""", html)
+        urls = {next(u for u in found if u) for found in assets}
+        assert any(u.endswith(".js") for u in urls) and "/openapi.json" in urls, urls
+        for url in urls:
+            response = await client.get(url)
+            assert response.status_code == 200 and response.content, url

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 import httpx
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
+from fastapi_offline import FastAPIOffline
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app import crypto, db, keys
@@ -74,11 +75,12 @@ def create_app(
             if worker_db is not None:
                 await worker_db.dispose()
 
-    app = FastAPI(
+    app = FastAPIOffline(  # `/docs` and `/redoc` from assets the package ships: no CDN, so they work offline
         title="Standard Agents runtime",
         version="0.1.0",
         description="Agent threads as HTTP resources: create threads, post messages, follow them over SSE.",
         lifespan=lifespan,
+        swagger_ui_parameters={"validatorUrl": None},  # Swagger UI would fetch a badge from validator.swagger.io
     )
     app.state.settings = settings
     app.state.catalog = catalog
