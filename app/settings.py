@@ -28,6 +28,11 @@ class Settings(BaseSettings):
     access_log: bool = Field(default=True, description="one log line per HTTP request (off: fewer lines, less CPU)")
     host: str = "127.0.0.1"
     port: int = 8000
+    cors_origins: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="web origins whose pages may call the API (comma-separated, e.g. `https://app.example.com`; "
+        "`*` for any); empty: none",
+    )
     allowed_hosts: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         description="in open mode, host names served besides loopback ones (comma-separated): any other `Host` is "
@@ -72,11 +77,11 @@ class Settings(BaseSettings):
     def _asyncpg_driver(cls, value: str | None) -> str | None:
         return normalise_url(value) if value else None
 
-    @field_validator("allowed_hosts", mode="before")
+    @field_validator("allowed_hosts", "cors_origins", mode="before")
     @classmethod
     def _comma_separated(cls, value: object) -> object:
         if isinstance(value, str):
-            return [host.strip().lower() for host in value.split(",") if host.strip()]
+            return [item.strip().lower().rstrip("/") for item in value.split(",") if item.strip()]
         return value
 
     @property

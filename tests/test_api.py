@@ -314,6 +314,38 @@ async def test_open_mode_serves_only_hosts_of_this_machine(app_factory: Any, ser
         assert (await c.get("/health", headers={"host": "evil.example.com"})).status_code == 200  # no data there
 
 
+async def test_cors_lets_the_listed_origins_call_every_route(app_factory: Any, serve: Any) -> None:
+    """A page on another origin: preflights answered, every answer (errors and streams too) carries the origin;
+    an origin not listed gets nothing it could read."""
+    page = "http://127.0.0.1:18050"
+    app = await app_factory(_catalog(), cors_origins=[page])
+    base = await serve(app)
+    origin = {"Origin": page}
+    async with httpx.AsyncClient(base_url=base, timeout=10) as c:
+        asks = {"Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "authorization,content-type"}
+        preflight = await c.options("/threads", headers={**origin, **asks})
+        assert preflight.status_code == 200 and preflight.headers["access-control-allow-origin"] == page
+        allowed = {h.lower() for h in preflight.headers["access-control-allow-headers"].split(", ")}
+        assert {"authorization", "content-type", "last-event-id"} <= allowed
+        created = await c.post("/threads", json={"agent": "assistant"}, headers=origin)
+        assert created.status_code == 201 and created.headers["access-control-allow-origin"] == page
+        tid = created.json()["id"]
+        async with c.stream("GET", f"/threads/{tid}/events", headers=origin) as stream:
+            assert stream.headers["content-type"].startswith("text/event-stream")
+            assert stream.headers["access-control-allow-origin"] == page
+        missing = await c.get(f"/threads/{uuid.uuid4()}", headers=origin)
+        assert missing.status_code == 404 and missing.headers["access-control-allow-origin"] == page
+        evil = {"Origin": "https://evil.example"}
+        assert "access-control-allow-origin" not in (await c.get("/threads", headers=evil)).headers
+        assert (await c.options("/threads", headers={**evil, **asks})).status_code == 400
+
+
+async def test_no_cors_unless_configured(client: httpx.AsyncClient) -> None:
+    asks = {"Origin": "http://127.0.0.1:18050", "Access-Control-Request-Method": "POST"}
+    assert (await client.options("/threads", headers=asks)).status_code == 405
+    assert "access-control-allow-origin" not in (await client.get("/threads", headers=asks)).headers
+
+
 # -- the stream, over a real HTTP server (ASGITransport buffers whole responses) ---------------------------
 
 

@@ -42,3 +42,8 @@ def test_allowed_hosts_read_comma_separated(monkeypatch: pytest.MonkeyPatch) -> 
     assert Settings().allowed_hosts == ["agents.internal", "box.lan"]
     monkeypatch.delenv("ALLOWED_HOSTS")
     assert Settings().allowed_hosts == []
+
+
+def test_cors_origins_read_comma_separated(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CORS_ORIGINS", "https://App.example.com/, http://127.0.0.1:5173")
+    assert Settings().cors_origins == ["https://app.example.com", "http://127.0.0.1:5173"]

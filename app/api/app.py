@@ -12,6 +12,7 @@ from fastapi import FastAPI
 from fastapi.routing import APIRoute
 from fastapi_offline import FastAPIOffline
 from sqlalchemy.ext.asyncio import AsyncEngine
+from starlette.middleware.cors import CORSMiddleware
 
 from app import crypto, db, keys
 from app.api import errors, openapi
@@ -89,6 +90,15 @@ def create_app(
     openapi.install(app)
 
     app.add_middleware(Guard, max_body_bytes=settings.max_body_bytes, max_file_bytes=settings.max_file_bytes)
+    if settings.cors_origins:  # outermost: a preflight is answered before anything else looks at the request
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=settings.cors_origins,
+            allow_methods=["*"],
+            allow_headers=["Authorization", "Content-Type", "Last-Event-ID", "If-None-Match"],
+            expose_headers=["ETag", "Retry-After", "Content-Disposition", "Location"],
+            max_age=600,
+        )
 
     routers = (
         health.router,
