@@ -1,4 +1,4 @@
-"""The server key: encrypts secret variable values at rest (Fernet)."""
+"""The server key: encrypts secret variable values at rest, and (a key derived from it) signs stream tokens."""
 
 from __future__ import annotations
 
@@ -16,6 +16,19 @@ INSECURE_KEYS = frozenset({"", "changeme", "change-me", "secret", "dev", "develo
 
 def server_key(settings: Settings) -> Fernet:
     """The Fernet for secrets: from `SECRET_KEY`, or on loopback a key generated once under `DATA_DIR`."""
+    return _fernet(_secret(settings))
+
+
+def token_key(settings: Settings) -> Fernet:
+    """The Fernet that signs stream tokens: derived from the same key, for this use only."""
+    return _fernet("stream-tokens:" + _secret(settings))
+
+
+def _fernet(key: str) -> Fernet:
+    return Fernet(base64.urlsafe_b64encode(hashlib.sha256(key.encode()).digest()))
+
+
+def _secret(settings: Settings) -> str:
     key = settings.secret_key
     if key is None or key.strip().lower() in INSECURE_KEYS:
         if not settings.loopback:
@@ -28,7 +41,7 @@ def server_key(settings: Settings) -> Fernet:
             path.write_text(secrets.token_urlsafe(48))
             path.chmod(0o600)
         key = path.read_text().strip()
-    return Fernet(base64.urlsafe_b64encode(hashlib.sha256(key.encode()).digest()))
+    return key
 
 
 def encrypt(fernet: Fernet, value: str) -> str:

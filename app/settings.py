@@ -50,6 +50,9 @@ class Settings(BaseSettings):
     max_session_steps: int = Field(default=250, ge=1)
     db_pool_size: int = Field(default=20, ge=1)
     migrate_on_start: bool = True
+    stream_token_seconds: float = Field(
+        default=900.0, gt=0, description="how long a stream token (`POST /stream-tokens`) may open a stream"
+    )
     sse_buffer: int = Field(default=1000, ge=1, description="live events a stream may lag before it is cut off")
     sse_send_timeout: float = Field(
         default=30.0, gt=0, description="seconds a stream waits for a client that stopped reading, then drops it"

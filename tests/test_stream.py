@@ -604,3 +604,48 @@ async def test_streams_of_open_mode_end_when_the_first_key_is_created(app_factor
             await keys.create(session, "first")
         assert await asyncio.wait_for(stream, 5) is False  # the server ended it
         assert (await client.get(f"/threads/{tid}/events")).status_code == 401
+
+
+async def test_a_stream_token_opens_its_own_stream_only_while_young_and_its_key_valid(
+    app_factory: Any, serve: Serve
+) -> None:
+    """`EventSource` cannot send `Authorization`: a token minted with the key opens one stream from the URL."""
+    app = await app_factory(catalog([]), stream_token_seconds=2)
+    async with app.state.sessions() as session, session.begin():
+        row, key = await keys.create(session, "ivy")
+        _, other_key = await keys.create(session, "jo")
+    base = await serve(app)
+    auth = {"Authorization": f"Bearer {key}"}
+    async with httpx.AsyncClient(base_url=base, timeout=20) as client:
+        tid = (await client.post("/threads", json={"agent": "agent"}, headers=auth)).json()["id"]
+        other = (await client.post("/threads", json={"agent": "agent"}, headers=auth)).json()["id"]
+        minted = await client.post("/stream-tokens", json={"thread_id": tid}, headers=auth)
+        assert minted.status_code == 201 and minted.json()["expires_in"] == 2
+        token, url = minted.json()["token"], minted.json()["url"]
+        assert url == f"/threads/{tid}/events?token={token}"
+        frames: list[Frame] = []
+        await mark(app, tid)
+        assert await asyncio.wait_for(follow(client, url, frames, marked), 10)  # no header: the token is enough
+        for wrong in (f"/threads/{other}/events?token={token}", f"/events?token={token}", f"/threads?token={token}"):
+            assert (await client.get(wrong)).status_code == 401, wrong
+        assert (await client.get(f"/threads/{tid}/events?token=x{token}")).status_code == 401
+        events_token = (await client.post("/stream-tokens", json={}, headers=auth)).json()
+        assert events_token["url"] == f"/events?token={events_token['token']}"
+        lifecycle: list[Frame] = []
+        assert await asyncio.wait_for(follow(client, events_token["url"], lifecycle, lambda _: True), 10)
+        someone_else = await client.post(
+            "/stream-tokens", json={"thread_id": tid}, headers={"Authorization": f"Bearer {other_key}"}
+        )
+        assert someone_else.status_code == 404  # not their thread: no token for it
+        live: list[Frame] = []
+        fresh = (await client.post("/stream-tokens", json={"thread_id": tid}, headers=auth)).json()["url"]
+        reading = asyncio.create_task(follow(client, fresh, live, lambda _: False))
+        await wait_for(lambda: asyncio.sleep(0, bool(live)))
+        await asyncio.sleep(2.2)
+        assert (await client.get(fresh)).status_code == 401  # expired: it opens nothing more
+        assert not reading.done()  # a stream it opened goes on
+        async with app.state.sessions() as session, session.begin():
+            await keys.revoke(session, str(row.id))
+        assert await asyncio.wait_for(reading, 10) is False  # until its key is revoked
+        late = (await client.post("/stream-tokens", json={"thread_id": tid}, headers=auth)).status_code
+        assert late == 401

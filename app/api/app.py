@@ -46,6 +46,7 @@ def create_app(
         await hub.start()
         publisher = Publisher(plain_url(url))
         fernet = crypto.server_key(settings)
+        app.state.tokens = crypto.token_key(settings)
         async with sessions() as session:
             app.state.open_mode = settings.loopback and await keys.active_count(session) == 0
         if app.state.open_mode:

@@ -7,11 +7,11 @@ import re
 from collections.abc import AsyncIterator
 from typing import Annotated
 
-from fastapi import Depends, Request, Security
+from fastapi import Depends, Query, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app import env, errors, keys
+from app import env, errors, keys, tokens
 from app.catalog import Catalog
 from app.keys import Principal
 from app.settings import Settings, is_loopback
@@ -34,8 +34,7 @@ async def _identify(s: AsyncSession, request: Request, authorization: str | None
         if scheme.lower() != "bearer" or not key.strip():
             raise errors.Unauthorized("Send the key as `Authorization: Bearer <key>`.")
         return await keys.verify(s, key.strip())
-    hub = request.app.state.hub
-    if request.app.state.open_mode and await hub.keyless.none(s, listening=hub.listening):
+    if await _open(s, request):
         _local(request)
         return keys.OPEN
     raise errors.Unauthorized()
@@ -50,6 +49,12 @@ def _host(header: str) -> str | None:
     if match is None or (match["port"] and int(match["port"]) > 65535):
         return None
     return match["name"].strip("[]").rstrip(".")
+
+
+async def _open(s: AsyncSession, request: Request) -> bool:
+    """Whether the server is open: bound to loopback and no key exists."""
+    hub = request.app.state.hub
+    return bool(request.app.state.open_mode and await hub.keyless.none(s, listening=hub.listening))
 
 
 def _local(request: Request) -> None:
@@ -79,10 +84,35 @@ async def principal(request: Request, s: Annotated[AsyncSession, Depends(session
     return await _identify(s, request, request.headers.get("authorization"))
 
 
-async def stream_principal(request: Request, _: Bearer) -> Principal:
+async def stream_principal(request: Request, _: Bearer = None) -> Principal:
     """The caller of a stream, checked on a short session of its own: a stream holds no request-scoped session."""
     async with sessions(request)() as s:
         return await _identify(s, request, request.headers.get("authorization"))
+
+
+async def stream_reader(
+    request: Request, _: Bearer, token: Annotated[str | None, Query(description="a stream token, for browsers")] = None
+) -> Principal:
+    """The caller of a stream route: as `stream_principal`, or a stream token (`POST /stream-tokens`) in the URL,
+    for this stream, whose key is still valid (or, minted in open mode, while the server is still open)."""
+    if token is None:
+        return await stream_principal(request)
+    thread_id = request.path_params.get("thread_id")
+    who = tokens.read(request.app.state.tokens, token, str(thread_id) if thread_id else tokens.EVENTS, _ttl(request))
+    async with sessions(request)() as s:
+        if who.key_id is not None and await keys.revoked(s, {who.key_id}):
+            raise errors.Unauthorized("The key this stream token was minted with has been revoked.")
+        hub = request.app.state.hub
+        if who.key_id is None and not (
+            request.app.state.open_mode and await hub.keyless.none(s, listening=hub.listening)
+        ):
+            raise errors.Unauthorized("This stream token was minted in open mode, which has ended.")
+    return who
+
+
+def _ttl(request: Request) -> float:
+    seconds: float = request.app.state.settings.stream_token_seconds
+    return seconds
 
 
 async def catalog(request: Request) -> Catalog:  # async: FastAPI runs a plain `def` dependency on a thread
@@ -104,6 +134,7 @@ async def env_limits(request: Request) -> env.Limits:
 SessionDep = Annotated[AsyncSession, Depends(session)]
 CurrentUser = Annotated[Principal, Depends(principal)]
 StreamUser = Annotated[Principal, Depends(stream_principal)]
+StreamReader = Annotated[Principal, Depends(stream_reader)]
 CatalogDep = Annotated[Catalog, Depends(catalog)]
 SettingsDep = Annotated[Settings, Depends(settings)]
 EnvLimits = Annotated[env.Limits, Depends(env_limits)]

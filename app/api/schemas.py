@@ -384,3 +384,13 @@ class VariablesDone(BaseModel):
     request_id: uuid.UUID
     child_thread_id: uuid.UUID
     status: Literal["success"]
+
+
+class StreamTokenIn(In):
+    thread_id: uuid.UUID | None = Field(default=None, description="the thread whose stream; none: `/events`")
+
+
+class StreamToken(BaseModel):
+    token: str
+    expires_in: float = Field(description="seconds it may open the stream for")
+    url: str = Field(description="the stream's path with the token, for `new EventSource(url)`")

@@ -22,9 +22,9 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 from sse_starlette.sse import SendTimeoutError
 from starlette.types import Message, Receive, Scope, Send
 
-from app import events, threads
+from app import events, threads, tokens
 from app.api import bodies, schemas
-from app.api.deps import StreamUser, sessions
+from app.api.deps import CurrentUser, SessionDep, StreamReader, sessions
 from app.hub import Batch, Hub, Live, Overflow, Subscription
 from app.keys import Principal
 
@@ -243,7 +243,7 @@ def _response(
 async def stream(
     thread_id: uuid.UUID,
     request: Request,
-    who: StreamUser,
+    who: StreamReader,
     since: Annotated[int | None, Query(ge=0, le=2**62)] = None,
     include_silent: bool = False,
     depth: Annotated[int, Query(ge=0, le=100)] = 0,
@@ -267,7 +267,7 @@ async def stream(
 @router.get("/events", response_class=EventSourceResponse, responses=RESPONSES)
 async def lifecycle(
     request: Request,
-    who: StreamUser,
+    who: StreamReader,
     since: Annotated[int | None, Query(ge=0, le=2**62)] = None,
     last_event_id: Annotated[str | None, Header()] = None,
 ) -> EventSourceResponse:
@@ -287,3 +287,18 @@ async def lifecycle(
         lambda *_: True,
         user,
     )
+
+
+@router.post("/stream-tokens", status_code=201, responses={404: {"model": schemas.Error}})
+async def stream_token(
+    body: schemas.StreamTokenIn, request: Request, session: SessionDep, who: CurrentUser
+) -> schemas.StreamToken:
+    """A short-lived token that opens one stream (a thread's, or `/events`) as the caller, given in the URL as
+    `?token=` (browsers' `EventSource` cannot send `Authorization`); it stops working when its key is revoked."""
+    if body.thread_id is not None:
+        await threads.get(session, body.thread_id, who)
+    scope = str(body.thread_id) if body.thread_id else tokens.EVENTS
+    token = tokens.mint(request.app.state.tokens, who, scope)
+    path = f"/threads/{body.thread_id}/events" if body.thread_id else "/events"
+    seconds: float = request.app.state.settings.stream_token_seconds
+    return schemas.StreamToken(token=token, expires_in=seconds, url=f"{path}?token={token}")

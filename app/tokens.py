@@ -1,0 +1,33 @@
+"""Stream tokens: short-lived and signed, so a browser's `EventSource` (which cannot send `Authorization`) can put
+one in the URL. A token names one user, the key it was minted with, and one stream: a thread's, or `/events`."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+from cryptography.fernet import Fernet, InvalidToken
+
+from app import errors
+from app.keys import Principal
+
+EVENTS = "events"  # the scope of a token for `/events`; a thread's token is scoped to its id
+
+
+def mint(fernet: Fernet, who: Principal, scope: str) -> str:
+    """A token for `who` on the stream `scope` (Fernet: signed, timestamped, URL-safe)."""
+    claims = {"u": who.user_id, "a": who.admin, "k": str(who.key_id) if who.key_id else None, "s": scope}
+    return fernet.encrypt(json.dumps(claims).encode()).decode()
+
+
+def read(fernet: Fernet, token: str, scope: str, seconds: float) -> Principal:
+    """The caller a token names, if it is this server's, younger than `seconds` and for `scope`; `Unauthorized`
+    otherwise (the key it was minted with is checked by the caller)."""
+    try:
+        claims = json.loads(fernet.decrypt(token.encode(), ttl=int(seconds)))
+    except (InvalidToken, ValueError, UnicodeError):
+        raise errors.Unauthorized("The stream token is not valid or has expired: mint a new one.") from None
+    if claims.get("s") != scope:
+        raise errors.Unauthorized("This stream token is for another stream.")
+    key = claims.get("k")
+    return Principal(user_id=str(claims["u"]), admin=bool(claims.get("a")), key_id=uuid.UUID(key) if key else None)
