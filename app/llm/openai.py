@@ -99,6 +99,8 @@ class OpenAIModel:
 
     async def stream(self, request: LLMRequest, ctx: CallContext) -> AsyncIterator[StreamEvent]:
         key = self._key(ctx.api_key)
+        if key is None and (self.is_openai or self.is_openrouter):  # it would only answer 401 (a DNS error offline)
+            raise ProviderError(f"openai: no API key: `{self.key_env}` is not set", kind="auth")
         headers = {"Accept": "text/event-stream"}
         if key is not None:
             headers["Authorization"] = f"Bearer {key}"

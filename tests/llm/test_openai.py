@@ -480,3 +480,15 @@ async def test_errors_inside_the_stream(error: Any, kind: str, retriable: bool) 
 async def test_finish_reason_error_is_a_server_error() -> None:
     caught = await failure(lambda _: sse(chunk({"content": "par"}), chunk(finish="error"), "[DONE]"))
     assert (caught.kind, caught.retriable) == ("server", True)
+
+
+async def test_no_key_for_a_hosted_api_fails_before_any_request() -> None:
+    """OpenAI and OpenRouter need a key: without one, name the variable instead of reaching the network (offline,
+    that was a DNS error); a server of one's own (a `base_url`) may take none."""
+    seen, handler = recording(lambda: sse(*STOP))
+    for base_url in (None, "https://openrouter.ai/api/v1"):
+        error = await failure(handler, key=None, base_url=base_url)
+        assert (error.kind, error.message) == ("auth", "openai: no API key: `OPENAI_API_KEY` is not set")
+    assert seen == []
+    await call(handler, key=None, base_url="http://127.0.0.1:11434/v1")
+    assert [r.url.host for r in seen] == ["127.0.0.1"] and "authorization" not in seen[0].headers
