@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 from pathlib import Path
 from typing import Any
@@ -74,7 +75,10 @@ async def test_a_final_error_skips_the_retry_and_walks_the_fallbacks(app_factory
     assert ("fallback_triggered", {"from": "m", "to": "backup", "error": "bad"}) in names
 
 
-async def test_when_every_model_fails_the_session_fails_and_the_thread_is_idle(app_factory: Any) -> None:
+async def test_when_every_model_fails_the_session_fails_and_the_thread_is_idle(
+    app_factory: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="app.engine.calls")
     failing = [{"error": "down", "status": 503}] * 2
     primary = define_model(name="m", provider="test", fallbacks=["backup"], script=failing)
     backup = define_model(name="backup", provider="test", script=failing)
@@ -93,6 +97,9 @@ async def test_when_every_model_fails_the_session_fails_and_the_thread_is_idle(a
         ("backup", 2),
     ]
     assert ("error", {"code": "llm_error", "message": "down"}) in await event_types(client, tid)
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and r.name == "app.engine.calls"]
+    assert warned[0] == f"thread {tid}: model m (attempt 1) failed: server: down", warned  # operators see it too
+    assert len(warned) == 4
 
 
 async def test_a_model_that_sends_nothing_is_aborted_and_retried(app_factory: Any) -> None:

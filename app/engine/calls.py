@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -39,6 +40,7 @@ from app.spec.definitions import ModelDefinition, PromptDefinition
 from app.spec.results import ToolResult
 
 Transaction = Callable[[], AbstractAsyncContextManager[tuple[AsyncSession, tables.Thread]]]
+log = logging.getLogger(__name__)
 
 FLUSH_SECONDS = 0.2  # how often a streaming message's partial text reaches its row (`storage-and-queue.md`)
 DEFAULT_KEY_ENV = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
@@ -229,6 +231,11 @@ class Caller:
         result.response = _recovered(result.response, definition, request, f"recovered_{message_id.hex[:12]}")
         if isinstance(result.response, ProviderError):
             result.response.message = scrub(result.response.message, secrets)
+            failed = result.response
+            log.warning(
+                "thread %s: model %s (attempt %d) failed: %s: %s",
+                thread_id, definition.name, attempt.number, failed.kind, failed.message,
+            )  # fmt: skip
         log_id = uuid.uuid4()
         result.record = _log_row(log_id, thread_id, message_id, attempt, result, request, secrets)
         return result, log_id
