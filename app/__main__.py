@@ -16,7 +16,7 @@ import uvicorn
 from pydantic import ValidationError
 
 from app import catalog as catalog_mod
-from app import crypto, db, env, errors, keys
+from app import crypto, db, env, errors, jsonlog, keys
 from app.catalog import Catalog
 from app.hub import Publisher
 from app.settings import Settings, plain_url
@@ -92,6 +92,7 @@ def _serve(settings: Settings, with_worker: bool, migrate: bool) -> None:
             port=settings.port,
             log_level=settings.log_level,
             access_log=settings.access_log,
+            log_config=None if settings.log_format == "json" else uvicorn.config.LOGGING_CONFIG,  # json: ours
             timeout_graceful_shutdown=5,
         )
         _settle()
@@ -249,6 +250,9 @@ def main(argv: list[str] | None = None) -> int:
         problems = "; ".join(f"{'.'.join(map(str, e['loc'])).upper()}: {e['msg']}" for e in exc.errors())
         raise SystemExit(f"error: invalid setting: {problems}") from None
     logging.basicConfig(level=read.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if read.log_format == "json":
+        for handler in logging.getLogger().handlers:
+            handler.setFormatter(jsonlog.Formatter())
     overrides: dict[str, object] = {}
     for field, attr in (
         ("agents_dir", "agents_dir"),

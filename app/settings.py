@@ -25,6 +25,9 @@ class Settings(BaseSettings):
     log_level: Literal["debug", "info", "warning", "error"] = Field(
         default="info", description="the least severe log lines the processes write"
     )
+    log_format: Literal["text", "json"] = Field(
+        default="text", description="`json`: one JSON object per line (time, level, logger, message, exception)"
+    )
     access_log: bool = Field(default=True, description="one log line per HTTP request (off: fewer lines, less CPU)")
     host: str = "127.0.0.1"
     port: int = 8000

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -110,7 +111,11 @@ async def test_the_access_log_and_the_log_level_are_settings(database_url: str, 
     """One line per request by default; `ACCESS_LOG=false` drops them, `LOG_LEVEL=warning` the start-up lines."""
     base_env = {k: v for k, v in os.environ.items() if k not in ("SECRET_KEY", "AGENTS_DIR")}
     logs = {}
-    for name, extra in (("default", {}), ("quiet", {"ACCESS_LOG": "false", "LOG_LEVEL": "warning"})):
+    for name, extra in (
+        ("default", {}),
+        ("quiet", {"ACCESS_LOG": "false", "LOG_LEVEL": "warning"}),
+        ("json", {"LOG_FORMAT": "json"}),
+    ):
         port = processes.free_port()
         log = tmp_path / f"{name}.log"
         env = {**base_env, "DATABASE_URL": database_url, "PORT": str(port), "DATA_DIR": str(tmp_path), **extra}
@@ -124,3 +129,7 @@ async def test_the_access_log_and_the_log_level_are_settings(database_url: str, 
         logs[name] = log.read_text()
     assert '"GET /agents HTTP/1.1" 200' in logs["default"] and "Application startup complete" in logs["default"]
     assert '"GET /agents' not in logs["quiet"] and "Application startup complete" not in logs["quiet"]
+    lines = [json.loads(line) for line in logs["json"].splitlines() if line.strip()]  # every line, uvicorn's too
+    assert {"time", "level", "logger", "message"} <= set(lines[0])
+    assert any(line["logger"] == "uvicorn.access" and "GET /agents" in line["message"] for line in lines)
+    assert any(line["message"] == "Application startup complete." for line in lines)
