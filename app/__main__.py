@@ -97,8 +97,11 @@ async def _refuse_open_bind(settings: Settings) -> None:
             if said := await _bootstrap(settings, session):
                 log.info("%s", said)
             count = await keys.active_count(session)
+            hidden = await keys.open_threads(session) if count else 0
     finally:
         await engine.dispose()
+    if hidden:
+        log.warning("%s", _hidden_threads(hidden, "<id>"))
     if count == 0 and not settings.loopback:
         raise SystemExit(
             f"refusing to serve on {settings.host} without an API key: set ADMIN_API_KEY to a key you choose "
@@ -207,12 +210,7 @@ async def _keys(settings: Settings, args: argparse.Namespace) -> None:
                 print(f"created {'admin ' if row.admin else ''}key {row.prefix}… for user {row.user_id}")
                 _say_adopted(await keys.adopt_open(session, args.user) if args.adopt_local else None)
                 if not args.adopt_local and (count := await keys.open_threads(session)):
-                    print(
-                        f"warning: {count} thread(s) made in open mode belong to user {keys.OPEN.user_id!r}: with a "
-                        "key only admin keys see them; give them to a user with "
-                        f"`agents keys create --user {args.user} --adopt-local`",
-                        file=sys.stderr,
-                    )
+                    print(f"warning: {_hidden_threads(count, args.user)}", file=sys.stderr)
                 print(key)
             elif args.keys_command == "list":
                 for row in await keys.list_all(session):
@@ -224,6 +222,13 @@ async def _keys(settings: Settings, args: argparse.Namespace) -> None:
                 print("revoked 1 key")
     finally:
         await engine.dispose()
+
+
+def _hidden_threads(count: int, user: str) -> str:
+    return (
+        f"{count} thread(s) made in open mode belong to user {keys.OPEN.user_id!r}: with a key only admin keys see "
+        f"them; give them to a user with `agents keys create --user {user} --adopt-local`"
+    )
 
 
 def _say_adopted(adopted: keys.Adopted | None) -> None:

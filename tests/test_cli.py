@@ -120,6 +120,13 @@ async def test_keys_create_names_open_mode_threads_and_adopts_them(
     assert warned.returncode == 0 and warned.stdout.splitlines()[-1].startswith("sa_")
     assert "warning: 2 thread(s) made in open mode belong to user 'local'" in warned.stderr
     assert "agents keys create --user alice --adopt-local" in warned.stderr
+    with socket.socket() as taken:  # the API says it at start too (here, just before it finds its port taken)
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        env_port = {**env, "PORT": str(taken.getsockname()[1])}
+        started = await asyncio.to_thread(agents, "api", env=env_port)
+    assert "2 thread(s) made in open mode belong to user 'local'" in started.stderr
+    assert "--user <id> --adopt-local" in started.stderr and "cannot listen on" in started.stderr
     adopted = await asyncio.to_thread(agents, "keys", "create", "--user", "alice", "--adopt-local", env=env)
     assert "adopted 2 open-mode thread(s) and 0 user variable(s)" in adopted.stdout and adopted.stderr == ""
     async with sessions() as s:
