@@ -86,7 +86,7 @@ async def _migrate_and_bootstrap(settings: Settings) -> str | None:
         await engine.dispose()
 
 
-async def _refuse_open_bind(settings: Settings) -> None:
+async def _before_serving(settings: Settings) -> None:
     """Store `ADMIN_API_KEY`'s key if it is new; then, bound beyond loopback, the API needs at least one key (and a
     real `SECRET_KEY`)."""
     crypto.server_key(settings)
@@ -134,7 +134,7 @@ def _serve(settings: Settings, with_worker: bool, migrate: bool) -> None:
     with database(settings) as settings:
         if migrate and settings.migrate_on_start:
             asyncio.run(_migrate(settings))
-        asyncio.run(_refuse_open_bind(settings))
+        asyncio.run(_before_serving(settings))
         sock = _listen(settings)
         app = create_app(settings, catalog, with_worker=with_worker)
         config = uvicorn.Config(
@@ -209,7 +209,8 @@ async def _keys(settings: Settings, args: argparse.Namespace) -> None:
                 row, key = await keys.create(session, args.user, args.admin)
                 print(f"created {'admin ' if row.admin else ''}key {row.prefix}… for user {row.user_id}")
                 _say_adopted(await keys.adopt_open(session, args.user) if args.adopt_local else None)
-                if not args.adopt_local and (count := await keys.open_threads(session)):
+                theirs = args.adopt_local or args.user == keys.OPEN.user_id  # a key for `local` sees them already
+                if not theirs and (count := await keys.open_threads(session)):
                     print(f"warning: {_hidden_threads(count, args.user)}", file=sys.stderr)
                 print(key)
             elif args.keys_command == "list":

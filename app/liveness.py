@@ -70,6 +70,8 @@ def problem(path: Path, max_age: float | None = None, now: float | None = None) 
         beat = Beat(**json.loads(path.read_text()))
     except FileNotFoundError:
         return f"no heartbeat file at {path}: no worker has started (or it stopped)", None
+    except OSError as exc:
+        return f"the heartbeat file {path} cannot be read: {exc.strerror}", None
     except (ValueError, TypeError) as exc:
         return f"the heartbeat file {path} is not one a worker wrote ({exc})", None
     now = time.time() if now is None else now

@@ -94,6 +94,11 @@ class Settings(BaseSettings):
     def _asyncpg_driver(cls, value: str | None) -> str | None:
         return normalise_url(value) if value else None
 
+    @field_validator("worker_heartbeat_file", mode="before")
+    @classmethod
+    def _unset_when_empty(cls, value: object) -> object:
+        return None if isinstance(value, str) and not value.strip() else value
+
     @field_validator("admin_api_key", mode="before")
     @classmethod
     def _key_format(cls, value: object) -> object:

@@ -136,6 +136,19 @@ async def test_keys_create_names_open_mode_threads_and_adopts_them(
     assert quiet.stderr == ""  # nothing left to adopt
 
 
+def test_health_says_why_not(tmp_path: Path) -> None:
+    port = processes.free_port()
+    down = agents("health", "api", env={"PORT": str(port), "HOST": "0.0.0.0"})
+    assert (
+        down.returncode == 1
+        and down.stderr == f"error: nothing answers at http://127.0.0.1:{port}/ready (ConnectError)\n"
+    )
+    unset = agents("health", "worker", env={"WORKER_HEARTBEAT_FILE": ""})
+    assert unset.returncode == 1 and "WORKER_HEARTBEAT_FILE is not set" in unset.stderr
+    missing = agents("health", "worker", env={"WORKER_HEARTBEAT_FILE": str(tmp_path / "w")})
+    assert missing.returncode == 1 and "no heartbeat file at" in missing.stderr and "Traceback" not in missing.stderr
+
+
 def test_a_busy_port_is_named_with_the_way_out(database_url: str, tmp_path: Path) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

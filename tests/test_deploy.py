@@ -174,7 +174,7 @@ async def test_the_compose_file_runs(database_url: str, tmp_path: Path) -> None:
                 elif condition["condition"] == "service_healthy":
                     await healthy(needed)
             running[name] = processes.start(command(services[name]["command"]), environment(name), logs[name])
-        assert running["migrate"].wait(60) == 0
+        assert running["migrate"].wait(60) == 0, logs["migrate"].read_text()
         assert "admin key sa_" in logs["migrate"].read_text() and admin_key not in logs["migrate"].read_text()
         await healthy("api")
         await healthy("worker")
@@ -193,7 +193,8 @@ async def test_the_compose_file_runs(database_url: str, tmp_path: Path) -> None:
             await wait_for(answered, timeout=30)
 
         again = processes.start(command(services["migrate"]["command"]), environment("migrate"), tmp_path / "m2.log")
-        assert again.wait(60) == 0 and "admin key sa_" in (tmp_path / "m2.log").read_text()  # a restart: no 2nd key
+        assert again.wait(60) == 0, (tmp_path / "m2.log").read_text()
+        assert "admin key sa_" in (tmp_path / "m2.log").read_text()  # a restart: no second key
         listed = agents(["keys", "list"], environment("api"))
         assert listed.stdout.count("active") == 1 and admin_key[:10] in listed.stdout
 
