@@ -170,6 +170,14 @@ def test_serve_refuses_a_public_bind_without_keys(database_url: str, tmp_path: P
     result = agents("serve", "--host", "0.0.0.0", "--port", "1", env=env)
     assert result.returncode != 0 and "without an API key" in result.stderr
     assert "set ADMIN_API_KEY" in result.stderr and "agents keys create --user <id>" in result.stderr
+    chosen = {**env, "ADMIN_API_KEY": "sa_" + "s" * 40}  # the API stores it at start: past the refusal, to the bind
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        stored = agents("api", "--host", "0.0.0.0", "--port", str(port), env=chosen)
+    assert "ADMIN_API_KEY's admin key sa_sssssss… for user admin stored" in stored.stderr
+    assert f"error: cannot listen on 0.0.0.0:{port} (another process is listening on it)" in stored.stderr
 
 
 def test_serve_refuses_a_public_bind_without_a_secret_key(database_url: str, tmp_path: Path) -> None:
