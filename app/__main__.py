@@ -1,25 +1,29 @@
-"""`agents <command>`: serve | api | worker | migrate | check | keys | env — argument parsing and dispatch only."""
+"""`agents <command>`: serve | api | worker | migrate | check | health | keys | env — argument parsing and dispatch."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import contextlib
+import errno
 import gc
 import logging
 import signal
+import socket
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import uvicorn
 from pydantic import ValidationError
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import catalog as catalog_mod
-from app import crypto, db, env, errors, jsonlog, keys
+from app import crypto, db, env, errors, jsonlog, keys, liveness
 from app.catalog import Catalog
 from app.hub import Publisher
-from app.settings import Settings, plain_url
+from app.settings import MAKE_A_KEY, Settings, plain_url
 
 log = logging.getLogger("app")
 
@@ -58,23 +62,69 @@ async def _migrate(settings: Settings) -> None:
         await engine.dispose()
 
 
-async def _refuse_open_bind(settings: Settings) -> None:
-    """Bound beyond loopback, the API needs at least one key (and a real `SECRET_KEY`)."""
-    crypto.server_key(settings)
-    if settings.loopback:
-        return
+async def _bootstrap(settings: Settings, session: AsyncSession) -> str | None:
+    """Store `ADMIN_API_KEY`'s key if it is set and not stored yet; what became of it."""
+    if settings.admin_api_key is None:
+        return None
+    row, created = await keys.bootstrap(session, settings.admin_api_key.get_secret_value())
+    if row.revoked_at is not None:
+        return (
+            f"ADMIN_API_KEY's key {row.prefix}… was revoked on {row.revoked_at:%Y-%m-%d} and stays revoked: "
+            "choose another ADMIN_API_KEY, or unset it"
+        )
+    return f"ADMIN_API_KEY's admin key {row.prefix}… for user {row.user_id} {'stored' if created else 'is stored'}"
+
+
+async def _migrate_and_bootstrap(settings: Settings) -> str | None:
+    await _migrate(settings)
     assert settings.database_url
     engine = db.create_engine(settings.database_url, 1)
     try:
-        async with db.sessionmaker(engine)() as session:
-            count = await keys.active_count(session)
+        async with db.sessionmaker(engine)() as session, session.begin():
+            return await _bootstrap(settings, session)
     finally:
         await engine.dispose()
-    if count == 0:
+
+
+async def _before_serving(settings: Settings) -> None:
+    """Store `ADMIN_API_KEY`'s key if it is new; then, bound beyond loopback, the API needs at least one key (and a
+    real `SECRET_KEY`)."""
+    crypto.server_key(settings)
+    assert settings.database_url
+    engine = db.create_engine(settings.database_url, 1)
+    try:
+        async with db.sessionmaker(engine)() as session, session.begin():
+            if said := await _bootstrap(settings, session):
+                log.info("%s", said)
+            count = await keys.active_count(session)
+            hidden = await keys.open_threads(session) if count else 0
+    finally:
+        await engine.dispose()
+    if hidden:
+        log.warning("%s", _hidden_threads(hidden, "<id>"))
+    if count == 0 and not settings.loopback:
         raise SystemExit(
-            f"refusing to serve on {settings.host} without an API key: run `agents keys create --user <id>` "
-            "or bind to 127.0.0.1"
+            f"refusing to serve on {settings.host} without an API key: set ADMIN_API_KEY to a key you choose "
+            f"(make one with: {MAKE_A_KEY}), or create one with `agents keys create --user <id>` "
+            "(in compose: `docker compose run --rm api agents keys create --user <id>`), or bind to 127.0.0.1"
         )
+
+
+def _listen(settings: Settings) -> socket.socket:
+    """The API's listening socket, bound before anything is served: a port someone else holds is said in one line."""
+    family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: a restart need not wait
+    try:
+        sock.bind((settings.host, settings.port))
+    except OSError as exc:
+        sock.close()
+        why = "another process is listening on it" if exc.errno == errno.EADDRINUSE else exc.strerror
+        raise SystemExit(
+            f"error: cannot listen on {settings.host}:{settings.port} ({why}): "
+            "pick another port with --port <n> or PORT=<n>"
+        ) from None
+    return sock
 
 
 def _serve(settings: Settings, with_worker: bool, migrate: bool) -> None:
@@ -84,7 +134,8 @@ def _serve(settings: Settings, with_worker: bool, migrate: bool) -> None:
     with database(settings) as settings:
         if migrate and settings.migrate_on_start:
             asyncio.run(_migrate(settings))
-        asyncio.run(_refuse_open_bind(settings))
+        asyncio.run(_before_serving(settings))
+        sock = _listen(settings)
         app = create_app(settings, catalog, with_worker=with_worker)
         config = uvicorn.Config(
             app,
@@ -96,7 +147,7 @@ def _serve(settings: Settings, with_worker: bool, migrate: bool) -> None:
             timeout_graceful_shutdown=5,
         )
         _settle()
-        _Server(config).run()
+        _Server(config).run(sockets=[sock])
 
 
 def _settle() -> None:
@@ -108,7 +159,13 @@ def _settle() -> None:
 
 
 class _Server(uvicorn.Server):
-    """uvicorn, but a SIGTERM/SIGINT ends `run()` normally so the embedded Postgres is stopped after it."""
+    """uvicorn, but a SIGTERM/SIGINT ends `run()` normally so the embedded Postgres is stopped after it, and the
+    socket bound beforehand (`_listen`) is announced as uvicorn announces its own."""
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if sockets and self.started:
+            self._log_started_message(sockets)
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -151,18 +208,40 @@ async def _keys(settings: Settings, args: argparse.Namespace) -> None:
             if args.keys_command == "create":
                 row, key = await keys.create(session, args.user, args.admin)
                 print(f"created {'admin ' if row.admin else ''}key {row.prefix}… for user {row.user_id}")
+                _say_adopted(await keys.adopt_open(session, args.user) if args.adopt_local else None)
+                theirs = args.adopt_local or args.user == keys.OPEN.user_id  # a key for `local` sees them already
+                if not theirs and (count := await keys.open_threads(session)):
+                    print(f"warning: {_hidden_threads(count, args.user)}", file=sys.stderr)
                 print(key)
             elif args.keys_command == "list":
                 for row in await keys.list_all(session):
                     state = f"revoked {row.revoked_at:%Y-%m-%d}" if row.revoked_at else "active"
                     print(f"{row.id}  {row.prefix}…  user={row.user_id}  admin={row.admin}  {state}")
+            elif await keys.revoke(session, args.key) == 0:
+                raise SystemExit(f"error: no active key matches {args.key!r} (see `agents keys list`)")
             else:
-                count = await keys.revoke(session, args.key)
-                if count == 0:
-                    raise SystemExit(f"no active key matches {args.key!r}")
-                print(f"revoked {count} key(s)")
+                print("revoked 1 key")
     finally:
         await engine.dispose()
+
+
+def _hidden_threads(count: int, user: str) -> str:
+    return (
+        f"{count} thread(s) made in open mode belong to user {keys.OPEN.user_id!r}: with a key only admin keys see "
+        f"them; give them to a user with `agents keys create --user {user} --adopt-local`"
+    )
+
+
+def _say_adopted(adopted: keys.Adopted | None) -> None:
+    if adopted is None:
+        return
+    print(f"adopted {adopted.threads} open-mode thread(s) and {adopted.variables} user variable(s)")
+    if adopted.kept:
+        print(
+            f"warning: user variables {', '.join(adopted.kept)} stay with {keys.OPEN.user_id!r}: the user has "
+            "their own of the same names",
+            file=sys.stderr,
+        )
 
 
 async def _env(settings: Settings, args: argparse.Namespace) -> None:
@@ -204,6 +283,29 @@ def _check(settings: Settings) -> int:
     return 0
 
 
+def _health(settings: Settings, args: argparse.Namespace) -> int:
+    """`agents health api|worker`: exit 0 when it is healthy, else 1 with why (for container health checks)."""
+    if args.health_command == "worker":
+        if settings.worker_heartbeat_file is None:
+            raise SystemExit("error: WORKER_HEARTBEAT_FILE is not set, so no worker writes a heartbeat to check")
+        why, beat = liveness.problem(settings.worker_heartbeat_file, args.max_age)
+        if why is not None:
+            raise SystemExit(f"error: {why}")
+        assert beat is not None
+        print(f"worker process {beat.pid} is alive ({beat.owner})")
+        return 0
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(settings.host, settings.host)
+    url = f"http://{f'[{host}]' if ':' in host else host}:{settings.port}/ready"
+    try:
+        answer = httpx.get(url, timeout=args.timeout)
+    except httpx.HTTPError as exc:
+        raise SystemExit(f"error: nothing answers at {url} ({type(exc).__name__})") from None
+    if answer.status_code != 200:
+        raise SystemExit(f"error: {url} answered {answer.status_code}: {answer.text[:200]}")
+    print(f"api at {url} is ready")
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="agents", description="The Standard Agents runtime.")
     p.add_argument("--agents-dir", type=Path, help="agents folder (default: AGENTS_DIR or ./agents)")
@@ -219,13 +321,24 @@ def parser() -> argparse.ArgumentParser:
     w.add_argument("--concurrency", type=int)
     sub.add_parser("migrate", help="upgrade the database to the latest migration")
     sub.add_parser("check", help="validate the agents folder")
+    h = sub.add_parser("health", help="exit 0 when a local api or worker is healthy (for container health checks)")
+    hs = h.add_subparsers(dest="health_command", required=True)
+    ha = hs.add_parser("api", help="GET /ready on HOST:PORT answers 200")
+    ha.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the answer")
+    hw = hs.add_parser(
+        "worker", help="the worker writing WORKER_HEARTBEAT_FILE is alive, not stuck, and reaches the database"
+    )
+    hw.add_argument("--max-age", type=float, help="seconds a beat may be old (default: what the worker wrote)")
     k = sub.add_parser("keys", help="API keys")
     ks = k.add_subparsers(dest="keys_command", required=True)
     kc = ks.add_parser("create", help="print a new key (alone on the last line)")
     kc.add_argument("--user", required=True)
     kc.add_argument("--admin", action="store_true")
+    kc.add_argument(
+        "--adopt-local", action="store_true", help="give the user the threads and user variables made in open mode"
+    )
     ks.add_parser("list", help="list keys")
-    kr = ks.add_parser("revoke", help="revoke a key by id or prefix")
+    kr = ks.add_parser("revoke", help="revoke a key by its id or the prefix `keys list` shows")
     kr.add_argument("key")
     e = sub.add_parser("env", help="instance and user variables (threads of every user inherit instance ones)")
     es = e.add_subparsers(dest="env_command", required=True)
@@ -269,6 +382,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "check":
             return _check(settings)
+        if args.command == "health":
+            return _health(settings, args)
         if args.command in ("serve", "api", "worker"):
             crypto.server_key(settings)  # before anything starts: a missing key off loopback refuses start-up
         if args.command in ("serve", "api"):
@@ -276,8 +391,10 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         with database(settings) as settings:
             if args.command == "migrate":
-                asyncio.run(_migrate(settings))
+                said = asyncio.run(_migrate_and_bootstrap(settings))
                 print("database is at the latest migration")
+                if said:
+                    print(said)
             elif args.command == "worker":
                 asyncio.run(_worker(settings))
             elif args.command == "keys":

@@ -10,11 +10,14 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 from sqlalchemy import func, select, update
+from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import db, errors, tables
 
 PREFIX = "sa_"
+SHOWN = 10  # characters of a key stored and shown (`sa_` and 7 more): enough to tell keys apart, never to use one
+BOOTSTRAP_USER = "admin"  # the user `ADMIN_API_KEY`'s key belongs to
 
 
 @dataclass(frozen=True)
@@ -38,7 +41,7 @@ async def create(session: AsyncSession, user_id: str, admin: bool = False) -> tu
     if not user_id.strip():
         raise errors.Invalid("a key needs a user id")
     key = PREFIX + secrets.token_urlsafe(32)
-    row = tables.ApiKey(id=uuid.uuid4(), user_id=user_id, key_hash=_hash(key), prefix=key[:10], admin=admin)
+    row = tables.ApiKey(id=uuid.uuid4(), user_id=user_id, key_hash=_hash(key), prefix=key[:SHOWN], admin=admin)
     session.add(row)
     await session.flush()
     return row, key
@@ -95,12 +98,68 @@ async def list_all(session: AsyncSession) -> list[tables.ApiKey]:
     return list((await session.execute(select(tables.ApiKey).order_by(tables.ApiKey.created_at))).scalars())
 
 
-async def revoke(session: AsyncSession, key_id_or_prefix: str) -> int:
-    """Revoke keys by id or by their printed prefix; returns how many."""
-    cond = tables.ApiKey.prefix == key_id_or_prefix
-    with contextlib.suppress(ValueError):
-        cond = cond | (tables.ApiKey.id == uuid.UUID(key_id_or_prefix))
-    result = await session.execute(
-        update(tables.ApiKey).where(cond, tables.ApiKey.revoked_at.is_(None)).values(revoked_at=func.now())
+async def bootstrap(session: AsyncSession, key: str) -> tuple[tables.ApiKey, bool]:
+    """Store the operator's chosen admin key (`ADMIN_API_KEY`) unless it is stored already, revoked or not, and say
+    whether it was stored now: running this at every start-up is harmless, and a key once revoked stays revoked."""
+    stored = await session.execute(
+        insert(tables.ApiKey)
+        .values(id=uuid.uuid4(), user_id=BOOTSTRAP_USER, key_hash=_hash(key), prefix=key[:SHOWN], admin=True)
+        .on_conflict_do_nothing(index_elements=[tables.ApiKey.key_hash])
+        .returning(tables.ApiKey.id)
     )
-    return int(result.rowcount)  # type: ignore[attr-defined]
+    created = stored.scalar_one_or_none() is not None
+    row = (await session.execute(select(tables.ApiKey).where(tables.ApiKey.key_hash == _hash(key)))).scalar_one()
+    return row, created
+
+
+async def revoke(session: AsyncSession, ref: str) -> int:
+    """Revoke the one active key `ref` names: its id, the prefix `agents keys list` shows (with or without the `…`)
+    or the key itself; returns how many were revoked (0 or 1). A prefix two active keys share is refused."""
+    ref = ref.strip().removesuffix("…").removesuffix("...")
+    t = tables.ApiKey
+    cond = (t.prefix == ref) | (t.key_hash == _hash(ref))
+    with contextlib.suppress(ValueError):
+        cond = cond | (t.id == uuid.UUID(ref))
+    found = list(
+        (await session.execute(select(t).where(cond, t.revoked_at.is_(None)).order_by(t.created_at))).scalars()
+    )
+    if len(found) > 1:
+        ids = ", ".join(str(row.id) for row in found)
+        raise errors.Conflict(f"{len(found)} active keys start with {ref}: revoke one by its id ({ids})")
+    if not found:
+        return 0
+    await session.execute(update(t).where(t.id == found[0].id).values(revoked_at=func.now()))
+    return 1
+
+
+async def open_threads(session: AsyncSession) -> int:
+    """Top-level threads made in open mode (they belong to `OPEN`'s user, whom no key is for)."""
+    t = tables.Thread
+    query = select(func.count()).select_from(t).where(t.user_id == OPEN.user_id, t.parent_id.is_(None))
+    return int((await session.execute(query)).scalar_one())
+
+
+@dataclass(frozen=True)
+class Adopted:
+    """What `adopt_open` moved to its user, and the user variables it left (the user had their own of that name)."""
+
+    threads: int
+    variables: int
+    kept: list[str]
+
+
+async def adopt_open(session: AsyncSession, user_id: str) -> Adopted:
+    """Give everything open mode made to `user_id`: its threads (their messages, files, thread variables and
+    subagents follow their thread), their lifecycle events, and the user variables of `OPEN`'s user."""
+    if not user_id.strip() or user_id == OPEN.user_id:
+        raise errors.Invalid(f"open mode's threads need another owner than {OPEN.user_id!r}")
+    threads = await open_threads(session)
+    t, v = tables.Thread, tables.EnvValue
+    await session.execute(update(t).where(t.user_id == OPEN.user_id).values(user_id=user_id))
+    e = tables.LifecycleEvent
+    await session.execute(update(e).where(e.user_id == OPEN.user_id).values(user_id=user_id))
+    theirs = select(v.name).where(v.scope == "user", v.owner == user_id)
+    mine = (v.scope == "user") & (v.owner == OPEN.user_id)
+    result = await session.execute(update(v).where(mine, v.name.not_in(theirs)).values(owner=user_id))
+    kept = list((await session.execute(select(v.name).where(mine).order_by(v.name))).scalars())
+    return Adopted(threads, int(result.rowcount), kept)  # type: ignore[attr-defined]

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 DEFAULT_TOOL_TIMEOUT = 300.0  # seconds
+KEY_FORMAT = re.compile(r"sa_[A-Za-z0-9_-]{32,200}")  # what `agents keys create` makes: `sa_` + 43 random characters
+MAKE_A_KEY = "python3 -c 'import secrets; print(\"sa_\" + secrets.token_urlsafe(32))'"
 
 
 class Settings(BaseSettings):
@@ -22,6 +25,14 @@ class Settings(BaseSettings):
     agents_dir: Path = Field(default=Path("agents"), description="folder of agents, prompts, models, tools")
     data_dir: Path = Field(default=Path(".data"), description="embedded Postgres data and the generated key")
     secret_key: str | None = Field(default=None, description="encrypts secrets at rest")
+    admin_api_key: SecretStr | None = Field(
+        default=None,
+        description="an admin key of the operator's choosing, stored (hashed) for user `admin` by `agents migrate` "
+        "and at API start-up if it is not stored yet; one revoked stays revoked",
+    )
+    worker_heartbeat_file: Path | None = Field(
+        default=None, description="a file each worker rewrites every few seconds, read by `agents health worker`"
+    )
     log_level: Literal["debug", "info", "warning", "error"] = Field(
         default="info", description="the least severe log lines the processes write"
     )
@@ -82,6 +93,24 @@ class Settings(BaseSettings):
     @classmethod
     def _asyncpg_driver(cls, value: str | None) -> str | None:
         return normalise_url(value) if value else None
+
+    @field_validator("worker_heartbeat_file", mode="before")
+    @classmethod
+    def _unset_when_empty(cls, value: object) -> object:
+        return None if isinstance(value, str) and not value.strip() else value
+
+    @field_validator("admin_api_key", mode="before")
+    @classmethod
+    def _key_format(cls, value: object) -> object:
+        if value is None or (isinstance(value, str) and not value.strip()):
+            return None  # compose passes an unset variable as ""
+        plain = value.get_secret_value() if isinstance(value, SecretStr) else value
+        if not isinstance(plain, str) or not KEY_FORMAT.fullmatch(plain):
+            raise ValueError(
+                "must be `sa_` followed by 32 to 200 letters, digits, `-` or `_` (the format of the keys "
+                f"`agents keys create` makes); make one with: {MAKE_A_KEY}"
+            )
+        return plain
 
     @field_validator("allowed_hosts", "cors_origins", mode="before")
     @classmethod

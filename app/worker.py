@@ -20,7 +20,7 @@ import asyncpg
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
-from app import blobs, db, effects, errors, events, lifecycle, queue
+from app import blobs, db, effects, errors, events, lifecycle, liveness, queue
 from app.engine.run import Engine
 from app.heartbeat import Heartbeat
 from app.settings import Settings, plain_url
@@ -67,19 +67,27 @@ class Worker:
         janitor = asyncio.create_task(self._janitor(stop), name="janitor")
         repairs = asyncio.create_task(self._repairs(stop), name="stranded-check")
         timer = asyncio.create_task(self._effects_timer(stop), name="effects-timer")
+        path = self._settings.worker_heartbeat_file
+        pulse = liveness.Pulse(path, self.owner, self._settings.poll_interval) if path else None
         log.info("worker %s started with %d slots", self.owner, self._settings.worker_concurrency)
         try:
             while not stop.is_set():
                 self._wake.clear()
+                reached = False
                 try:
                     listener = await self._listening(listener)
                     claimer = await self._claiming(claimer)
                     await self._fill(claimer)
+                    reached = True
                 except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, DBAPIError) as exc:
                     log.warning("cannot reach the database (%s); trying again", type(exc).__name__)
+                if pulse is not None:
+                    pulse.beat(reached)  # the loop goes round: `agents health worker` reads it
                 if not await self._sleep(stop):
                     self._more = True  # the poll: leases that expired, a notification lost with its connection
         finally:
+            if pulse is not None:
+                pulse.remove()
             janitor.cancel()
             repairs.cancel()
             timer.cancel()

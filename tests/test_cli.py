@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import httpx
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from app import keys, threads
+from app.catalog import load as load_catalog
 from tests import processes
 from tests.conftest import ROOT
 
@@ -61,10 +66,118 @@ def test_migrate_and_keys(database_url: str) -> None:
     assert agents("keys", "revoke", "nope", env=env).returncode != 0
 
 
+def test_revoke_takes_what_keys_list_shows(database_url: str) -> None:
+    env = {"DATABASE_URL": database_url}
+    for user in ("bob", "carol"):
+        assert agents("keys", "create", "--user", user, env=env).returncode == 0
+    rows = [line.split("  ") for line in agents("keys", "list", env=env).stdout.splitlines()]
+    (bob_id, bob_shown, *_), (_, carol_shown, *_) = rows
+    assert bob_shown.endswith("…") and carol_shown.endswith("…")
+    assert agents("keys", "revoke", carol_shown, env=env).stdout == "revoked 1 key\n"  # as shown, `…` and all
+    assert agents("keys", "revoke", bob_id, env=env).stdout == "revoked 1 key\n"
+
+
+def test_revoke_refuses_a_prefix_two_keys_share(database_url: str) -> None:
+    env = {"DATABASE_URL": database_url}
+    for tail in ("a", "b"):  # two operator-chosen keys that begin alike
+        stored = agents("migrate", env={**env, "ADMIN_API_KEY": "sa_company" + tail * 40})
+        assert stored.returncode == 0 and "admin key sa_company… for user admin stored" in stored.stdout
+    ids = [line.split()[0] for line in agents("keys", "list", env=env).stdout.splitlines()]
+    shared = agents("keys", "revoke", "sa_company…", env=env)
+    assert shared.returncode == 1 and "Traceback" not in shared.stderr
+    assert (
+        shared.stderr.strip() == f"error: 2 active keys start with sa_company: revoke one by its id ({', '.join(ids)})"
+    )
+    assert agents("keys", "list", env=env).stdout.count("active") == 2  # nothing revoked
+    assert agents("keys", "revoke", ids[1], env=env).returncode == 0
+
+
+def test_a_bootstrap_key_is_stored_once_and_a_bad_one_refused(database_url: str) -> None:
+    chosen = "sa_" + "k3y-" * 10
+    env = {"DATABASE_URL": database_url, "ADMIN_API_KEY": chosen}
+    first, again = agents("migrate", env=env), agents("migrate", env=env)
+    assert "admin key sa_k3y-k3y… for user admin stored" in first.stdout and chosen not in first.stdout
+    assert "admin key sa_k3y-k3y… for user admin is stored" in again.stdout
+    assert agents("keys", "revoke", chosen[:10], env=env).returncode == 0
+    revoked = agents("migrate", env=env)
+    assert revoked.returncode == 0 and "was revoked on" in revoked.stdout and "stays revoked" in revoked.stdout
+    bad = "hunter2-but-a-much-longer-password-than-that"  # Settings tests the other formats (tests/test_keys.py)
+    refused = agents("migrate", env={**env, "ADMIN_API_KEY": bad})
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr and bad not in refused.stderr
+    assert "ADMIN_API_KEY" in refused.stderr and "`sa_` followed by 32" in refused.stderr
+    assert "secrets.token_urlsafe(32)" in refused.stderr  # how to make one
+
+
+async def test_keys_create_names_open_mode_threads_and_adopts_them(
+    database_url: str, sessions: async_sessionmaker[AsyncSession]
+) -> None:
+    assistant = load_catalog(ROOT / "agents").agents["assistant"]
+    async with sessions() as s, s.begin():
+        for _ in range(2):
+            await threads.create(s, assistant, keys.OPEN)  # made in open mode
+    env = {"DATABASE_URL": database_url}
+    warned = await asyncio.to_thread(agents, "keys", "create", "--user", "alice", env=env)
+    assert warned.returncode == 0 and warned.stdout.splitlines()[-1].startswith("sa_")
+    assert "warning: 2 thread(s) made in open mode belong to user 'local'" in warned.stderr
+    assert "agents keys create --user alice --adopt-local" in warned.stderr
+    with socket.socket() as taken:  # the API says it at start too (here, just before it finds its port taken)
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        env_port = {**env, "PORT": str(taken.getsockname()[1])}
+        started = await asyncio.to_thread(agents, "api", env=env_port)
+    assert "2 thread(s) made in open mode belong to user 'local'" in started.stderr
+    assert "--user <id> --adopt-local" in started.stderr and "cannot listen on" in started.stderr
+    adopted = await asyncio.to_thread(agents, "keys", "create", "--user", "alice", "--adopt-local", env=env)
+    assert "adopted 2 open-mode thread(s) and 0 user variable(s)" in adopted.stdout and adopted.stderr == ""
+    async with sessions() as s:
+        alice = keys.Principal(user_id="alice")
+        assert len((await threads.list_(s, alice))[0]) == 2
+    quiet = await asyncio.to_thread(agents, "keys", "create", "--user", "bob", env=env)
+    assert quiet.stderr == ""  # nothing left to adopt
+
+
+def test_health_says_why_not(tmp_path: Path) -> None:
+    port = processes.free_port()
+    down = agents("health", "api", env={"PORT": str(port), "HOST": "0.0.0.0"})
+    assert (
+        down.returncode == 1
+        and down.stderr == f"error: nothing answers at http://127.0.0.1:{port}/ready (ConnectError)\n"
+    )
+    unset = agents("health", "worker", env={"WORKER_HEARTBEAT_FILE": ""})
+    assert unset.returncode == 1 and "WORKER_HEARTBEAT_FILE is not set" in unset.stderr
+    missing = agents("health", "worker", env={"WORKER_HEARTBEAT_FILE": str(tmp_path / "w")})
+    assert missing.returncode == 1 and "no heartbeat file at" in missing.stderr and "Traceback" not in missing.stderr
+
+
+def test_a_busy_port_is_named_with_the_way_out(database_url: str, tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        for command in ("api", "serve"):
+            env = {"DATABASE_URL": database_url, "DATA_DIR": str(tmp_path), "PORT": str(port)}
+            result = agents(command, env=env)
+            assert result.returncode == 1 and "Traceback" not in result.stderr
+            (last,) = [line for line in result.stderr.splitlines() if line.startswith("error")]
+            assert last == (
+                f"error: cannot listen on 127.0.0.1:{port} (another process is listening on it): "
+                "pick another port with --port <n> or PORT=<n>"
+            )
+
+
 def test_serve_refuses_a_public_bind_without_keys(database_url: str, tmp_path: Path) -> None:
     env = {"DATABASE_URL": database_url, "SECRET_KEY": "x" * 48, "DATA_DIR": str(tmp_path)}
     result = agents("serve", "--host", "0.0.0.0", "--port", "1", env=env)
     assert result.returncode != 0 and "without an API key" in result.stderr
+    assert "set ADMIN_API_KEY" in result.stderr and "agents keys create --user <id>" in result.stderr
+    chosen = {**env, "ADMIN_API_KEY": "sa_" + "s" * 40}  # the API stores it at start: past the refusal, to the bind
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        stored = agents("api", "--host", "0.0.0.0", "--port", str(port), env=chosen)
+    assert "ADMIN_API_KEY's admin key sa_sssssss… for user admin stored" in stored.stderr
+    assert f"error: cannot listen on 0.0.0.0:{port} (another process is listening on it)" in stored.stderr
 
 
 def test_serve_refuses_a_public_bind_without_a_secret_key(database_url: str, tmp_path: Path) -> None:

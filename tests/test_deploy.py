@@ -2,11 +2,24 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
+import os
 import re
+import secrets
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
 
+import httpx
+import pytest
 import yaml
 
-from tests.conftest import ROOT
+from app import __main__
+from tests import processes
+from tests.conftest import ROOT, wait_for
 
 
 def _readme_commands() -> list[str]:
@@ -28,15 +41,182 @@ def test_ci_runs_the_readme_test_command() -> None:
     assert _readme_commands()[1] in ci
 
 
+def _compose() -> dict[str, Any]:
+    loaded: dict[str, Any] = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    return loaded
+
+
+def _start_order(services: dict[str, Any]) -> list[str]:
+    """The services in the order compose starts them (each after everything it depends on)."""
+    order: list[str] = []
+    while len(order) < len(services):
+        ready = [n for n, s in services.items() if n not in order and set(s.get("depends_on", {})) <= set(order)]
+        assert ready, f"a depends_on cycle among {set(services) - set(order)}"
+        order.append(sorted(ready)[0])
+    return order
+
+
+_VARIABLE = re.compile(r"\$\{(\w+)(?::([?-])([^}]*))?\}")
+
+
+def _interpolate(value: str, shell: dict[str, str]) -> str:
+    """Compose's `${VAR}`, `${VAR:-default}` and `${VAR:?message}` (unset or empty counts as missing)."""
+
+    def one(match: re.Match[str]) -> str:
+        name, kind, text = match.groups()
+        if shell.get(name):
+            return shell[name]
+        if kind == "?":
+            raise LookupError(f"{name}: {text}")
+        return text if kind == "-" else ""
+
+    return _VARIABLE.sub(one, value)
+
+
 def test_compose_file_has_the_production_shape() -> None:
-    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    compose = _compose()
     services = compose["services"]
     assert set(services) == {"postgres", "migrate", "api", "worker"}
+    assert _start_order(services) == ["postgres", "migrate", "api", "worker"]
     assert "healthcheck" in services["postgres"]
-    assert services["migrate"]["command"] == ["agents", "migrate"]
+    assert services["migrate"]["command"] == ["agents", "migrate"] and services["migrate"]["restart"] == "no"
+    for name in ("postgres", "api", "worker"):
+        assert services[name]["restart"] == "unless-stopped"
     for name in ("api", "worker"):
-        assert services[name]["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
-        assert services[name]["environment"]["DATABASE_URL"].startswith("postgresql://")
+        service = services[name]
+        assert service["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
+        assert service["depends_on"]["postgres"]["condition"] == "service_healthy"
+        assert service["environment"]["DATABASE_URL"].startswith("postgresql://")
+        assert service["healthcheck"]["test"] == ["CMD", "agents", "health", name]
+        assert "./agents:/srv/agents:ro" in service["volumes"]  # own agents without a rebuild
+        assert service["environment"]["AGENTS_DIR"] == "/srv/agents"
+    assert services["api"]["ports"] == ["127.0.0.1:8000:8000"]  # this machine only, unless the operator says so
+    assert services["api"]["environment"]["PORT"] == "8000" and services["api"]["command"] == ["agents", "api"]
+    assert "ports" not in services["worker"]
+    assert services["worker"]["depends_on"]["api"]["condition"] == "service_started"
+    for name in ("migrate", "api"):  # they store the operator's key; the worker never holds it
+        assert services[name]["environment"]["ADMIN_API_KEY"] == "${ADMIN_API_KEY:-}"
+    assert "ADMIN_API_KEY" not in services["worker"]["environment"]
+    with pytest.raises(LookupError, match="SECRET_KEY"):
+        _interpolate(services["api"]["environment"]["SECRET_KEY"], {})
+
+
+def test_the_health_checks_name_commands_the_image_has() -> None:
+    """The compose and Dockerfile checks run `agents health …`, which this CLI parses (the image installs it)."""
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    ours = [s for s in _compose()["services"].values() if "build" in s]
+    checks = [s["healthcheck"]["test"][1:] for s in ours if "healthcheck" in s]
+    assert len(checks) == 2
+    (docker_check,) = re.findall(r"^HEALTHCHECK .*CMD (\[.*\])$", dockerfile, re.MULTILINE)
+    checks.append(json.loads(docker_check))
+    for check in checks:
+        assert check[0] == "agents"
+        args = __main__.parser().parse_args(check[1:])
+        assert args.command == "health" and args.health_command in ("api", "worker")
+    assert "WORKER_HEARTBEAT_FILE=" in dockerfile and "pip install -e ." in dockerfile
+
+
+async def test_the_compose_file_runs(database_url: str, tmp_path: Path) -> None:
+    """No Docker here: run each service's command as a process, in compose's order, with the environment the compose
+    file gives it (its container paths mapped through its volumes, DATABASE_URL at the test database, its port free);
+    wait on each dependency's condition, run the health checks, and use the API with the operator's key."""
+    admin_key = "sa_" + secrets.token_urlsafe(32)
+    shell = {"SECRET_KEY": secrets.token_urlsafe(48), "ADMIN_API_KEY": admin_key}
+    services = _compose()["services"]
+    port = processes.free_port()
+    base = {k: v for k, v in os.environ.items() if k not in ("SECRET_KEY", "AGENTS_DIR", "HOST", "PORT")}
+
+    def environment(name: str) -> dict[str, str]:
+        service = services[name]
+        given = {k: _interpolate(str(v), shell) for k, v in service["environment"].items()}
+        for volume in service.get("volumes", []):
+            outside, inside = volume.split(":")[:2]
+            given = {k: str(ROOT / outside) if v == inside else v for k, v in given.items()}
+        assert given["PORT"] == services["api"]["ports"][0].rsplit(":", 1)[1]  # the published container port
+        heartbeat = tmp_path / Path(given["WORKER_HEARTBEAT_FILE"]).name
+        return {
+            **base,
+            **given,
+            "DATABASE_URL": database_url,
+            "PORT": str(port),
+            "WORKER_HEARTBEAT_FILE": str(heartbeat),
+        }
+
+    def command(argv: list[str]) -> list[str]:
+        assert argv[0] == "agents"
+        return argv[1:]
+
+    def agents(argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+        run = [sys.executable, "-m", "app", *argv]
+        return subprocess.run(run, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60, check=False)
+
+    def check(name: str) -> subprocess.CompletedProcess[str]:
+        return agents(command(services[name]["healthcheck"]["test"][1:]), environment(name))
+
+    async def healthy(name: str) -> None:
+        for _ in range(60):
+            if check(name).returncode == 0:
+                return
+            await asyncio.sleep(0.5)
+        raise AssertionError(f"{name} never healthy: {check(name).stderr}\n{logs[name].read_text()}")
+
+    running: dict[str, subprocess.Popen[bytes]] = {}
+    logs = {name: tmp_path / f"{name}.log" for name in services}
+    try:
+        for name in _start_order(services):
+            if name == "postgres":
+                continue  # the test database stands in for it
+            for needed, condition in services[name]["depends_on"].items():
+                if needed == "postgres":
+                    continue
+                if condition["condition"] == "service_completed_successfully":
+                    assert running[needed].wait(60) == 0, logs[needed].read_text()
+                elif condition["condition"] == "service_healthy":
+                    await healthy(needed)
+            running[name] = processes.start(command(services[name]["command"]), environment(name), logs[name])
+        assert running["migrate"].wait(60) == 0, logs["migrate"].read_text()
+        assert "admin key sa_" in logs["migrate"].read_text() and admin_key not in logs["migrate"].read_text()
+        await healthy("api")
+        await healthy("worker")
+
+        headers = {"Authorization": f"Bearer {admin_key}"}
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", headers=headers, timeout=10) as client:
+            assert (await client.get("/threads", headers={"Authorization": ""})).status_code == 401
+            thread = (await client.post("/threads", json={"agent": "assistant"})).json()["id"]
+            posted = await client.post(f"/threads/{thread}/messages", json={"content": "What is 12 * (3 + 4)?"})
+            assert posted.status_code == 202, posted.text
+
+            async def answered() -> bool:
+                messages = (await client.get(f"/threads/{thread}/messages")).json()["messages"]
+                return any(m["role"] == "assistant" and "84" in (m["content"] or "") for m in messages)
+
+            await wait_for(answered, timeout=30)
+
+        again = processes.start(command(services["migrate"]["command"]), environment("migrate"), tmp_path / "m2.log")
+        assert again.wait(60) == 0, (tmp_path / "m2.log").read_text()
+        assert "admin key sa_" in (tmp_path / "m2.log").read_text()  # a restart: no second key
+        listed = agents(["keys", "list"], environment("api"))
+        assert listed.stdout.count("active") == 1 and admin_key[:10] in listed.stdout
+
+        worker = running["worker"]
+        worker.send_signal(signal.SIGSTOP)  # a stuck worker: alive, but its loop does not go round
+        try:
+            await asyncio.sleep(3.5)
+            stuck = check("worker")
+            late = agents(["health", "worker", "--max-age", "3"], environment("worker"))
+        finally:
+            worker.send_signal(signal.SIGCONT)
+        assert stuck.returncode == 0  # within the worker's own limit (30 s) it is not stuck yet
+        assert late.returncode == 1 and "is stuck: no beat for" in late.stderr and "Traceback" not in late.stderr
+        await healthy("worker")  # going round again
+        worker.kill()
+        worker.wait(10)
+        dead = check("worker")
+        assert dead.returncode == 1 and f"worker process {worker.pid} is gone" in dead.stderr
+    finally:
+        for proc in running.values():
+            if proc.poll() is None:
+                processes.stop(proc)
 
 
 def test_dockerfile_runs_as_a_non_root_user() -> None:
