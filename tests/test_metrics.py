@@ -15,8 +15,9 @@ from pydantic import BaseModel
 from sqlalchemy import text as sql
 
 from app import db, keys, metrics, queue
+from app.api.app import create_app
 from app.catalog import Catalog
-from app.settings import plain_url
+from app.settings import Settings, plain_url
 from app.spec import ThreadState, define_agent, define_model, define_prompt, define_tool
 from tests.conftest import ROOT, client_for, wait_for
 from tests.processes import free_port, start, stop, until_ready
@@ -108,6 +109,26 @@ async def test_a_turn_that_calls_tools_is_counted(app_factory: Any) -> None:
         async with app.state.sessions() as session:
             stored = (await session.execute(sql("SELECT value FROM metrics WHERE sample = 'agents_steps_total'"))).all()
         assert stored == [(3.0,)]
+
+
+async def test_a_stopping_worker_adds_what_it_counted(settings: Settings, sessions: Any) -> None:
+    app = create_app(settings.model_copy(update={"metrics_flush_seconds": 3600}), catalog(), with_worker=True)
+    lifespan = app.router.lifespan_context(app)
+    await lifespan.__aenter__()
+    try:
+        async with client_for(app) as client:
+            tid = (await client.post("/threads", json={"agent": "agent"})).json()["id"]
+            await client.post(f"/threads/{tid}/messages", json={"content": "2+3?"})
+            await settle(client, tid)
+        async with sessions() as session:
+            assert (await session.execute(sql("SELECT count(*) FROM metrics"))).scalar_one() == 0  # not yet flushed
+    finally:
+        await lifespan.__aexit__(None, None, None)
+    async with sessions() as session:
+        rows = await session.execute(sql("SELECT sample, labels, value FROM metrics"))
+        stored = {(r.sample, r.labels): r.value for r in rows}
+    assert stored[("agents_steps_total", '{"agent":"agent"}')] == 3
+    assert stored[("agents_tool_calls_total", '{"status":"success","tool":"add"}')] == 1
 
 
 async def test_the_totals_are_the_sum_of_every_worker(app_factory: Any) -> None:
