@@ -219,8 +219,8 @@ class Worker:
     async def _flush(self) -> None:
         try:
             await self._engine.meter.flush(self._sessions)
-        except Exception:
-            log.exception("adding this worker's counts to the metrics failed; they are kept for the next flush")
+        except Exception as exc:  # the database is away (a restart): the counts wait for the next flush
+            log.warning("could not add this worker's counts to the metrics (%s); kept for the next flush", exc)
 
     def _cancel_lost(self, lost: set[tuple[uuid.UUID, uuid.UUID]]) -> None:
         """The heartbeat found these leases gone: the executions that held them must stop at once and write nothing.
