@@ -179,6 +179,7 @@ class _Server(uvicorn.Server):
 
 async def _worker(settings: Settings) -> None:
     from app.engine.run import Engine, llm_http
+    from app.metrics import Meter
     from app.worker import Worker
 
     catalog = load_catalog(settings)
@@ -190,7 +191,7 @@ async def _worker(settings: Settings) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     sessions = db.sessionmaker(engine)
-    runner = Engine(settings, sessions, catalog, publisher, crypto.server_key(settings), llm_http())
+    runner = Engine(settings, sessions, catalog, publisher, crypto.server_key(settings), llm_http(), Meter())
     _settle()
     try:
         await Worker(settings, engine, sessions, runner).run(stop)

@@ -79,6 +79,9 @@ class Settings(BaseSettings):
     env_max_value_bytes: int = Field(default=64 * 1024, ge=1, description="largest variable value, in UTF-8 bytes")
     event_retention_days: float = Field(default=7.0, gt=0, description="how long stored events are kept")
     cleanup_interval: float = Field(default=300.0, gt=0, description="seconds between retention sweeps (workers)")
+    metrics_flush_seconds: float = Field(
+        default=5.0, gt=0, description="seconds between a worker's additions of its counts to the metrics totals"
+    )
     blob_grace_seconds: float = Field(
         default=3600.0, ge=0, description="how long file content no file points at is kept before it is deleted"
     )

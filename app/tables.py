@@ -360,3 +360,14 @@ class Effect(Base):
         Index("effects_due", "run_at", postgresql_where=text("status = 'scheduled'")),
         Index("effects_thread", "thread_id", "run_at"),
     )
+
+
+class MetricTotal(Base):
+    """A metric sample's total over every process that ever ran (`app/metrics.py`): each worker adds its counts."""
+
+    __tablename__ = "metrics"
+
+    sample: Mapped[str] = mapped_column(String(200), primary_key=True)  # `agents_steps_total`, `..._bucket`
+    labels: Mapped[str] = mapped_column(Text, primary_key=True)  # canonical JSON: `{"agent":"assistant"}`
+    family: Mapped[str] = mapped_column(String(200))  # the series the sample belongs to: `agents_steps`
+    value: Mapped[float] = mapped_column(Float, server_default="0")

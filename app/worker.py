@@ -67,6 +67,7 @@ class Worker:
         janitor = asyncio.create_task(self._janitor(stop), name="janitor")
         repairs = asyncio.create_task(self._repairs(stop), name="stranded-check")
         timer = asyncio.create_task(self._effects_timer(stop), name="effects-timer")
+        flusher = asyncio.create_task(self._metrics(stop), name="metrics-flush")
         path = self._settings.worker_heartbeat_file
         pulse = liveness.Pulse(path, self.owner, self._settings.poll_interval) if path else None
         log.info("worker %s started with %d slots", self.owner, self._settings.worker_concurrency)
@@ -91,8 +92,10 @@ class Worker:
             janitor.cancel()
             repairs.cancel()
             timer.cancel()
+            flusher.cancel()
             await self._drain()
             await heartbeat.stop()
+            await self._flush()  # what this process counted since the last flush
             for conn in (listener, claimer):
                 if conn is not None:
                     with contextlib.suppress(Exception):
@@ -173,10 +176,13 @@ class Worker:
             try:
                 while True:
                     async with self._sessions() as session, session.begin():
-                        if await events.expire(session, age) == 0:
-                            break
+                        expired = await events.expire(session, age)
+                    self._engine.meter.janitor_deleted.labels("events").inc(expired)
+                    if expired == 0:
+                        break
                 async with self._sessions() as session, session.begin():
                     collected = await blobs.collect(session, self._settings.blob_grace_seconds)
+                self._engine.meter.janitor_deleted.labels("blobs").inc(collected)
                 if collected:
                     log.info("collected %d unreferenced blobs", collected)
             except Exception:
@@ -196,6 +202,7 @@ class Worker:
                 continue
             for thread_id in repaired:
                 self.stranded_repaired += 1
+                self._engine.meter.janitor_repairs.labels("stranded_input").inc()
                 log.warning("thread %s held input but was neither leased nor runnable: made runnable", thread_id)
 
     async def _effects_timer(self, stop: asyncio.Event) -> None:
@@ -211,12 +218,25 @@ class Worker:
                 log.exception("queueing due effects failed; trying again at the next poll")
             await asyncio.sleep(self._settings.poll_interval)
 
+    async def _metrics(self, stop: asyncio.Event) -> None:
+        """Add this process's counts to the database's totals every `metrics_flush_seconds` (`app/metrics.py`)."""
+        while not stop.is_set():
+            await asyncio.sleep(self._settings.metrics_flush_seconds)
+            await self._flush()
+
+    async def _flush(self) -> None:
+        try:
+            await self._engine.meter.flush(self._sessions)
+        except Exception as exc:  # the database is away (a restart): the counts wait for the next flush
+            log.warning("could not add this worker's counts to the metrics (%s); kept for the next flush", exc)
+
     def _cancel_lost(self, lost: set[tuple[uuid.UUID, uuid.UUID]]) -> None:
         """The heartbeat found these leases gone: the executions that held them must stop at once and write nothing.
         A thread released and claimed again since the heartbeat read its claims runs under a new token: left alone."""
         for thread_id, token in lost:
             entry = self._running.get(thread_id)
             if entry is not None and entry[0].token == token:
+                self._engine.meter.lease_losses.inc()
                 log.warning("lease of thread %s lost; cancelling its execution", thread_id)
                 entry[1].cancel()
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 import uuid
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from sqlalchemy import func, select, text
 
 from app import catalog as catalog_module
-from app import files, queue, tables
+from app import files, metrics, queue, tables
 from app.catalog import Catalog
 from app.llm.base import LLMRequest
 from app.spec import define_agent, define_model, define_prompt
@@ -224,8 +225,10 @@ async def test_input_waiting_through_repeated_crashes_is_set_aside(app_factory: 
 def test_a_lost_lease_cancels_only_the_execution_that_held_it(settings: Any) -> None:
     """A thread released and claimed again while the heartbeat ran has a new token: its new execution goes on."""
 
+    meter = metrics.Meter()
+
     async def scenario() -> tuple[bool, bool, bool]:
-        worker = Worker(settings, None, None, None)  # type: ignore[arg-type]
+        worker = Worker(settings, None, None, SimpleNamespace(meter=meter))  # type: ignore[arg-type]
         tid = uuid.uuid4()
         old, new = uuid.uuid4(), uuid.uuid4()
         task = asyncio.create_task(asyncio.sleep(10))
@@ -244,6 +247,9 @@ def test_a_lost_lease_cancels_only_the_execution_that_held_it(settings: Any) -> 
         return kept, abandoned, again.cancelled()
 
     assert asyncio.run(scenario()) == (True, True, True)
+    assert (
+        meter.work.get_sample_value("agents_lease_losses_total") == 1
+    )  # the loss of the execution it cancelled, not the stale report
 
 
 async def test_an_idle_worker_claims_once_per_notice_and_not_when_a_slot_frees(

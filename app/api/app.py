@@ -17,12 +17,13 @@ from starlette.middleware.cors import CORSMiddleware
 from app import crypto, db, keys
 from app.api import errors, openapi
 from app.api.guard import Guard
-from app.api.routes import agents, effects, env, files, health, logs, messages, subagents, threads, variables
+from app.api.routes import agents, effects, env, files, health, logs, messages, metrics, subagents, threads, variables
 from app.api.routes import endpoints as endpoint_routes
 from app.api.routes import events as event_routes
 from app.catalog import Catalog
 from app.engine.run import Engine, llm_http
 from app.hub import Hub, Publisher
+from app.metrics import Meter
 from app.settings import Settings, plain_url
 from app.worker import Worker
 
@@ -61,7 +62,7 @@ def create_app(
         if with_worker:  # a pool of its own: executions never wait behind requests for a connection, or vice versa
             worker_db = db.create_engine(url, *db.worker_pool(settings.worker_concurrency))
             worker_sessions = db.sessionmaker(worker_db)
-            runner = Engine(settings, worker_sessions, catalog, publisher, fernet, http or llm_http())
+            runner = Engine(settings, worker_sessions, catalog, publisher, fernet, http or llm_http(), app.state.meter)
             worker_task = asyncio.create_task(Worker(settings, worker_db, worker_sessions, runner).run(stop))
         try:
             yield
@@ -87,6 +88,7 @@ def create_app(
     app.state.settings = settings
     app.state.catalog = catalog
     app.state.open_mode = False
+    app.state.meter = Meter()  # this process's series: its streams, and its worker's work (`with_worker`)
     errors.install(app)
     openapi.install(app)
 
@@ -103,6 +105,7 @@ def create_app(
 
     routers = (
         health.router,
+        metrics.router,
         agents.router,
         threads.router,
         messages.router,

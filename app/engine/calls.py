@@ -36,6 +36,7 @@ from app.llm.base import (
     ReasoningDelta,
     TextDelta,
 )
+from app.metrics import Meter
 from app.spec.definitions import ModelDefinition, PromptDefinition
 from app.spec.results import ToolResult
 
@@ -122,8 +123,10 @@ class Caller:
         http: httpx.AsyncClient,
         policy: retry.Policy,
         process_env: Mapping[str, str],
+        meter: Meter,
     ) -> None:
         self._catalog = catalog
+        self.meter = meter
         self._publisher = publisher
         self._http = http
         self._policy = policy
@@ -238,6 +241,7 @@ class Caller:
             )  # fmt: skip
         log_id = uuid.uuid4()
         result.record = _log_row(log_id, thread_id, message_id, attempt, result, request, secrets)
+        self.meter.llm_request(result.record)
         return result, log_id
 
     async def _stream(

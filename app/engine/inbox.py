@@ -18,6 +18,7 @@ from app import errors, events, messages, queue, tables
 from app.catalog import Catalog
 from app.engine import context, hooks, subagents, turns
 from app.engine.state import deliver_tool
+from app.metrics import Meter
 from app.spec.definitions import AgentDefinition
 
 log = logging.getLogger(__name__)
@@ -43,6 +44,7 @@ async def deliver(
     catalog: Catalog,
     fernet: Fernet,
     context_: dict[str, Any],
+    meter: Meter,
 ) -> str | None:
     """Move the inbox into history; between turns, return the side the input makes act (§2)."""
     acting: str | None = None
@@ -78,7 +80,8 @@ async def deliver(
                 env = await context.load_env(session, fernet, catalog, thread, side_a)
                 await subagents.spawn_immediate(session, catalog, fernet, thread, "a", side_a, env)
             elif row.kind == queue.Kind.CHILD_RESULT:  # a blocking subagent call is answered (§6.4)
-                await _answer(session, thread, row.payload)
+                if await _answer(session, thread, row.payload):
+                    meter.tool_calls.labels(row.payload.get("name") or "", row.payload["status"]).inc()
             elif row.kind == queue.Kind.TOOL:  # `state.queue_tool` outside a tool call (§7.4)
                 msg = await deliver_tool(session, thread, row.payload)
                 first = msg.position if first is None else first
@@ -109,15 +112,16 @@ def _uuid(value: Any) -> uuid.UUID | None:
         return None
 
 
-async def _answer(session: AsyncSession, thread: tables.Thread, payload: dict[str, Any]) -> None:
-    """Store a blocking subagent's result as the answer of the call it kept open (unless a stop answered it)."""
+async def _answer(session: AsyncSession, thread: tables.Thread, payload: dict[str, Any]) -> bool:
+    """Store a blocking subagent's result as the answer of the call it kept open, unless a stop answered it;
+    whether it did."""
     answered = await session.execute(
         select(tables.Message.id).where(
             tables.Message.thread_id == thread.id, tables.Message.tool_call_id == payload["call_id"]
         )
     )
     if answered.first() is not None:
-        return
+        return False
     await messages.add(
         session,
         thread.id,
@@ -133,3 +137,4 @@ async def _answer(session: AsyncSession, thread: tables.Thread, payload: dict[st
     )
     data = {"tool": payload.get("name"), "tool_call_id": payload["call_id"], "status": payload["status"]}
     await events.append(session, thread.id, "tool_completed", data)
+    return True

@@ -37,6 +37,7 @@ from app.llm.base import (
     ProviderError,
     ToolCall,
 )
+from app.metrics import Meter
 from app.settings import Settings
 from app.spec.definitions import AgentDefinition, PromptDefinition, SideConfig
 from app.spec.results import ToolResult
@@ -61,15 +62,17 @@ class Engine:
         publisher: Publisher,
         fernet: Fernet,
         http: httpx.AsyncClient,
+        meter: Meter,
     ) -> None:
         self._settings = settings
+        self.meter = meter
         self._sessions = sessions
         self._catalog = catalog
         self._publisher = publisher
         self._fernet = fernet
         self.http = http
         self._caller = calls.Caller(
-            catalog, publisher, http, retry.Policy.from_settings(settings), settings.process_env
+            catalog, publisher, http, retry.Policy.from_settings(settings), settings.process_env, meter
         )
         self._contexts: dict[uuid.UUID, dict[str, Any]] = {}  # per execution, by lease token
         self._histories = Histories()  # by thread, kept across its executions (`app/engine/history.py`)
@@ -109,6 +112,7 @@ class Engine:
                 async with self._tx(claim) as (session, _):
                     await queue.release(session, claim, fenced=True)
         except errors.LeaseLost:
+            self.meter.lease_losses.inc()
             log.warning("lost the lease of thread %s; stopping without writing", claim.thread_id)
         except errors.Contention:  # like a crash: what was not committed is redone from what is stored
             log.warning("thread %s hit a lock cycle; handing it back to run again", claim.thread_id)
@@ -166,8 +170,12 @@ class Engine:
                 return opened
             await effects.run_queued(self._catalog, self._fernet, lambda: self._tx(claim), self._sessions)
 
-    async def _then(self, claim: queue.Claim, closed: Step | Released | OpenApart | None) -> Step | Released | None:
-        """After a closing transaction committed: the step it opened, or one opened apart."""
+    async def _then(
+        self, claim: queue.Claim, step: Step, closed: Step | Released | OpenApart | None
+    ) -> Step | Released | None:
+        """After a step's closing transaction committed: count the step; the step it opened, or one opened apart."""
+        assert step.agent is not None
+        self.meter.step(step.agent.name)
         return await self._open(claim, first=False) if isinstance(closed, OpenApart) else closed
 
     async def _begin(self, session: AsyncSession, thread: tables.Thread, agent: AgentDefinition) -> bool:
@@ -205,6 +213,7 @@ class Engine:
             catalog=self._catalog,
             fernet=self._fernet,
             context_=self._context(thread),
+            meter=self.meter,
         )
 
     # -- one step ------------------------------------------------------------------------------------------
@@ -241,7 +250,8 @@ class Engine:
             async with self._tx(claim) as (session, thread):
                 await calls.write(session, result)  # the request's log row commits with the message it answers
                 response = await self._store_response(session, thread, step, result, side_config)
-                if response is None:
+                if response is None:  # the model failed: the step ended the session
+                    self.meter.step(step.agent.name)
                     return None
                 step.response, step.calls = response, list(response.tool_calls)
                 if not step.calls:
@@ -249,7 +259,7 @@ class Engine:
                 elif not self._is_subagent(offered, step.calls[0]):
                     prepared = await self._prepare_tool(session, thread, claim, step, offered, step.calls[0])
             if not step.calls:
-                return await self._then(claim, closed)
+                return await self._then(claim, step, closed)
         outcomes: list[tools.Outcome] = []
         while len(outcomes) < len(step.calls):  # `state.queue_tool` may append to `step.calls` while they run
             call = step.calls[len(outcomes)]
@@ -277,12 +287,12 @@ class Engine:
                     following = step.calls[len(outcomes)]
                     prepared = await self._prepare_tool(session, thread, claim, step, offered, following)
             if carry_on and len(outcomes) == len(step.calls):
-                return await self._then(claim, closed)
+                return await self._then(claim, step, closed)
             if row is not None:
                 await hook_runner.after_create_message(row)
         async with self._tx(claim) as (session, thread):
             closed = await self._close(session, thread, claim, step, offered, outcomes)
-        return await self._then(claim, closed)
+        return await self._then(claim, step, closed)
 
     async def _close(
         self,
@@ -481,6 +491,7 @@ class Engine:
             )
             data = {"tool": name, "tool_call_id": call["id"], "status": done.result.status}
             await events.append(session, thread.id, "tool_completed", data)
+        self.meter.tool_calls.labels(name, done.result.status).inc()  # a subagent tool: always one offered
         return tools.Outcome(call, done.result, None)
 
     async def _prepare_tool(
@@ -542,6 +553,7 @@ class Engine:
         assert step.env is not None
         state, hook_runner = prepared.state, prepared.hooks
         outcome = await tools.execute(self._catalog, offered, call, state)
+        self.meter.tool_call(call["function"]["name"], outcome.result.status, offered)
         outcome = replace(outcome, result=calls.scrub_result(outcome.result, step.env.secrets()))  # a tool's echo
         outcome = await tools.check_attachments(step.config, outcome, state)
         result = await hook_runner.after_tool_call(call, outcome.result)

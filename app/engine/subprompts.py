@@ -177,6 +177,7 @@ class Runner:
             data = {"tool": name, "tool_call_id": call["id"], "depth": depth}
             await events.append(session, thread.id, "tool_started", data)
         outcome = await tools.execute(self._catalog, offered, call, state)
+        self._caller.meter.tool_call(name, outcome.result.status, offered)
         outcome = replace(outcome, result=calls.scrub_result(outcome.result, state._env.secrets()))
         async with state._transaction() as (session, thread):
             await messages.add(

@@ -196,6 +196,7 @@ def _response(
     factory: async_sessionmaker[AsyncSession] = sessions(request)
     hub: Hub = request.app.state.hub
     contiguous = key != events.LIFECYCLE  # a thread's seqs have no holes: a hole means "read the log"
+    streams = request.app.state.meter.streams.labels("thread" if contiguous else "lifecycle")
 
     async def backlog(position: int) -> Sequence[Row]:
         async with factory() as session:
@@ -205,6 +206,7 @@ def _response(
         position = after
         finished = _Finished()
         sub = hub.subscribe(key, who.key_id)  # subscribe first, then read the backlog: nothing falls between
+        streams.inc()
         try:
             async with factory() as session:
                 oldest = await missed(session, position)
@@ -234,6 +236,7 @@ def _response(
         except Overflow:
             return  # the client resumes with Last-Event-ID
         finally:
+            streams.dec()
             hub.unsubscribe(sub)
 
     return _EventStream(generate(), request.app.state.settings.sse_send_timeout)
