@@ -52,12 +52,13 @@ class Turn:
                 self.produced[message_id] = None
         elif type_ == "thread_status":
             self.status = str(data.get("status"))
-            if self.status in RESTING and self.delivered:
-                self.done = True
-            elif self.status in ("stopped", "terminated"):
-                self.parked = True
-        elif type_ == "thread_terminated":
-            self.done, self.status = True, "terminated"
+            if self.delivered:
+                self.done = self.status in RESTING
+            else:  # a stop parks it; the `queued` of a human message that ends the stop (its own) does not
+                self.parked = self.status in ("stopped", "terminated")
+        elif type_ == "thread_terminated":  # ends its turn, or leaves it never delivered
+            self.status = "terminated"
+            self.done, self.parked = self.delivered, not self.delivered
         elif type_ == "error" and data.get("code") == "input_set_aside" and not self.delivered:
             self.check_aside = True
 

@@ -12,7 +12,7 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from app import events, keys, queue, tables
+from app import events, keys, queue, tables, turns
 from app.catalog import Catalog
 from app.catalog import load as load_catalog
 from app.llm.base import LLMRequest
@@ -248,3 +248,30 @@ async def test_a_revoked_key_ends_the_wait(app_factory: Any) -> None:
             await session.commit()
         response = await asyncio.wait_for(waiting, 10)
         assert response.status_code == 401 and response.json()["error"]["code"] == "unauthorized"
+
+
+def test_what_the_log_says_of_a_turn() -> None:
+    mine, other = uuid.uuid4(), uuid.uuid4()
+
+    def data(message_id: uuid.UUID, depth: int = 0) -> dict[str, Any]:
+        return {"message_id": str(message_id), "depth": depth, "data": {}}
+
+    turn = turns.Turn(mine)
+    turn.see("message_data", data(other))  # a turn before its delivery: not its own
+    turn.see("thread_status", {"status": "stopped"})
+    assert turn.over and not turn.done  # parked: stopped before its delivery
+    turn.see("thread_status", {"status": "queued"})  # a human message ended the stop
+    assert not turn.over
+    turn.see("message_data", data(mine))
+    turn.see("message_data", data(other, depth=1))  # a subprompt's: not listed
+    turn.see("message_data", data(other))
+    turn.see("thread_status", {"status": "running"})
+    assert not turn.over
+    turn.see("thread_status", {"status": "idle"})
+    assert turn.done and turn.status == "idle" and list(turn.produced) == [mine, other]
+    turn.see("message_data", data(uuid.uuid4()))  # the next turn's: not this one's
+    assert list(turn.produced) == [mine, other]
+
+    never = turns.Turn(mine)
+    never.see("thread_terminated", {})
+    assert never.over and not never.done and never.status == "terminated"
