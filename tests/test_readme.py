@@ -8,10 +8,12 @@ import contextlib
 import io
 import os
 import re
+import shutil
 import signal
 import textwrap
 from pathlib import Path
 
+import pytest
 from PIL import Image
 
 from tests import processes
@@ -91,6 +93,7 @@ async def _bash(script: str, cwd: Path) -> tuple[int, str]:
     return code, (await reading).decode()
 
 
+@pytest.mark.skipif(shutil.which("curl") is None, reason="the snippets need curl")
 async def test_the_walkthroughs_run_as_written(database_url: str, tmp_path: Path) -> None:
     blocks = snippets((ROOT / "README.md").read_text())
     port = processes.free_port()
