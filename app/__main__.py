@@ -8,9 +8,11 @@ import contextlib
 import gc
 import logging
 import signal
+import socket
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from types import FrameType
 
 import uvicorn
 from pydantic import ValidationError
@@ -96,7 +98,7 @@ def _serve(settings: Settings, with_worker: bool, migrate: bool) -> None:
             timeout_graceful_shutdown=5,
         )
         _settle()
-        _Server(config).run()
+        _Server(config, app.state.stopping).run()
 
 
 def _settle() -> None:
@@ -108,7 +110,22 @@ def _settle() -> None:
 
 
 class _Server(uvicorn.Server):
-    """uvicorn, but a SIGTERM/SIGINT ends `run()` normally so the embedded Postgres is stopped after it."""
+    """uvicorn, but a SIGTERM/SIGINT ends `run()` normally so the embedded Postgres is stopped after it, and tells
+    the app at once (`app.state.stopping`) so that requests still waiting (`?wait=`) answer within the grace period."""
+
+    def __init__(self, config: uvicorn.Config, stopping: asyncio.Event) -> None:
+        super().__init__(config)
+        self._stopping = stopping
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        super().handle_exit(sig, frame)
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._stopping.set)  # from a signal handler: through the loop
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:

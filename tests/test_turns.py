@@ -4,6 +4,7 @@ API and the worker run as two apps (two hubs, two pools), so the API hears the w
 from __future__ import annotations
 
 import asyncio
+import os
 import uuid
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from app.catalog import Catalog
 from app.catalog import load as load_catalog
 from app.llm.base import LLMRequest
 from app.spec import ThreadState, define_agent, define_model, define_prompt, define_tool
+from tests import processes
 from tests.conftest import ROOT, client_for, wait_for
 
 GATES: dict[str, asyncio.Event] = {}  # `gate` calls wait on these; a test opens them
@@ -275,3 +277,27 @@ def test_what_the_log_says_of_a_turn() -> None:
     never = turns.Turn(mine)
     never.see("thread_terminated", {})
     assert never.over and not never.done and never.status == "terminated"
+
+
+async def test_a_server_that_stops_answers_its_waits_first(database_url: str, tmp_path: Path) -> None:
+    """`agents api` on SIGTERM: a wait in progress answers at once with what there is, within the grace period."""
+    port = processes.free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("SECRET_KEY", "AGENTS_DIR")}
+    env |= {"DATABASE_URL": database_url, "PORT": str(port), "DATA_DIR": str(tmp_path)}
+    log = tmp_path / "api.log"
+    server = processes.start(["api"], env, log)  # no worker anywhere: the input stays queued
+    base = f"http://127.0.0.1:{port}"
+    try:
+        await processes.until_ready(base, server, log)
+        async with httpx.AsyncClient(base_url=base, timeout=30) as client:
+            tid = await thread(client, "assistant")
+            waiting = asyncio.create_task(client.post(f"/threads/{tid}/messages?wait=120", json={"content": "hi"}))
+            await asyncio.sleep(0.5)
+            started = asyncio.get_running_loop().time()
+            server.terminate()
+            response = await waiting
+            assert asyncio.get_running_loop().time() - started < 4  # before uvicorn's 5 s grace ends
+        assert response.status_code == 200, response.text
+        assert response.json()["done"] is False and response.json()["status"] == "queued"
+    finally:
+        assert processes.stop(server) == 0, log.read_text()

@@ -87,6 +87,7 @@ def create_app(
     app.state.settings = settings
     app.state.catalog = catalog
     app.state.open_mode = False
+    app.state.stopping = asyncio.Event()  # set as the server begins to stop: waiting requests answer
     errors.install(app)
     openapi.install(app)
 

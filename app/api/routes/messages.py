@@ -235,20 +235,21 @@ async def _post(
 async def _waited(
     request: Request, who: Principal, thread_id: uuid.UUID, after: int, seconds: float, turn: turns.Turn
 ) -> JSONResponse:
-    """Follow the input's turn for at most `seconds`, or until the client hangs up (then nothing is read more),
-    holding no connection meanwhile; then the turn as it stands."""
+    """Follow the input's turn for at most `seconds`, until the client hangs up (then nothing is read more) or
+    the server begins to stop, holding no connection meanwhile; then the turn as it stands."""
     factory = sessions(request)
     if not turn.over:
         following = asyncio.ensure_future(
             turns.follow(request.app.state.hub, factory, thread_id, who.key_id, after, turn)
         )
         gone = asyncio.ensure_future(_hung_up(request))
+        stopping = asyncio.ensure_future(request.app.state.stopping.wait())  # a deploy: answer what there is
         try:
-            await asyncio.wait({following, gone}, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({following, gone, stopping}, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            following.cancel()
-            gone.cancel()
-            await asyncio.gather(following, gone, return_exceptions=True)
+            for task in (following, gone, stopping):
+                task.cancel()
+            await asyncio.gather(following, gone, stopping, return_exceptions=True)
         if gone.done() and not gone.cancelled():
             return JSONResponse({}, status_code=499)  # nobody reads it
         if not following.cancelled() and (failed := following.exception()) is not None:
