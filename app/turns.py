@@ -68,10 +68,10 @@ class Turn:
         return self.done or self.parked
 
 
-async def set_aside(session: AsyncSession, thread_id: uuid.UUID, message_id: uuid.UUID) -> tables.Inbox | None:
-    """The input's inbox row, if its delivery failed and it was set aside."""
+async def queued(session: AsyncSession, thread_id: uuid.UUID, message_id: uuid.UUID) -> tables.Inbox | None:
+    """The input's inbox row while it is not delivered: waiting, or set aside (its delivery failed)."""
     for row in await queue.pending(session, thread_id):
-        if row.set_aside_at is not None and str(row.payload.get("id")) == str(message_id):
+        if row.kind == queue.Kind.MESSAGE and str(row.payload.get("id")) == str(message_id):
             return row
     return None
 
@@ -93,7 +93,8 @@ async def follow(
 
     async def aside() -> bool:
         async with sessions() as session:
-            return await set_aside(session, thread_id, turn.message_id) is not None
+            row = await queued(session, thread_id, turn.message_id)
+            return row is not None and row.set_aside_at is not None
 
     position = after
     while True:

@@ -256,14 +256,10 @@ async def _waited(
             raise failed  # the database's trouble: the usual 503
     async with factory() as session:
         thread = await threads.get(session, thread_id, who)
-        rows = await messages.of_turn(session, thread.id, list(turn.produced), turn.message_id)
-        out = await _projected(session, rows)
-        if not turn.delivered:  # still queued, or set aside
-            out += [
-                _queued(r)
-                for r in await queue.pending(session, thread.id)
-                if r.kind == queue.Kind.MESSAGE and str(r.payload.get("id")) == str(turn.message_id)
-            ]
+        ids = [turn.message_id, *turn.produced]  # the input itself even if its delivery came after the wait ended
+        out = await _projected(session, await messages.of_turn(session, thread.id, ids, turn.message_id))
+        if not out and (row := await turns.queued(session, thread.id, turn.message_id)) is not None:
+            out.append(_queued(row))  # still waiting, or set aside
     status = turn.status if turn.done and turn.status in turns.RESTING else thread.status
     result = schemas.Turn(message_id=turn.message_id, done=turn.done, status=status, messages=out)
     return JSONResponse(result.model_dump(mode="json"))
