@@ -35,6 +35,9 @@ async def respond(request: LLMRequest) -> Any:
     last = request.messages[-1]
     if last.role == "user" and last.content == "gate":
         return {"tool_calls": [{"name": "gate"}]}
+    if last.role == "user" and last.content == "slow":  # the turn's last call: it ends the turn
+        await GATES["llm"].wait()
+        return "slow answer"
     if last.role == "tool":
         return f"the tool said {last.content}"
     return f"answer to {last.content}"
@@ -158,6 +161,28 @@ async def test_input_behind_a_turn_ends_with_the_turn_it_joins(app_factory: Any)
         assert summary(turn) == [("user", "later"), ("assistant", "answer to later")]
         stored = (await client.get(f"/threads/{tid}/messages")).json()["messages"]
         assert stored[0]["content"] == "gate" and stored[-1]["content"] == "answer to later"
+
+
+async def test_input_after_a_turns_last_call_waits_for_a_turn_of_its_own(app_factory: Any) -> None:
+    GATES["llm"] = asyncio.Event()
+    api, _ = await apps(app_factory, gated())
+    async with client_for(api) as client:
+        tid = await thread(client, "agent")
+        await client.post(f"/threads/{tid}/messages", json={"content": "slow"})
+
+        async def calling() -> bool:
+            listed = (await client.get(f"/threads/{tid}/messages")).json()["messages"]
+            return any(m["status"] == "pending" and m["role"] == "assistant" for m in listed)
+
+        await wait_for(calling)
+        waiting = asyncio.create_task(client.post(f"/threads/{tid}/messages?wait=20", json={"content": "next"}))
+        await asyncio.sleep(0.3)
+        GATES["llm"].set()  # the running turn ends with its answer; the input then starts its own
+        turn = (await waiting).json()
+        assert turn["done"] is True and turn["status"] == "idle"
+        assert summary(turn) == [("user", "next"), ("assistant", "answer to next")]
+        stored = [m["content"] for m in (await client.get(f"/threads/{tid}/messages")).json()["messages"]]
+        assert stored == ["slow", "slow answer", "next", "answer to next"]
 
 
 async def test_a_stop_ends_the_wait(app_factory: Any) -> None:
