@@ -13,6 +13,7 @@ import socket
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from types import FrameType
 
 import httpx
 import uvicorn
@@ -147,7 +148,7 @@ def _serve(settings: Settings, with_worker: bool, migrate: bool) -> None:
             timeout_graceful_shutdown=5,
         )
         _settle()
-        _Server(config).run(sockets=[sock])
+        _Server(config, app.state.stopping).run(sockets=[sock])
 
 
 def _settle() -> None:
@@ -159,8 +160,23 @@ def _settle() -> None:
 
 
 class _Server(uvicorn.Server):
-    """uvicorn, but a SIGTERM/SIGINT ends `run()` normally so the embedded Postgres is stopped after it, and the
-    socket bound beforehand (`_listen`) is announced as uvicorn announces its own."""
+    """uvicorn, but a SIGTERM/SIGINT ends `run()` normally so the embedded Postgres is stopped after it; the socket
+    bound beforehand (`_listen`) is announced as uvicorn announces its own; and the app is told at once
+    (`app.state.stopping`) so that requests still waiting (`?wait=`) answer within the grace period."""
+
+    def __init__(self, config: uvicorn.Config, stopping: asyncio.Event) -> None:
+        super().__init__(config)
+        self._stopping = stopping
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        super().handle_exit(sig, frame)
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._stopping.set)  # from a signal handler: through the loop
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)

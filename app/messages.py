@@ -223,3 +223,16 @@ async def page(
         next_cursor = str(rows[-1].position)
     rows.sort(key=lambda r: r.position, reverse=order == "desc")
     return rows, next_cursor
+
+
+async def of_turn(
+    session: AsyncSession, thread_id: uuid.UUID, ids: list[uuid.UUID], first: uuid.UUID
+) -> list[tables.Message]:
+    """The messages `ids` of a thread as they are now, in order, without silent ones but `first` (the input)."""
+    query = (
+        select(tables.Message)
+        .where(tables.Message.thread_id == thread_id, tables.Message.id.in_(ids))
+        .where(tables.Message.silent.is_(False) | (tables.Message.id == first))
+        .order_by(tables.Message.position)
+    )
+    return list((await session.execute(query)).scalars())

@@ -89,6 +89,7 @@ def create_app(
     app.state.catalog = catalog
     app.state.open_mode = False
     app.state.meter = Meter()  # this process's series: its streams, and its worker's work (`with_worker`)
+    app.state.stopping = asyncio.Event()  # set as the server begins to stop: waiting requests answer
     errors.install(app)
     openapi.install(app)
 

@@ -245,6 +245,19 @@ class Queued(BaseModel):
     status: Literal["queued"] = "queued"
 
 
+class Turn(BaseModel):
+    """`POST /threads/{id}/messages?wait=`: the posted input's turn, ended (`done`) or as far as it got."""
+
+    message_id: uuid.UUID
+    done: bool = Field(description="the turn ended (or the input was set aside); false: the time was up first")
+    status: Literal["idle", "queued", "running", "waiting", "stopped", "terminated"] = Field(
+        description="the thread's status as the turn ended, or now"
+    )
+    messages: list[Message] = Field(
+        description="the input, then the messages its turn wrote (depth 0, silent ones left out), as they are now"
+    )
+
+
 class Variable(BaseModel):
     name: str
     type: str

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
@@ -9,14 +10,16 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from sqlalchemy.ext.asyncio import AsyncSession
 from starlette.datastructures import FormData, UploadFile
 
-from app import attachments, db, errors, events, lifecycle, messages, queue, subagents, tables, threads
+from app import attachments, db, errors, events, lifecycle, messages, queue, subagents, tables, threads, turns
 from app.api import bodies, forms, schemas
 from app.api.deps import CurrentUser, SessionDep, SettingsDep, sessions
 from app.keys import Principal
+from app.settings import Settings
 
 router = APIRouter(tags=["messages"], route_class=bodies.Route)
 
@@ -24,6 +27,7 @@ ERRORS: dict[int | str, dict[str, Any]] = {401: {"model": schemas.Error}, 404: {
 
 
 MAX_UPLOADS = 20  # files in one multipart message
+MAX_WAIT = 300  # seconds `?wait=` may ask for
 
 
 async def enqueue_message(
@@ -153,8 +157,10 @@ _BODY = {
 @router.post(
     "/threads/{thread_id}/messages",
     status_code=202,
+    response_model=schemas.Queued,
     responses={
         **ERRORS,
+        200: {"model": schemas.Turn, "description": "With `wait`: the input's turn, ended or as far as it got."},
         409: {"model": schemas.Error},
         413: {"model": schemas.Error},
         415: {"model": schemas.Error},
@@ -162,25 +168,59 @@ _BODY = {
     openapi_extra={"requestBody": _BODY},
 )
 async def post_message(
-    thread_id: uuid.UUID, request: Request, session: SessionDep, who: CurrentUser, settings: SettingsDep
-) -> schemas.Queued:
+    thread_id: uuid.UUID,
+    request: Request,
+    session: SessionDep,
+    who: CurrentUser,
+    settings: SettingsDep,
+    wait: Annotated[
+        float | None,
+        Query(
+            gt=0,
+            le=MAX_WAIT,
+            description="seconds to wait for the input's turn to end; then 200 with its messages instead of 202",
+        ),
+    ] = None,
+) -> schemas.Queued | JSONResponse:
     """Queue a message (JSON with base64 `attachments`, or multipart with files); a `user` message makes side A
-    act. Attachments are stored under `/attachments/` in the thread's files."""
+    act. Attachments are stored under `/attachments/` in the thread's files. With `wait`, answer once the input's
+    turn has ended (or after `wait` seconds, `done: false`) with the messages it wrote."""
     media = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    body: schemas.MessageIn | None = None
     if media != "multipart/form-data":
         try:
             body = schemas.MessageIn.model_validate_json(await request.body())
         except ValidationError as exc:
             await threads.get(session, thread_id, who)  # a thread the caller cannot see is not found, whatever the body
             raise RequestValidationError(exc.errors()) from None
-        if not body.attachments:  # the usual message
-            message_id, payload = _payload(body, [])
-            if await _posted(request, session, thread_id, who, payload):
-                return schemas.Queued(message_id=message_id)
+    # with `wait`, where the log stood before the input was queued: its turn's events all come after
+    after = None if wait is None else (await threads.get(session, thread_id, who)).event_seq
+    message_id, parked = await _post(request, session, thread_id, who, settings, media, body)
+    if wait is None or after is None:
+        return schemas.Queued(message_id=message_id)
+    turn = turns.Turn(message_id, parked=parked)
+    return await _waited(request, who, thread_id, after, wait, turn)
+
+
+async def _post(
+    request: Request,
+    session: AsyncSession,
+    thread_id: uuid.UUID,
+    who: Principal,
+    settings: Settings,
+    media: str,
+    body: schemas.MessageIn | None,
+) -> tuple[uuid.UUID, bool]:
+    """Queue the message; its id, and whether the thread stays parked (a stopped thread a `system` message does not
+    wake)."""
+    if body is not None and not body.attachments:  # the usual message
+        message_id, payload = _payload(body, [])
+        if await _posted(request, session, thread_id, who, payload):
+            return message_id, False
     # attachments to store, or a thread that is not found, terminated or stopped: in a transaction
     thread = await threads.get(session, thread_id, who, lock=True)
     events.hold(session, thread.id)  # the row is locked: its events go with its changes in one statement at the end
-    if media == "multipart/form-data":
+    if body is None:
         async with forms.multipart(request, max_files=MAX_UPLOADS + 1, max_fields=50) as form:
             body, uploads = _from_form(form)
             message_id = await enqueue_message(session, thread, body, settings.max_file_bytes, uploads)
@@ -189,7 +229,46 @@ async def post_message(
     await events.flush(session, thread)
     await db.write(session)
     await session.commit()
-    return schemas.Queued(message_id=message_id)
+    return message_id, thread.stopped
+
+
+async def _waited(
+    request: Request, who: Principal, thread_id: uuid.UUID, after: int, seconds: float, turn: turns.Turn
+) -> JSONResponse:
+    """Follow the input's turn for at most `seconds`, until the client hangs up (then nothing is read more) or
+    the server begins to stop, holding no connection meanwhile; then the turn as it stands."""
+    factory = sessions(request)
+    if not turn.over:
+        following = asyncio.ensure_future(
+            turns.follow(request.app.state.hub, factory, thread_id, who.key_id, after, turn)
+        )
+        gone = asyncio.ensure_future(_hung_up(request))
+        stopping = asyncio.ensure_future(request.app.state.stopping.wait())  # a deploy: answer what there is
+        try:
+            await asyncio.wait({following, gone, stopping}, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (following, gone, stopping):
+                task.cancel()
+            await asyncio.gather(following, gone, stopping, return_exceptions=True)
+        if gone.done() and not gone.cancelled():
+            return JSONResponse({}, status_code=499)  # nobody reads it
+        if not following.cancelled() and (failed := following.exception()) is not None:
+            raise failed  # the database's trouble: the usual 503
+    async with factory() as session:
+        thread = await threads.get(session, thread_id, who)
+        ids = [turn.message_id, *turn.produced]  # the input itself even if its delivery came after the wait ended
+        out = await _projected(session, await messages.of_turn(session, thread.id, ids, turn.message_id))
+        if not out and (row := await turns.queued(session, thread.id, turn.message_id)) is not None:
+            out.append(_queued(row))  # still waiting, or set aside
+    status = turn.status if turn.done and turn.status in turns.RESTING else thread.status
+    result = schemas.Turn(message_id=turn.message_id, done=turn.done, status=status, messages=out)
+    return JSONResponse(result.model_dump(mode="json"))
+
+
+async def _hung_up(request: Request) -> None:
+    """Returns once the client has gone (the body was read: the next message is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 async def _projected(session: AsyncSession, rows: list[tables.Message]) -> list[schemas.Message]:

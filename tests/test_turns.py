@@ -1,0 +1,328 @@
+"""`POST /threads/{id}/messages?wait=`: the answer comes when the input's turn ends, with the messages it wrote; the
+API and the worker run as two apps (two hubs, two pools), so the API hears the worker's events only by `NOTIFY`."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fastapi import FastAPI
+
+from app import events, keys, queue, tables, turns
+from app.catalog import Catalog
+from app.catalog import load as load_catalog
+from app.llm.base import LLMRequest
+from app.spec import ThreadState, define_agent, define_model, define_prompt, define_tool
+from tests import processes
+from tests.conftest import ROOT, client_for, wait_for
+
+GATES: dict[str, asyncio.Event] = {}  # `gate` calls wait on these; a test opens them
+
+
+@define_tool(description="Waits until the test opens the gate.")
+async def gate(state: ThreadState) -> str:
+    await GATES["gate"].wait()
+    return "opened"
+
+
+async def respond(request: LLMRequest) -> Any:
+    """`gate` calls the tool that waits for the test; anything else is answered at once."""
+    last = request.messages[-1]
+    if last.role == "user" and last.content == "gate":
+        return {"tool_calls": [{"name": "gate"}]}
+    if last.role == "user" and last.content == "slow":  # the turn's last call: it ends the turn
+        await GATES["llm"].wait()
+        return "slow answer"
+    if last.role == "tool":
+        return f"the tool said {last.content}"
+    return f"answer to {last.content}"
+
+
+def gated() -> Catalog:
+    model = define_model(name="m", provider="test", respond=respond)
+    prompt = define_prompt(name="p", model="m", prompt="Be brief.", include_chat=True, tools=["gate"])
+    agent = define_agent(name="agent", side_a={"prompt": "p"})
+    return Catalog(
+        root=Path("."), models={"m": model}, prompts={"p": prompt}, agents={"agent": agent}, tools={"gate": gate}
+    )
+
+
+async def apps(app_factory: Any, catalog: Catalog) -> tuple[FastAPI, FastAPI]:
+    """An API app without workers, and a second app whose worker runs the threads."""
+    api = await app_factory(catalog)
+    worker = await app_factory(catalog, with_worker=True)
+    return api, worker
+
+
+async def thread(client: httpx.AsyncClient, agent: str) -> str:
+    response = await client.post("/threads", json={"agent": agent})
+    assert response.status_code == 201, response.text
+    tid: str = response.json()["id"]
+    return tid
+
+
+def summary(turn: dict[str, Any]) -> list[tuple[str, Any]]:
+    return [(m["role"], m["content"] or m["tool_calls"][0]["function"]["name"]) for m in turn["messages"]]
+
+
+async def test_the_answer_comes_with_the_turn(app_factory: Any) -> None:
+    api, _ = await apps(app_factory, load_catalog(ROOT / "agents"))
+    async with client_for(api) as client:
+        tid = await thread(client, "assistant")
+        response = await client.post(f"/threads/{tid}/messages?wait=20", json={"content": "What is 12 * (3 + 4)?"})
+        assert response.status_code == 200, response.text
+        turn = response.json()
+        assert turn["done"] is True and turn["status"] == "idle"
+        assert turn["messages"][0]["id"] == turn["message_id"]
+        assert summary(turn) == [
+            ("user", "What is 12 * (3 + 4)?"),
+            ("assistant", "calculate"),
+            ("tool", "84"),
+            ("assistant", "The answer is 84."),
+        ]
+        listed = (await client.get(f"/threads/{tid}/messages")).json()["messages"]
+        assert turn["messages"] == listed  # the same shape as the listing
+
+        plain = await client.post(f"/threads/{tid}/messages", json={"content": "2 + 2"})  # unchanged without it
+        assert plain.status_code == 202 and plain.json()["status"] == "queued"
+        again = (await client.post(f"/threads/{tid}/messages?wait=20", json={"content": "3 * 3"})).json()
+        assert again["done"] is True and [m["content"] for m in again["messages"]][::3] == ["3 * 3", "The answer is 9."]
+
+
+async def test_multipart_waits_too(app_factory: Any) -> None:
+    api, _ = await apps(app_factory, load_catalog(ROOT / "agents"))
+    async with client_for(api) as client:
+        tid = await thread(client, "assistant")
+        response = await client.post(
+            f"/threads/{tid}/messages",
+            params={"wait": "20"},
+            data={"content": "What is 6 * 7?"},
+            files={"file": ("notes.txt", b"hello", "text/plain")},
+        )
+        assert response.status_code == 200, response.text
+        turn = response.json()
+        assert turn["done"] is True and turn["messages"][0]["attachments"][0]["name"] == "notes.txt"
+        assert turn["messages"][-1]["content"] == "The answer is 42."
+
+
+@pytest.mark.parametrize("wait", ["0", "-1", "300.5", "soon", "nan"])
+async def test_a_wait_out_of_bounds_is_refused(app_factory: Any, wait: str) -> None:
+    api = await app_factory(load_catalog(ROOT / "agents"))
+    async with client_for(api) as client:
+        tid = await thread(client, "assistant")
+        response = await client.post(f"/threads/{tid}/messages?wait={wait}", json={"content": "hi"})
+        assert response.status_code == 422, response.text
+        assert response.json()["error"]["code"] == "invalid_request"
+        assert "wait" in response.json()["error"]["message"]
+        assert (await client.get(f"/threads/{tid}/messages")).json()["messages"] == []  # nothing queued
+
+
+async def test_time_up_answers_with_the_status_so_far(app_factory: Any) -> None:
+    api = await app_factory(load_catalog(ROOT / "agents"))  # no worker anywhere: the input stays queued
+    async with client_for(api) as client:
+        tid = await thread(client, "assistant")
+        started = asyncio.get_running_loop().time()
+        response = await client.post(f"/threads/{tid}/messages?wait=0.3", json={"content": "hi"})
+        assert asyncio.get_running_loop().time() - started >= 0.3
+        turn = response.json()
+        assert response.status_code == 200 and turn["done"] is False and turn["status"] == "queued"
+        [queued] = turn["messages"]
+        assert queued["id"] == turn["message_id"] and queued["status"] == "pending" and queued["metadata"]["queued"]
+        missing = await client.post(
+            "/threads/00000000-0000-4000-8000-000000000000/messages?wait=1", json={"content": "hi"}
+        )
+        assert missing.status_code == 404
+
+
+async def test_input_behind_a_turn_ends_with_the_turn_it_joins(app_factory: Any) -> None:
+    GATES["gate"] = asyncio.Event()
+    api, _ = await apps(app_factory, gated())
+    async with client_for(api) as client:
+        tid = await thread(client, "agent")
+        first = await client.post(f"/threads/{tid}/messages", json={"content": "gate"})
+        assert first.status_code == 202
+
+        async def running() -> bool:
+            return bool((await client.get(f"/threads/{tid}")).json()["status"] == "running")
+
+        await wait_for(running)
+        waiting = asyncio.create_task(client.post(f"/threads/{tid}/messages?wait=20", json={"content": "later"}))
+        await asyncio.sleep(0.3)
+        assert not waiting.done()  # its turn is the gated one: still running
+        GATES["gate"].set()
+        turn = (await waiting).json()
+        assert turn["done"] is True and turn["status"] == "idle"
+        # delivered into the running turn after the tool's result: that turn's last answer ends it
+        assert summary(turn) == [("user", "later"), ("assistant", "answer to later")]
+        stored = (await client.get(f"/threads/{tid}/messages")).json()["messages"]
+        assert stored[0]["content"] == "gate" and stored[-1]["content"] == "answer to later"
+
+
+async def test_input_after_a_turns_last_call_waits_for_a_turn_of_its_own(app_factory: Any) -> None:
+    GATES["llm"] = asyncio.Event()
+    api, _ = await apps(app_factory, gated())
+    async with client_for(api) as client:
+        tid = await thread(client, "agent")
+        await client.post(f"/threads/{tid}/messages", json={"content": "slow"})
+
+        async def calling() -> bool:
+            listed = (await client.get(f"/threads/{tid}/messages")).json()["messages"]
+            return any(m["status"] == "pending" and m["role"] == "assistant" for m in listed)
+
+        await wait_for(calling)
+        waiting = asyncio.create_task(client.post(f"/threads/{tid}/messages?wait=20", json={"content": "next"}))
+        await asyncio.sleep(0.3)
+        GATES["llm"].set()  # the running turn ends with its answer; the input then starts its own
+        turn = (await waiting).json()
+        assert turn["done"] is True and turn["status"] == "idle"
+        assert summary(turn) == [("user", "next"), ("assistant", "answer to next")]
+        stored = [m["content"] for m in (await client.get(f"/threads/{tid}/messages")).json()["messages"]]
+        assert stored == ["slow", "slow answer", "next", "answer to next"]
+
+
+async def test_a_stop_ends_the_wait(app_factory: Any) -> None:
+    GATES["gate"] = asyncio.Event()
+    api, _ = await apps(app_factory, gated())
+    async with client_for(api) as client:
+        tid = await thread(client, "agent")
+        waiting = asyncio.create_task(client.post(f"/threads/{tid}/messages?wait=20", json={"content": "gate"}))
+
+        async def running() -> bool:
+            return bool((await client.get(f"/threads/{tid}")).json()["status"] == "running")
+
+        await wait_for(running)
+        assert (await client.post(f"/threads/{tid}/stop")).status_code == 200
+        turn = (await waiting).json()
+        assert turn["done"] is True and turn["status"] == "stopped"
+        assert summary(turn)[0] == ("user", "gate") and turn["messages"][-1]["role"] == "system"
+
+        # a system message wakes no stopped thread: the answer is at once, the input still queued
+        started = asyncio.get_running_loop().time()
+        parked = await client.post(f"/threads/{tid}/messages?wait=20", json={"content": "note", "role": "system"})
+        assert asyncio.get_running_loop().time() - started < 5
+        turn = parked.json()
+        assert turn["done"] is False and turn["status"] == "stopped"
+        assert [(m["content"], m["status"]) for m in turn["messages"]] == [("note", "pending")]
+        GATES["gate"].set()
+
+
+async def test_a_two_sided_session_is_waited_for_to_its_end(app_factory: Any) -> None:
+    api, _ = await apps(app_factory, load_catalog(ROOT / "agents"))
+    async with client_for(api) as client:
+        tid = await thread(client, "haiku_review")
+        response = await client.post(f"/threads/{tid}/messages?wait=20", json={"content": "A haiku about the sea"})
+        turn = response.json()
+        assert turn["done"] is True and turn["status"] == "idle"
+        assert {m["side"] for m in turn["messages"]} == {"a", "b"}
+        session = (await client.get(f"/threads/{tid}")).json()["session"]
+        assert session["status"] == "success"
+
+
+async def test_a_client_that_hangs_up_leaves_nothing_behind(app_factory: Any, serve: Any) -> None:
+    api = await app_factory(load_catalog(ROOT / "agents"))  # no worker: the wait would last its whole time
+    base = await serve(api)
+    hub = api.state.hub
+    async with httpx.AsyncClient(base_url=base) as client:
+        tid = await thread(client, "assistant")
+        before = hub.subscribers
+        request = asyncio.create_task(client.post(f"/threads/{tid}/messages?wait=60", json={"content": "hi"}))
+        await wait_for(lambda: asyncio.sleep(0, hub.subscribers == before + 1))
+        await asyncio.sleep(0.2)
+        assert api.state.engine.pool.checkedout() == 0  # waiting holds no connection
+        request.cancel()  # the connection closes
+        with pytest.raises(asyncio.CancelledError):
+            await request
+    await wait_for(lambda: asyncio.sleep(0, hub.subscribers == before), timeout=5)
+
+
+async def test_input_set_aside_ends_the_wait(app_factory: Any) -> None:
+    """What the engine does with input whose delivery fails (`Engine._run_all`), done here to a queued message."""
+    api = await app_factory(load_catalog(ROOT / "agents"))
+    async with client_for(api) as client:
+        tid = await thread(client, "assistant")
+        waiting = asyncio.create_task(client.post(f"/threads/{tid}/messages?wait=20", json={"content": "hi"}))
+
+        async def queued() -> list[tables.Inbox]:
+            async with api.state.sessions() as session:
+                return await queue.pending(session, uuid.UUID(tid))
+
+        [row] = await wait_for(queued)
+        async with api.state.sessions() as session, session.begin():
+            await queue.set_aside(session, row.id, "input message could not be delivered: KeyError: 'id'")
+            await events.append(session, uuid.UUID(tid), "error", {"code": "input_set_aside", "message": "..."})
+        turn = (await waiting).json()
+        assert turn["done"] is True
+        [message] = turn["messages"]
+        assert message["status"] == "failed" and message["metadata"]["set_aside"] is True
+
+
+async def test_a_revoked_key_ends_the_wait(app_factory: Any) -> None:
+    api = await app_factory(load_catalog(ROOT / "agents"))
+    async with api.state.sessions() as session:
+        row, key = await keys.create(session, "alice")
+        await session.commit()
+    async with client_for(api, key) as client:
+        tid = await thread(client, "assistant")
+        waiting = asyncio.create_task(client.post(f"/threads/{tid}/messages?wait=60", json={"content": "hi"}))
+        await wait_for(lambda: asyncio.sleep(0, api.state.hub.subscribers == 1))
+        async with api.state.sessions() as session:
+            assert await keys.revoke(session, str(row.id)) == 1
+            await session.commit()
+        response = await asyncio.wait_for(waiting, 10)
+        assert response.status_code == 401 and response.json()["error"]["code"] == "unauthorized"
+
+
+def test_what_the_log_says_of_a_turn() -> None:
+    mine, other = uuid.uuid4(), uuid.uuid4()
+
+    def data(message_id: uuid.UUID, depth: int = 0) -> dict[str, Any]:
+        return {"message_id": str(message_id), "depth": depth, "data": {}}
+
+    turn = turns.Turn(mine)
+    turn.see("message_data", data(other))  # a turn before its delivery: not its own
+    turn.see("thread_status", {"status": "stopped"})
+    assert turn.over and not turn.done  # parked: stopped before its delivery
+    turn.see("thread_status", {"status": "queued"})  # a human message ended the stop
+    assert not turn.over
+    turn.see("message_data", data(mine))
+    turn.see("message_data", data(other, depth=1))  # a subprompt's: not listed
+    turn.see("message_data", data(other))
+    turn.see("thread_status", {"status": "running"})
+    assert not turn.over
+    turn.see("thread_status", {"status": "idle"})
+    assert turn.done and turn.status == "idle" and list(turn.produced) == [mine, other]
+    turn.see("message_data", data(uuid.uuid4()))  # the next turn's: not this one's
+    assert list(turn.produced) == [mine, other]
+
+    never = turns.Turn(mine)
+    never.see("thread_terminated", {})
+    assert never.over and not never.done and never.status == "terminated"
+
+
+async def test_a_server_that_stops_answers_its_waits_first(database_url: str, tmp_path: Path) -> None:
+    """`agents api` on SIGTERM: a wait in progress answers at once with what there is, within the grace period."""
+    port = processes.free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("SECRET_KEY", "AGENTS_DIR")}
+    env |= {"DATABASE_URL": database_url, "PORT": str(port), "DATA_DIR": str(tmp_path)}
+    log = tmp_path / "api.log"
+    server = processes.start(["api"], env, log)  # no worker anywhere: the input stays queued
+    base = f"http://127.0.0.1:{port}"
+    try:
+        await processes.until_ready(base, server, log)
+        async with httpx.AsyncClient(base_url=base, timeout=30) as client:
+            tid = await thread(client, "assistant")
+            waiting = asyncio.create_task(client.post(f"/threads/{tid}/messages?wait=120", json={"content": "hi"}))
+            await asyncio.sleep(0.5)
+            started = asyncio.get_running_loop().time()
+            server.terminate()
+            response = await waiting
+            assert asyncio.get_running_loop().time() - started < 4  # before uvicorn's 5 s grace ends
+        assert response.status_code == 200, response.text
+        assert response.json()["done"] is False and response.json()["status"] == "queued"
+    finally:
+        assert processes.stop(server) == 0, log.read_text()
