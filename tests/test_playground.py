@@ -8,6 +8,7 @@ import io
 import os
 import re
 import shutil
+import subprocess
 import sys
 import tomllib
 from asyncio.subprocess import PIPE
@@ -25,7 +26,7 @@ from app import keys
 from app.api.routes import playground
 from app.catalog import load as load_catalog
 from tests import processes
-from tests.conftest import ROOT, client_for
+from tests.conftest import ROOT, client_for, wait_for
 
 ARTIFACTS = ROOT / "tests" / "artifacts"  # screenshots CI keeps (git-ignored)
 PAGE = ROOT / "app" / "playground"
@@ -84,8 +85,12 @@ async def test_the_page_holds_no_data_and_weakens_no_check(app_factory: Any) -> 
         async with app.state.sessions() as s, s.begin():
             await keys.create(s, "alice")
         assert (await c.get("/")).status_code == 200
-        assert (await c.get("/agents")).status_code == 401  # keys exist: the data needs one
+        await wait_for(lambda: _status(c, "/agents", 401))  # keys exist (the server hears of it within moments)
         assert (await c.get("/", headers={"host": "agents.example.com"})).status_code == 200  # nothing to steal
+
+
+async def _status(c: httpx.AsyncClient, path: str, status: int) -> bool:
+    return (await c.get(path)).status_code == status
 
 
 async def test_the_playground_can_be_turned_off(app_factory: Any) -> None:
@@ -108,27 +113,43 @@ def test_every_file_of_the_page_is_package_data() -> None:
 # --- the page in a browser -----------------------------------------------------------------------------------
 
 
+class Server:
+    """`agents serve` on loopback and a fresh database: its URL, and a key when one was made."""
+
+    def __init__(self, env: dict[str, str], log: Path) -> None:
+        self.env, self.log = env, log
+        self.port = processes.free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.key = ""
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    async def start(self) -> None:
+        self.proc = processes.start(["serve", "--port", str(self.port)], self.env, self.log)
+        await processes.until_ready(self.base, self.proc, self.log)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            assert processes.stop(self.proc) == 0, self.log.read_text()
+            self.proc = None
+
+
 @asynccontextmanager
-async def _server(database_url: str, tmp_path: Path, key_for: str | None = None) -> AsyncIterator[tuple[str, str]]:
-    """`agents serve` on loopback and a fresh database (with a key for `key_for`): its URL and the key."""
+async def _server(database_url: str, tmp_path: Path, key_for: str | None = None, **extra: str) -> AsyncIterator[Server]:
     env = {k: v for k, v in os.environ.items() if k not in ("SECRET_KEY", "AGENTS_DIR", "PLAYGROUND")}
-    env |= {"DATABASE_URL": database_url, "DATA_DIR": str(tmp_path), "POLL_INTERVAL": "0.2"}
-    key = ""
+    env |= {"DATABASE_URL": database_url, "DATA_DIR": str(tmp_path), "POLL_INTERVAL": "0.2", **extra}
+    server = Server(env, tmp_path / "serve.log")
     if key_for:
         created = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "app", "keys", "create", "--user", key_for, cwd=ROOT, env=env, stdout=PIPE
         )
         out, _ = await created.communicate()
         assert created.returncode == 0
-        key = out.decode().strip().splitlines()[-1]
-    port = processes.free_port()
-    log = tmp_path / "serve.log"
-    proc = processes.start(["serve", "--port", str(port)], env, log)
+        server.key = out.decode().strip().splitlines()[-1]
+    await server.start()
     try:
-        await processes.until_ready(f"http://127.0.0.1:{port}", proc, log)
-        yield f"http://127.0.0.1:{port}", key
+        yield server
     finally:
-        assert processes.stop(proc) == 0, log.read_text()
+        server.stop()
 
 
 @asynccontextmanager
@@ -172,7 +193,8 @@ async def _chat(page: Page) -> None:
 
 async def test_the_playground_in_open_mode(database_url: str, tmp_path: Path) -> None:
     problems: list[str] = []
-    async with _server(database_url, tmp_path) as (base, _), _browser() as browser:
+    async with _server(database_url, tmp_path) as server, _browser() as browser:
+        base = server.base
         page = await _page(browser, problems)
         await page.goto(f"{base}/")
         await page.wait_for_selector("#key-state:has-text('Open mode')")
@@ -185,6 +207,14 @@ async def test_the_playground_in_open_mode(database_url: str, tmp_path: Path) ->
         download = await downloading.value
         assert download.suggested_filename == "conversation-report.md"
         assert "Conversation report" in Path(await download.path()).read_text()
+        Image.new("RGB", (300, 200), (240, 140, 0)).save(tmp_path / "orange.png")
+        await page.set_input_files("#files-input", str(tmp_path / "orange.png"))
+        await page.fill("#input", "Here is a picture")
+        await page.press("#input", "Enter")  # a multipart message: the text and the file
+        await page.wait_for_function(
+            "() => [...document.querySelectorAll('.msg.user .attachments img')].some((i) => i.naturalWidth > 0)"
+        )
+        await page.locator("#files .path").filter(has_text="/attachments/orange-").wait_for()
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         await page.screenshot(path=ARTIFACTS / "playground-open.png")
         assert await page.locator("#threads li").count() == 1
@@ -193,9 +223,11 @@ async def test_the_playground_in_open_mode(database_url: str, tmp_path: Path) ->
 
 async def test_the_playground_with_an_api_key(database_url: str, tmp_path: Path) -> None:
     """The pasted key authorises every call, stays in this tab's sessionStorage, and never goes in a URL: the stream
-    opens with a stream token. Thumbnails are fetched with the key too."""
+    opens with a stream token, minted again when the old one is refused (here after a server restart). Thumbnails are
+    fetched with the key too."""
     problems: list[str] = []
-    async with _server(database_url, tmp_path, key_for="alice") as (base, key), _browser() as browser:
+    async with _server(database_url, tmp_path, "alice", STREAM_TOKEN_SECONDS="2") as server, _browser() as browser:
+        base, key = server.base, server.key
         page = await _page(browser, problems)
         urls: list[str] = []
         page.on("request", lambda request: urls.append(request.url))
@@ -228,17 +260,27 @@ async def test_the_playground_with_an_api_key(database_url: str, tmp_path: Path)
         await page.wait_for_selector(".msg.assistant .text:has-text('The answer is 84.')")
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         await page.screenshot(path=ARTIFACTS / "playground-key.png")
+        await asyncio.sleep(2)  # the stream token is now too old to open the stream again
+        server.stop()
+        await page.wait_for_selector("#stream-state:has-text('reconnecting')")
+        await server.start()  # the browser's retry is refused (401): the page mints a new token and resumes
+        await page.wait_for_selector("#stream-state:has-text('live')")
+        await page.fill("#input", "What is 6 * 7?")
+        await page.press("#input", "Enter")
+        await page.locator(".msg.assistant[data-streamed=true] .text").filter(has_text="The answer is 42.").wait_for()
+        assert len({url for url in urls if "/events?token=" in url and "since=" in url}) >= 1
         await page.click("#key-forget")
         await page.wait_for_selector("#key-state:has-text('needs an API key')")
         assert await page.evaluate("sessionStorage.length") == 0
-    assert [p for p in problems if "401" not in p] == []
+    assert [p for p in problems if "401" not in p and "ERR_CONNECTION_REFUSED" not in p] == []
 
 
 async def test_a_scoped_variables_request_is_answered_from_the_page(database_url: str, tmp_path: Path) -> None:
     """The `launch` example with `PUBLISH=yes`: the publisher's request shows as a form; answering it starts the
     publisher, which appears in the subagent tree."""
     problems: list[str] = []
-    async with _server(database_url, tmp_path) as (base, _), _browser() as browser:
+    async with _server(database_url, tmp_path) as server, _browser() as browser:
+        base = server.base
         page = await _page(browser, problems)
         await page.goto(f"{base}/")
         await page.wait_for_selector("#agent option[value=launch]", state="attached")

@@ -33,10 +33,10 @@ class ApiError extends Error {
   }
 }
 
-async function api(path, { method = "GET", body, raw = false } = {}) {
+async function api(path, { method = "GET", body, form, raw = false } = {}) {
   const headers = {};
   if (state.key) headers.Authorization = `Bearer ${state.key}`;
-  let payload;
+  let payload = form; // FormData: the browser writes the multipart Content-Type with its boundary
   if (body !== undefined) {
     headers["Content-Type"] = "application/json";
     payload = JSON.stringify(body);
@@ -275,13 +275,16 @@ async function openStream(since) {
   const source = new EventSource(url);
   state.source = source;
   $("stream-state").textContent = "connecting…";
+  $("stream-state").className = "small muted";
   source.addEventListener("open", () => {
     $("stream-state").textContent = "● live";
+    $("stream-state").className = "small live";
     setComposer(true);
   });
   source.addEventListener("error", () => {
     if (state.source !== source) return;
     $("stream-state").textContent = "reconnecting…";
+    $("stream-state").className = "small warn";
     if (source.readyState === EventSource.CLOSED) {
       // refused (a stream token past its lifetime): mint a new one and resume after the last event seen
       setTimeout(() => {
@@ -291,7 +294,8 @@ async function openStream(since) {
   });
   for (const [type, handle] of Object.entries(HANDLERS)) {
     source.addEventListener(type, (event) => {
-      if (state.source !== source) return;
+      // a connection failure is an `error` event too, with no data: only the server's own `error` has some
+      if (state.source !== source || typeof event.data !== "string") return;
       const seq = Number(event.lastEventId);
       if (seq > state.lastSeq) state.lastSeq = seq;
       handle(JSON.parse(event.data));
@@ -344,6 +348,14 @@ const HANDLERS = {
 function setComposer(on) {
   $("input").disabled = !on;
   $("send").disabled = !on;
+  $("files-input").disabled = !on;
+  if (on) $("input").placeholder = "Write a message (Enter sends, Shift+Enter breaks the line)";
+}
+
+function showChosen() {
+  const names = [...$("files-input").files].map((f) => f.name);
+  $("chosen").textContent = names.length ? `Attached: ${names.join(", ")}` : "";
+  $("chosen").hidden = names.length === 0;
 }
 
 function scrollDown() {
@@ -422,11 +434,23 @@ async function send(event) {
   event.preventDefault();
   const input = $("input");
   const content = input.value.trim();
-  if (!content || !state.threadId) return;
+  const files = [...$("files-input").files];
+  if ((!content && files.length === 0) || !state.threadId) return;
+  const path = `/threads/${state.threadId}/messages`;
+  let sent;
+  if (files.length) {
+    const form = new FormData();
+    form.append("content", content);
+    for (const file of files) form.append("file", file, file.name);
+    sent = await api(path, { method: "POST", form });
+  } else {
+    sent = await api(path, { method: "POST", body: { content } });
+  }
   input.value = "";
-  const { message_id } = await api(`/threads/${state.threadId}/messages`, { method: "POST", body: { content } });
-  if (!state.messages.has(message_id)) {
-    upsert({ id: message_id, role: "user", content, status: "queued", attachments: [], metadata: {} });
+  $("files-input").value = "";
+  showChosen();
+  if (!state.messages.has(sent.message_id)) {
+    upsert({ id: sent.message_id, role: "user", content, status: "queued", attachments: [], metadata: {} });
   }
 }
 
@@ -463,7 +487,8 @@ function fileItem(file) {
     el(
       "div",
       { class: "file-about" },
-      el("span", { class: "path", text: file.path, title: file.path }),
+      el("span", { class: "name", text: file.name || file.path, title: file.path }),
+      el("span", { class: "path muted small", text: file.path, title: file.path }),
       el("span", { class: "muted small", text: [file.mime_type, size(file.size)].filter(Boolean).join(" · ") }),
     ),
     el("button", { type: "button", class: "quiet small", text: "Download", onclick: guarded(() => download(file)) }),
@@ -613,6 +638,7 @@ function bind() {
   $("refresh-threads").addEventListener("click", guarded(loadThreads));
   $("refresh-files").addEventListener("click", guarded(refreshFiles));
   $("composer").addEventListener("submit", guarded(send));
+  $("files-input").addEventListener("change", showChosen);
   $("input").addEventListener("keydown", (event) => {
     if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
       event.preventDefault();
