@@ -285,12 +285,8 @@ async function openStream(since) {
     if (state.source !== source) return;
     $("stream-state").textContent = "reconnecting…";
     $("stream-state").className = "small warn";
-    if (source.readyState === EventSource.CLOSED) {
-      // refused (a stream token past its lifetime): mint a new one and resume after the last event seen
-      setTimeout(() => {
-        if (state.source === source) openStream(state.lastSeq).catch(notice);
-      }, 1000);
-    }
+    // refused (a stream token past its lifetime, a database away): mint a new one, resume after the last event
+    if (source.readyState === EventSource.CLOSED) reopen(source, 1000);
   });
   for (const [type, handle] of Object.entries(HANDLERS)) {
     source.addEventListener(type, (event) => {
@@ -301,6 +297,16 @@ async function openStream(since) {
       handle(JSON.parse(event.data));
     });
   }
+}
+
+function reopen(source, delay) {
+  setTimeout(() => {
+    if (state.source !== source) return;
+    openStream(state.lastSeq).catch((error) => {
+      if (error instanceof ApiError && error.status < 500) notice(error); // refused for good: say why
+      else reopen(source, Math.min(delay * 2, 15_000));
+    });
+  }, delay);
 }
 
 const HANDLERS = {
