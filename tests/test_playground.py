@@ -32,15 +32,25 @@ ARTIFACTS = ROOT / "tests" / "artifacts"  # screenshots CI keeps (git-ignored)
 PAGE = ROOT / "app" / "playground"
 
 
+CHROMIUM = Path("/usr/bin/chromium")
+
+
 def chromium() -> str:
     """Debian's chromium: the tests fail (not skip) without it, so CI cannot pass without the browser run."""
-    path = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
+    path = shutil.which("chromium") or (str(CHROMIUM) if CHROMIUM.exists() else None)
     if path is None:
         pytest.fail(
             "chromium is not installed, and the playground tests drive it: `apt-get install -y chromium` "
             "(Debian; .ci/run does it). Playwright's own browser download is not used (never `playwright install`)."
         )
     return path
+
+
+def test_without_chromium_the_browser_tests_fail_and_say_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", "")
+    monkeypatch.setattr(f"{__name__}.CHROMIUM", Path("/nonexistent/chromium"))
+    with pytest.raises(pytest.fail.Exception, match=r"chromium is not installed.*apt-get install -y chromium"):
+        chromium()
 
 
 # --- the page as the server serves it ------------------------------------------------------------------------

@@ -5,6 +5,7 @@
 const KEY = "agents-playground-key";
 const IMAGE = /^image\/(png|jpeg|gif|webp)$/;
 const REQUEST_PATH = /^\/threads\/[0-9a-f-]{36}\/variables\/[0-9a-f-]{36}$/;
+const UUID = /^[0-9a-f-]{36}$/;
 
 const $ = (id) => document.getElementById(id);
 
@@ -120,7 +121,7 @@ const encodePath = (path) => path.split("/").map(encodeURIComponent).join("/");
 
 async function connect() {
   notice(null);
-  closeStream();
+  resetThread();
   $("key-forget").hidden = !state.key;
   $("create").disabled = true;
   try {
@@ -145,7 +146,14 @@ async function connect() {
   renderAgents();
   await loadThreads();
   const wanted = new URLSearchParams(location.hash.slice(1)).get("thread");
-  if (wanted) await selectThread(wanted);
+  if (!wanted) return;
+  try {
+    await selectThread(wanted);
+  } catch (error) {
+    resetThread(); // gone, or another user's: start from no thread
+    history.replaceState(null, "", location.pathname);
+    throw error;
+  }
 }
 
 function renderAgents() {
@@ -224,26 +232,33 @@ function setStatus(status) {
   badge.hidden = false;
   badge.textContent = status;
   badge.className = `badge ${status}`;
-  const entry = document.querySelector(`#threads li[data-id="${state.threadId}"] .badge`);
+  const entry = document.querySelector(`#threads li[data-id="${CSS.escape(state.threadId || "")}"] .badge`);
   if (entry) {
     entry.textContent = status;
     entry.className = `badge ${status}`;
   }
 }
 
-async function selectThread(id) {
+function resetThread() {
   closeStream();
-  const generation = ++state.generation;
-  Object.assign(state, { threadId: id, thread: null, lastSeq: 0 });
-  state.messages.clear();
-  state.lengths.clear();
-  state.streamed.clear();
-  state.calls.clear();
-  state.requests.clear();
+  state.generation += 1;
+  Object.assign(state, { threadId: null, thread: null, lastSeq: 0 });
+  for (const seen of [state.messages, state.lengths, state.streamed, state.calls, state.requests]) seen.clear();
   $("messages").replaceChildren();
   $("requests").replaceChildren();
   $("requests-section").hidden = true;
+  $("tree").replaceChildren("none");
+  $("files").replaceChildren(el("li", { class: "muted small", text: "none" }));
+  $("thread-title").textContent = "No thread selected";
+  for (const id of ["thread-status", "open-parent", "stop"]) $(id).hidden = true;
   setComposer(false);
+}
+
+async function selectThread(id) {
+  if (!UUID.test(id)) throw new Error(`Not a thread id: ${id}`);
+  resetThread();
+  const generation = state.generation;
+  state.threadId = id;
   for (const li of document.querySelectorAll("#threads li")) li.classList.toggle("active", li.dataset.id === id);
   history.replaceState(null, "", `#thread=${id}`);
   const thread = await api(`/threads/${id}`);
@@ -322,7 +337,7 @@ const HANDLERS = {
     message.content = (message.content || "") + chunk;
     state.lengths.set(message_id, offset + codePoints(chunk));
     state.streamed.add(message_id);
-    const node = document.querySelector(`#messages li[data-id="${message_id}"]`);
+    const node = document.querySelector(`#messages li[data-id="${CSS.escape(message_id)}"]`);
     if (node) {
       node.dataset.streamed = "true";
       node.querySelector(".text").textContent = message.content;
@@ -378,7 +393,7 @@ function upsert(message) {
   state.messages.set(message.id, message);
   state.lengths.set(message.id, codePoints(message.content || ""));
   const node = renderMessage(message);
-  const old = document.querySelector(`#messages li[data-id="${message.id}"]`);
+  const old = document.querySelector(`#messages li[data-id="${CSS.escape(message.id)}"]`);
   if (old) old.replaceWith(node);
   else $("messages").append(node);
   scrollDown();
