@@ -22,7 +22,7 @@ const state = {
   streamed: new Set(), // ids of messages that received live deltas
   calls: new Map(), // tool call id -> "running" | its status
   requests: new Set(), // variable request ids shown
-  images: new Map(), // "thread:path:etag[:thumb]" -> Promise<object URL>
+  images: new Map(), // "thread:path:etag" -> Promise<object URL> of its thumbnail
   timers: {},
 };
 
@@ -477,15 +477,20 @@ async function send(event) {
 
 // --- files --------------------------------------------------------------------------------------------------
 
-function image(path, etag, thumbnail) {
-  const key = `${state.threadId}:${path}:${etag}:${thumbnail ? "t" : ""}`;
+function thumbnail(path, etag) {
+  // fetched with the key (an <img src> could not send it), then shown from a blob: URL; one fetch per content
+  const key = `${state.threadId}:${path}:${etag}`;
   if (!state.images.has(key)) {
-    const url = `/threads/${state.threadId}/fs${encodePath(path)}${thumbnail ? "?thumbnail=1" : ""}`;
+    const url = `/threads/${state.threadId}/fs${encodePath(path)}?thumbnail=1`;
     state.images.set(
       key,
       api(url, { raw: true })
         .then((r) => r.blob())
-        .then((blob) => URL.createObjectURL(blob)),
+        .then((blob) => URL.createObjectURL(blob))
+        .catch((error) => {
+          state.images.delete(key); // a refusal (busy, not an image) is not kept: the next render asks again
+          throw error;
+        }),
     );
   }
   return state.images.get(key);
@@ -495,7 +500,7 @@ function fileItem(file) {
   const item = el("li", { class: "file", dataset: { path: file.path } });
   if (IMAGE.test(file.mime_type || "")) {
     const img = el("img", { class: "thumb", alt: file.name, loading: "lazy" });
-    image(file.path, file.etag || file.size, true)
+    thumbnail(file.path, file.etag || file.size)
       .then((url) => {
         img.src = url;
       })
@@ -519,7 +524,9 @@ function fileItem(file) {
 
 async function download(file) {
   const response = await api(`/threads/${state.threadId}/fs${encodePath(file.path)}`, { raw: true });
-  const url = URL.createObjectURL(await response.blob());
+  // a blob: URL has this page's origin: typed as bytes, it can only ever be saved, never rendered here
+  const bytes = new Blob([await response.blob()], { type: "application/octet-stream" });
+  const url = URL.createObjectURL(bytes);
   const link = el("a", { href: url, download: file.name || file.path.split("/").pop() });
   document.body.append(link);
   link.click();
