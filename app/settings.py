@@ -52,6 +52,9 @@ class Settings(BaseSettings):
         description="in open mode, host names served besides loopback ones (comma-separated): any other `Host` is "
         "refused, so a web page cannot reach the API by DNS rebinding",
     )
+    playground: bool | None = Field(
+        default=None, description="serve the browser playground at `/`; unset: on when the API binds to loopback"
+    )
     worker_concurrency: int = Field(default=50, ge=1)
     lease_seconds: float = Field(default=10.0, gt=0)
     poll_interval: float = Field(default=1.0, gt=0)
@@ -126,6 +129,11 @@ class Settings(BaseSettings):
     def loopback(self) -> bool:
         """Whether the API binds only to this machine."""
         return is_loopback(self.host)
+
+    @property
+    def playground_enabled(self) -> bool:
+        """Whether `/` serves the playground: `PLAYGROUND` when set, else whether the API binds to loopback."""
+        return self.loopback if self.playground is None else self.playground
 
 
 def normalise_url(url: str) -> str:

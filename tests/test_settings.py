@@ -47,3 +47,22 @@ def test_allowed_hosts_read_comma_separated(monkeypatch: pytest.MonkeyPatch) -> 
 def test_cors_origins_read_comma_separated(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CORS_ORIGINS", "https://App.example.com/, http://127.0.0.1:5173")
     assert Settings().cors_origins == ["https://app.example.com", "http://127.0.0.1:5173"]
+
+
+@pytest.mark.parametrize(
+    ("host", "value", "enabled"),
+    [
+        ("127.0.0.1", None, True),
+        ("::1", None, True),
+        ("0.0.0.0", None, False),
+        ("0.0.0.0", "true", True),
+        ("127.0.0.1", "false", False),
+    ],
+)
+def test_the_playground_is_on_by_default_on_loopback_only(
+    monkeypatch: pytest.MonkeyPatch, host: str, value: str | None, enabled: bool
+) -> None:
+    monkeypatch.setenv("HOST", host)
+    if value is not None:
+        monkeypatch.setenv("PLAYGROUND", value)
+    assert Settings().playground_enabled is enabled

@@ -17,7 +17,20 @@ from starlette.middleware.cors import CORSMiddleware
 from app import crypto, db, keys
 from app.api import errors, openapi
 from app.api.guard import Guard
-from app.api.routes import agents, effects, env, files, health, logs, messages, metrics, subagents, threads, variables
+from app.api.routes import (
+    agents,
+    effects,
+    env,
+    files,
+    health,
+    logs,
+    messages,
+    metrics,
+    playground,
+    subagents,
+    threads,
+    variables,
+)
 from app.api.routes import endpoints as endpoint_routes
 from app.api.routes import events as event_routes
 from app.catalog import Catalog
@@ -123,5 +136,7 @@ def create_app(
     app.state.documented_routes = [  # a 405's `Allow` lists what each of them answers at the path
         r for router in routers for r in router.routes if isinstance(r, APIRoute) and r.include_in_schema
     ]
+    if settings.playground_enabled:  # static, keyless: every call it makes is an API call with the user's key
+        app.include_router(playground.router)
     app.include_router(endpoint_routes.router)  # last: it takes every path under a thread, so built-in routes win
     return app

@@ -74,6 +74,14 @@ def _local(request: Request) -> None:
     )
 
 
+async def local_in_open_mode(request: Request) -> None:
+    """A route that needs no key (the playground's static files) still refuses, in open mode, a `Host` that is not
+    this machine's, as every API route does."""
+    async with sessions(request)() as s:
+        if await _open(s, request):
+            _local(request)
+
+
 # Documents the scheme in OpenAPI; the header itself is read by `_identify`, which says what is wrong with it.
 _bearer = HTTPBearer(auto_error=False, description="An API key (`agents keys create`); none in open mode.")
 Bearer = Annotated[HTTPAuthorizationCredentials | None, Security(_bearer)]

@@ -1,0 +1,66 @@
+"""The playground: a static page at `/` (with its script and stylesheet) that talks to the API like any client.
+
+It holds no data and needs no key to load: everything it shows comes from the API, with the key the user pastes
+(`Authorization: Bearer`) or, for streams, a stream token. Its Content-Security-Policy allows only the server's
+own script, styles and connections (and `blob:` images, the thumbnails it fetched with the key).
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+
+from fastapi import APIRouter, Depends, Response
+
+from app.api import deps
+
+router = APIRouter(include_in_schema=False, dependencies=[Depends(deps.local_in_open_mode)])
+
+ASSETS = {
+    "index.html": "text/html; charset=utf-8",
+    "app.js": "text/javascript; charset=utf-8",
+    "style.css": "text/css; charset=utf-8",
+    "icon.svg": "image/svg+xml",
+}
+POLICY = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' blob:; connect-src 'self'; "
+    "base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+)
+HEADERS = {
+    "Content-Security-Policy": POLICY,
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-cache",
+}
+
+
+def _read(name: str) -> bytes:
+    return (resources.files("app") / "playground" / name).read_bytes()
+
+
+CONTENT = {name: _read(name) for name in ASSETS}  # read once: a missing file fails at import, not on a request
+
+
+def _asset(name: str) -> Response:
+    return Response(CONTENT[name], media_type=ASSETS[name], headers=HEADERS)
+
+
+@router.get("/")
+async def page() -> Response:
+    """The playground page."""
+    return _asset("index.html")
+
+
+@router.get("/playground/app.js")
+async def script() -> Response:
+    return _asset("app.js")
+
+
+@router.get("/playground/style.css")
+async def style() -> Response:
+    return _asset("style.css")
+
+
+@router.get("/playground/icon.svg")
+async def icon() -> Response:
+    return _asset("icon.svg")
