@@ -16,7 +16,7 @@ import uvicorn
 from pydantic import ValidationError
 
 from app import catalog as catalog_mod
-from app import crypto, db, env, errors, jsonlog, keys
+from app import crypto, db, env, errors, jsonlog, keys, llm
 from app.catalog import Catalog
 from app.hub import Publisher
 from app.settings import Settings, plain_url
@@ -77,6 +77,25 @@ async def _refuse_open_bind(settings: Settings) -> None:
         )
 
 
+async def _warn_missing_keys(settings: Settings, catalog: Catalog) -> None:
+    """Warn, once at start, of each model whose key is set neither in the environment nor as an instance variable
+    (nor in an agent's or prompt's `env`): its calls would fail, and only then say why."""
+    assert settings.database_url
+    engine = db.create_engine(settings.database_url, 1)
+    try:
+        async with db.sessionmaker(engine)() as session:
+            _, instance = await env.public(session, "instance", env.INSTANCE)
+    finally:
+        await engine.dispose()
+    for warning in llm.missing_keys(catalog, _set_variables(settings) | set(instance)):
+        log.warning("%s", warning)
+
+
+def _set_variables(settings: Settings) -> set[str]:
+    """The process environment's variables that hold a value (an empty key is no key)."""
+    return {name for name, value in settings.process_env.items() if value.strip()}
+
+
 def _serve(settings: Settings, with_worker: bool, migrate: bool) -> None:
     from app.api.app import create_app
 
@@ -85,6 +104,7 @@ def _serve(settings: Settings, with_worker: bool, migrate: bool) -> None:
         if migrate and settings.migrate_on_start:
             asyncio.run(_migrate(settings))
         asyncio.run(_refuse_open_bind(settings))
+        asyncio.run(_warn_missing_keys(settings, catalog))
         app = create_app(settings, catalog, with_worker=with_worker)
         config = uvicorn.Config(
             app,
@@ -125,6 +145,7 @@ async def _worker(settings: Settings) -> None:
     from app.worker import Worker
 
     catalog = load_catalog(settings)
+    await _warn_missing_keys(settings, catalog)
     assert settings.database_url
     engine = db.create_engine(settings.database_url, *db.worker_pool(settings.worker_concurrency))
     publisher = Publisher(plain_url(settings.database_url))
@@ -193,14 +214,22 @@ async def _env(settings: Settings, args: argparse.Namespace) -> None:
 
 
 def _check(settings: Settings) -> int:
-    problems = catalog_mod.check(settings.agents_dir)
-    for problem in problems:
-        print(problem)
-    errors_found = [p for p in problems if p.severity == "error"]
-    if errors_found:
+    try:
+        loaded = catalog_mod.load(settings.agents_dir)
+    except catalog_mod.CatalogError:
+        problems = catalog_mod.check(settings.agents_dir)  # the errors with the warnings, in file order
+        for problem in problems:
+            print(problem)
+        errors_found = [p for p in problems if p.severity == "error"]
         print(f"\n{len(errors_found)} error(s) in {settings.agents_dir}", file=sys.stderr)
         return 1
-    print(f"{settings.agents_dir}: ok ({len(problems)} warning(s))")
+    warnings = [str(p) for p in loaded.warnings]
+    warnings += [
+        f"warning: {w} (instance variables not consulted)" for w in llm.missing_keys(loaded, _set_variables(settings))
+    ]
+    for warning in warnings:
+        print(warning)
+    print(f"{settings.agents_dir}: ok ({len(warnings)} warning(s))")
     return 0
 
 
