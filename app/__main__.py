@@ -16,7 +16,7 @@ import uvicorn
 from pydantic import ValidationError
 
 from app import catalog as catalog_mod
-from app import crypto, db, env, errors, jsonlog, keys, llm
+from app import crypto, db, env, errors, jsonlog, keys, llm, tokens
 from app.catalog import Catalog
 from app.hub import Publisher
 from app.settings import Settings, plain_url
@@ -115,6 +115,7 @@ def _serve(settings: Settings, with_worker: bool, migrate: bool) -> None:
             log_config=None if settings.log_format == "json" else uvicorn.config.LOGGING_CONFIG,  # json: ours
             timeout_graceful_shutdown=5,
         )
+        logging.getLogger("uvicorn.access").addFilter(tokens.Masked())  # after the Config: it sets the logger up
         _settle()
         _Server(config).run()
 

@@ -224,7 +224,9 @@ async def test_a_page_on_another_origin_streams_a_thread_with_a_key(
         ids = await page.evaluate("() => window.chat.ids")
         assert ids == sorted(set(ids)), f"events seen twice or out of order: {ids}"
         reconnected = (tmp_path / "second.log").read_text()
-        assert f"GET /threads/{thread_id}/events?token=" in reconnected
+        assert f"GET /threads/{thread_id}/events?token=*** HTTP/1.1" in reconnected  # the log hides the token
+        token = await page.evaluate("() => new URL(window.chat.source.url).searchParams.get('token')")
+        assert token and token not in reconnected and token not in (tmp_path / "first.log").read_text()
         read = await page.evaluate("() => files()")
         assert read["put"] == 201 and read["text"] == "hello" and read["etag"], read  # ETag is exposed
         assert (read["missing"], read["code"]) == (404, "thread_not_found")
