@@ -21,7 +21,7 @@ from pydantic import ValidationError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import catalog as catalog_mod
-from app import crypto, db, env, errors, jsonlog, keys, liveness
+from app import crypto, db, env, errors, jsonlog, keys, liveness, llm, tokens
 from app.catalog import Catalog
 from app.hub import Publisher
 from app.settings import MAKE_A_KEY, Settings, plain_url
@@ -128,6 +128,25 @@ def _listen(settings: Settings) -> socket.socket:
     return sock
 
 
+async def _warn_missing_keys(settings: Settings, catalog: Catalog) -> None:
+    """Warn, once at start, of each model whose key is set neither in the environment nor as an instance variable
+    (nor in an agent's or prompt's `env`): its calls would fail, and only then say why."""
+    assert settings.database_url
+    engine = db.create_engine(settings.database_url, 1)
+    try:
+        async with db.sessionmaker(engine)() as session:
+            _, instance = await env.public(session, "instance", env.INSTANCE)
+    finally:
+        await engine.dispose()
+    for warning in llm.missing_keys(catalog, _set_variables(settings) | set(instance)):
+        log.warning("%s", warning)
+
+
+def _set_variables(settings: Settings) -> set[str]:
+    """The process environment's variables that hold a value (an empty key is no key)."""
+    return {name for name, value in settings.process_env.items() if value.strip()}
+
+
 def _serve(settings: Settings, with_worker: bool, migrate: bool) -> None:
     from app.api.app import create_app
 
@@ -137,6 +156,7 @@ def _serve(settings: Settings, with_worker: bool, migrate: bool) -> None:
             asyncio.run(_migrate(settings))
         asyncio.run(_before_serving(settings))
         sock = _listen(settings)
+        asyncio.run(_warn_missing_keys(settings, catalog))
         app = create_app(settings, catalog, with_worker=with_worker)
         config = uvicorn.Config(
             app,
@@ -147,6 +167,7 @@ def _serve(settings: Settings, with_worker: bool, migrate: bool) -> None:
             log_config=None if settings.log_format == "json" else uvicorn.config.LOGGING_CONFIG,  # json: ours
             timeout_graceful_shutdown=5,
         )
+        logging.getLogger("uvicorn.access").addFilter(tokens.Masked())  # after the Config: it sets the logger up
         _settle()
         _Server(config, app.state.stopping).run(sockets=[sock])
 
@@ -199,6 +220,7 @@ async def _worker(settings: Settings) -> None:
     from app.worker import Worker
 
     catalog = load_catalog(settings)
+    await _warn_missing_keys(settings, catalog)
     assert settings.database_url
     engine = db.create_engine(settings.database_url, *db.worker_pool(settings.worker_concurrency))
     publisher = Publisher(plain_url(settings.database_url))
@@ -289,14 +311,22 @@ async def _env(settings: Settings, args: argparse.Namespace) -> None:
 
 
 def _check(settings: Settings) -> int:
-    problems = catalog_mod.check(settings.agents_dir)
-    for problem in problems:
-        print(problem)
-    errors_found = [p for p in problems if p.severity == "error"]
-    if errors_found:
+    try:
+        loaded = catalog_mod.load(settings.agents_dir)
+    except catalog_mod.CatalogError:
+        problems = catalog_mod.check(settings.agents_dir)  # the errors with the warnings, in file order
+        for problem in problems:
+            print(problem)
+        errors_found = [p for p in problems if p.severity == "error"]
         print(f"\n{len(errors_found)} error(s) in {settings.agents_dir}", file=sys.stderr)
         return 1
-    print(f"{settings.agents_dir}: ok ({len(problems)} warning(s))")
+    warnings = [str(p) for p in loaded.warnings]
+    warnings += [
+        f"warning: {w} (instance variables not consulted)" for w in llm.missing_keys(loaded, _set_variables(settings))
+    ]
+    for warning in warnings:
+        print(warning)
+    print(f"{settings.agents_dir}: ok ({len(warnings)} warning(s))")
     return 0
 
 

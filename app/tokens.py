@@ -4,6 +4,8 @@ one in the URL. A token names one user, the key it was minted with, and one stre
 from __future__ import annotations
 
 import json
+import logging
+import re
 import time
 import uuid
 
@@ -13,6 +15,7 @@ from app import errors
 from app.keys import Principal
 
 EVENTS = "events"  # the scope of a token for `/events`; a thread's token is scoped to its id
+IN_URL = re.compile(r"([?&]token=)[^&#\s]*")
 
 
 def mint(fernet: Fernet, who: Principal, scope: str) -> str:
@@ -42,3 +45,13 @@ def read(fernet: Fernet, token: str, scope: str, seconds: float) -> Principal:
         raise errors.Unauthorized("This stream token is for another stream.")
     key = claims.get("k")
     return Principal(user_id=str(claims["u"]), admin=bool(claims.get("a")), key_id=uuid.UUID(key) if key else None)
+
+
+class Masked(logging.Filter):
+    """Masks the stream token in a logged URL: uvicorn's access log prints the whole query, and a token read from
+    the log would open its stream for as long as it is young."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple):
+            record.args = tuple(IN_URL.sub(r"\1***", a) if isinstance(a, str) else a for a in record.args)
+        return True

@@ -246,3 +246,44 @@ async def test_the_access_log_and_the_log_level_are_settings(database_url: str, 
     assert {"time", "level", "logger", "message"} <= set(lines[0])
     assert any(line["logger"] == "uvicorn.access" and "GET /agents" in line["message"] for line in lines)
     assert any(line["message"] == "Application startup complete." for line in lines)
+
+
+async def test_models_whose_key_is_set_nowhere_are_named_at_start(database_url: str, tmp_path: Path) -> None:
+    """With `AGENTS_PROVIDER=openai` and no `OPENAI_API_KEY`, the three example models that switch to OpenAI are
+    named once at start (by `check`, `api` and `worker`), each with the variable; an instance variable silences it."""
+    unset = ("SECRET_KEY", "AGENTS_DIR", "AGENTS_MODEL", "AGENTS_BASE_URL", "OPENAI_API_KEY")
+    base = {k: v for k, v in os.environ.items() if k not in unset}
+    env = {**base, "DATABASE_URL": database_url, "DATA_DIR": str(tmp_path), "AGENTS_PROVIDER": "openai"}
+    expected = "model `{}` (openai) needs an API key in `OPENAI_API_KEY`, which is not set"
+    models = ("demo", "haiku_reviewer", "haiku_writer")
+
+    checked = agents("check", env={"AGENTS_PROVIDER": "openai", "OPENAI_API_KEY": " "})  # blank is unset
+    assert checked.returncode == 0 and checked.stdout.endswith("ok (3 warning(s))\n"), checked.stdout
+    assert all(f"warning: {expected.format(m)}" in checked.stdout for m in models)
+
+    async def started(command: str, name: str) -> str:
+        port = processes.free_port()
+        log = tmp_path / f"{name}.log"
+        proc = processes.start([command], {**env, "PORT": str(port)}, log)
+        try:
+            if command == "api":
+                await processes.until_ready(f"http://127.0.0.1:{port}", proc, log)
+            else:
+                for _ in range(600):  # 60 s
+                    if "started with" in log.read_text():
+                        break
+                    assert proc.poll() is None, log.read_text()
+                    await asyncio.sleep(0.1)
+                else:
+                    raise AssertionError(f"the worker did not start:\n{log.read_text()}")
+        finally:
+            assert processes.stop(proc) == 0
+        return log.read_text()
+
+    for command in ("api", "worker"):
+        lines = [line for line in (await started(command, command)).splitlines() if "needs an API key" in line]
+        assert len(lines) == 3, lines
+        assert all(f"WARNING app: {expected.format(m)}" in line for m, line in zip(models, lines, strict=True))
+
+    assert agents("env", "set", "OPENAI_API_KEY", "sk-instance", "--secret", env=env).returncode == 0
+    assert "needs an API key" not in await started("api", "keyed")

@@ -316,6 +316,11 @@ async def test_three_crashes_at_one_step_fail_the_session_instead_of_looping(clu
         (stored[1]["id"], "assistant", "failed"),
     ]
     assert "crashed 3 times at step 1" in json.loads(errors[0]["data"])["message"]
+    logs = "\n".join(log.read_text() for _, log in c.processes)  # what an operator sees: stderr of the workers
+    assert f"ERROR app.engine.run: thread {tid}: The run crashed 3 times at step 1" in logs
+    for attempt in (2, 3):
+        assert f"WARNING app.engine.run: thread {tid}: its last execution never finished" in logs
+        assert f"running it again (attempt {attempt} of 3)" in logs
 
 
 async def test_the_parent_gets_its_blocking_childs_result_after_a_kill_9(cluster: ClusterFactory) -> None:

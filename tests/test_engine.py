@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import uuid
 from pathlib import Path
 from typing import Any
@@ -121,7 +123,10 @@ async def test_tool_call_then_reply(app_factory: Any) -> None:
     assert ("turn_ended", {"side": "a", "reason": "stop_on_response"}) in events
 
 
-async def test_bad_arguments_and_raising_tools_become_error_results(app_factory: Any) -> None:
+async def test_bad_arguments_and_raising_tools_become_error_results(
+    app_factory: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="app.engine.tools")
     cat = catalog(
         [
             {
@@ -143,6 +148,30 @@ async def test_bad_arguments_and_raising_tools_become_error_results(app_factory:
     assert tools[1]["content"] == "Tool `explode` failed: RuntimeError: kaboom"
     assert tools[2]["content"] == "not allowed"
     assert tools[3]["content"].startswith("Unknown tool `nope`")
+    warned = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "app.engine.tools"]
+    assert warned == [("WARNING", f"thread {tid}: tool explode raised RuntimeError")]  # the text may hold a secret
+
+
+async def test_an_exception_escaping_a_step_is_logged_as_an_error_with_the_thread(
+    app_factory: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A bug in agent code the engine does not wrap (here a `respond` function) fails the session, says so in an
+    `error` event, and is logged at ERROR with the thread id and the traceback."""
+
+    def respond(request: Any) -> str:
+        raise LookupError("no such row")
+
+    cat = catalog([])
+    cat = dataclasses.replace(cat, models={"m": cat.models["m"].model_copy(update={"respond": respond})})
+    caplog.set_level(logging.ERROR, logger="app.engine.run")
+    client, tid = await run(app_factory, cat, "hi")
+    thread = (await client.get(f"/threads/{tid}")).json()
+    assert (thread["session"]["status"], thread["session"]["reason"]) == ("failure", "crashed")
+    error = {"code": "internal_error", "message": "LookupError: no such row"}
+    assert ("error", error) in await event_types(client, tid)
+    [record] = [r for r in caplog.records if r.name == "app.engine.run"]
+    assert record.levelno == logging.ERROR and record.getMessage() == f"execution of thread {tid} failed"
+    assert record.exc_info and isinstance(record.exc_info[1], LookupError)
 
 
 async def test_tools_see_env_and_identity(app_factory: Any) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import random
 import socket
@@ -25,7 +26,7 @@ from fastapi import FastAPI
 from pydantic import BaseModel
 from sqlalchemy import func, select
 
-from app import events, keys, messages
+from app import events, keys, messages, tokens
 from app.api import schemas
 from app.catalog import Catalog
 from app.settings import plain_url
@@ -649,3 +650,11 @@ async def test_a_stream_token_opens_its_own_stream_only_while_young_and_its_key_
         assert await asyncio.wait_for(reading, 10) is False  # until its key is revoked
         late = (await client.post("/stream-tokens", json={"thread_id": tid}, headers=auth)).status_code
         assert late == 401
+
+
+def test_the_access_log_masks_stream_tokens() -> None:
+    line = '%s - "%s %s HTTP/%s" %d'
+    args = ("127.0.0.1:5", "GET", "/threads/t/events?since=3&token=gAAAA-_x=&depth=1", "1.1", 200)
+    record = logging.LogRecord("uvicorn.access", logging.INFO, __file__, 1, line, args, None)
+    assert tokens.Masked().filter(record)
+    assert record.getMessage() == '127.0.0.1:5 - "GET /threads/t/events?since=3&token=***&depth=1 HTTP/1.1" 200'

@@ -210,9 +210,12 @@ class Hooks:
         text = f"{type(exc).__name__}: {exc}"
         for secret in self._secrets:
             text = text.replace(secret, "***")
-        log.warning("hook `%s` (%s) failed, its input is used unchanged: %s", hook.name, hook.hook, text)
         assert self._transaction is not None
         async with self._transaction() as (session, thread):
+            log.warning(
+                "thread %s: hook `%s` (%s) failed, its input is used unchanged: %s",
+                thread.id, hook.name, hook.hook, text,
+            )  # fmt: skip
             session.add(
                 tables.Log(
                     id=uuid.uuid4(),

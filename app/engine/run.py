@@ -98,6 +98,11 @@ class Engine:
 
     async def execute(self, claim: queue.Claim) -> None:
         """Run a claimed thread until it has nothing left to do, then release it."""
+        if 1 < claim.attempt <= inbox.MAX_ATTEMPTS:  # a release resets it: the claim before this one never ended
+            log.warning(
+                "thread %s: its last execution never finished (its worker died or lost the lease); running it "
+                "again (attempt %d of %d)", claim.thread_id, claim.attempt, inbox.MAX_ATTEMPTS,
+            )  # fmt: skip
         self._contexts[claim.token] = {}
         try:
             released = False
@@ -621,6 +626,7 @@ class Engine:
             f"The run crashed {inbox.MAX_ATTEMPTS} times at step {thread.session_steps} of session "
             f"{thread.session_number}; the session was failed instead of trying again."
         )
+        log.error("thread %s: %s", thread.id, message)
         await lifecycle.close_open_work(session, thread, message)
         await events.append(session, thread.id, "error", {"code": "crashed", "message": message})
         if thread.session_status == "running":

@@ -143,8 +143,9 @@ async def run(name: str, definition: ToolDefinition, arguments: dict[str, Any], 
             value = await (definition.fn(state) if args is None else definition.fn(state, args))
     except Exception as exc:  # `errors.Aborted` and cancellation are not `Exception`s: they end the execution
         if timer.expired():
-            log.warning("tool %s ran past its %g s limit", name, limit)
+            log.warning("thread %s: tool %s ran past its %g s limit", state.thread_id, name, limit)
             return _error(f"Tool `{name}` did not finish within {limit:g} s and was stopped")
-        log.info("tool %s raised %s", name, type(exc).__name__)  # the text may hold a secret: it goes to the result
+        # the text may hold a secret: it goes to the result (which the model sees), the log has the type
+        log.warning("thread %s: tool %s raised %s", state.thread_id, name, type(exc).__name__)
         return _error(f"Tool `{name}` failed: {type(exc).__name__}: {exc}")
     return normalise(value)

@@ -344,6 +344,11 @@ def _http_error(response: httpx.Response, key_env: str, key: str) -> ProviderErr
     return ProviderError(f"anthropic: {status}: {message}", status=status, kind="bad_request")
 
 
+def required_key(definition: ModelDefinition) -> str:
+    """The variable the model cannot be called without: Anthropic's API always takes a key."""
+    return definition.api_key_env or DEFAULT_KEY_ENV
+
+
 class AnthropicModel:
     """A Claude model behind the `Model` contract."""
 
@@ -353,7 +358,7 @@ class AnthropicModel:
         self.definition = definition
         self.http = http
         self.url = (definition.base_url or DEFAULT_BASE_URL).rstrip("/") + "/v1/messages"
-        self.key_env = definition.api_key_env or DEFAULT_KEY_ENV
+        self.key_env = required_key(definition)
 
     async def stream(self, request: LLMRequest, ctx: CallContext) -> AsyncIterator[StreamEvent]:
         if not ctx.api_key:

@@ -46,6 +46,25 @@ FINISH_REASONS = {"stop": "stop", "tool_calls": "tool_calls", "function_call": "
 CONCATENATED_DETAIL_FIELDS = ("text", "summary", "data")
 
 
+def required_key(definition: ModelDefinition) -> str | None:
+    """The variable the model cannot be called without: OpenAI and OpenRouter answer nothing but 401 without a key,
+    a server of one's own (Ollama, vLLM) may take none."""
+    host = _host(definition)
+    return definition.api_key_env or DEFAULT_KEY_ENV if _is_openai(host) or _is_openrouter(host) else None
+
+
+def _host(definition: ModelDefinition) -> str:
+    return httpx.URL(definition.base_url or DEFAULT_BASE_URL).host
+
+
+def _is_openai(host: str) -> bool:
+    return host == "api.openai.com"
+
+
+def _is_openrouter(host: str) -> bool:
+    return host == "openrouter.ai" or host.endswith(".openrouter.ai")
+
+
 class OpenAIModel:
     """A model behind `POST {base_url}/chat/completions`, answered as server-sent events."""
 
@@ -55,10 +74,11 @@ class OpenAIModel:
         self.definition = definition
         self.http = http
         self.url = (definition.base_url or DEFAULT_BASE_URL).rstrip("/") + "/chat/completions"
-        self.host = httpx.URL(self.url).host
+        self.host = _host(definition)
         self.key_env = definition.api_key_env or DEFAULT_KEY_ENV
-        self.is_openai = self.host == "api.openai.com"
-        self.is_openrouter = self.host == "openrouter.ai" or self.host.endswith(".openrouter.ai")
+        self.is_openai = _is_openai(self.host)
+        self.is_openrouter = _is_openrouter(self.host)
+        self.needs_key = required_key(definition) is not None
 
     def body(self, request: LLMRequest) -> dict[str, Any]:
         """The JSON body for `request`; `provider_options` are merged last and win."""
@@ -99,7 +119,7 @@ class OpenAIModel:
 
     async def stream(self, request: LLMRequest, ctx: CallContext) -> AsyncIterator[StreamEvent]:
         key = self._key(ctx.api_key)
-        if key is None and (self.is_openai or self.is_openrouter):  # it would only answer 401 (a DNS error offline)
+        if key is None and self.needs_key:  # it would only answer 401 (a DNS error offline)
             raise ProviderError(f"openai: no API key: `{self.key_env}` is not set", kind="auth")
         headers = {"Accept": "text/event-stream"}
         if key is not None:

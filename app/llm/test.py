@@ -29,6 +29,10 @@ from app.spec.definitions import ModelDefinition, TestReply
 RETRIABLE = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
 
 
+def required_key(definition: ModelDefinition) -> None:
+    """None: the `test` provider is offline and needs no key."""
+
+
 class TestModel:
     """Answers the n-th call of a thread with script entry n, or with `respond(request)`."""
 
