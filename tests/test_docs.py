@@ -51,8 +51,9 @@ def _text(path: Path) -> str:
 
 
 def _prose(text: str) -> str:
-    """The text without fenced code blocks (links and headings inside them are code, not Markdown)."""
-    return FENCE.sub("", text)
+    """The text with fenced code blocks blanked (links and headings inside them are code, not Markdown); lines keep
+    their numbers."""
+    return FENCE.sub(lambda m: "\n" * m.group(0).count("\n"), text)
 
 
 def _without_code(text: str) -> str:
@@ -158,6 +159,20 @@ def test_the_documents_exist_and_link_to_each_other() -> None:
 @pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(ROOT)) for p in PAGES])
 def test_every_link_resolves_inside_the_repository(page: Path) -> None:
     assert list(_link_problems(page)) == []
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(ROOT)) for p in PAGES])
+def test_every_table_row_has_as_many_cells_as_its_header(page: Path) -> None:
+    """A stray `|` (say, inside a code span, where it must be written `\\|`) silently shifts a row's columns."""
+    header: int | None = None
+    for number, line in enumerate(_prose(_text(page)).splitlines(), 1):
+        if not line.startswith("|"):
+            header = None
+            continue
+        cells = len(re.split(r"(?<!\\)\|", line.strip())) - 2
+        if header is None:
+            header = cells
+        assert cells == header, f"{page.relative_to(ROOT)}, table line {number}: {cells} cells, header has {header}"
 
 
 def test_the_link_check_catches_what_it_should(tmp_path: Path) -> None:
@@ -410,6 +425,12 @@ def test_every_setting_is_in_the_settings_table_with_its_default() -> None:
     assert sorted(set(expected) - set(rows)) == [], "add these settings to docs/deployment.md (Settings)"
     assert sorted(set(rows) - set(expected)) == [], "docs/deployment.md lists settings app/settings.py does not have"
     assert {k: rows[k] for k in expected} == expected
+
+
+def test_every_setting_is_in_the_readme_configuration_table_too() -> None:
+    names = {name.upper() for name, field in Settings.model_fields.items() if not field.exclude}
+    table = code_words(section(_text(ROOT / "README.md"), "## Configuration"))
+    assert sorted(names - table) == [], "add these settings to the README's Configuration table"
 
 
 # -- authoring -------------------------------------------------------------------------------------------------
