@@ -54,13 +54,25 @@ def to_dict(row: tables.Message) -> dict[str, Any]:
 
 
 async def announce(session: AsyncSession, row: tables.Message) -> None:
-    """Emit `message_data` for the row as it is now."""
+    """Emit `message_data` for the row as it is now, with the `subagent_*` fields `GET /messages` has."""
+    data = to_dict(row)
+    if row.subagent_id is not None:
+        data.update(await _projected(session, row))
     await events.append(
-        session,
-        row.thread_id,
-        "message_data",
-        {"message_id": str(row.id), "depth": row.depth, "data": to_dict(row)},
+        session, row.thread_id, "message_data", {"message_id": str(row.id), "depth": row.depth, "data": data}
     )
+
+
+async def _projected(session: AsyncSession, row: tables.Message) -> dict[str, Any]:
+    """The `subagent_*` fields of a message that speaks for a child of its thread (§6.5). The child comes from the
+    session when it holds it (a subagent call's own transaction: no SQL), else by its key."""
+    from app import subagents  # it builds on this module
+
+    with session.no_autoflush:  # the engine's deferred writes stay deferred
+        child = await session.get(tables.Thread, row.subagent_id)
+    if child is None or child.parent_id != row.thread_id:
+        return {}
+    return subagents.projection(child)
 
 
 async def add(session: AsyncSession, thread_id: uuid.UUID, role: str, **fields: Any) -> tables.Message:

@@ -423,25 +423,30 @@ async def fulfil(
     return child
 
 
-async def projections(session: AsyncSession, ids: set[uuid.UUID]) -> dict[uuid.UUID, dict[str, Any]]:
-    """The `subagent_*` fields of messages that speak for these children (§6.5), by child id."""
+def projection(child: tables.Thread) -> dict[str, Any]:
+    """The `subagent_*` fields of a message that speaks for `child` (§6.5)."""
+    e = entry(child)
+    return {
+        "subagent_name": e["name"],
+        "subagent_title": e["title"],
+        "subagent_description": e["description"],
+        "subagent_status": e["status"],
+        "subagent_resumable": e["resumable"],
+        "subagent_blocking": e["blocking"],
+        "subagent_thread_name": e["thread_name"],
+        "subagent_spawn_group_id": e["spawn_group_id"],
+    }
+
+
+async def projections(
+    session: AsyncSession, parent_id: uuid.UUID, ids: set[uuid.UUID]
+) -> dict[uuid.UUID, dict[str, Any]]:
+    """The `subagent_*` fields of the parent's messages that speak for these children, by child id; an id that is
+    not a child of the parent projects nothing (a posted `metadata.subagent_id` may name any thread)."""
     if not ids:
         return {}
-    rows = (await session.execute(select(tables.Thread).where(tables.Thread.id.in_(ids)))).scalars()
-    out = {}
-    for child in rows:
-        e = entry(child)
-        out[child.id] = {
-            "subagent_name": e["name"],
-            "subagent_title": e["title"],
-            "subagent_description": e["description"],
-            "subagent_status": e["status"],
-            "subagent_resumable": e["resumable"],
-            "subagent_blocking": e["blocking"],
-            "subagent_thread_name": e["thread_name"],
-            "subagent_spawn_group_id": e["spawn_group_id"],
-        }
-    return out
+    query = select(tables.Thread).where(tables.Thread.id.in_(ids), tables.Thread.parent_id == parent_id)
+    return {child.id: projection(child) for child in (await session.execute(query)).scalars()}
 
 
 def registry_message(children: list[tables.Thread]) -> str | None:
@@ -453,5 +458,6 @@ def registry_message(children: list[tables.Thread]) -> str | None:
         e = entry(child)
         traits = ["resumable" if e["resumable"] else "one session", "blocking" if e["blocking"] else "non-blocking"]
         label = f' "{e["thread_name"]}"' if e["thread_name"] else ""
-        lines.append(f"- {e['reference']}: {e['name']}{label} — {e['status']} ({', '.join(traits)})")
+        about = f": {e['description']}" if e["description"] else ""
+        lines.append(f"- {e['reference']}: {e['name']}{label} — {e['status']} ({', '.join(traits)}){about}")
     return "\n".join(lines)

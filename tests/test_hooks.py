@@ -183,6 +183,46 @@ async def test_after_create_message_sees_the_stored_message(app_factory: Any) ->
     assert created == [(m["id"], m["role"], True) for m in rows]
 
 
+@define_tool(description="Injects a note.")
+async def inject_note(state: ThreadState) -> str:
+    return (await state.inject_message("user", "injected", metadata={"via": "tool"})).content or ""
+
+
+async def test_an_injected_message_runs_the_create_hooks(app_factory: Any) -> None:
+    """`state.inject_message` inserts a message: the hooks table's `before_create_message` and
+    `after_create_message` run for it as for any other; what a create hook injects itself runs none (no loop)."""
+    created: list[tuple[str | None, dict[str, Any]]] = []
+
+    @define_hook("before_create_message")
+    async def tag(state: ThreadState, message: dict[str, Any]) -> dict[str, Any]:
+        message["metadata"] = {**message["metadata"], "tagged": True}
+        if message["content"] == "injected":
+            message["content"] += " (checked)"
+        return message
+
+    @define_hook("after_create_message")
+    async def echo(state: ThreadState, message: StateMessage) -> None:
+        created.append((message.content, message.metadata))
+        if message.metadata.get("via") == "tool":
+            await state.inject_message("system", "echo of the injection")
+
+    cat = catalog(Model({"tool_calls": [{"name": "inject_note"}]}, "ok"), [tag, echo])
+    cat.tools["inject_note"] = inject_note
+    cat.prompts["p"].tools.append("inject_note")
+    client, tid = await run(app_factory, cat, "go")
+    rows = await stored(client, tid)
+    assert [(m["role"], m["content"], m["metadata"]) for m in rows] == [
+        ("user", "go", {"tagged": True}),
+        ("assistant", None, {"tagged": True}),
+        ("user", "injected (checked)", {"via": "tool", "tagged": True}),
+        ("system", "echo of the injection", {}),  # injected by a create hook: no hooks, no recursion
+        ("tool", "injected (checked)", {"tagged": True}),
+        ("assistant", "ok", {"tagged": True}),
+    ]
+    assert ("injected (checked)", {"via": "tool", "tagged": True}) in created
+    assert ("echo of the injection", {}) not in created
+
+
 async def test_before_update_message_edits_the_completed_message(app_factory: Any) -> None:
     updates_seen: list[dict[str, Any]] = []
 

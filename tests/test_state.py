@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import json
 import uuid
@@ -22,7 +23,16 @@ from app.catalog import Catalog
 from app.engine.context import Env
 from app.engine.state import RunState
 from app.llm.base import LLMRequest
-from app.spec import ThreadState, define_agent, define_model, define_prompt, define_tool
+from app.spec import (
+    AttachmentRef,
+    StateMessage,
+    ThreadState,
+    ToolAttachment,
+    define_agent,
+    define_model,
+    define_prompt,
+    define_tool,
+)
 from tests.conftest import client_for, wait_for
 
 # -- tools --------------------------------------------------------------------------------------------------
@@ -184,6 +194,33 @@ async def count(state: ThreadState) -> str:
     return str(state.context["n"])
 
 
+@define_tool(description="Queues a message with files.")
+async def enqueue_files(state: ThreadState) -> str:
+    await state.write_file("/notes/a.txt", "kept")
+    new = ToolAttachment(name="new report.txt", mime_type="text/plain", data=base64.b64encode(b"fresh").decode())
+    try:
+        await state.queue_message("user", "x", attachments=["/notes/missing.txt"])
+        missing = "queued"
+    except errors.FileNotFound as exc:
+        missing = exc.message
+    try:
+        await state.queue_message("user", "x", attachments=[{"name": "bad"}])  # type: ignore[list-item]
+        bad = "queued"
+    except errors.Invalid as exc:
+        bad = exc.message
+    refs = ["/notes/a.txt", AttachmentRef(path="/notes/a.txt", name="renamed.txt")]
+    queued = await state.queue_message("user", "see the files", attachments=[new, *refs])
+    return json.dumps([queued, missing, bad])
+
+
+@define_tool(description="Reads every field of every message.")
+async def fields(state: ThreadState) -> str:
+    page = await state.get_messages(include_silent=True)
+    one = await state.get_message(page.messages[0].id)
+    assert one is not None and one == page.messages[0]
+    return json.dumps([m.model_dump(mode="json") for m in page.messages])
+
+
 TOOLS = [
     add,
     probe,
@@ -200,6 +237,8 @@ TOOLS = [
     queuer,
     shout,
     count,
+    enqueue_files,
+    fields,
 ]
 
 # -- harness ------------------------------------------------------------------------------------------------
@@ -306,7 +345,7 @@ async def test_identity_definitions_and_names(app_factory: Any) -> None:
     rows = await stored(client, tid)
     got = json.loads(results(rows)["probe"])
     assert got["ids"][:3] == [tid, "agent", thread["user_id"]]
-    assert got["ids"][3].startswith(thread["created_at"][:19]) and got["ids"][4] is False
+    assert got["ids"][3].startswith(thread["created_at"][:19]) and got["ids"][4] is None
     assert got["execution"] == {
         "side": "a",
         "step": 1,
@@ -397,6 +436,45 @@ async def test_queue_message_is_delivered_before_the_next_llm_call(app_factory: 
     ]
 
 
+async def test_queue_message_takes_new_files_and_files_of_the_thread(app_factory: Any) -> None:
+    recorder = Recorder(call("enqueue_files"), "ok")
+    _, client, tid = await start(app_factory, catalog(recorder))
+    await say(client, tid, "go")
+    rows = await stored(client, tid)
+    queued_id, missing, bad = json.loads(results(rows)["enqueue_files"])
+    assert missing == "Attachment not found: /notes/missing.txt"
+    assert bad.startswith("each attachment is a path, a reference with `path`, or a new file")
+    [delivered] = [m for m in rows if m["content"] == "see the files"]  # the refused ones queued nothing
+    assert delivered["id"] == queued_id and delivered["role"] == "user"
+    new, kept, renamed = delivered["attachments"]
+    assert new["path"].startswith("/attachments/new-report-") and new["path"].endswith(".txt")
+    assert (new["name"], new["mime_type"], new["size"]) == ("new report.txt", "text/plain", 5)
+    assert (await client.get(f"/threads/{tid}/fs{new['path']}")).content == b"fresh"
+    assert (kept["path"], kept["name"], kept["size"]) == ("/notes/a.txt", "a.txt", 4)
+    assert (renamed["path"], renamed["name"]) == ("/notes/a.txt", "renamed.txt")
+
+
+async def test_state_messages_carry_the_spec_message_fields(app_factory: Any) -> None:
+    recorder = Recorder({"text": "thinking done", "reasoning": "let me think"}, call("fields"), "ok")
+    _, client, tid = await start(app_factory, catalog(recorder))
+    note = {"name": "n.txt", "mime_type": "text/plain", "data": base64.b64encode(b"hi").decode()}
+    posted = await client.post(f"/threads/{tid}/messages", json={"content": "one", "attachments": [note]})
+    assert posted.status_code == 202
+    await settle(client, tid)
+    await say(client, tid, "two")
+    rows = await stored(client, tid)
+    seen = json.loads(results(rows)["fields"])
+    by_id = {m["id"]: m for m in rows}
+    for message in seen:  # every field of the spec's `Message` the API has, with the same values
+        api = by_id[message["id"]]
+        message["attachments"] = [{k: v for k, v in a.items() if v is not None} for a in message["attachments"]]
+        for key in ("parent_id", "attachments", "reasoning_content", "subagent_id", "subagent_name", "depth"):
+            assert message[key] == api[key], key
+    assert seen[0]["attachments"][0]["name"] == "n.txt" and seen[0]["attachments"][0]["size"] == 2
+    assert seen[1]["reasoning_content"] == "let me think"
+    assert {"parent_id", "subagent_status", "subagent_spawn_group_id"} <= set(StateMessage.model_fields)
+
+
 async def test_queue_message_from_outside_starts_a_run(app_factory: Any) -> None:
     recorder = Recorder("answer")
     app, client, tid = await start(app_factory, catalog(recorder))
@@ -415,7 +493,11 @@ async def test_queue_message_from_outside_starts_a_run(app_factory: Any) -> None
         await session.execute(text("UPDATE threads SET terminated_at = now() WHERE id = :id"), {"id": uuid.UUID(tid)})
     with pytest.raises(errors.ThreadTerminated):
         await state.queue_message("user", "too late")
-    assert (await outside(app, tid)).terminated is True
+    terminated = (await outside(app, tid)).terminated
+    async with app.state.sessions() as session:
+        row = await session.get(tables.Thread, uuid.UUID(tid))
+    assert row is not None and row.terminated_at is not None
+    assert terminated == row.terminated_at  # when it was terminated (the spec's timestamp), not a flag
 
 
 async def test_writes_outside_the_execution_are_refused(app_factory: Any) -> None:

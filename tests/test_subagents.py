@@ -15,7 +15,7 @@ from fastapi import FastAPI
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app import keys, subagents, tables, threads
+from app import errors, keys, subagents, tables, threads
 from app.catalog import Catalog
 from app.llm.base import LLMRequest
 from app.spec import ThreadState, define_agent, define_model, define_prompt, define_tool
@@ -264,8 +264,115 @@ async def test_non_blocking_child_reports_with_the_exact_texts(app_factory: Any)
     registry = brain.seen["boss"][-1].messages[-1]  # the parent's model sees its children after the history
     assert registry.role == "system" and registry.content == (
         "Subagents of this thread (use their reference to address them):\n"
-        f"- {cid}: qa — terminated (one session, non-blocking)"
+        f"- {cid}: qa — terminated (one session, non-blocking): Checks work."  # with the child's description
     )
+
+
+PROJECTED = ("subagent_name", "subagent_title", "subagent_description", "subagent_resumable", "subagent_blocking")
+
+
+@define_tool(description="Read this thread's messages that speak for a child.")
+async def own_messages(state: ThreadState) -> str:
+    page = await state.get_messages(include_silent=True)
+    return json.dumps([[m.subagent_id, *(getattr(m, k) for k in PROJECTED)] for m in page.messages if m.subagent_id])
+
+
+async def test_messages_of_a_child_carry_its_projection_in_events_and_state(app_factory: Any) -> None:
+    """`message_data` has the `subagent_*` fields `GET /messages` has, and so has `StateMessage` (§6.5)."""
+
+    def boss(request: LLMRequest) -> Any:
+        last = last_of(request)
+        if last.role == "user" and last.content == "go":
+            return {"tool_calls": [{"name": "qa", "arguments": {"message": "check the report"}}]}
+        if (last.content or "").startswith("Subagent (reference:"):
+            return {"tool_calls": [{"name": "own_messages"}]}
+        return f"boss saw: {last.content}"
+
+    cat = catalog(Brain(boss), {"name": "qa", "blocking": False})
+    cat.tools["own_messages"] = own_messages
+    cat.prompts["boss"].tools.append("own_messages")
+    _app, client, tid = await start(app_factory, cat)
+    await client.post(f"/threads/{tid}/messages", json={"content": "go"})
+    rows = await until(client, tid, lambda rs: any(r["name"] == "own_messages" for r in rs if r["role"] == "tool"))
+    tool, report = [r for r in rows if r["subagent_id"]]
+    cid = tool["subagent_id"]
+    assert report["subagent_id"] == cid and report["content"].startswith(f"Subagent (reference: {cid}) has returned")
+    expected = ["qa", "QA", "Checks work.", False, False]
+    assert [tool[k] for k in PROJECTED] == [report[k] for k in PROJECTED] == expected
+    # every announcement of those messages carries the projection too, as the child was when it was written
+    announced = [
+        d["data"] for e, d in await event_types(client, tid) if e == "message_data" and d["data"]["subagent_id"]
+    ]
+    assert {d["id"] for d in announced} == {tool["id"], report["id"]}
+    for data in announced:
+        assert [data[k] for k in PROJECTED] == expected and data["subagent_status"] in ("running", "idle", "terminated")
+        assert data["subagent_thread_name"] is None and data["subagent_spawn_group_id"] is None
+    # the messages of other threads project nothing: only the thread's own children are in its registry
+    assert [d["data"].get("subagent_name") for e, d in await event_types(client, tid) if e == "message_data"].count(
+        None
+    ) == len([e for e, d in await event_types(client, tid) if e == "message_data"]) - len(announced)
+    seen = json.loads(next(r["content"] for r in rows if r["name"] == "own_messages"))
+    assert seen == [[cid, *expected], [cid, *expected]]
+
+
+async def test_a_metadata_subagent_id_of_a_thread_that_is_no_child_projects_nothing(app_factory: Any) -> None:
+    brain = Brain(lambda request: "fine")
+    _app, client, tid = await start(app_factory, catalog(brain, {"name": "qa"}))
+    other = (await client.post("/threads", json={"agent": "qa"})).json()["id"]
+    posted = {"content": "hi", "metadata": {"subagent_id": other}}
+    assert (await client.post(f"/threads/{tid}/messages", json=posted)).status_code == 202
+    rows = await until(client, tid, said("fine"))
+    assert rows[0]["subagent_id"] == other and rows[0]["subagent_name"] is None
+    [data] = [d["data"] for e, d in await event_types(client, tid) if e == "message_data" and d["data"]["subagent_id"]]
+    assert "subagent_name" not in data
+
+
+async def test_non_resumable_arguments_are_checked_against_the_childs_schema(app_factory: Any) -> None:
+    script = [
+        {"name": "qa", "arguments": {"msg": "check it"}},
+        {"name": "qa", "arguments": {"message": 42}},
+    ]
+    brain = Brain(manager(script))
+    _app, client, tid = await start(app_factory, catalog(brain, {"name": "qa"}))
+    await client.post(f"/threads/{tid}/messages", json={"content": "start"})
+    rows = await until(client, tid, said("boss saw"))
+    errors_ = [(r["tool_status"], r["content"]) for r in rows if r["role"] == "tool"]
+    assert errors_ == [
+        ("error", "Invalid arguments for tool `qa`: missing `message`"),
+        ("error", "Invalid arguments for tool `qa`: `message` must be of type string"),
+    ]
+    assert await registry(client, tid) == []  # nothing was created
+
+
+@define_tool(description="Queue a call of the optional subagent, and try to set a status.")
+async def queue_qa(state: ThreadState) -> str:
+    try:
+        await state.set_status("busy")
+        status = "set"
+    except errors.Invalid as exc:
+        status = exc.message
+    call_id = await state.queue_tool("qa", {"message": "queued job"})
+    return json.dumps([call_id, status])
+
+
+async def test_queue_tool_queues_an_optional_subagent_set_status_needs_a_parent(app_factory: Any) -> None:
+    brain = Brain(manager([{"name": "queue_qa", "arguments": {}}]))
+    cat = catalog(brain, {"name": "qa", "optional": "USE_QA", "blocking": False})
+    cat.tools["queue_qa"] = queue_qa
+    cat.prompts["boss"].tools.append("queue_qa")
+    app = await app_factory(cat, with_worker=True)
+    client = client_for(app)
+    tid = (await client.post("/threads", json={"agent": "boss", "env": {"USE_QA": "yes"}})).json()["id"]
+    await client.post(f"/threads/{tid}/messages", json={"content": "start"})
+    rows = await until(client, tid, said("boss saw"))
+    call_id, status = json.loads(next(r["content"] for r in rows if r["name"] == "queue_qa"))
+    assert status == "`state.set_status` is for subagents: this thread has no parent"
+    assert not any(d.get("status_text") for e, d in await event_types(client, tid) if e == "thread_status")
+    queued = next(r for r in rows if r["tool_call_id"] == call_id)
+    assert queued["name"] == "qa" and queued["content"].startswith("The subagent was initiated successfully.")
+    [child] = await registry(client, tid)
+    first = (await stored(client, child["reference"]))[0]
+    assert first["content"] == "queued job"
 
 
 # -- resumable ----------------------------------------------------------------------------------------------

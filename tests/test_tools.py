@@ -60,7 +60,7 @@ async def nap(state: ThreadState, args: NapArgs) -> str:
 async def guarded(state: ThreadState) -> str:
     try:
         await GUARD["before"]()  # the test takes the lease away here
-        await state.set_status("still mine?")  # a fenced write: the lease is gone
+        await state.emit("still_mine", {})  # a fenced write: the lease is gone
     except Exception as exc:  # a careless guard around user code
         return f"swallowed {type(exc).__name__}"
     return "wrote"

@@ -7,6 +7,7 @@ import logging
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
+from contextvars import ContextVar
 from typing import Any
 
 from cryptography.fernet import Fernet
@@ -28,6 +29,15 @@ log = logging.getLogger(__name__)
 # the message fields `before_create_message` / `before_update_message` may change, with their types
 EDITABLE: dict[str, tuple[type, ...]] = {"content": (str, type(None)), "metadata": (dict,), "silent": (bool,)}
 _SHOWN = ("id", "role", "side", "content", "name", "tool_call_id", "tool_status", "status", "silent", "attachments")
+
+
+# the hook running in this task, if any: a message a create-message hook injects runs no hooks (it would recurse)
+_running: ContextVar[str | None] = ContextVar("hook", default=None)
+
+
+def creating() -> bool:
+    """Whether a `before_create_message` or `after_create_message` hook is running in this task."""
+    return _running.get() in ("before_create_message", "after_create_message")
 
 
 class BadReturn(TypeError):
@@ -59,12 +69,8 @@ async def prepare(
     context: dict[str, Any] | None = None,
 ) -> Hooks:
     """The hooks of the side's prompt and the state they get; without `transaction` they join `session`'s."""
-    agent = catalog.agent(thread.agent)
-    config = agent.side("b" if side == "b" else "a")
-    assert config is not None, f"agent {agent.name} has no side {side}"
-    prompt = catalog.prompts[config.prompt]
-    definitions = active(catalog, agent, prompt)
-    if not definitions:
+    prompt = _prompt(catalog, thread, side)
+    if not active(catalog, catalog.agent(thread.agent), prompt):
         return Hooks()
     if env is None:
         env = await load_env(session, fernet, catalog, thread, prompt)
@@ -75,9 +81,31 @@ async def prepare(
         attempt=thread.attempt,
     )
     tx = transaction or (lambda: joined(session, thread))
-    context = {} if context is None else context
-    state = RunState(thread, env, tx, execution, context, catalog=catalog, fernet=fernet)
-    return Hooks(definitions, state, tx, env.secrets())
+    return bind(catalog, fernet, thread, execution, env, tx, {} if context is None else context)
+
+
+def bind(
+    catalog: Catalog,
+    fernet: Fernet,
+    thread: tables.Thread,
+    execution: ExecutionState,
+    env: Env,
+    transaction: Transaction,
+    context: dict[str, Any],
+) -> Hooks:
+    """The hooks of the acting side's prompt, with a state of that execution on `transaction` (no SQL)."""
+    definitions = active(catalog, catalog.agent(thread.agent), _prompt(catalog, thread, execution.side))
+    if not definitions:
+        return Hooks()
+    state = RunState(thread, env, transaction, execution, context, catalog=catalog, fernet=fernet)
+    return Hooks(definitions, state, transaction, env.secrets())
+
+
+def _prompt(catalog: Catalog, thread: tables.Thread, side: str) -> PromptDefinition:
+    agent = catalog.agent(thread.agent)
+    config = agent.side("b" if side == "b" else "a")
+    assert config is not None, f"agent {agent.name} has no side {side}"
+    return catalog.prompts[config.prompt]
 
 
 async def drop_call(session: AsyncSession, thread_id: uuid.UUID, call_id: str) -> None:
@@ -189,6 +217,7 @@ class Hooks:
     ) -> Any:
         """Run the hooks called `name` in order, each on the previous one's output."""
         for hook in self._by_name.get(name, ()):
+            running = _running.set(name)
             try:
                 out = await hook.fn(self._state, *copy.deepcopy(args), copy.deepcopy(value))
                 if out is None and none_ends:
@@ -196,14 +225,19 @@ class Hooks:
                 value = check(out)
             except Exception as exc:
                 await self._failed(hook, exc)
+            finally:
+                _running.reset(running)
         return value
 
     async def _notify(self, name: str, row: tables.Message) -> None:
         for hook in self._by_name.get(name, ()):
+            running = _running.set(name)
             try:
                 await hook.fn(self._state, StateMessage.model_validate(messages.to_dict(row)))
             except Exception as exc:
                 await self._failed(hook, exc)
+            finally:
+                _running.reset(running)
 
     async def _failed(self, hook: HookDefinition, exc: Exception) -> None:
         """Log a hook that raised: its input goes on unchanged."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
@@ -14,9 +14,10 @@ from pydantic import ValidationError
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from app import attachments as attachment_store
 from app import effects as effect_store
 from app import env as env_store
-from app import errors, events, lifecycle, messages, queue, tables, threads
+from app import errors, events, files, lifecycle, messages, queue, tables, threads
 from app import subagents as child_registry
 from app.catalog import Catalog
 from app.engine import handoffs, tools
@@ -26,8 +27,9 @@ from app.llm.base import ToolCall
 from app.settings import DEFAULT_TOOL_TIMEOUT
 from app.spec.define import EffectDefinition
 from app.spec.definitions import AgentDefinition, ModelDefinition, PromptDefinition, ToolEntry
-from app.spec.results import ToolResult
+from app.spec.results import ToolAttachment, ToolResult
 from app.spec.state import (
+    AttachmentRef,
     ExecutionState,
     MessagesResult,
     ScheduledEffect,
@@ -106,8 +108,8 @@ class RunState(FileMethods):
         return list(self._children)
 
     @property
-    def terminated(self) -> bool:
-        return self._thread.terminated_at is not None
+    def terminated(self) -> datetime | None:
+        return self._thread.terminated_at
 
     @property
     def execution(self) -> ExecutionState | None:
@@ -150,8 +152,9 @@ class RunState(FileMethods):
                 .limit(limit)
             )
             rows = list((await session.execute(query)).scalars())
+            extra = await _projections(session, thread.id, rows)
         return MessagesResult(
-            messages=[_message(r) for r in rows],
+            messages=[_message(r, extra) for r in rows],
             total=total,
             has_more=offset + len(rows) < total,
         )
@@ -162,9 +165,10 @@ class RunState(FileMethods):
             return None
         async with self._transaction() as (session, thread):
             try:
-                return _message(await messages.get(session, thread.id, key))
+                row = await messages.get(session, thread.id, key)
             except errors.MessageNotFound:
                 return None
+            return _message(row, await _projections(session, thread.id, [row]))
 
     async def inject_message(
         self,
@@ -176,17 +180,22 @@ class RunState(FileMethods):
     ) -> StateMessage:
         self._own("inject_message")
         _check_input(role, INJECT_ROLES, content, metadata)
-        async with self._transaction() as (session, thread):
-            row = await messages.add(
-                session,
-                thread.id,
-                role,
-                content=content,
-                silent=silent,
-                metadata_=metadata or {},
-                session_number=thread.session_number,
+        from app.engine import hooks  # it builds on this module
+
+        assert self._execution is not None
+        hook_runner = None
+        if not hooks.creating():  # a create-message hook's own injections run no hooks: they would recurse
+            hook_runner = hooks.bind(
+                self._catalog, self._fernet, self._thread, self._execution, self._env, self._transaction, self._context
             )
+        fields: dict[str, Any] = {"content": content, "silent": silent, "metadata_": metadata or {}}
+        if hook_runner is not None:
+            fields = await hook_runner.before_create_message(role, fields)
+        async with self._transaction() as (session, thread):
+            row = await messages.add(session, thread.id, role, session_number=thread.session_number, **fields)
             thread.last_message_at = row.created_at
+        if hook_runner is not None:
+            await hook_runner.after_create_message(row)
         return _message(row)
 
     async def queue_message(
@@ -194,12 +203,19 @@ class RunState(FileMethods):
         role: Literal["user", "assistant"],
         content: str,
         *,
+        attachments: Sequence[ToolAttachment | AttachmentRef | str] | None = None,
         silent: bool = False,
         metadata: dict[str, Any] | None = None,
     ) -> str:
         _check_input(role, QUEUE_ROLES, content, metadata)
+        given = _attachments(attachments)
         async with self._transaction() as (session, thread):
-            message_id = await messages.enqueue(session, thread, role, content, silent=silent, metadata=metadata)
+            if thread.terminated_at is not None:
+                raise errors.ThreadTerminated()  # before any file is stored
+            refs = [await _attachment(session, thread.id, item) for item in given]
+            message_id = await messages.enqueue(
+                session, thread, role, content, silent=silent, metadata=metadata, attachments=refs
+            )
         return str(message_id)
 
     async def update_message(
@@ -349,7 +365,9 @@ class RunState(FileMethods):
         config = agent.side(side)  # type: ignore[arg-type]
         offered = set()
         if config is not None:
-            offered = {t.name for t in offered_tools(self._catalog, self._catalog.prompts[config.prompt], config)}
+            prompt = self._catalog.prompts[config.prompt]
+            # with the env: an `optional` subagent the side is offered is one it may queue (§6.6)
+            offered = {t.name for t in offered_tools(self._catalog, prompt, config, self._env)}
         if name not in offered:
             known = ", ".join(sorted(offered)) or "none"
             raise errors.Invalid(f"`state.queue_tool`: side {side} is not offered a tool `{name}` (offered: {known})")
@@ -376,6 +394,8 @@ class RunState(FileMethods):
             raise errors.Invalid("`state.set_status` takes a string of 1 to 1000 characters")
         _refuse_nul(text)
         async with self._transaction() as (session, thread):
+            if thread.parent_id is None:
+                raise errors.Invalid("`state.set_status` is for subagents: this thread has no parent")
             thread.status_text = self._env.mask(text)
             data = {"status": thread.status, "status_text": thread.status_text}
             await events.append(session, thread.id, "thread_status", data)
@@ -538,8 +558,60 @@ def scheduled_effect(row: tables.Effect) -> ScheduledEffect:
     )
 
 
-def _message(row: tables.Message) -> StateMessage:
-    return StateMessage.model_validate(messages.to_dict(row))
+def _message(row: tables.Message, projected: dict[uuid.UUID, dict[str, Any]] | None = None) -> StateMessage:
+    extra = (projected or {}).get(row.subagent_id) if row.subagent_id is not None else None
+    return StateMessage.model_validate({**messages.to_dict(row), **(extra or {})})
+
+
+async def _projections(
+    session: AsyncSession, thread_id: uuid.UUID, rows: list[tables.Message]
+) -> dict[uuid.UUID, dict[str, Any]]:
+    """The `subagent_*` fields of the rows that speak for a child (a query only when one does)."""
+    return await child_registry.projections(session, thread_id, {r.subagent_id for r in rows if r.subagent_id})
+
+
+def _attachments(items: Any) -> list[ToolAttachment | AttachmentRef]:
+    """`queue_message`'s attachments as models: a new file (`name`, `mime_type`, base64 `data`) or a file of the
+    thread (a path, or a reference with `path`)."""
+    if items is None:
+        return []
+    if isinstance(items, str | bytes | dict) or not isinstance(items, Sequence):
+        raise errors.Invalid("`attachments` must be a list")
+    out: list[ToolAttachment | AttachmentRef] = []
+    for item in items:
+        try:
+            if isinstance(item, ToolAttachment | AttachmentRef):
+                out.append(item)
+            elif isinstance(item, str):
+                out.append(AttachmentRef(path=item))
+            elif isinstance(item, dict) and "data" in item:
+                out.append(ToolAttachment.model_validate(item))
+            elif isinstance(item, dict) and "path" in item:
+                out.append(AttachmentRef.model_validate(item))
+            else:
+                raise errors.Invalid("each attachment is a path, a reference with `path`, or a new file")
+        except ValidationError as exc:
+            raise errors.Invalid(f"invalid attachment: {exc.errors()[0]['msg']}") from exc
+    _refuse_nul(*(a.model_dump() for a in out))
+    return out
+
+
+async def _attachment(
+    session: AsyncSession, thread_id: uuid.UUID, item: ToolAttachment | AttachmentRef
+) -> dict[str, Any]:
+    """A message's reference to the attachment: a new file is stored under `/attachments/` (code's own output is
+    not refused for its size, as a tool's is not); a path must name a file of the thread."""
+    if isinstance(item, ToolAttachment):
+        data = attachment_store.decode(item.data, item.name)
+        limit = max(files.DEFAULT_LIMIT, len(data))
+        return await attachment_store.store(session, thread_id, item.name, data, item.mime_type, limit)
+    try:
+        entry = await files.stat(session, thread_id, item.path)
+    except errors.FileNotFound:
+        entry = None
+    if entry is None or entry.is_dir:
+        raise errors.FileNotFound(f"Attachment not found: {item.path}", path=item.path)
+    return attachment_store.reference(entry, item.name)
 
 
 def _log(row: tables.Log) -> StateLog:

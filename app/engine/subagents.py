@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import errors, events, files, subagents, tables, threads
 from app.catalog import Catalog
+from app.engine import subprompts
 from app.engine.context import Env, OfferedTool, parse_arguments
 from app.llm.base import ToolCall
 from app.spec.definitions import AgentDefinition, PromptDefinition, ToolEntry
@@ -86,6 +87,14 @@ def _schema(catalog: Catalog, agent: AgentDefinition) -> dict[str, Any]:
         "required": ["message"],
         "additionalProperties": False,
     }
+
+
+def _arguments_problem(catalog: Catalog, agent: AgentDefinition, arguments: dict[str, Any]) -> str | None:
+    """What is wrong with a non-resumable subagent call's arguments by the schema it is offered with (§6.2)."""
+    prompt = catalog.prompts[agent.side_a.prompt]
+    if prompt.required_schema is not None:
+        return subprompts.arguments_problem(prompt, arguments)
+    return subprompts.shape_problem(_schema(catalog, agent), arguments)
 
 
 def offered(catalog: Catalog, prompt: PromptDefinition, env: Env | None = None) -> list[OfferedTool]:
@@ -191,6 +200,9 @@ async def call(
                 return _error(LIMIT.format(agent=agent.name, limit=limit, ids=ids))
     else:
         entry, agent = tool.entry, catalog.agents[tool.name]
+        problem = _arguments_problem(catalog, agent, arguments)
+        if problem is not None:  # as a callable's: nothing is created, the model may call again (§6.2)
+            return _error(f"Invalid arguments for tool `{tool.name}`: {problem}")
         prop = entry.init_user_message_property or "message"
         value = arguments.get(prop)
         content = value if isinstance(value, str) else json.dumps(arguments)

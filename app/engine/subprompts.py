@@ -234,7 +234,12 @@ def arguments_problem(prompt: PromptDefinition, arguments: dict[str, Any]) -> st
         except ValidationError as exc:
             return "; ".join(f"`{'.'.join(str(p) for p in e['loc']) or 'arguments'}`: {e['msg']}" for e in exc.errors())
         return None
-    shape_ = prompt.schema_for_tool()
+    return shape_problem(prompt.schema_for_tool(), arguments)
+
+
+def shape_problem(shape_: dict[str, Any], arguments: dict[str, Any]) -> str | None:
+    """What is wrong with arguments by the top level of a JSON Schema: required properties, their types, no others
+    if it says so."""
     props: dict[str, Any] = shape_.get("properties", {})
     missing = [p for p in shape_.get("required", []) if p not in arguments]
     if missing:

@@ -25,6 +25,7 @@ from app.spec.definitions import (
 )
 from app.spec.results import ToolAttachment, ToolResult
 from app.spec.state import (
+    AttachmentRef,
     ExecutionState,
     FileRecord,
     FileStats,
@@ -41,6 +42,7 @@ from app.spec.state import (
 
 __all__ = [
     "AgentDefinition",
+    "AttachmentRef",
     "EffectDefinition",
     "EndpointDefinition",
     "ExecutionState",

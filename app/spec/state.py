@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal, Protocol
@@ -10,7 +10,7 @@ from typing import Any, Literal, Protocol
 from pydantic import BaseModel
 
 from app.spec.definitions import AgentDefinition, ModelDefinition, PromptDefinition
-from app.spec.results import ToolResult
+from app.spec.results import ToolAttachment, ToolResult
 
 
 @dataclass(frozen=True)
@@ -25,8 +25,20 @@ class ExecutionState:
     tool_options: dict[str, Any] | None = None
 
 
+class AttachmentRef(BaseModel):
+    """A file of the thread a message refers to (the spec's `AttachmentRef`); stored ones have every field."""
+
+    path: str
+    name: str | None = None
+    mime_type: str | None = None
+    size: int | None = None
+    width: int | None = None
+    height: int | None = None
+
+
 class StateMessage(BaseModel):
-    """A stored message as user code sees it."""
+    """A stored message as user code sees it (the spec's `Message`); the `subagent_*` fields after `subagent_id`
+    are projected from the registry entry of the child the message speaks for (None when it names none)."""
 
     id: str
     role: str
@@ -39,7 +51,19 @@ class StateMessage(BaseModel):
     status: str
     silent: bool = False
     depth: int = 0
+    parent_id: str | None = None
+    attachments: list[AttachmentRef] = []
+    reasoning_content: str | None = None
     metadata: dict[str, Any] = {}
+    subagent_id: str | None = None
+    subagent_name: str | None = None
+    subagent_title: str | None = None
+    subagent_description: str | None = None
+    subagent_status: str | None = None
+    subagent_resumable: bool | None = None
+    subagent_blocking: bool | None = None
+    subagent_thread_name: str | None = None
+    subagent_spawn_group_id: str | None = None
     created_at: datetime
 
 
@@ -164,8 +188,8 @@ class ThreadState(Protocol):
     def created_at(self) -> datetime: ...
 
     @property
-    def terminated(self) -> bool:
-        """Whether the thread was terminated (it then refuses all input)."""
+    def terminated(self) -> datetime | None:
+        """When the thread was terminated (it then refuses all input), or None while it is active."""
         ...
 
     @property
@@ -209,7 +233,12 @@ class ThreadState(Protocol):
         silent: bool = False,
         metadata: dict[str, Any] | None = None,
     ) -> StateMessage:
-        """Write a message into history now (own execution only); the model sees it on its next call."""
+        """Write a message into history now (own execution only); the model sees it on its next call.
+
+        It runs the acting side's `before_create_message` hooks (which may change `content`, `metadata` and
+        `silent`) and then its `after_create_message` hooks, as every message the engine inserts does; a message
+        injected by one of those two hooks runs none (it would call itself forever).
+        """
         ...
 
     async def queue_message(
@@ -217,13 +246,16 @@ class ThreadState(Protocol):
         role: Literal["user", "assistant"],
         content: str,
         *,
+        attachments: Sequence[ToolAttachment | AttachmentRef | str] | None = None,
         silent: bool = False,
         metadata: dict[str, Any] | None = None,
     ) -> str:
         """Put a message in the thread's inbox and return the id it will be stored with.
 
         A running thread stores it before its next LLM call; an idle one starts a run (`user` makes side A act,
-        `assistant` side B of a `dual_ai` agent).
+        `assistant` side B of a `dual_ai` agent). `attachments` are new files (`ToolAttachment`, stored under
+        `/attachments/` of this thread) or files this thread already has (`AttachmentRef` or a path); a path that
+        names no file of this thread raises `FileNotFound`.
         """
         ...
 
@@ -371,7 +403,8 @@ class ThreadState(Protocol):
         ...
 
     async def set_status(self, text: str) -> None:
-        """Set this thread's status text: the parent's registry shows it as this subagent's status."""
+        """Set this thread's status text: the parent's registry shows it as this subagent's status. Raises for a
+        thread without a parent."""
         ...
 
     async def get_child_thread(self, reference: str) -> ThreadState | None:

@@ -273,7 +273,10 @@ async def _hung_up(request: Request) -> None:
 
 async def _projected(session: AsyncSession, rows: list[tables.Message]) -> list[schemas.Message]:
     """Messages with the `subagent_*` fields of the child they speak for."""
-    extra = await subagents.projections(session, {r.subagent_id for r in rows if r.subagent_id is not None})
+    if not rows:
+        return []
+    children = {r.subagent_id for r in rows if r.subagent_id is not None}
+    extra = await subagents.projections(session, rows[0].thread_id, children)
     return [
         schemas.Message.model_validate({**messages.to_dict(r), **extra.get(r.subagent_id or uuid.UUID(int=0), {})})
         for r in rows
