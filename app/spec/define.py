@@ -219,8 +219,8 @@ def define_hook(hook_name: str) -> Callable[[Callable[..., Any]], HookDefinition
     - `prefilter_llm_history(state, messages: list[LLMMessage]) -> list[LLMMessage]`: after assembly (system
       message included); the returned list is what the model is sent.
     - `before_create_message(state, message: dict) -> dict`: before the engine inserts a message (the pending
-      assistant message, a tool result, a delivered inbox message); `content`, `metadata` and `silent` of the
-      returned dict are used.
+      assistant message, a tool result, a delivered inbox message, a `state.inject_message`); `content`,
+      `metadata` and `silent` of the returned dict are used. A message these create hooks inject runs none.
     - `after_create_message(state, message: StateMessage) -> None`
     - `before_update_message(state, message_id: str, updates: dict) -> dict`: before the engine updates a message
       (the pending assistant message completing or failing); `content`, `metadata` and `silent` of the returned
