@@ -21,7 +21,7 @@ from app.spec import define as spec_define
 from app.spec import definitions as spec
 from app.spec.results import ToolAttachment, ToolResult
 from app.spec.state import ExecutionState, ThreadState
-from tests.conftest import ROOT, client_for
+from tests.conftest import ROOT, client_for, wait_for
 
 PAGE = ROOT / "docs" / "authoring.md"
 BLOCK = re.compile(r"^```python\n(.*?)^```$", re.MULTILINE | re.DOTALL)
@@ -209,3 +209,64 @@ async def test_the_scripted_example_runs_as_the_page_says(folder: Path, app_fact
         (1, "success", None),
         (1, "error", "bad request"),
     ]
+
+
+# the page's `fast`, `backup` and `local` talk to real providers: an offline stand-in, recording what it is sent
+STAND_IN = """
+from app.spec import define_model
+
+SEEN = []
+
+
+def respond(request):
+    SEEN.append(request)
+    return "Done."
+
+
+for name in ("fast", "backup", "local"):
+    define_model(name=name, provider="test", respond=respond)
+"""
+
+
+async def test_the_tool_entries_example_fans_out_names_and_lists_its_children(
+    folder: Path, tmp_path: Path, app_factory: Any
+) -> None:
+    """`front_desk` runs the page's `coordinator`: its `immediate` `scout` entry starts one child per `REGION__k`,
+    named by `name_env` (and tagged `name:<name>`) and described by `description_env`; the coordinator's model then
+    gets the registry message after its history."""
+    root = tmp_path / "agents"
+    for name, source in files().items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(STAND_IN if name == "models/fast.py" else source, encoding="utf-8")
+    loaded = catalog.load(root)
+    respond = loaded.models["fast"].respond
+    assert respond is not None
+    seen: list[Any] = respond.__globals__["SEEN"]
+    app = await app_factory(loaded, with_worker=True)
+    client = client_for(app)
+    env = {"SCOUTS": "yes", "REGION": "north", "REGION__2": "south"}
+    env |= {"SCOUT_NAME": "North scout", "SCOUT_NAME__2": "South scout"}
+    env |= {"SCOUT_BRIEF": "Scout the north.", "SCOUT_BRIEF__2": "Scout the south."}
+    tid = (await client.post("/threads", json={"agent": "front_desk", "env": env})).json()["id"]
+
+    async def two() -> list[dict[str, Any]] | None:
+        found: list[dict[str, Any]] = (await client.get(f"/threads/{tid}/subagents")).json()["subagents"]
+        return found if len(found) == 2 else None
+
+    children = await wait_for(two)
+    assert [(c["name"], c["thread_name"], c["description"], c["blocking"]) for c in children] == [
+        ("scout", "North scout", "Scout the north.", False),
+        ("scout", "South scout", "Scout the south.", False),
+    ]
+    tagged = (await client.get("/threads", params={"tag": "name:South scout"})).json()["threads"]
+    assert [(t["id"], t["parent_id"], t["name"]) for t in tagged] == [(children[1]["reference"], tid, "South scout")]
+
+    answer = await client.post(f"/threads/{tid}/messages", params={"wait": 30}, json={"content": "Status?"})
+    assert answer.json()["done"] is True
+    mine = [r for r in seen if (r.messages[0].content or "").startswith("You coordinate the team")]
+    registry = mine[-1].messages[-1]
+    assert registry.role == "system"
+    lines = (registry.content or "").splitlines()
+    assert lines[0] == "Subagents of this thread (use their reference to address them):"
+    assert lines[1].startswith(f'- {children[0]["reference"]}: scout "North scout" — ')
+    assert lines[2].endswith("(one session, non-blocking)")
