@@ -253,7 +253,8 @@ async def test_the_tool_entries_example_fans_out_names_and_lists_its_children(
         found: list[dict[str, Any]] = (await client.get(f"/threads/{tid}/subagents")).json()["subagents"]
         return found if len(found) == 2 else None
 
-    children = await wait_for(two)
+    # one transaction makes both, so they share `created_at`: the registry's order between them is not fixed
+    children = sorted(await wait_for(two, timeout=30), key=lambda c: str(c["thread_name"]))
     assert [(c["name"], c["thread_name"], c["description"], c["blocking"]) for c in children] == [
         ("scout", "North scout", "Scout the north.", False),
         ("scout", "South scout", "Scout the south.", False),
@@ -266,7 +267,8 @@ async def test_the_tool_entries_example_fans_out_names_and_lists_its_children(
     mine = [r for r in seen if (r.messages[0].content or "").startswith("You coordinate the team")]
     registry = mine[-1].messages[-1]
     assert registry.role == "system"
-    lines = (registry.content or "").splitlines()
-    assert lines[0] == "Subagents of this thread (use their reference to address them):"
-    assert lines[1].startswith(f'- {children[0]["reference"]}: scout "North scout" — ')
-    assert lines[2].endswith("(one session, non-blocking)")
+    header, *lines = (registry.content or "").splitlines()
+    assert header == "Subagents of this thread (use their reference to address them):"
+    for child, line in zip(children, sorted(lines, key=lambda line: "South" in line), strict=True):
+        assert line.startswith(f'- {child["reference"]}: scout "{child["thread_name"]}" — ')
+        assert line.endswith("(one session, non-blocking)")
