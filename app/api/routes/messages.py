@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from sqlalchemy.ext.asyncio import AsyncSession
 from starlette.datastructures import FormData, UploadFile
 
-from app import attachments, db, errors, events, lifecycle, messages, queue, subagents, tables, threads, turns
+from app import attachments, db, errors, events, lifecycle, messages, queue, subagents, tables, threads, waits
 from app.api import bodies, forms, schemas
 from app.api.deps import CurrentUser, SessionDep, SettingsDep, sessions
 from app.keys import Principal
@@ -198,7 +198,7 @@ async def post_message(
     message_id, parked = await _post(request, session, thread_id, who, settings, media, body)
     if wait is None or after is None:
         return schemas.Queued(message_id=message_id)
-    turn = turns.Turn(message_id, parked=parked)
+    turn = waits.Turn(message_id, parked=parked)
     return await _waited(request, who, thread_id, after, wait, turn)
 
 
@@ -233,14 +233,14 @@ async def _post(
 
 
 async def _waited(
-    request: Request, who: Principal, thread_id: uuid.UUID, after: int, seconds: float, turn: turns.Turn
+    request: Request, who: Principal, thread_id: uuid.UUID, after: int, seconds: float, turn: waits.Turn
 ) -> JSONResponse:
     """Follow the input's turn for at most `seconds`, until the client hangs up (then nothing is read more) or
     the server begins to stop, holding no connection meanwhile; then the turn as it stands."""
     factory = sessions(request)
     if not turn.over:
         following = asyncio.ensure_future(
-            turns.follow(request.app.state.hub, factory, thread_id, who.key_id, after, turn)
+            waits.follow(request.app.state.hub, factory, thread_id, who.key_id, after, turn)
         )
         gone = asyncio.ensure_future(_hung_up(request))
         stopping = asyncio.ensure_future(request.app.state.stopping.wait())  # a deploy: answer what there is
@@ -258,9 +258,9 @@ async def _waited(
         thread = await threads.get(session, thread_id, who)
         ids = [turn.message_id, *turn.produced]  # the input itself even if its delivery came after the wait ended
         out = await _projected(session, await messages.of_turn(session, thread.id, ids, turn.message_id))
-        if not out and (row := await turns.queued(session, thread.id, turn.message_id)) is not None:
+        if not out and (row := await waits.queued(session, thread.id, turn.message_id)) is not None:
             out.append(_queued(row))  # still waiting, or set aside
-    status = turn.status if turn.done and turn.status in turns.RESTING else thread.status
+    status = turn.status if turn.done and turn.status in waits.RESTING else thread.status
     result = schemas.Turn(message_id=turn.message_id, done=turn.done, status=status, messages=out)
     return JSONResponse(result.model_dump(mode="json"))
 
