@@ -4,9 +4,10 @@ Both run in the caller's transaction on the locked thread row, as every write of
 are ordered against the engine's steps: an edit takes a new revision and a deletion bumps `messages_removed`, and
 the engine's next step reads either (`engine/history.py`); the request of a step already running keeps what it was
 built from. What the running step still writes or uses is refused (`MessageBusy`): its `pending` answer, input not
-delivered yet, and the tool-call message of a step whose calls are open (its results are still to come, and a
-provider refuses a tool call without its result, or a result without its call). For the same reason a tool result
-is deleted only with the message that made its call (`ToolResultAlone`).
+delivered yet, and, for a deletion, the tool-call message of a step whose calls are open (its results are still to
+come, and a provider refuses a tool call without its result, or a result without its call) and subprompt messages
+(depth > 0) while a step is open. For the same reason a tool result is deleted only with the message that made its
+call (`ToolResultAlone`).
 """
 
 from __future__ import annotations
@@ -55,6 +56,11 @@ async def delete(session: AsyncSession, thread: tables.Thread, message_id: uuid.
                 f"({caller}), and its results go with it.",
                 call_message_id=str(caller),
             )
+    if thread.step_open and row.depth > 0:  # a subprompt's traffic: the open step's calls may still use it
+        raise errors.MessageBusy(
+            f"Message {message_id} belongs to a subprompt of the thread's open step: try again once the step has "
+            "finished."
+        )
     if row.tool_calls and row.side in ("a", "b"):
         since = thread.turn_start or 0
         query = (

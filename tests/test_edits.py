@@ -69,6 +69,29 @@ async def test_an_edit_runs_the_update_hooks_outside_the_execution_and_is_announ
     assert (last_data["message_id"], last_data["data"]["content"]) == (reply["id"], "bye (edited)")
 
 
+async def test_a_failing_update_hook_leaves_the_edit_as_sent_and_its_log_masks_secrets(app_factory: Any) -> None:
+    @define_hook("before_update_message")
+    async def leak(state: ThreadState, message_id: str, updates: dict[str, Any]) -> dict[str, Any]:
+        if state.execution is None:
+            raise RuntimeError(f"cannot edit with {await state.env('TOKEN')}")
+        return updates
+
+    app = await app_factory(catalog(Model("hello"), [leak]), with_worker=True)
+    client = client_for(app)
+    created = await client.post(
+        "/threads", json={"agent": "agent", "env": {"TOKEN": "tok-s3cret"}, "secrets": ["TOKEN"]}
+    )
+    tid = created.json()["id"]
+    assert (await client.post(f"/threads/{tid}/messages", json={"content": "hi"})).status_code == 202
+    await settle_after(client, tid, 1)
+    reply = (await stored(client, tid))[-1]
+    response = await client.patch(f"/threads/{tid}/messages/{reply['id']}", json={"content": "bye"})
+    assert response.status_code == 200 and response.json()["content"] == "bye"
+    logs = (await client.get(f"/threads/{tid}/logs", params={"kind": "hook"})).json()["logs"]
+    assert len(logs) == 1 and "cannot edit with ***" in logs[0]["error"]
+    assert "tok-s3cret" not in str(logs)
+
+
 async def test_edits_and_deletions_while_running_reach_the_next_step_and_the_pending_answer_is_refused(
     app_factory: Any,
 ) -> None:
