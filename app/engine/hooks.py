@@ -57,8 +57,10 @@ async def prepare(
     env: Env | None = None,
     transaction: Transaction | None = None,
     context: dict[str, Any] | None = None,
+    outside: bool = False,
 ) -> Hooks:
-    """The hooks of the side's prompt and the state they get; without `transaction` they join `session`'s."""
+    """The hooks of the side's prompt and the state they get; without `transaction` they join `session`'s.
+    `outside`: run for a client (an HTTP edit), not inside the thread's execution: `state.execution` is `None`."""
     agent = catalog.agent(thread.agent)
     config = agent.side("b" if side == "b" else "a")
     assert config is not None, f"agent {agent.name} has no side {side}"
@@ -68,12 +70,14 @@ async def prepare(
         return Hooks()
     if env is None:
         env = await load_env(session, fernet, catalog, thread, prompt)
-    execution = ExecutionState(
-        side="b" if side == "b" else "a",
-        step=thread.session_steps,
-        session=thread.session_number,
-        attempt=thread.attempt,
-    )
+    execution = None
+    if not outside:
+        execution = ExecutionState(
+            side="b" if side == "b" else "a",
+            step=thread.session_steps,
+            session=thread.session_number,
+            attempt=thread.attempt,
+        )
     tx = transaction or (lambda: joined(session, thread))
     context = {} if context is None else context
     state = RunState(thread, env, tx, execution, context, catalog=catalog, fernet=fernet)
