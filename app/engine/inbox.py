@@ -143,7 +143,6 @@ async def _call(
 ) -> ToolCall:
     """The tool call a child's result answers, with its arguments as the model made it when a tool hook is to
     see it (read from the message that made it)."""
-    name, arguments = payload.get("name") or "", "{}"
     if any(hook_runner.runs(h) for h in _TOOL_HOOKS):
         query = select(tables.Message.tool_calls).where(
             tables.Message.thread_id == thread_id,
@@ -152,4 +151,5 @@ async def _call(
         made = next((c for c in (await session.scalar(query)) or [] if c.get("id") == payload["call_id"]), None)
         if made is not None:
             return cast(ToolCall, made)
-    return {"id": payload["call_id"], "type": "function", "function": {"name": name, "arguments": arguments}}
+    name = str(payload.get("name") or "")
+    return {"id": payload["call_id"], "type": "function", "function": {"name": name, "arguments": "{}"}}
