@@ -112,7 +112,6 @@ class Runner:
                 )
             if thread.session_steps >= self._max_steps:  # the next step of the caller ends the session (§3)
                 return _error(f"Subprompt `{name}` not run: the session reached its cap of {self._max_steps} steps")
-            thread.session_steps += 1
             run = hashlib.sha256((thread.lease_token or uuid.UUID(int=0)).bytes).hexdigest()[:16]
             await _forget(session, thread.id, execution.tool_call_id or "", run)
             tags: dict[str, Any] = {
@@ -129,6 +128,7 @@ class Runner:
             except context.MissingVariable as exc:
                 return _error(f"Subprompt `{name}` failed: {exc}")
             request.tools = [t for t in request.tools if t.name in offered]
+            thread.session_steps += 1  # the step runs: it is one of the session's
             # its messages go through the message hooks of its own prompt (§10), inside this transaction
             inside = self._hooks(sub_state, thread, prompt, lambda: hooks.joined(session, thread))
             user = {"side": "b" if side == "a" else "a", "content": _first_message(entry, arguments), **tags}
