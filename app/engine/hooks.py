@@ -87,7 +87,7 @@ def bind(
     thread: tables.Thread,
     prompt: PromptDefinition,
     env: Env,
-    execution: ExecutionState,
+    execution: ExecutionState | None,
     transaction: Transaction,
     context: dict[str, Any],
 ) -> Hooks:
