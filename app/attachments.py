@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import logging
 import mimetypes
 import posixpath
 import re
@@ -19,6 +20,9 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import errors, files
 from app.llm.base import LLMMessage
+from app.spec.results import ToolAttachment
+
+log = logging.getLogger(__name__)
 
 FOLDER = "/attachments"
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
@@ -77,6 +81,20 @@ async def store(
     mime = (mime_type or "").strip() or mimetypes.guess_type(name)[0] or "application/octet-stream"
     entry = await files.write(session, thread_id, path_for(name), body, mime, limit=limit)
     return reference(entry, name)
+
+
+async def returned(session: AsyncSession, thread_id: uuid.UUID, items: list[ToolAttachment]) -> list[dict[str, Any]]:
+    """Store the files a tool returned under `/attachments/` and return their references; one that is not valid
+    base64 is left out (and logged). A tool's own output is not held to the upload size limit."""
+    refs: list[dict[str, Any]] = []
+    for item in items:
+        try:
+            data = decode(item.data, item.name)
+        except errors.Invalid:
+            log.warning("tool result attachment %r is not valid base64; left out", item.name)
+            continue
+        refs.append(await store(session, thread_id, item.name, data, item.mime_type, len(data)))
+    return refs
 
 
 async def copy(

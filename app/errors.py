@@ -91,6 +91,20 @@ class ThreadTerminated(Conflict):
     code = "thread_terminated"
 
 
+class MessageBusy(Conflict):
+    """The thread's execution is still writing or using this message (an answer being written, input waiting in the
+    inbox, or a step whose tool calls are still open): try again once the step has finished."""
+
+    code = "message_busy"
+
+
+class ToolResultAlone(Conflict):
+    """A tool result goes with the call that asked for it: delete the assistant message that made the call (its
+    results go with it)."""
+
+    code = "tool_result_alone"
+
+
 class OutsideExecution(Conflict):
     """Only allowed inside the thread's own execution: elsewhere it would race the running step."""
 

@@ -115,9 +115,7 @@ async def get(session: AsyncSession, thread_id: uuid.UUID, message_id: uuid.UUID
 
 async def remove(session: AsyncSession, thread_id: uuid.UUID, message_id: uuid.UUID) -> list[uuid.UUID]:
     """Delete a message, and a tool-call message's results with it; returns the ids deleted (none if not found).
-
-    No event is written: the HTTP contract has no deletion event, clients re-read the history.
-    """
+    Each deleted message is announced as `message_deleted`."""
     row = (
         await session.execute(
             select(tables.Message).where(tables.Message.thread_id == thread_id, tables.Message.id == message_id)
@@ -125,15 +123,16 @@ async def remove(session: AsyncSession, thread_id: uuid.UUID, message_id: uuid.U
     ).scalar_one_or_none()
     if row is None:
         return []
-    ids = [row.id]
+    gone = [(row.id, row.depth)]
     call_ids = [c["id"] for c in row.tool_calls or []]
     if call_ids:
-        results = select(tables.Message.id).where(
+        results = select(tables.Message.id, tables.Message.depth).where(
             tables.Message.thread_id == thread_id,
             tables.Message.role == "tool",
             tables.Message.tool_call_id.in_(call_ids),
         )
-        ids += list((await session.execute(results)).scalars())
+        gone += [(r.id, r.depth) for r in await session.execute(results)]
+    ids = [i for i, _ in gone]
     await session.execute(delete(tables.Message).where(tables.Message.id.in_(ids)))
     # REMOVED: tell readers that keep a thread's messages between transactions (the engine) to read them all again
     await session.execute(
@@ -141,6 +140,8 @@ async def remove(session: AsyncSession, thread_id: uuid.UUID, message_id: uuid.U
         .where(tables.Thread.id == thread_id)
         .values(messages_removed=tables.Thread.messages_removed + 1)
     )
+    for gone_id, depth in gone:
+        await events.append(session, thread_id, "message_deleted", {"message_id": str(gone_id), "depth": depth})
     return ids
 
 

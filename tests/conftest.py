@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import socket
+import tempfile
 import uuid
 import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -43,10 +45,22 @@ def _server_url(tmp: Path) -> Iterator[str]:
         server.cleanup()
 
 
+def outside_pytest_temp() -> Iterator[Path]:
+    """A folder for an embedded Postgres outside pytest's own: pgserver opens the folders above its data to its
+    system user, and every pytest session that starts closes `/tmp/pytest-of-<user>` again (0700), which stopped the
+    Postgres of any suite already running beside it."""
+    folder = Path(tempfile.mkdtemp(prefix="agents-test-pg-"))
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
-def server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def server_url() -> Iterator[str]:
     """The Postgres server the suite uses (any database on it; tests make their own)."""
-    yield from _server_url(tmp_path_factory.mktemp("pgserver"))
+    for folder in outside_pytest_temp():
+        yield from _server_url(folder)
 
 
 def _with_database(url: str, name: str) -> str:

@@ -16,17 +16,19 @@ import pytest
 from app import db
 from app.settings import normalise_url
 from bench.harness import PrivatePostgres
+from tests.conftest import outside_pytest_temp
 from tests.processes import free_port, start, stop, until_ready
 from tests.test_crash import FIXTURE, SECRET_KEY, read_jsonl
 
 
 @pytest.fixture
-def private_pg(tmp_path: Path) -> Iterator[PrivatePostgres]:
-    pg = PrivatePostgres(tmp_path / "pg")
-    try:
-        yield pg
-    finally:
-        pg.cleanup()
+def private_pg() -> Iterator[PrivatePostgres]:
+    for folder in outside_pytest_temp():
+        pg = PrivatePostgres(folder / "pg")
+        try:
+            yield pg
+        finally:
+            pg.cleanup()
 
 
 async def test_a_database_restart_mid_run_is_waited_out_and_the_runs_finish(

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import re
 import uuid
@@ -18,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from app import errors, keys, subagents, tables, threads
 from app.catalog import Catalog
 from app.llm.base import LLMRequest
-from app.spec import ThreadState, define_agent, define_model, define_prompt, define_tool
+from app.spec import ThreadState, ToolResult, define_agent, define_hook, define_model, define_prompt, define_tool
 from tests.conftest import client_for, wait_for
 from tests.test_engine import event_types, stored
 
@@ -373,6 +374,91 @@ async def test_queue_tool_queues_an_optional_subagent_set_status_needs_a_parent(
     [child] = await registry(client, tid)
     first = (await stored(client, child["reference"]))[0]
     assert first["content"] == "queued job"
+
+
+# -- tool hooks ---------------------------------------------------------------------------------------------
+
+
+def hooked(cat: Catalog, seen: list[tuple[str, Any]]) -> Catalog:
+    """The boss with every tool-result hook, each recording what it got and marking what it returns."""
+
+    @define_hook("after_tool_call_success")
+    async def after_success(state: ThreadState, tool_call: dict[str, Any], result: ToolResult) -> ToolResult:
+        seen.append(("after_tool_call_success", json.loads(tool_call["function"]["arguments"])))
+        return ToolResult(status="success", result=f"{result.result} +after")
+
+    @define_hook("after_tool_call_failure")
+    async def after_failure(state: ThreadState, tool_call: dict[str, Any], result: ToolResult) -> ToolResult:
+        seen.append(("after_tool_call_failure", result.error))
+        return ToolResult(status="error", error=f"{result.error} +failed")
+
+    @define_hook("before_store_tool_result")
+    async def before_store(state: ThreadState, tool_call: dict[str, Any], result: ToolResult) -> ToolResult:
+        seen.append(("before_store_tool_result", tool_call["function"]["name"]))
+        return result.model_copy(update={"result": f"{result.result} +stored"} if result.result else {})
+
+    @define_hook("before_create_message")
+    async def before_create(state: ThreadState, message: dict[str, Any]) -> dict[str, Any]:
+        if message["role"] == "tool":
+            seen.append(("before_create_message", message["content"]))
+            message["metadata"] = {**message["metadata"], "hooked": True}
+        return message
+
+    @define_hook("after_create_message")
+    async def after_create(state: ThreadState, message: Any) -> None:
+        if message.role == "tool":
+            seen.append(("after_create_message", message.content))
+
+    found = [after_success, after_failure, before_store, before_create, after_create]
+    boss = define_agent(name="boss", side_a={"prompt": "boss"}, hooks=[h.name for h in found])
+    return dataclasses.replace(cat, agents={**cat.agents, "boss": boss}, hooks={h.name: h for h in found})
+
+
+async def test_a_subagent_call_answered_at_once_runs_the_tool_hooks(app_factory: Any) -> None:
+    seen: list[tuple[str, Any]] = []
+    cat = hooked(catalog(Brain(delegate()), {"name": "qa", "blocking": False}), seen)
+    _app, client, tid = await start(app_factory, cat)
+    await client.post(f"/threads/{tid}/messages", json={"content": "go"})
+    rows = await until(client, tid, lambda rs: sum(bool(r["role"] == "assistant" and r["content"]) for r in rs) >= 2)
+    tool = next(r for r in rows if r["role"] == "tool")
+    cid = tool["subagent_id"]
+    text = f"The subagent was initiated successfully. Reference: {cid} +after +stored"
+    assert (tool["content"], tool["metadata"]) == (text, {"hooked": True})
+    assert seen == [
+        ("after_tool_call_success", {"message": "check the report"}),
+        ("before_store_tool_result", "qa"),
+        ("before_create_message", text),
+        ("after_create_message", text),
+    ]
+
+
+async def test_a_blocking_subagents_result_runs_the_tool_hooks(app_factory: Any) -> None:
+    seen: list[tuple[str, Any]] = []
+    _app, client, tid = await start(app_factory, hooked(catalog(Brain(delegate()), {"name": "qa"}), seen))
+    await client.post(f"/threads/{tid}/messages", json={"content": "go"})
+    rows = await until(client, tid, said("boss saw"))
+    tool = next(r for r in rows if r["role"] == "tool")
+    text = f"looks good\n\nReference: {tool['subagent_id']} +after +stored"
+    assert (tool["content"], tool["metadata"], tool["tool_status"]) == (text, {"hooked": True}, "success")
+    assert tool["attachments"][0]["name"] == "note.txt"  # the child's files come back as before
+    assert seen == [
+        ("after_tool_call_success", {"message": "check the report"}),  # the arguments the model called it with
+        ("before_store_tool_result", "qa"),
+        ("before_create_message", text),
+        ("after_create_message", text),
+    ]
+    assert rows[-1]["content"].startswith(f"boss saw: {text}")
+
+
+async def test_a_failed_blocking_subagent_runs_the_failure_hook(app_factory: Any) -> None:
+    seen: list[tuple[str, Any]] = []
+    brain = Brain(delegate(), reviewer="reject")
+    _app, client, tid = await start(app_factory, hooked(catalog(brain, {"name": "qa"}), seen))
+    await client.post(f"/threads/{tid}/messages", json={"content": "go"})
+    rows = await until(client, tid, said("boss saw"))
+    tool = next(r for r in rows if r["role"] == "tool")
+    assert (tool["content"], tool["tool_status"]) == (f"too vague\n\nReference: {tool['subagent_id']} +failed", "error")
+    assert [name for name, _ in seen][:2] == ["after_tool_call_failure", "before_store_tool_result"]
 
 
 # -- resumable ----------------------------------------------------------------------------------------------

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import dataclasses
 import uuid
 from pathlib import Path
 from typing import Any
@@ -16,7 +18,19 @@ from app import events, queue, tables
 from app.catalog import Catalog
 from app.engine import subprompts
 from app.llm.base import LLMRequest
-from app.spec import ThreadState, ToolEntry, define_agent, define_model, define_prompt, define_tool
+from app.spec import (
+    StateMessage,
+    ThreadState,
+    ToolAttachment,
+    ToolEntry,
+    ToolResult,
+    define_agent,
+    define_hook,
+    define_model,
+    define_prompt,
+    define_tool,
+)
+from tests import test_subagents
 from tests.conftest import client_for, wait_for
 
 
@@ -356,6 +370,185 @@ async def test_a_rerun_after_a_crash_replaces_the_interrupted_run(app_factory: A
     deeper = [m for m in rows if m["depth"] == 1]
     assert [(m["role"], m["content"]) for m in deeper] == [("user", "go"), ("assistant", "second")]
     assert [m["content"] for m in rows if m["role"] == "tool"] == ["second"]
+
+
+async def test_subprompt_steps_count_toward_the_session_step_cap(app_factory: Any) -> None:
+    main = Recorder(call("helper", message="go"), "ok")
+    sub = Recorder("polished")
+    app: FastAPI = await app_factory(catalog(main, sub), with_worker=True, max_session_steps=2)
+    client = client_for(app)
+    tid = (await client.post("/threads", json={"agent": "agent"})).json()["id"]
+    await client.post(f"/threads/{tid}/messages", json={"content": "go"})
+
+    async def ended() -> dict[str, Any] | None:
+        thread: dict[str, Any] = (await client.get(f"/threads/{tid}")).json()
+        return thread if thread["status"] == "idle" and thread["session"]["status"] != "running" else None
+
+    thread = await wait_for(ended)
+    # the caller's step and the subprompt's step are the cap's two: the caller never gets a second one
+    assert (thread["session"]["status"], thread["session"]["reason"]) == ("failure", "max_total_steps")
+    assert len(main.requests) == 1 and len(sub.requests) == 1
+    assert result_of(await listed(client, tid))["content"] == "polished"
+
+
+async def test_a_subprompt_over_the_step_cap_is_not_run(app_factory: Any) -> None:
+    main = Recorder(call("helper", message="go"), "ok")
+    sub = Recorder("polished")
+    app: FastAPI = await app_factory(catalog(main, sub), with_worker=True, max_session_steps=1)
+    client = client_for(app)
+    tid = (await client.post("/threads", json={"agent": "agent"})).json()["id"]
+    await client.post(f"/threads/{tid}/messages", json={"content": "go"})
+
+    async def ended() -> dict[str, Any] | None:
+        thread: dict[str, Any] = (await client.get(f"/threads/{tid}")).json()
+        return thread if thread["status"] == "idle" and thread["session"]["status"] != "running" else None
+
+    assert (await wait_for(ended))["session"]["reason"] == "max_total_steps"
+    assert sub.requests == []
+    tool = result_of(await listed(client, tid))
+    assert (tool["content"], tool["tool_status"]) == (
+        "Subprompt `helper` not run: the session reached its cap of 1 steps",
+        "error",
+    )
+
+
+async def test_subprompt_steps_run_the_message_hooks_of_their_prompt(app_factory: Any) -> None:
+    seen: list[tuple[str, str, int]] = []
+
+    @define_hook("before_create_message")
+    async def tag(state: ThreadState, message: dict[str, Any]) -> dict[str, Any]:
+        message["metadata"] = {**message["metadata"], "created_as": message["role"]}
+        return message
+
+    @define_hook("after_create_message")
+    async def created(state: ThreadState, message: StateMessage) -> None:
+        seen.append(("created", message.role, message.depth))
+
+    @define_hook("before_update_message")
+    async def shout(state: ThreadState, message_id: str, updates: dict[str, Any]) -> dict[str, Any]:
+        updates["content"] = (updates["content"] or "").upper()
+        return updates
+
+    @define_hook("after_update_message")
+    async def updated(state: ThreadState, message: StateMessage) -> None:
+        seen.append(("updated", message.content or "", message.depth))
+
+    hooks = [tag, created, shout, updated]
+    main = Recorder(call("helper", message="go"), "ok")
+    sub = Recorder({"text": "Here.", "tool_calls": [{"name": "add", "arguments": {"a": 1, "b": 2}}]})
+    cat = catalog(main, sub, hooks=[h.name for h in hooks])  # the subprompt's own hooks; the caller has none
+    _, client, tid = await start(app_factory, dataclasses.replace(cat, hooks={h.name: h for h in hooks}))
+    await say(client, tid, "go")
+    deeper = [m for m in await listed(client, tid, depth=1) if m["depth"] == 1]
+    assert [(m["role"], m["content"], m["metadata"].get("created_as")) for m in deeper] == [
+        ("user", "go", "user"),
+        ("assistant", "HERE.", "assistant"),
+        ("tool", "3", "tool"),
+    ]
+    assert all(m["metadata"]["subprompt_call"] for m in deeper)  # the engine's own tags are kept
+    assert seen == [
+        ("created", "user", 1),
+        ("created", "assistant", 1),
+        ("updated", "HERE.", 1),
+        ("created", "tool", 1),
+    ]
+    assert all(m["metadata"] == {} for m in await listed(client, tid))  # depth 0: the caller's prompt has none
+    assert result_of(await listed(client, tid))["content"] == 'HERE.\n\nTool calls:\n- add {"a": 1, "b": 2} → 3'
+
+
+async def test_subprompt_tool_calls_run_the_tool_hooks(app_factory: Any) -> None:
+    @define_hook("after_tool_call_failure")
+    async def recover(state: ThreadState, tool_call: dict[str, Any], result: ToolResult) -> ToolResult:
+        return ToolResult(status="success", result=f"recovered {tool_call['function']['name']}")
+
+    @define_hook("before_store_tool_result")
+    async def stamp(state: ThreadState, tool_call: dict[str, Any], result: ToolResult) -> ToolResult:
+        return ToolResult(status=result.status, result=f"{result.result} +stored")
+
+    main = Recorder(call("helper", message="go"), "ok")
+    sub = Recorder({"tool_calls": [{"name": "add", "arguments": {"a": 1, "b": 2}}, {"name": "explode"}]})
+    cat = catalog(main, sub, hooks=["recover", "stamp"])
+    _, client, tid = await start(app_factory, dataclasses.replace(cat, hooks={"recover": recover, "stamp": stamp}))
+    await say(client, tid, "go")
+    deeper = [m for m in await listed(client, tid, depth=1) if m["depth"] == 1 and m["role"] == "tool"]
+    assert [(m["content"], m["tool_status"]) for m in deeper] == [
+        ("3 +stored", "success"),
+        ("recovered explode +stored", "success"),
+    ]
+    assert result_of(await listed(client, tid))["content"] == (
+        'Tool calls:\n- add {"a": 1, "b": 2} → 3 +stored\n- explode {} → recovered explode +stored'
+    )
+
+
+@define_tool(description="Draws a picture.")
+async def draw(state: ThreadState) -> ToolResult:
+    data = base64.b64encode(b"a picture").decode()
+    return ToolResult(
+        status="success",
+        result="drawn",
+        attachments=[ToolAttachment(name="pic.txt", mime_type="text/plain", data=data)],
+    )
+
+
+async def test_files_a_subprompt_tool_returns_are_kept(app_factory: Any) -> None:
+    main = Recorder(call("helper", message="go"), "ok")
+    sub = Recorder({"tool_calls": [{"name": "draw"}]})
+    cat = catalog(main, sub, tools=["draw"])
+    _, client, tid = await start(app_factory, dataclasses.replace(cat, tools={**cat.tools, "draw": draw}))
+    await say(client, tid, "go")
+    [tool] = [m for m in await listed(client, tid, depth=1) if m["depth"] == 1 and m["role"] == "tool"]
+    [ref] = tool["attachments"]
+    assert ref["path"].startswith("/attachments/pic-") and (ref["name"], ref["size"]) == ("pic.txt", 9)
+    assert (await client.get(f"/threads/{tid}/fs{ref['path']}")).content == b"a picture"
+    assert tool["content"] == "drawn"
+    # the caller's model learns the file's path from the subprompt's result
+    assert result_of(await listed(client, tid))["content"] == (
+        f"Tool calls:\n- draw {{}} → drawn\n\nAttached files:\n- {ref['path']} (text/plain, 9 bytes)"
+    )
+
+
+class Delegating(test_subagents.Brain):
+    """The subagent tests' brain, plus a `delegator` subprompt that hands the work to the `qa` subagent."""
+
+    async def __call__(self, request: LLMRequest) -> Any:
+        if (request.messages[0].content or "").startswith("delegator."):
+            return {"tool_calls": [{"name": "qa", "arguments": {"message": "check the report"}}]}
+        return await super().__call__(request)
+
+
+async def test_subagent_tools_run_non_blocking_inside_a_subprompt_step(app_factory: Any) -> None:
+    def boss(request: LLMRequest) -> Any:
+        last = test_subagents.last_of(request)
+        if last.role == "user" and last.content == "go":
+            return {"tool_calls": [{"name": "delegator", "arguments": {"message": "hand it on"}}]}
+        return f"boss saw: {last.content}"
+
+    cat = test_subagents.catalog(Delegating(boss), {"name": "qa"})  # `qa` blocks where the step loop calls it
+    delegator = define_prompt(
+        name="delegator", model="m", prompt="delegator. Hand work on.", tool_description="Delegates.", tools=["qa"]
+    )
+    boss_prompt = define_prompt(
+        name="boss", model="m", prompt="boss. Delegate.", include_chat=True, tools=["delegator"]
+    )
+    cat = dataclasses.replace(cat, prompts={**cat.prompts, "boss": boss_prompt, "delegator": delegator})
+    _, client, tid = await test_subagents.start(app_factory, cat)
+    await client.post(f"/threads/{tid}/messages", json={"content": "go"})
+    rows = await test_subagents.until(
+        client, tid, lambda rs: any((r["content"] or "").startswith("boss saw: Subagent") for r in rs)
+    )
+    [child] = await test_subagents.registry(client, tid)
+    cid = child["reference"]
+    assert (child["blocking"], child["status"]) == (False, "terminated")
+    started = f"The subagent was initiated successfully. Reference: {cid}"
+    [answer] = [m for m in await listed(client, tid, depth=1) if m["depth"] == 1 and m["role"] == "tool"]
+    assert (answer["name"], answer["content"], answer["subagent_id"]) == ("qa", started, cid)
+    # the caller's step went on at once; the child's result came later as a silent message, as a non-blocking one's
+    assert rows[2]["content"] == f'Tool calls:\n- qa {{"message": "check the report"}} → {started}'
+    assert rows[3]["content"] == f"boss saw: {rows[2]['content']}"
+    report = next(r for r in rows if (r["metadata"] or {}).get("subagent_id") == cid)
+    assert report["silent"] and report["content"].startswith(
+        f"Subagent (reference: {cid}) has returned the following result:\n\nlooks good"
+    )
 
 
 def test_shape_of_a_plain_answer() -> None:

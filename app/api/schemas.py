@@ -79,6 +79,10 @@ class MessageIn(In):
         return self
 
 
+class MessageEdit(In):
+    content: str = Field(max_length=1_000_000, description="the message's new text")
+
+
 class ThreadIn(In):
     agent: str = Field(validation_alias=AliasChoices("agent", "agent_id"), min_length=1, max_length=200)
     env: dict[str, str] = Field(default_factory=dict, json_schema_extra=ENV)

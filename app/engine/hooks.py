@@ -14,7 +14,7 @@ from cryptography.fernet import Fernet
 from sqlalchemy import inspect, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import events, messages, tables
+from app import attachments, events, messages, tables
 from app.catalog import Catalog
 from app.engine.context import Env, _visible, load_env
 from app.engine.state import RunState, Transaction
@@ -67,45 +67,46 @@ async def prepare(
     env: Env | None = None,
     transaction: Transaction | None = None,
     context: dict[str, Any] | None = None,
+    outside: bool = False,
 ) -> Hooks:
-    """The hooks of the side's prompt and the state they get; without `transaction` they join `session`'s."""
-    prompt = _prompt(catalog, thread, side)
-    if not active(catalog, catalog.agent(thread.agent), prompt):
+    """The hooks of the side's prompt and the state they get; without `transaction` they join `session`'s.
+    `outside`: run for a client (an HTTP edit), not inside the thread's execution: `state.execution` is `None`."""
+    agent = catalog.agent(thread.agent)
+    config = agent.side("b" if side == "b" else "a")
+    assert config is not None, f"agent {agent.name} has no side {side}"
+    prompt = catalog.prompts[config.prompt]
+    if not active(catalog, agent, prompt):
         return Hooks()
     if env is None:
         env = await load_env(session, fernet, catalog, thread, prompt)
-    execution = ExecutionState(
-        side="b" if side == "b" else "a",
-        step=thread.session_steps,
-        session=thread.session_number,
-        attempt=thread.attempt,
-    )
+    execution = None
+    if not outside:
+        execution = ExecutionState(
+            side="b" if side == "b" else "a",
+            step=thread.session_steps,
+            session=thread.session_number,
+            attempt=thread.attempt,
+        )
     tx = transaction or (lambda: joined(session, thread))
-    return bind(catalog, fernet, thread, execution, env, tx, {} if context is None else context)
+    return bind(catalog, fernet, thread, prompt, env, execution, tx, {} if context is None else context)
 
 
 def bind(
     catalog: Catalog,
     fernet: Fernet,
     thread: tables.Thread,
-    execution: ExecutionState,
+    prompt: PromptDefinition,
     env: Env,
+    execution: ExecutionState | None,
     transaction: Transaction,
     context: dict[str, Any],
 ) -> Hooks:
-    """The hooks of the acting side's prompt, with a state of that execution on `transaction` (no SQL)."""
-    definitions = active(catalog, catalog.agent(thread.agent), _prompt(catalog, thread, execution.side))
+    """The hooks active for `prompt` (a subprompt's own, run in its caller's thread), with the state they get."""
+    definitions = active(catalog, catalog.agent(thread.agent), prompt)
     if not definitions:
         return Hooks()
     state = RunState(thread, env, transaction, execution, context, catalog=catalog, fernet=fernet)
     return Hooks(definitions, state, transaction, env.secrets())
-
-
-def _prompt(catalog: Catalog, thread: tables.Thread, side: str) -> PromptDefinition:
-    agent = catalog.agent(thread.agent)
-    config = agent.side("b" if side == "b" else "a")
-    assert config is not None, f"agent {agent.name} has no side {side}"
-    return catalog.prompts[config.prompt]
 
 
 async def drop_call(session: AsyncSession, thread_id: uuid.UUID, call_id: str) -> None:
@@ -118,6 +119,55 @@ async def drop_call(session: AsyncSession, thread_id: uuid.UUID, call_id: str) -
     for row in (await session.execute(query)).scalars():
         kept = [c for c in row.tool_calls or [] if c["id"] != call_id]
         await messages.save(session, row, tool_calls=kept or None)
+
+
+async def store_result(
+    session: AsyncSession,
+    thread: tables.Thread,
+    hook_runner: Hooks,
+    call: ToolCall,
+    result: ToolResult,
+    side: str,
+    *,
+    child: uuid.UUID | None,
+    refs: list[dict[str, Any]] | None = None,
+    tags: dict[str, Any] | None = None,
+) -> tuple[ToolResult, tables.Message | None]:
+    """Store a tool call's result as its `tool` message through the hooks (`after_tool_call_*`,
+    `before_store_tool_result`, `before_create_message`, `after_create_message`, §10) run inside the caller's
+    transaction, files it returned under `/attachments/`, and announce `tool_completed`; returns the result as
+    stored (as given when a hook dropped the call) and its message. For the calls the step loop does not run as
+    callables: subagent calls, and the tool calls of a subprompt step (`tags` place its messages one level deeper)."""
+    kept = await hook_runner.tool_result(call, result)
+    tags = tags or {}
+    row = None
+    if kept is None:  # an `after_tool_call_*` hook removed the call and its result from history
+        await drop_call(session, thread.id, call["id"])
+    else:
+        fields: dict[str, Any] = {
+            "side": side,
+            "name": call["function"]["name"],
+            "tool_call_id": call["id"],
+            "content": kept.text,
+            "tool_status": kept.status,
+            "subagent_id": child,
+        }
+        fields["metadata_"] = dict(tags.get("metadata_") or {})
+        if kept.error_code:
+            fields["metadata_"].update(error_code=kept.error_code, error_data=kept.error_data)
+        stored = list(refs or []) + await attachments.returned(session, thread.id, kept.attachments)
+        if stored:
+            fields["attachments"] = stored
+        fields = await hook_runner.before_create_message("tool", fields)
+        placed = {"session_number": thread.session_number, **tags, **fields}  # a subprompt's: one level deeper
+        row = await messages.add(session, thread.id, "tool", **placed)
+        await hook_runner.after_create_message(row)
+    done = kept or result
+    data = {"tool": call["function"]["name"], "tool_call_id": call["id"], "status": done.status}
+    if tags.get("depth"):
+        data["depth"] = tags["depth"]
+    await events.append(session, thread.id, "tool_completed", data)
+    return done, row
 
 
 class Hooks:
@@ -211,6 +261,11 @@ class Hooks:
     async def before_store_tool_result(self, call: ToolCall, result: ToolResult) -> ToolResult:
         out: ToolResult = await self._chain("before_store_tool_result", result, dict(call), check=_tool_result)
         return out
+
+    async def tool_result(self, call: ToolCall, result: ToolResult) -> ToolResult | None:
+        """`after_tool_call_*`, then `before_store_tool_result`: the result to store, or `None` (dropped)."""
+        kept = await self.after_tool_call(call, result)
+        return None if kept is None else await self.before_store_tool_result(call, kept)
 
     async def _chain(
         self, name: str, value: Any, *args: Any, check: Callable[[Any], Any], none_ends: bool = False

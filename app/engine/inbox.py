@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from typing import Any
+from typing import Any, cast
 
 from cryptography.fernet import Fernet
 from sqlalchemy import select
@@ -18,8 +18,10 @@ from app import errors, events, messages, queue, tables
 from app.catalog import Catalog
 from app.engine import context, hooks, subagents, turns
 from app.engine.state import deliver_tool
+from app.llm.base import ToolCall
 from app.metrics import Meter
 from app.spec.definitions import AgentDefinition
+from app.spec.results import ToolResult
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +82,7 @@ async def deliver(
                 env = await context.load_env(session, fernet, catalog, thread, side_a)
                 await subagents.spawn_immediate(session, catalog, fernet, thread, "a", side_a, env)
             elif row.kind == queue.Kind.CHILD_RESULT:  # a blocking subagent call is answered (§6.4)
-                if await _answer(session, thread, row.payload):
+                if await _answer(session, thread, row.payload, hook_runner):
                     meter.tool_calls.labels(row.payload.get("name") or "", row.payload["status"]).inc()
             elif row.kind == queue.Kind.TOOL:  # `state.queue_tool` outside a tool call (§7.4)
                 msg = await deliver_tool(session, thread, row.payload)
@@ -112,9 +114,11 @@ def _uuid(value: Any) -> uuid.UUID | None:
         return None
 
 
-async def _answer(session: AsyncSession, thread: tables.Thread, payload: dict[str, Any]) -> bool:
-    """Store a blocking subagent's result as the answer of the call it kept open, unless a stop answered it;
-    whether it did."""
+async def _answer(
+    session: AsyncSession, thread: tables.Thread, payload: dict[str, Any], hook_runner: hooks.Hooks
+) -> bool:
+    """Store a blocking subagent's result as the answer of the call it kept open (through the tool hooks, as any
+    tool result), unless a stop answered it; whether it did."""
     answered = await session.execute(
         select(tables.Message.id).where(
             tables.Message.thread_id == thread.id, tables.Message.tool_call_id == payload["call_id"]
@@ -122,19 +126,30 @@ async def _answer(session: AsyncSession, thread: tables.Thread, payload: dict[st
     )
     if answered.first() is not None:
         return False
-    await messages.add(
-        session,
-        thread.id,
-        "tool",
-        side=thread.side or "a",
-        name=payload.get("name"),
-        tool_call_id=payload["call_id"],
-        content=payload["content"],
-        tool_status=payload["status"],
-        attachments=payload.get("attachments") or [],
-        subagent_id=uuid.UUID(payload["child_id"]),
-        session_number=thread.session_number,
-    )
-    data = {"tool": payload.get("name"), "tool_call_id": payload["call_id"], "status": payload["status"]}
-    await events.append(session, thread.id, "tool_completed", data)
+    text, ok = payload["content"], payload["status"] == "success"
+    result = ToolResult(status="success", result=text) if ok else ToolResult(status="error", error=text)
+    call = await _call(session, thread.id, payload, hook_runner)
+    child = uuid.UUID(payload["child_id"])
+    refs = payload.get("attachments") or []
+    await hooks.store_result(session, thread, hook_runner, call, result, thread.side or "a", child=child, refs=refs)
     return True
+
+
+_TOOL_HOOKS = ("after_tool_call_success", "after_tool_call_failure", "before_store_tool_result")
+
+
+async def _call(
+    session: AsyncSession, thread_id: uuid.UUID, payload: dict[str, Any], hook_runner: hooks.Hooks
+) -> ToolCall:
+    """The tool call a child's result answers, with its arguments as the model made it when a tool hook is to
+    see it (read from the message that made it)."""
+    if any(hook_runner.runs(h) for h in _TOOL_HOOKS):
+        query = select(tables.Message.tool_calls).where(
+            tables.Message.thread_id == thread_id,
+            tables.Message.tool_calls.contains([{"id": payload["call_id"]}]),
+        )
+        made = next((c for c in (await session.scalar(query)) or [] if c.get("id") == payload["call_id"]), None)
+        if made is not None:
+            return cast(ToolCall, made)
+    name = str(payload.get("name") or "")
+    return {"id": payload["call_id"], "type": "function", "function": {"name": name, "arguments": "{}"}}

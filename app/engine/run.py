@@ -76,7 +76,7 @@ class Engine:
         )
         self._contexts: dict[uuid.UUID, dict[str, Any]] = {}  # per execution, by lease token
         self._histories = Histories()  # by thread, kept across its executions (`app/engine/history.py`)
-        self._subprompts = subprompts.Runner(catalog, self._caller)
+        self._subprompts = subprompts.Runner(catalog, self._caller, settings.max_session_steps)
 
     @asynccontextmanager
     async def _tx(self, claim: queue.Claim) -> AsyncIterator[tuple[AsyncSession, tables.Thread]]:
@@ -479,25 +479,15 @@ class Engine:
             )
             if isinstance(done, subagents.Parked):
                 return None
-            await messages.add(
-                session,
-                thread.id,
-                "tool",
-                side=step.side,
-                name=name,
-                tool_call_id=call["id"],
-                content=done.result.text,
-                tool_status=done.result.status,
-                subagent_id=done.child,
-                metadata_={"error_code": done.result.error_code, "error_data": done.result.error_data}
-                if done.result.error_code
-                else {},
-                session_number=thread.session_number,
+            # its hooks run as a callable's do, inside this transaction: the call and its answer commit together
+            hook_runner = await hooks.prepare(
+                self._catalog, self._fernet, session, thread, step.side, env=step.env, context=self._context(thread)
             )
-            data = {"tool": name, "tool_call_id": call["id"], "status": done.result.status}
-            await events.append(session, thread.id, "tool_completed", data)
+            result, _ = await hooks.store_result(
+                session, thread, hook_runner, call, done.result, step.side, child=done.child
+            )
         self.meter.tool_calls.labels(name, done.result.status).inc()  # a subagent tool: always one offered
-        return tools.Outcome(call, done.result, None)
+        return tools.Outcome(call, result, None)
 
     async def _prepare_tool(
         self,
@@ -610,14 +600,7 @@ class Engine:
             for path in bound:
                 with contextlib.suppress(errors.AgentsError):  # checked before; a racing delete leaves it out
                     refs.append(attachments.reference(await files.stat(session, thread.id, path)))
-            for item in result.attachments:
-                try:
-                    data = attachments.decode(item.data, item.name)
-                except errors.Invalid:
-                    log.warning("tool result attachment %r is not valid base64; left out", item.name)
-                    continue
-                limit = max(self._settings.max_file_bytes, len(data))  # a tool's own output is not refused
-                refs.append(await attachments.store(session, thread.id, item.name, data, item.mime_type, limit))
+            refs += await attachments.returned(session, thread.id, result.attachments)
         return refs
 
     async def _crashed(self, session: AsyncSession, thread: tables.Thread) -> None:

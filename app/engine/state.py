@@ -182,11 +182,22 @@ class RunState(FileMethods):
         _check_input(role, INJECT_ROLES, content, metadata)
         from app.engine import hooks  # it builds on this module
 
-        assert self._execution is not None
+        execution = self._execution
+        assert execution is not None
         hook_runner = None
         if not hooks.creating():  # a create-message hook's own injections run no hooks: they would recurse
+            side = self._catalog.agent(self._thread.agent).side(execution.side)
+            assert side is not None, f"agent {self._thread.agent} has no side {execution.side}"
+            prompt = self._catalog.prompts[side.prompt]  # the acting side's hooks, as for the engine's messages
             hook_runner = hooks.bind(
-                self._catalog, self._fernet, self._thread, self._execution, self._env, self._transaction, self._context
+                self._catalog,
+                self._fernet,
+                self._thread,
+                prompt,
+                self._env,
+                execution,
+                self._transaction,
+                self._context,
             )
         fields: dict[str, Any] = {"content": content, "silent": silent, "metadata_": metadata or {}}
         if hook_runner is not None:

@@ -170,9 +170,12 @@ async def call(
     call: ToolCall,
     env: Env | None,
     fernet: Fernet,
+    *,
+    nonblocking: bool = False,
 ) -> Answered | Parked:
-    """Run a subagent tool call inside the parent's fenced transaction."""
-    waiting = await subagents.waiting_on(session, parent.id, call["id"])
+    """Run a subagent tool call inside the parent's fenced transaction; `nonblocking` (inside a subprompt step,
+    §7.4) answers at once whatever the entry says, and the child's result arrives later as a message."""
+    waiting = None if nonblocking else await subagents.waiting_on(session, parent.id, call["id"])
     if waiting is not None:  # the call was made before a crash: keep waiting on the same child
         await threads.set_status(session, parent, "waiting")
         return Parked(waiting.id)
@@ -181,7 +184,7 @@ async def call(
     except ValueError as exc:
         return _error(f"Invalid arguments for tool `{tool.name}`: {exc}")
     if tool.kind == MESSAGE:
-        return await _message(session, parent, tool, call, arguments)
+        return await _message(session, parent, tool, call, arguments, nonblocking)
     if tool.kind == CREATE:
         name = arguments.get("agent")
         target = next(((e, a) for e, a in _targets(catalog, prompt, env) if a.name == name and e.resumable), None)
@@ -212,13 +215,14 @@ async def call(
     if isinstance(paths, Answered):
         return paths
     name = str(label) if isinstance(label, str | int | float) and str(label) else None
-    creation = subagents.Creation(agent.name, entry, side, content, blocking=entry.blocking, paths=paths, name=name)
+    blocking = entry.blocking and not nonblocking
+    creation = subagents.Creation(agent.name, entry, side, content, blocking=blocking, paths=paths, name=name)
     required, missing = await subagents.missing_scoped(session, catalog, parent, agent.name, set())
     if missing:  # nothing is created: the values come through the bootstrap routes (§6.7)
         request = await subagents.request_variables(session, fernet, parent, agent.name, required, missing, creation)
         return Answered(_env_required(parent, agent.name, request))
     child = await subagents.start(session, catalog, fernet, parent, creation)
-    return await _wait_or_answer(session, parent, child, call, tool, subagents.CREATED.format(id=child.id))
+    return await _wait_or_answer(session, parent, child, call, tool, subagents.CREATED.format(id=child.id), blocking)
 
 
 def _env_required(parent: tables.Thread, agent: str, request: tables.VariableRequest) -> ToolResult:
@@ -235,7 +239,12 @@ def _env_required(parent: tables.Thread, agent: str, request: tables.VariableReq
 
 
 async def _message(
-    session: AsyncSession, parent: tables.Thread, tool: OfferedTool, call: ToolCall, arguments: dict[str, Any]
+    session: AsyncSession,
+    parent: tables.Thread,
+    tool: OfferedTool,
+    call: ToolCall,
+    arguments: dict[str, Any],
+    nonblocking: bool,
 ) -> Answered | Parked:
     """`subagent_message`: queue a message into a live resumable child of this parent."""
     reference = arguments.get("referenceId")
@@ -254,13 +263,20 @@ async def _message(
     refs = await subagents.copy_files(session, parent.id, paths, child.id)
     role = "assistant" if child.receives_messages == "side_b" else "user"
     await subagents.send(session, child, role, arguments["message"], refs)
-    return await _wait_or_answer(session, parent, child, call, tool, QUEUED.format(id=child.id))
+    blocking = child.blocking and not nonblocking
+    return await _wait_or_answer(session, parent, child, call, tool, QUEUED.format(id=child.id), blocking)
 
 
 async def _wait_or_answer(
-    session: AsyncSession, parent: tables.Thread, child: tables.Thread, call: ToolCall, tool: OfferedTool, text: str
+    session: AsyncSession,
+    parent: tables.Thread,
+    child: tables.Thread,
+    call: ToolCall,
+    tool: OfferedTool,
+    text: str,
+    blocking: bool,
 ) -> Answered | Parked:
-    if not child.blocking:
+    if not blocking:
         return Answered(ToolResult(status="success", result=text), child.id)
     child.parent_call_id = call["id"]
     child.parent_call_name = tool.name

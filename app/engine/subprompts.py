@@ -38,8 +38,8 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import attachments, errors, events, files, messages, tables
 from app.catalog import Catalog
-from app.engine import calls, context, tools
-from app.engine.state import RunState
+from app.engine import calls, context, hooks, subagents, tools
+from app.engine.state import RunState, Transaction
 from app.llm.base import LLMMessage, ProviderError, ToolCall
 from app.spec.definitions import PromptDefinition, SideConfig, ToolEntry
 from app.spec.results import ToolResult
@@ -63,9 +63,10 @@ def _error(text: str) -> ToolResult:
 class Runner:
     """Runs the subprompt steps of one engine (it makes their LLM calls with the engine's caller)."""
 
-    def __init__(self, catalog: Catalog, caller: calls.Caller) -> None:
+    def __init__(self, catalog: Catalog, caller: calls.Caller, max_steps: int) -> None:
         self._catalog = catalog
         self._caller = caller
+        self._max_steps = max_steps  # the session's step cap (§3), which a subprompt's step counts toward
 
     async def run(self, state: RunState, entry: ToolEntry, arguments: dict[str, Any]) -> ToolResult:
         """One step of prompt `entry.name` for the tool call `state.execution.tool_call_id`; its tool result."""
@@ -95,7 +96,7 @@ class Runner:
         )
         offered = {
             t.name: t
-            for t in context.offered_tools(self._catalog, prompt, SideConfig(prompt=name))
+            for t in context.offered_tools(self._catalog, prompt, SideConfig(prompt=name), env)
             if t.kind != "handoff"  # a step inside a step cannot hand the thread over
         }
         async with state._transaction() as (session, thread):
@@ -109,6 +110,8 @@ class Runner:
                     f"Provided attachment path(s) not found in this thread: {', '.join(missing)}. Use an exact "
                     "/attachments/... path that exists in this thread, then try again."
                 )
+            if thread.session_steps >= self._max_steps:  # the next step of the caller ends the session (§3)
+                return _error(f"Subprompt `{name}` not run: the session reached its cap of {self._max_steps} steps")
             run = hashlib.sha256((thread.lease_token or uuid.UUID(int=0)).bytes).hexdigest()[:16]
             await _forget(session, thread.id, execution.tool_call_id or "", run)
             tags: dict[str, Any] = {
@@ -125,17 +128,23 @@ class Runner:
             except context.MissingVariable as exc:
                 return _error(f"Subprompt `{name}` failed: {exc}")
             request.tools = [t for t in request.tools if t.name in offered]
-            text = _first_message(entry, arguments)
-            await messages.add(
-                session, thread.id, "user", side="b" if side == "a" else "a", content=text, attachments=refs, **tags
+            thread.session_steps += 1  # the step runs: it is one of the session's
+            # its messages go through the message hooks of its own prompt (§10), inside this transaction
+            inside = self._hooks(sub_state, thread, prompt, lambda: hooks.joined(session, thread))
+            user = {"side": "b" if side == "a" else "a", "content": _first_message(entry, arguments), **tags}
+            asked = await messages.add(
+                session, thread.id, "user", attachments=refs, **await inside.before_create_message("user", user)
             )
-            first = LLMMessage("user", context.described(text, refs))
+            await inside.after_create_message(asked)
+            first = LLMMessage("user", context.described(asked.content, refs))
             if self._catalog.models[prompt.model].capabilities.supports_images:
                 first.images = context._images(refs)
             request.messages.append(first)
             await attachments.inline_images(session, thread.id, request.messages)
             fields = {"side": side, "status": "pending", "prompt": name, "model": prompt.model, **tags}
-            pending = await messages.add(session, thread.id, messages.role_of(side), **fields)
+            role = messages.role_of(side)
+            pending = await messages.add(session, thread.id, role, **await inside.before_create_message(role, fields))
+            await inside.after_create_message(pending)
         result = await self._caller.call(
             state._transaction, thread.id, pending.id, prompt, request, env, depth, defer=True
         )
@@ -143,56 +152,85 @@ class Runner:
         async with state._transaction() as (session, thread):
             await calls.write(session, result)  # the request's log row commits with the message it answers
             message = await messages.get(session, thread.id, pending.id)
+            inside = self._hooks(sub_state, thread, prompt, lambda: hooks.joined(session, thread))
             if isinstance(response, ProviderError):
-                await messages.save(session, message, status="failed")
+                await messages.save(
+                    session, message, **await inside.before_update_message(message, {"status": "failed"})
+                )
+                await inside.after_update_message(message)
                 detail = f": {response.message}" if entry.include_errors else ""
                 return _error(f"Subprompt `{name}` failed{detail}")
-            await messages.save(
-                session,
-                message,
-                status="completed",
-                content=response.text or None,
-                tool_calls=list(response.tool_calls) or None,
-                reasoning_content=response.reasoning,
-                reasoning_details=response.reasoning_details,
-                model=result.model.name,
-                usage=response.usage.as_dict(),
-            )
-        outcomes = [await self._tool(sub_state, offered, call, side, tags) for call in response.tool_calls]
-        return ToolResult(status="success", result=shape(entry, response.text, outcomes))
+            updates = {
+                "status": "completed",
+                "content": response.text or None,
+                "tool_calls": list(response.tool_calls) or None,
+                "reasoning_content": response.reasoning,
+                "reasoning_details": response.reasoning_details,
+                "model": result.model.name,
+                "usage": response.usage.as_dict(),
+            }
+            await messages.save(session, message, **await inside.before_update_message(message, updates))
+            await inside.after_update_message(message)
+        outcomes = [await self._tool(sub_state, prompt, offered, call, side, tags) for call in response.tool_calls]
+        # its final text as stored: what a `before_update_message` hook made of the answer
+        return ToolResult(status="success", result=shape(entry, message.content or "", outcomes))
+
+    def _hooks(self, state: RunState, thread: tables.Thread, prompt: PromptDefinition, tx: Transaction) -> hooks.Hooks:
+        """The hooks of the subprompt's prompt (else its agent's), with a state running in `tx`."""
+        assert state.execution is not None
+        return hooks.bind(self._catalog, state._fernet, thread, prompt, state._env, state.execution, tx, state._context)
 
     async def _tool(
         self,
         state: RunState,
+        prompt: PromptDefinition,
         offered: dict[str, context.OfferedTool],
         call: ToolCall,
         side: str,
         tags: dict[str, Any],
     ) -> tools.Outcome:
-        """Run one tool call of the subprompt's answer and store its result beside the answer (its events carry
-        the depth, so streams that leave deeper messages out leave them out too)."""
+        """Run one tool call of the subprompt's answer and store its result beside the answer, through the tool
+        hooks (its events carry the depth, so streams that leave deeper messages out leave them out too). A
+        subagent tool runs non-blocking (§7.4): the child's result arrives later as a message to the thread."""
         name = call["function"]["name"]
-        depth = tags["depth"]
+        data = {"tool": name, "tool_call_id": call["id"], "depth": tags["depth"]}
+        tool = offered.get(name)
+        if tool is not None and tool.kind in subagents.KINDS:
+            async with state._transaction() as (session, thread):
+                await events.append(session, thread.id, "tool_started", data)
+                done = await subagents.call(
+                    session,
+                    self._catalog,
+                    thread,
+                    side,
+                    prompt,
+                    tool,
+                    call,
+                    state._env,
+                    state._fernet,
+                    nonblocking=True,
+                )
+                assert isinstance(done, subagents.Answered)  # a non-blocking call never parks
+                self._caller.meter.tool_call(name, done.result.status, offered)
+                inside = self._hooks(state, thread, prompt, lambda: hooks.joined(session, thread))
+                result, _ = await hooks.store_result(
+                    session, thread, inside, call, done.result, side, child=done.child, tags=tags
+                )
+            return tools.Outcome(call, result, None)
         async with state._transaction() as (session, thread):
-            data = {"tool": name, "tool_call_id": call["id"], "depth": depth}
             await events.append(session, thread.id, "tool_started", data)
         outcome = await tools.execute(self._catalog, offered, call, state)
         self._caller.meter.tool_call(name, outcome.result.status, offered)
         outcome = replace(outcome, result=calls.scrub_result(outcome.result, state._env.secrets()))
         async with state._transaction() as (session, thread):
-            await messages.add(
-                session,
-                thread.id,
-                "tool",
-                side=side,
-                name=name,
-                tool_call_id=call["id"],
-                content=outcome.result.text,
-                tool_status=outcome.result.status,
-                **tags,
+            inside = self._hooks(state, thread, prompt, lambda: hooks.joined(session, thread))
+            result, row = await hooks.store_result(
+                session, thread, inside, call, outcome.result, side, child=None, tags=tags
             )
-            await events.append(session, thread.id, "tool_completed", {**data, "status": outcome.result.status})
-        return outcome
+        if row is not None and row.attachments:  # its files are named in the result, as a message's are
+            text = context.described(result.text, row.attachments)
+            result = result.model_copy(update={"error": text} if result.status == "error" else {"result": text})
+        return replace(outcome, result=result)
 
 
 def shape(entry: ToolEntry, text: str, outcomes: list[tools.Outcome]) -> str:

@@ -223,8 +223,9 @@ def define_hook(hook_name: str) -> Callable[[Callable[..., Any]], HookDefinition
       `metadata` and `silent` of the returned dict are used. A message these create hooks inject runs none.
     - `after_create_message(state, message: StateMessage) -> None`
     - `before_update_message(state, message_id: str, updates: dict) -> dict`: before the engine updates a message
-      (the pending assistant message completing or failing); `content`, `metadata` and `silent` of the returned
-      updates are applied.
+      (the pending assistant message completing or failing), and before a client's edit (`PATCH
+      /threads/{id}/messages/{message_id}`, run with `state.execution` `None`); `content`, `metadata` and `silent`
+      of the returned updates are applied.
     - `after_update_message(state, message: StateMessage) -> None`
     - `after_tool_call_success(state, tool_call: dict, result: ToolResult) -> ToolResult | None` and
       `after_tool_call_failure(...)`, by the result's status, right after the tool ran: `None` removes the call

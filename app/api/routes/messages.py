@@ -8,16 +8,16 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from sqlalchemy.ext.asyncio import AsyncSession
 from starlette.datastructures import FormData, UploadFile
 
-from app import attachments, db, errors, events, lifecycle, messages, queue, subagents, tables, threads, turns
+from app import attachments, db, edits, errors, events, lifecycle, messages, queue, subagents, tables, threads, waits
 from app.api import bodies, forms, schemas
-from app.api.deps import CurrentUser, SessionDep, SettingsDep, sessions
+from app.api.deps import CatalogDep, CurrentUser, SessionDep, SettingsDep, sessions
 from app.keys import Principal
 from app.settings import Settings
 
@@ -198,7 +198,7 @@ async def post_message(
     message_id, parked = await _post(request, session, thread_id, who, settings, media, body)
     if wait is None or after is None:
         return schemas.Queued(message_id=message_id)
-    turn = turns.Turn(message_id, parked=parked)
+    turn = waits.Turn(message_id, parked=parked)
     return await _waited(request, who, thread_id, after, wait, turn)
 
 
@@ -233,14 +233,14 @@ async def _post(
 
 
 async def _waited(
-    request: Request, who: Principal, thread_id: uuid.UUID, after: int, seconds: float, turn: turns.Turn
+    request: Request, who: Principal, thread_id: uuid.UUID, after: int, seconds: float, turn: waits.Turn
 ) -> JSONResponse:
     """Follow the input's turn for at most `seconds`, until the client hangs up (then nothing is read more) or
     the server begins to stop, holding no connection meanwhile; then the turn as it stands."""
     factory = sessions(request)
     if not turn.over:
         following = asyncio.ensure_future(
-            turns.follow(request.app.state.hub, factory, thread_id, who.key_id, after, turn)
+            waits.follow(request.app.state.hub, factory, thread_id, who.key_id, after, turn)
         )
         gone = asyncio.ensure_future(_hung_up(request))
         stopping = asyncio.ensure_future(request.app.state.stopping.wait())  # a deploy: answer what there is
@@ -258,9 +258,9 @@ async def _waited(
         thread = await threads.get(session, thread_id, who)
         ids = [turn.message_id, *turn.produced]  # the input itself even if its delivery came after the wait ended
         out = await _projected(session, await messages.of_turn(session, thread.id, ids, turn.message_id))
-        if not out and (row := await turns.queued(session, thread.id, turn.message_id)) is not None:
+        if not out and (row := await waits.queued(session, thread.id, turn.message_id)) is not None:
             out.append(_queued(row))  # still waiting, or set aside
-    status = turn.status if turn.done and turn.status in turns.RESTING else thread.status
+    status = turn.status if turn.done and turn.status in waits.RESTING else thread.status
     result = schemas.Turn(message_id=turn.message_id, done=turn.done, status=status, messages=out)
     return JSONResponse(result.model_dump(mode="json"))
 
@@ -365,3 +365,38 @@ async def get_message(
     thread = await threads.get(session, thread_id, who)
     [message] = await _projected(session, [await messages.get(session, thread.id, message_id)])
     return message
+
+
+@router.patch("/threads/{thread_id}/messages/{message_id}", responses={**ERRORS, 409: {"model": schemas.Error}})
+async def edit_message(
+    thread_id: uuid.UUID,
+    message_id: uuid.UUID,
+    body: schemas.MessageEdit,
+    request: Request,
+    session: SessionDep,
+    who: CurrentUser,
+    catalog: CatalogDep,
+) -> schemas.Message:
+    """Replace a stored message's content through the update hooks (`before_update_message`,
+    `after_update_message`); announced as `message_data`, seen by the thread's next step. 409 `message_busy` while
+    the message is still being written (`pending`, or queued input)."""
+    thread = await threads.get(session, thread_id, who, lock=True)
+    row = await edits.edit(session, catalog, request.app.state.fernet, thread, message_id, body.content)
+    [message] = await _projected(session, [row])
+    await session.commit()
+    return message
+
+
+@router.delete(
+    "/threads/{thread_id}/messages/{message_id}",
+    status_code=204,
+    response_class=Response,
+    responses={**ERRORS, 409: {"model": schemas.Error}},
+)
+async def delete_message(thread_id: uuid.UUID, message_id: uuid.UUID, session: SessionDep, who: CurrentUser) -> None:
+    """Delete a stored message; a message that made tool calls takes their results with it. Each deleted message is
+    announced as `message_deleted`. 409 `tool_result_alone` for a tool result whose call is still there,
+    `message_busy` while the thread's step still writes or uses the message."""
+    thread = await threads.get(session, thread_id, who, lock=True)
+    await edits.delete(session, thread, message_id)
+    await session.commit()

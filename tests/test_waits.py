@@ -13,7 +13,7 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from app import events, keys, queue, tables, turns
+from app import events, keys, queue, tables, waits
 from app.catalog import Catalog
 from app.catalog import load as load_catalog
 from app.llm.base import LLMRequest
@@ -283,7 +283,7 @@ def test_what_the_log_says_of_a_turn() -> None:
     def data(message_id: uuid.UUID, depth: int = 0) -> dict[str, Any]:
         return {"message_id": str(message_id), "depth": depth, "data": {}}
 
-    turn = turns.Turn(mine)
+    turn = waits.Turn(mine)
     turn.see("message_data", data(other))  # a turn before its delivery: not its own
     turn.see("thread_status", {"status": "stopped"})
     assert turn.over and not turn.done  # parked: stopped before its delivery
@@ -299,7 +299,7 @@ def test_what_the_log_says_of_a_turn() -> None:
     turn.see("message_data", data(uuid.uuid4()))  # the next turn's: not this one's
     assert list(turn.produced) == [mine, other]
 
-    never = turns.Turn(mine)
+    never = waits.Turn(mine)
     never.see("thread_terminated", {})
     assert never.over and not never.done and never.status == "terminated"
 

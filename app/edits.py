@@ -1,0 +1,101 @@
+"""Edits: a client changes or deletes a stored message (`PATCH` / `DELETE /threads/{id}/messages/{message_id}`).
+
+Both run in the caller's transaction on the locked thread row, as every write of a thread's messages does, so they
+are ordered against the engine's steps: an edit takes a new revision and a deletion bumps `messages_removed`, and
+the engine's next step reads either (`engine/history.py`); the request of a step already running keeps what it was
+built from. What the running step still writes or uses is refused (`MessageBusy`): its `pending` answer, input not
+delivered yet, and, for a deletion, the tool-call message of a step whose calls are open (its results are still to
+come, and a provider refuses a tool call without its result, or a result without its call) and subprompt messages
+(depth > 0) while a step is open. For the same reason a tool result is deleted only with the message that made its
+call (`ToolResultAlone`).
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from cryptography.fernet import Fernet
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from app import errors, messages, tables, waits
+from app.catalog import Catalog
+from app.engine import hooks, turns
+
+
+async def edit(
+    session: AsyncSession,
+    catalog: Catalog,
+    fernet: Fernet,
+    thread: tables.Thread,
+    message_id: uuid.UUID,
+    content: str,
+) -> tables.Message:
+    """Replace a message's content, through the `before_update_message` / `after_update_message` hooks of the acting
+    side's prompt (run outside the execution: `state.execution` is `None`); announced as `message_data`."""
+    row = await _editable(session, thread, message_id)
+    runner = await hooks.prepare(catalog, fernet, session, thread, "b" if thread.side == "b" else "a", outside=True)
+    current: dict[str, Any] = {"metadata_": row.metadata_, "silent": row.silent}
+    updates = await runner.before_update_message(row, {"content": content, **current})
+    fields = {k: v for k, v in updates.items() if k == "content" or v != current.get(k)}
+    await messages.save(session, row, **fields)
+    await runner.after_update_message(row)
+    return row
+
+
+async def delete(session: AsyncSession, thread: tables.Thread, message_id: uuid.UUID) -> list[uuid.UUID]:
+    """Delete a message, a tool-call message with its results; each announced as `message_deleted`."""
+    row = await _editable(session, thread, message_id)
+    if row.role == "tool" and row.tool_call_id is not None:
+        caller = await _caller(session, thread.id, row.tool_call_id)
+        if caller is not None:
+            raise errors.ToolResultAlone(
+                f"Message {message_id} is the result of a tool call: delete the message that made the call "
+                f"({caller}), and its results go with it.",
+                call_message_id=str(caller),
+            )
+    if thread.step_open and row.depth > 0:  # a subprompt's traffic: the open step's calls may still use it
+        raise errors.MessageBusy(
+            f"Message {message_id} belongs to a subprompt of the thread's open step: try again once the step has "
+            "finished."
+        )
+    if row.tool_calls and row.side in ("a", "b"):
+        since = thread.turn_start or 0
+        query = (
+            select(tables.Message)
+            .where(tables.Message.thread_id == thread.id, tables.Message.position >= since)
+            .order_by(tables.Message.position)
+        )
+        rows = list((await session.execute(query)).scalars())
+        open_row, _ = turns.open_work(rows, row.side, since, thread.step_open)
+        if open_row is not None and open_row.id == row.id:
+            raise errors.MessageBusy(
+                f"Message {message_id} made tool calls the thread's step has not finished with: try again once the "
+                "step has finished."
+            )
+    return await messages.remove(session, thread.id, row.id)
+
+
+async def _editable(session: AsyncSession, thread: tables.Thread, message_id: uuid.UUID) -> tables.Message:
+    """The stored message, unless the thread is terminated or the message is still being written."""
+    if thread.terminated_at is not None:
+        raise errors.ThreadTerminated()
+    try:
+        row = await messages.get(session, thread.id, message_id)
+    except errors.MessageNotFound:
+        if await waits.queued(session, thread.id, message_id) is not None:
+            raise errors.MessageBusy(f"Message {message_id} is queued input, not delivered yet.") from None
+        raise
+    if row.status == "pending":
+        raise errors.MessageBusy(f"Message {message_id} is still being written (`pending`).")
+    return row
+
+
+async def _caller(session: AsyncSession, thread_id: uuid.UUID, call_id: str) -> uuid.UUID | None:
+    """The assistant message that made tool call `call_id`, if it is still there."""
+    query = select(tables.Message.id).where(
+        tables.Message.thread_id == thread_id,
+        tables.Message.tool_calls.contains([{"id": call_id}]),
+    )
+    return (await session.execute(query.limit(1))).scalar_one_or_none()
