@@ -275,7 +275,10 @@ PROJECTED = ("subagent_name", "subagent_title", "subagent_description", "subagen
 @define_tool(description="Read this thread's messages that speak for a child.")
 async def own_messages(state: ThreadState) -> str:
     page = await state.get_messages(include_silent=True)
-    return json.dumps([[m.subagent_id, *(getattr(m, k) for k in PROJECTED)] for m in page.messages if m.subagent_id])
+    report = next(m for m in page.messages if m.subagent_id and m.role == "user")
+    updated = await state.update_message(report.id, metadata={**report.metadata, "read": True})
+    found = [[m.subagent_id, *(getattr(m, k) for k in PROJECTED)] for m in page.messages if m.subagent_id]
+    return json.dumps([*found, [updated.subagent_id, *(getattr(updated, k) for k in PROJECTED)]])
 
 
 async def test_messages_of_a_child_carry_its_projection_in_events_and_state(app_factory: Any) -> None:
@@ -313,7 +316,7 @@ async def test_messages_of_a_child_carry_its_projection_in_events_and_state(app_
         None
     ) == len([e for e, d in await event_types(client, tid) if e == "message_data"]) - len(announced)
     seen = json.loads(next(r["content"] for r in rows if r["name"] == "own_messages"))
-    assert seen == [[cid, *expected], [cid, *expected]]
+    assert seen == [[cid, *expected], [cid, *expected], [cid, *expected]]  # the last: `update_message`'s answer
 
 
 async def test_a_metadata_subagent_id_of_a_thread_that_is_no_child_projects_nothing(app_factory: Any) -> None:

@@ -244,7 +244,7 @@ class RunState(FileMethods):
             fields["metadata_"] = metadata
         async with self._transaction() as (session, thread):
             row = await messages.save(session, await messages.get(session, thread.id, key), **fields)
-        return _message(row)
+            return _message(row, await _projections(session, thread.id, [row]))
 
     async def delete_message(self, message_id: str) -> bool:
         self._own("delete_message")
