@@ -11,7 +11,7 @@ import traceback
 import types
 import typing
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -115,17 +115,57 @@ class Catalog:
             return "agent"
         return None
 
-    def defined_env(self, name: str) -> set[str]:
-        """Variable names the agent's own definitions set: its `env`, its sides' prompts' and their tools' `env`."""
-        definition = self.agent(name)
-        defined = set(definition.env)
-        for side in (definition.side_a, definition.side_b):
-            if side is not None:
-                prompt = self.prompts[side.prompt]
-                defined |= set(prompt.env)
-                for entry in prompt.tool_entries():
-                    defined |= set(entry.env)
-        return defined
+    def unresolved(self, name: str, provided: Collection[str], *, scoped: bool) -> list[str]:
+        """Required variables of the agent's graph (the scoped ones, or the others) that neither `provided` nor the
+        `env` of the definitions around the place that reads them define (§8): a callable sees its agent's, its
+        prompt's and its tool entry's `env`; a prompt (a subprompt too) its agent's and its own; a subagent or a
+        handoff target starts over with its own agent's `env`, since only the thread env crosses to it."""
+        given = set(provided)
+        missing: set[str] = set()
+        seen: set[tuple[str, str, frozenset[str]]] = set()
+
+        def need(variables: list[VariableDefinition], visible: frozenset[str]) -> None:
+            for v in variables:
+                if v.required and v.scoped == scoped and v.name not in given and v.name not in visible:
+                    missing.add(v.name)
+
+        def prompt(node: str, agent_env: frozenset[str], visible: frozenset[str]) -> None:
+            if (node, "prompt", visible) in seen or node not in self.prompts:
+                return
+            seen.add((node, "prompt", visible))
+            definition = self.prompts[node]
+            need(definition.variables, visible)
+            for part in _parts(definition):
+                if isinstance(part, PromptIncludePart):
+                    prompt(part.prompt, agent_env, visible)  # rendered with the including prompt's env
+            for entry in definition.tool_entries():
+                kind = self.kind_of(entry.name)
+                if kind == "callable":
+                    need(self.tools[entry.name].variables, visible | set(entry.env))
+                elif kind == "prompt":
+                    prompt(entry.name, agent_env, agent_env | set(self.prompts[entry.name].env))
+                elif kind == "agent":
+                    agent(entry.name)
+
+        def agent(node: str) -> None:
+            if (node, "agent", frozenset()) in seen:
+                return
+            seen.add((node, "agent", frozenset()))
+            definition = self.agents[node]
+            agent_env = frozenset(definition.env)
+            sides = [side for side in (definition.side_a, definition.side_b) if side is not None]
+            # the agent's own variables must resolve whichever side's prompt is active
+            shared = frozenset.intersection(*(frozenset(self.prompts[s.prompt].env) for s in sides))
+            need(definition.variables, agent_env | shared)
+            for side in sides:
+                visible = agent_env | set(self.prompts[side.prompt].env)
+                prompt(side.prompt, agent_env, visible)
+                for tool in side.session_tool_names():
+                    if tool in self.tools:
+                        need(self.tools[tool].variables, visible)
+
+        agent(self.agent(name).name)
+        return sorted(missing)
 
     def variables_of_agent(self, name: str) -> list[VariableDefinition]:
         """Every variable declared in the agent's graph (`semantics.md` 8), each definition visited once."""

@@ -4,6 +4,7 @@ secrets that never leave (`semantics.md` §8)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import uuid
@@ -20,7 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app import db, env, events, keys, queue, subagents, tables, threads
 from app.catalog import Catalog
-from app.spec import ThreadState, ToolEntry, define_agent, define_model, define_prompt, define_tool
+from app.spec import ThreadState, ToolEntry, VariableDefinition, define_agent, define_model, define_prompt, define_tool
 from tests.conftest import client_for, wait_for
 from tests.test_api import assert_error
 
@@ -172,6 +173,59 @@ async def test_missing_variables_are_satisfied_by_user_and_instance_env(app_fact
         assert created.json()["env"] == {}  # inherited values stay where they are
         refused = await b.post("/threads", json={"agent": "agent"})
         assert refused.status_code == 422 and refused.json()["error"]["details"]["missing"] == ["REGION"]
+
+
+def graph(top_variables: list[dict[str, Any]]) -> Catalog:
+    """An agent whose graph reaches a subprompt, a subagent and a handoff target, each declaring a required
+    variable only its own `env` supplies, plus a callable whose variable only its tool entry's `env` supplies."""
+    model = define_model(name="m", provider="test", script=["ok"])
+    need = [{"name": "NEED", "required": True}]
+    prompts = {
+        "top": define_prompt(
+            name="top",
+            model="m",
+            prompt="sys",
+            variables=top_variables,
+            tools=["sub", "child", "other", {"name": "read_x", "env": {"X": "tool"}}],
+        ),
+        "sub": define_prompt(
+            name="sub", tool_description="s", model="m", prompt="s", variables=need, env={"NEED": "1"}
+        ),
+        "kid": define_prompt(name="kid", model="m", prompt="k", variables=[{"name": "KID", "required": True}]),
+        "desk": define_prompt(name="desk", model="m", prompt="d", variables=[{"name": "DESK", "required": True}]),
+    }
+    agents = {
+        "agent": define_agent(name="agent", side_a={"prompt": "top"}),
+        "child": define_agent(
+            name="child",
+            type="dual_ai",
+            expose_as_tool=True,
+            tool_description="c",
+            side_a={"prompt": "kid", "stop_on_response": True},
+            side_b={"prompt": "kid"},
+            env={"KID": "child's"},
+        ),
+        "other": define_agent(
+            name="other", side_a={"prompt": "desk"}, expose_as_tool=True, tool_description="o", env={"DESK": "x"}
+        ),
+    }
+    tools = {"read_x": dataclasses.replace(read_x, variables=[VariableDefinition(name="X", required=True)])}
+    return Catalog(root=Path("."), models={"m": model}, prompts=prompts, agents=agents, tools=tools)
+
+
+async def test_required_variables_resolve_where_they_are_read(app_factory: Any) -> None:
+    """A subprompt's, a subagent's and a handoff target's own `env` and a tool entry's `env` supply the variables
+    declared under them; they supply nothing to the prompt above them (§8)."""
+    app = await app_factory(graph([]))
+    async with client_for(app) as client:
+        created = await client.post("/threads", json={"agent": "agent"})
+        assert created.status_code == 201, created.text
+    app = await app_factory(graph([{"name": name, "required": True} for name in ("NEED", "KID", "DESK", "X")]))
+    async with client_for(app) as client:
+        refused = assert_error(await client.post("/threads", json={"agent": "agent"}), 422, "missing_variables")
+        assert refused["details"]["missing"] == ["DESK", "KID", "NEED", "X"]
+        env = {"DESK": "1", "KID": "1", "NEED": "1", "X": "1"}
+        assert (await client.post("/threads", json={"agent": "agent", "env": env})).status_code == 201
 
 
 # -- the routes -----------------------------------------------------------------------------------------------
