@@ -317,6 +317,15 @@ class RunState(FileMethods):
         async with self._transaction() as (session, thread):
             return await handoffs.switch(session, thread, self._catalog, agent)
 
+    async def run_agent(self, name: str) -> None:
+        self._own("run_agent")
+        if not isinstance(name, str):
+            raise errors.Invalid("`state.run_agent` takes an agent's name")
+        self._catalog.agent(name)  # an unknown name: `Agent ... does not exist`
+        result = await self.hand_off(name)
+        if result.status == "error":
+            raise errors.Invalid(f"`state.run_agent`: {result.error}")
+
     async def queue_tool(self, name: str, args: dict[str, Any] | None = None) -> str:
         if args is not None and not isinstance(args, dict):
             raise errors.Invalid("`state.queue_tool`: the arguments must be a dict")
