@@ -38,6 +38,20 @@ from app.spec.definitions import (
 
 ToolKind = Literal["callable", "prompt", "agent"]
 RESERVED = frozenset({"subagent_create", "subagent_message"})
+# Built-in tools a provider runs itself (the spec's "provider tool"): OpenAI's Responses API tools and Anthropic's
+# server tools. Not supported (README "Provider tools"): a name of these gets that explanation, not "unknown tool".
+PROVIDER_TOOLS = frozenset(
+    {
+        "web_search",
+        "web_search_preview",
+        "web_fetch",
+        "file_search",
+        "code_interpreter",
+        "code_execution",
+        "image_generation",
+        "computer_use_preview",
+    }
+)
 _KINDS: dict[str, tuple[type, str, str]] = {  # folder → (class, noun, how to define one)
     "models": (ModelDefinition, "model", "define_model(...)"),
     "prompts": (PromptDefinition, "prompt", "define_prompt(...)"),
@@ -475,10 +489,19 @@ def _check_prompt(c: Catalog, prompt: PromptDefinition) -> Iterator[Problem]:
 def _check_entry(c: Catalog, where: str, entry: ToolEntry) -> Iterator[Problem]:
     name = entry.name
     kinds = [k for k, defs in (("tool", c.tools), ("prompt", c.prompts), ("agent", c.agents)) if name in defs]
+    if not kinds and name in PROVIDER_TOOLS:
+        message = (
+            f"`{name}` is a provider-executed tool; this runtime runs only its own tools (callables, subprompts, "
+            "subagents, handoffs), so the model never gets provider tools"
+        )
+        fix = f"write a callable in tools/{name}.py that calls the service you want (README: Provider tools)"
+        yield Problem("", where, message, fix)
+        return
     if not kinds:
         offerable = {*c.tools, *c.prompts, *(a.name for a in c.agents.values() if a.expose_as_tool)}
         builtin = " (the runtime provides it for resumable subagents)" if name in RESERVED else ""
         fix = f"define it in tools/, prompts/ or agents/, or {_one_of(offerable)}"
+        fix += " (provider-executed tools are not supported)"
         yield Problem("", where, f"unknown tool `{name}`{builtin}", fix)
         return
     if len(kinds) > 1:
