@@ -317,7 +317,7 @@ class Engine:
             verdict = stops.Verdict("turn", "empty_response")
         else:
             verdict = stops.evaluate(agent, side_config, step.response, outcomes, thread.turn_steps)
-        verdict = handoffs.next_turn(thread, offered, outcomes, verdict)
+        verdict = handoffs.next_turn(thread, agent.name, offered, outcomes, verdict)
         await events.append(
             session,
             thread.id,
