@@ -328,7 +328,8 @@ class Engine:
         if verdict.ends == "turn":
             await events.append(session, thread.id, "turn_ended", {"side": step.side, "reason": verdict.reason})
             thread.session_turns += 1
-            verdict = stops.session_cap(agent, thread.session_turns)
+            owes_result = thread.parent_id is not None and thread.terminal
+            verdict = stops.session_cap(agent, thread.session_turns, owes_result=owes_result)
             if verdict.ends == "nothing":
                 if await turns.after(session, thread, agent, step.side):
                     return await self._open_in(session, thread, first=False, merged=True)

@@ -33,6 +33,17 @@ class Outcome:
     arguments: dict[str, Any] | None
 
 
+MISSING_ATTACHMENTS = (
+    "Provided attachment path(s) not found in this thread: {paths}. Use an exact /attachments/... path that exists "
+    "in this thread, then try again."
+)
+
+
+def missing_attachments(paths: list[str]) -> str:
+    """The contract's error text for attachment paths that are not files of the thread (`semantics.md` §5)."""
+    return MISSING_ATTACHMENTS.format(paths=", ".join(paths))
+
+
 def _error(text: str) -> ToolResult:
     return ToolResult(status="error", error=text)
 
@@ -118,13 +129,12 @@ async def check_attachments(side: SideConfig | None, outcome: Outcome, state: Ru
         for path in paths:
             try:
                 record = await state.stat_file(path)
-            except AgentsError as exc:  # a malformed path
-                return Outcome(outcome.call, _error(f"`{name}`: {exc.message}"), outcome.arguments)
+            except AgentsError:  # a malformed path names no file either
+                record = None
             if record is None or record.type != "file":
                 missing.append(path)
         if missing:
-            text = f"`{name}`: these attachments are not files of this thread: {', '.join(missing)}"
-            return Outcome(outcome.call, _error(text), outcome.arguments)
+            return Outcome(outcome.call, _error(missing_attachments(missing)), outcome.arguments)
     return outcome
 
 
