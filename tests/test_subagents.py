@@ -223,6 +223,9 @@ async def test_a_failed_blocking_child_is_an_error_result(app_factory: Any) -> N
     tool = next(r for r in rows if r["role"] == "tool")
     assert tool["tool_status"] == "error"
     assert re.fullmatch(r"too vague\n\nReference: " + REF.pattern, tool["content"])
+    [logged] = (await client.get(f"/threads/{tid}/logs", params={"kind": "tool"})).json()["logs"]
+    assert (logged["tool"], logged["status"], logged["error"]) == ("qa", "error", tool["content"])
+    assert logged["message_id"] == tool["id"] and logged["request"]["subagent_id"] == tool["subagent_id"]
 
 
 async def test_a_child_that_never_calls_a_terminal_tool_stopped_before_completion(app_factory: Any) -> None:

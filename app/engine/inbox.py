@@ -14,7 +14,7 @@ from cryptography.fernet import Fernet
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import errors, events, messages, queue, tables
+from app import db, errors, events, messages, queue, tables
 from app.catalog import Catalog
 from app.engine import context, hooks, subagents, turns
 from app.engine.state import deliver_tool
@@ -122,7 +122,7 @@ async def _answer(session: AsyncSession, thread: tables.Thread, payload: dict[st
     )
     if answered.first() is not None:
         return False
-    await messages.add(
+    row = await messages.add(
         session,
         thread.id,
         "tool",
@@ -135,6 +135,18 @@ async def _answer(session: AsyncSession, thread: tables.Thread, payload: dict[st
         subagent_id=uuid.UUID(payload["child_id"]),
         session_number=thread.session_number,
     )
+    # the call's log row, written when it is answered (its arguments are in the calling message)
+    logged = tables.Log(
+        id=uuid.uuid4(),
+        thread_id=thread.id,
+        kind="tool",
+        message_id=row.id,
+        tool=payload.get("name"),
+        status=payload["status"],
+        error=payload["content"] if payload["status"] == "error" else None,
+        request={"tool_call_id": payload["call_id"], "subagent_id": payload["child_id"]},
+    )
+    await db.defer(session, *db.insert_statement(logged))
     data = {"tool": payload.get("name"), "tool_call_id": payload["call_id"], "status": payload["status"]}
     await events.append(session, thread.id, "tool_completed", data)
     return True
