@@ -11,7 +11,7 @@ import traceback
 import types
 import typing
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -38,6 +38,20 @@ from app.spec.definitions import (
 
 ToolKind = Literal["callable", "prompt", "agent"]
 RESERVED = frozenset({"subagent_create", "subagent_message"})
+# Built-in tools a provider runs itself (the spec's "provider tool"): OpenAI's Responses API tools and Anthropic's
+# server tools. Not supported (README "Provider tools"): a name of these gets that explanation, not "unknown tool".
+PROVIDER_TOOLS = frozenset(
+    {
+        "web_search",
+        "web_search_preview",
+        "web_fetch",
+        "file_search",
+        "code_interpreter",
+        "code_execution",
+        "image_generation",
+        "computer_use_preview",
+    }
+)
 _KINDS: dict[str, tuple[type, str, str]] = {  # folder → (class, noun, how to define one)
     "models": (ModelDefinition, "model", "define_model(...)"),
     "prompts": (PromptDefinition, "prompt", "define_prompt(...)"),
@@ -115,17 +129,57 @@ class Catalog:
             return "agent"
         return None
 
-    def defined_env(self, name: str) -> set[str]:
-        """Variable names the agent's own definitions set: its `env`, its sides' prompts' and their tools' `env`."""
-        definition = self.agent(name)
-        defined = set(definition.env)
-        for side in (definition.side_a, definition.side_b):
-            if side is not None:
-                prompt = self.prompts[side.prompt]
-                defined |= set(prompt.env)
-                for entry in prompt.tool_entries():
-                    defined |= set(entry.env)
-        return defined
+    def unresolved(self, name: str, provided: Collection[str], *, scoped: bool) -> list[str]:
+        """Required variables of the agent's graph (the scoped ones, or the others) that neither `provided` nor the
+        `env` of the definitions around the place that reads them define (§8): a callable sees its agent's, its
+        prompt's and its tool entry's `env`; a prompt (a subprompt too) its agent's and its own; a subagent or a
+        handoff target starts over with its own agent's `env`, since only the thread env crosses to it."""
+        given = set(provided)
+        missing: set[str] = set()
+        seen: set[tuple[str, str, frozenset[str]]] = set()
+
+        def need(variables: list[VariableDefinition], visible: frozenset[str]) -> None:
+            for v in variables:
+                if v.required and v.scoped == scoped and v.name not in given and v.name not in visible:
+                    missing.add(v.name)
+
+        def prompt(node: str, agent_env: frozenset[str], visible: frozenset[str]) -> None:
+            if (node, "prompt", visible) in seen or node not in self.prompts:
+                return
+            seen.add((node, "prompt", visible))
+            definition = self.prompts[node]
+            need(definition.variables, visible)
+            for part in _parts(definition):
+                if isinstance(part, PromptIncludePart):
+                    prompt(part.prompt, agent_env, visible)  # rendered with the including prompt's env
+            for entry in definition.tool_entries():
+                kind = self.kind_of(entry.name)
+                if kind == "callable":
+                    need(self.tools[entry.name].variables, visible | set(entry.env))
+                elif kind == "prompt":
+                    prompt(entry.name, agent_env, agent_env | set(self.prompts[entry.name].env))
+                elif kind == "agent":
+                    agent(entry.name)
+
+        def agent(node: str) -> None:
+            if (node, "agent", frozenset()) in seen:
+                return
+            seen.add((node, "agent", frozenset()))
+            definition = self.agents[node]
+            agent_env = frozenset(definition.env)
+            sides = [side for side in (definition.side_a, definition.side_b) if side is not None]
+            # the agent's own variables must resolve whichever side's prompt is active
+            shared = frozenset.intersection(*(frozenset(self.prompts[s.prompt].env) for s in sides))
+            need(definition.variables, agent_env | shared)
+            for side in sides:
+                visible = agent_env | set(self.prompts[side.prompt].env)
+                prompt(side.prompt, agent_env, visible)
+                for tool in side.session_tool_names():
+                    if tool in self.tools:
+                        need(self.tools[tool].variables, visible)
+
+        agent(self.agent(name).name)
+        return sorted(missing)
 
     def variables_of_agent(self, name: str) -> list[VariableDefinition]:
         """Every variable declared in the agent's graph (`semantics.md` 8), each definition visited once."""
@@ -435,10 +489,19 @@ def _check_prompt(c: Catalog, prompt: PromptDefinition) -> Iterator[Problem]:
 def _check_entry(c: Catalog, where: str, entry: ToolEntry) -> Iterator[Problem]:
     name = entry.name
     kinds = [k for k, defs in (("tool", c.tools), ("prompt", c.prompts), ("agent", c.agents)) if name in defs]
+    if not kinds and name in PROVIDER_TOOLS:
+        message = (
+            f"`{name}` is a provider-executed tool; this runtime runs only its own tools (callables, subprompts, "
+            "subagents, handoffs), so the model never gets provider tools"
+        )
+        fix = f"write a callable in tools/{name}.py that calls the service you want (README: Provider tools)"
+        yield Problem("", where, message, fix)
+        return
     if not kinds:
         offerable = {*c.tools, *c.prompts, *(a.name for a in c.agents.values() if a.expose_as_tool)}
         builtin = " (the runtime provides it for resumable subagents)" if name in RESERVED else ""
         fix = f"define it in tools/, prompts/ or agents/, or {_one_of(offerable)}"
+        fix += " (provider-executed tools are not supported)"
         yield Problem("", where, f"unknown tool `{name}`{builtin}", fix)
         return
     if len(kinds) > 1:

@@ -266,6 +266,30 @@ async def copy_thread(
     await (await db.driver(session)).execute(_COPY, str(source), str(destination), list(exclude), list(instances))
 
 
+# PROPAGATE: a thread's value of $2 (as it is stored, still encrypted) into every live descendant ($1 the thread's
+# id), in one statement; a descendant running an agent of $3 (one that declares $2 scoped) is left out with its
+# subtree (§8).
+_PROPAGATE = """
+WITH RECURSIVE below AS (
+    SELECT id FROM threads WHERE parent_id = $1::uuid AND terminated_at IS NULL AND NOT agent = ANY($3::text[])
+    UNION ALL
+    SELECT t.id FROM threads t JOIN below b ON t.parent_id = b.id
+    WHERE t.terminated_at IS NULL AND NOT t.agent = ANY($3::text[])
+)
+INSERT INTO env_values (scope, owner, name, type, value)
+SELECT 'thread', below.id::text, v.name, v.type, v.value FROM below, env_values v
+WHERE v.scope = 'thread' AND v.owner = $1::text AND v.name = $2
+ON CONFLICT ON CONSTRAINT env_values_scope_owner_name
+DO UPDATE SET type = excluded.type, value = excluded.value, updated_at = now()
+"""
+
+
+async def propagate(session: AsyncSession, thread_id: uuid.UUID, name: str, scoped_in: Collection[str]) -> None:
+    """Copy the thread's value of `name` to its live (not terminated) descendants, except into the subtrees of
+    children running an agent in `scoped_in` (their graph declares `name` scoped) (§8)."""
+    await (await db.driver(session)).execute(_PROPAGATE, str(thread_id), name, list(scoped_in))
+
+
 async def delete_all(session: AsyncSession, thread_id: uuid.UUID) -> None:
     """Every value of a thread (it is being deleted)."""
     await session.execute(

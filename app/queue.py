@@ -285,8 +285,12 @@ async def revoke(session: AsyncSession, thread_id: uuid.UUID) -> None:
 
 async def waiting(session: AsyncSession, thread_id: uuid.UUID) -> tuple[bool, bool]:
     """Whether input, and whether effects, wait in the thread's inbox (set-aside rows do not count); the env values'
-    version goes into `session.info` for `env.layers` (the engine asks at every step's opening)."""
-    row = await (await db.driver(session, flush=False)).fetchrow(_WAITING, thread_id)
+    version goes into `session.info` for `env.layers` (the engine asks at every step's opening). Deferred writes
+    (`db.defer`: a tool call's log row) ride with it, unless they write what it reads."""
+    writes = [] if db.deferred_tables(session) & {"inbox", "counters"} else db.deferred(session)
+    prefix = f"WITH {db.ctes(writes, 2)} " if writes else ""
+    driver = await db.driver(session, flush=False, carries=bool(writes))
+    row = await driver.fetchrow(prefix + _WAITING, thread_id, *[a for _, args in writes for a in args])
     assert row is not None
     session.info[ENV_VERSION] = row["env_version"]
     return bool(row["input"]), bool(row["effect"])

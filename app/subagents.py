@@ -252,8 +252,7 @@ async def missing_scoped(
     required = sorted({v.name for v in catalog.variables_of_agent(agent) if v.scoped and v.required})
     if not required:
         return [], []
-    defined = provided | catalog.defined_env(agent) | await env.names(session, parent.user_id)
-    return required, [name for name in required if name not in defined]
+    return required, catalog.unresolved(agent, provided | await env.names(session, parent.user_id), scoped=True)
 
 
 @dataclass(frozen=True)

@@ -8,9 +8,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import httpx
 import pytest
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from app import env as env_store
 from app import tables
@@ -18,6 +19,7 @@ from app.catalog import Catalog
 from app.engine import calls, context
 from app.engine.context import Env
 from app.llm.base import LLMRequest, LLMResponse, Usage
+from app.settings import plain_url
 from app.spec import define_agent, define_model, define_prompt
 from tests.conftest import client_for, wait_for
 from tests.test_engine import event_types, settle, stored
@@ -226,3 +228,55 @@ async def test_the_suite_never_reaches_a_real_provider() -> None:
     async with httpx.AsyncClient() as client:
         with pytest.raises(RuntimeError, match="tried to reach the network"):
             await client.post("https://api.openai.com/v1/chat/completions", json={})
+
+
+async def test_a_call_redone_after_a_lost_lease_takes_the_same_script_entry(
+    app_factory: Any, database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The model answers, then the lease is lost before that answer is stored: nothing of the call may be committed
+    (its log row is the `test` provider's script position), so the worker that runs the step again gets the same
+    script entry, and the thread logs one request."""
+    original = calls.Caller.call
+    stolen: list[uuid.UUID] = []
+
+    async def lease_lost_after_the_answer(self: calls.Caller, *args: Any, **kwargs: Any) -> calls.Result:
+        result = await original(self, *args, **kwargs)
+        if not stolen:  # another worker takes the lease while this one holds the answer
+            conn = await asyncpg.connect(plain_url(database_url))
+            try:
+                thread_id = args[1]
+                token = await conn.fetchval(
+                    "UPDATE leases SET token = gen_random_uuid() WHERE thread_id = $1 RETURNING token", thread_id
+                )
+                await conn.execute("UPDATE threads SET lease_token = $2 WHERE id = $1", thread_id, token)
+            finally:
+                await conn.close()
+            stolen.append(thread_id)
+        return result
+
+    monkeypatch.setattr(calls.Caller, "call", lease_lost_after_the_answer)
+    model = define_model(name="m", provider="test", script=["the first entry", "the second entry"])
+    app = await app_factory(catalog(model), with_worker=True)
+    client = client_for(app)
+    tid = (await client.post("/threads", json={"agent": "agent"})).json()["id"]
+    await client.post(f"/threads/{tid}/messages", json={"content": "hi"})
+    await wait_for(lambda: _ready(bool(stolen)))
+    async with app.state.sessions() as session:
+        logged = select(func.count()).select_from(tables.Log).where(tables.Log.thread_id == uuid.UUID(tid))
+        assert await session.scalar(logged) == 0  # nothing of the call was committed
+    conn = await asyncpg.connect(plain_url(database_url))
+    try:  # the thief dies: its lease expires and the worker claims the thread again
+        await conn.execute("UPDATE leases SET expires_at = now() - interval '1 second' WHERE thread_id = $1", stolen[0])
+    finally:
+        await conn.close()
+    await settle(client, tid)
+    assert [(m["role"], m["content"]) for m in await stored(client, tid)] == [
+        ("user", "hi"),
+        ("assistant", "the first entry"),
+    ]
+    [row] = await log_rows(client, tid)
+    assert (row.kind, row.status, row.attempt) == ("llm", "success", 1)
+
+
+async def _ready(value: bool) -> bool:
+    return value

@@ -248,3 +248,24 @@ def test_hook_file_defines_one_hook(tmp_path: Path) -> None:
     )
     [problem] = catalog.check(tmp_path)
     assert (problem.file, problem.message) == (f"{tmp_path.name}/hooks/two.py", "defines 2 hooks")
+
+
+def test_a_provider_tool_is_refused_with_the_reason(tmp_path: Path) -> None:
+    """Provider-executed tools are not supported (README "Provider tools"): the problem says so, not "unknown"."""
+    for folder, text in (
+        ("models", "from app.spec import define_model\ndefine_model(name='m', provider='test', script=['ok'])\n"),
+        ("prompts", "from app.spec import define_prompt\ndefine_prompt(name='p', model='m', prompt='s', "
+                    "tools=['web_search', 'lookup'])\n"),
+    ):  # fmt: skip
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / f"{folder[0]}.py").write_text(text)
+    problems = {p.field: p for p in catalog.check(tmp_path)}
+    provider, unknown = problems["tools[0]"], problems["tools[1]"]
+    assert provider.message.startswith("`web_search` is a provider-executed tool; this runtime runs only its own")
+    assert (
+        provider.fix
+        == "write a callable in tools/web_search.py that calls the service you want (README: Provider tools)"
+    )
+    assert unknown.message == "unknown tool `lookup`" and unknown.fix.endswith(
+        "(provider-executed tools are not supported)"
+    )

@@ -322,3 +322,36 @@ async def test_script_position_is_durable_across_workers(app_factory: Any) -> No
     await wait_for(answered)
     assert [m["content"] for m in await stored(client2, tid) if m["role"] == "assistant"] == ["first", "second"]
     assert client is not None
+
+
+async def test_each_tool_call_writes_a_log_row_with_its_secrets_masked(app_factory: Any) -> None:
+    calls = [
+        {"name": "add", "arguments": {"a": 2, "b": 3}},
+        {"name": "explode", "arguments": {"token": "s3cr3t-val"}},
+        {"name": "nope", "arguments": {}},
+    ]
+    app = await app_factory(catalog([{"tool_calls": calls}, "done"]), with_worker=True)
+    client = client_for(app)
+    body = {"agent": "agent", "env": {"TOKEN": "s3cr3t-val"}, "secrets": ["TOKEN"]}
+    tid = (await client.post("/threads", json=body)).json()["id"]
+    await client.post(f"/threads/{tid}/messages", json={"content": "go"})
+    await settle(client, tid)
+    response = await client.get(f"/threads/{tid}/logs", params={"kind": "tool"})
+    assert response.status_code == 200, response.text
+    rows = response.json()["logs"]
+    assert sorted(r["tool"] for r in rows) == ["add", "explode", "nope"]
+    by_tool = {r["tool"]: r for r in rows}
+    results = {m["tool_call_id"]: m["id"] for m in await stored(client, tid) if m["role"] == "tool"}
+    for row in rows:
+        assert row["kind"] == "tool" and row["model"] is None and row["latency_ms"] >= 0
+        assert row["message_id"] == results[row["request"]["tool_call_id"]]  # the result message it wrote
+    assert (by_tool["add"]["status"], by_tool["add"]["error"]) == ("success", None)
+    assert by_tool["add"]["request"]["arguments"] == '{"a": 2, "b": 3}'
+    assert by_tool["add"]["request"]["arguments_bytes"] == len('{"a": 2, "b": 3}')
+    explode_row = by_tool["explode"]
+    assert explode_row["status"] == "error" and explode_row["error"] == "Tool `explode` failed: RuntimeError: kaboom"
+    assert explode_row["request"]["arguments"] == '{"token": "***"}'  # a known secret value never reaches a log
+    assert explode_row["request"]["arguments_bytes"] == len('{"token": "s3cr3t-val"}')
+    assert by_tool["nope"]["status"] == "error" and by_tool["nope"]["error"].startswith("Unknown tool `nope`")
+    everything = (await client.get(f"/threads/{tid}/logs")).json()["logs"]
+    assert [r["kind"] for r in everything].count("llm") == 2 and "s3cr3t-val" not in str(everything)

@@ -4,6 +4,7 @@ secrets that never leave (`semantics.md` §8)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import uuid
@@ -20,7 +21,8 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app import db, env, events, keys, queue, subagents, tables, threads
 from app.catalog import Catalog
-from app.spec import ThreadState, ToolEntry, define_agent, define_model, define_prompt, define_tool
+from app.llm.base import LLMRequest
+from app.spec import ThreadState, ToolEntry, VariableDefinition, define_agent, define_model, define_prompt, define_tool
 from tests.conftest import client_for, wait_for
 from tests.test_api import assert_error
 
@@ -30,6 +32,12 @@ LEVELS = ["thread", "user", "instance", "agent", "tool", "prompt"]
 @define_tool(description="Reads X.")
 async def read_x(state: ThreadState) -> str:
     return await state.env("X")
+
+
+@define_tool(description="Sets X to `new`.")
+async def set_x(state: ThreadState) -> str:
+    await state.set_env("X", "new")
+    return "set"
 
 
 @define_tool(description="Echoes every secret, in its result and in a custom event.")
@@ -172,6 +180,143 @@ async def test_missing_variables_are_satisfied_by_user_and_instance_env(app_fact
         assert created.json()["env"] == {}  # inherited values stay where they are
         refused = await b.post("/threads", json={"agent": "agent"})
         assert refused.status_code == 422 and refused.json()["error"]["details"]["missing"] == ["REGION"]
+
+
+def graph(top_variables: list[dict[str, Any]]) -> Catalog:
+    """An agent whose graph reaches a subprompt, a subagent and a handoff target, each declaring a required
+    variable only its own `env` supplies, plus a callable whose variable only its tool entry's `env` supplies."""
+    model = define_model(name="m", provider="test", script=["ok"])
+    need = [{"name": "NEED", "required": True}]
+    prompts = {
+        "top": define_prompt(
+            name="top",
+            model="m",
+            prompt="sys",
+            variables=top_variables,
+            tools=["sub", "child", "other", {"name": "read_x", "env": {"X": "tool"}}],
+        ),
+        "sub": define_prompt(
+            name="sub", tool_description="s", model="m", prompt="s", variables=need, env={"NEED": "1"}
+        ),
+        "kid": define_prompt(name="kid", model="m", prompt="k", variables=[{"name": "KID", "required": True}]),
+        "desk": define_prompt(name="desk", model="m", prompt="d", variables=[{"name": "DESK", "required": True}]),
+    }
+    agents = {
+        "agent": define_agent(name="agent", side_a={"prompt": "top"}),
+        "child": define_agent(
+            name="child",
+            type="dual_ai",
+            expose_as_tool=True,
+            tool_description="c",
+            side_a={"prompt": "kid", "stop_on_response": True},
+            side_b={"prompt": "kid"},
+            env={"KID": "child's"},
+        ),
+        "other": define_agent(
+            name="other", side_a={"prompt": "desk"}, expose_as_tool=True, tool_description="o", env={"DESK": "x"}
+        ),
+    }
+    tools = {"read_x": dataclasses.replace(read_x, variables=[VariableDefinition(name="X", required=True)])}
+    return Catalog(root=Path("."), models={"m": model}, prompts=prompts, agents=agents, tools=tools)
+
+
+async def test_required_variables_resolve_where_they_are_read(app_factory: Any) -> None:
+    """A subprompt's, a subagent's and a handoff target's own `env` and a tool entry's `env` supply the variables
+    declared under them; they supply nothing to the prompt above them (§8)."""
+    app = await app_factory(graph([]))
+    async with client_for(app) as client:
+        created = await client.post("/threads", json={"agent": "agent"})
+        assert created.status_code == 201, created.text
+    app = await app_factory(graph([{"name": name, "required": True} for name in ("NEED", "KID", "DESK", "X")]))
+    async with client_for(app) as client:
+        refused = assert_error(await client.post("/threads", json={"agent": "agent"}), 422, "missing_variables")
+        assert refused["details"]["missing"] == ["DESK", "KID", "NEED", "X"]
+        env = {"DESK": "1", "KID": "1", "NEED": "1", "X": "1"}
+        assert (await client.post("/threads", json={"agent": "agent", "env": env})).status_code == 201
+
+
+def family() -> Catalog:
+    """A parent that starts two resumable children, sets X, then messages both: `kid` inherits X, `walled` declares
+    it scoped (its own agent `env` gives it)."""
+
+    def respond(request: LLMRequest) -> Any:
+        who = request.messages[0].content
+        results = [m for m in request.messages if m.role == "tool"]
+        if who == "quiet":  # a child's side B: repeats what side A said, which ends the child's session
+            return request.messages[-1].content
+        if who == "reader":  # a child's side A: read X, then say what it read
+            return f"X={results[-1].content}" if request.messages[-1].role == "tool" else {"tool_calls": [read]}
+        refs = [m.content.rsplit("Reference: ", 1)[-1] for m in results if "Reference: " in (m.content or "")]
+        if len(results) == 0:
+            return {"tool_calls": [create("kid"), create("walled")]}
+        if len(results) == 2:
+            return {"tool_calls": [{"name": "set_x"}]}
+        if len(results) == 3:
+            return {"tool_calls": [message(ref) for ref in refs]}
+        return "done"
+
+    read = {"name": "read_x"}
+
+    def create(agent: str) -> dict[str, Any]:
+        return {"name": "subagent_create", "arguments": {"agent": agent, "message": "read", "attachments": []}}
+
+    def message(ref: str) -> dict[str, Any]:
+        return {"name": "subagent_message", "arguments": {"referenceId": ref, "message": "again", "attachments": []}}
+
+    model = define_model(name="m", provider="test", respond=respond)
+    resumable = {"receives_messages": "side_a"}
+    prompts = {
+        "boss": define_prompt(
+            name="boss",
+            model="m",
+            prompt="boss",
+            include_chat=True,
+            include_past_tools=True,
+            tools=[{"name": "kid", "resumable": resumable}, {"name": "walled", "resumable": resumable}, "set_x"],
+        ),
+        "reader": define_prompt(
+            name="reader", model="m", prompt="reader", include_chat=True, include_past_tools=True, tools=["read_x"]
+        ),
+        "quiet": define_prompt(name="quiet", model="m", prompt="quiet", include_chat=True),
+    }
+    child = {
+        "type": "dual_ai",
+        "expose_as_tool": True,
+        "tool_description": "Reads X.",
+        "max_session_turns": 1,
+        "side_a": {"prompt": "reader", "stop_on_response": True},
+        "side_b": {"prompt": "quiet", "stop_on_response": True},
+    }
+    agents = {
+        "boss": define_agent(name="boss", side_a={"prompt": "boss"}),
+        "kid": define_agent(name="kid", **child),
+        "walled": define_agent(
+            name="walled", env={"X": "walled's"}, variables=[{"name": "X", "scoped": True}], **child
+        ),
+    }
+    tools = {"read_x": read_x, "set_x": set_x}
+    return Catalog(root=Path("."), models={"m": model}, prompts=prompts, agents=agents, tools=tools)
+
+
+async def test_set_env_reaches_live_descendants_but_not_a_scoped_subtree(app_factory: Any) -> None:
+    """`state.set_env` in the parent writes the live children's env too, so a child's next step reads the new
+    value; a child whose graph declares the name scoped keeps its own (§8)."""
+    app = await app_factory(family(), with_worker=True)
+    async with client_for(app) as client:
+        created = await client.post("/threads", json={"agent": "boss", "env": {"X": "old"}})
+        assert created.status_code == 201, created.text
+        tid = created.json()["id"]
+        assert (await client.post(f"/threads/{tid}/messages", json={"content": "go"})).status_code == 202
+        await settle(client, tid)
+        rows = (await client.get(f"/threads/{tid}/messages")).json()["messages"]
+        results = [m for m in rows if m["role"] == "tool"]
+        assert [m["content"].split("\n")[0] for m in results] == [
+            "X=old", "X=walled's", "set", "X=new", "X=walled's"
+        ]  # fmt: skip
+        kid, walled = results[0]["subagent_id"], results[1]["subagent_id"]
+        assert (await client.get(f"/threads/{kid}")).json()["env"] == {"X": "new"}
+        assert (await client.get(f"/threads/{walled}")).json()["env"] == {}
+        assert (await client.get(f"/threads/{tid}")).json()["env"] == {"X": "new"}
 
 
 # -- the routes -----------------------------------------------------------------------------------------------

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from fastapi import FastAPI
+from pydantic import BaseModel
 
-from app import events
+from app import errors, events
 from app.catalog import Catalog
+from app.engine import outside
 from app.llm.base import LLMRequest
-from app.spec import define_agent, define_model, define_prompt
+from app.spec import ThreadState, define_agent, define_model, define_prompt, define_tool
 from tests.conftest import client_for, wait_for
 
 
@@ -144,3 +148,43 @@ async def test_a_handoff_starts_a_fresh_turn_for_the_step_cap(app_factory: Any) 
     _, client, tid = await start(app_factory, catalog(front, desk, Recorder(), max_steps=1))
     rows = await say(client, tid, "hi", replies=1)
     assert rows[-1]["content"] == "Hello from the desk."
+
+
+class To(BaseModel):
+    to: str
+
+
+@define_tool(description="Transfer the customer to another agent.")
+async def transfer(state: ThreadState, args: To) -> str:
+    await state.run_agent(args.to)
+    return f"transferred to {args.to}"
+
+
+async def test_run_agent_hands_the_thread_over_from_a_tool(app_factory: Any) -> None:
+    """`state.run_agent(name)` does what a handoff tool does (§12): the agent changes, the first one stays
+    `origin_agent`, `agent_handoff` is emitted and the new agent's side A answers in the same run."""
+    front = Recorder(call("transfer", to="nobody"), call("transfer", to="scheduler"), call("transfer", to="billing"))
+    billing = Recorder("Your invoice is paid.")
+    base = catalog(front, Recorder(), billing)
+    prompts = dict(base.prompts)
+    prompts["front"] = prompts["front"].model_copy(update={"tools": ["transfer"]})
+    # `scheduler` shares the front model, and transfers on
+    prompts["desk"] = prompts["desk"].model_copy(update={"model": "m_front", "tools": ["transfer"]})
+    cat = dataclasses.replace(base, prompts=prompts, tools={"transfer": transfer})
+    app, client, tid = await start(app_factory, cat)
+    rows = await say(client, tid, "About my invoice.", replies=1)
+    results = [(m["tool_status"], m["content"]) for m in rows if m["role"] == "tool"]
+    assert results[0] == ("error", "Tool `transfer` failed: AgentNotFound: Agent `nobody` does not exist")
+    assert results[1:] == [("success", "transferred to scheduler"), ("success", "transferred to billing")]
+    assert rows[-1]["content"] == "Your invoice is paid." and rows[-1]["model"] == "m_billing"
+    thread = (await client.get(f"/threads/{tid}")).json()
+    assert (thread["agent"], thread["origin_agent"]) == ("billing", "onboarding")
+    handoffs = [d for t, d in await stored_events(app, tid) if t == "agent_handoff"]
+    assert handoffs == [
+        {"from_agent": "onboarding", "to_agent": "scheduler"},
+        {"from_agent": "scheduler", "to_agent": "billing"},
+    ]
+    # outside the thread's own execution (a custom endpoint, a handle on another thread) it is refused
+    handle = await outside.state(app.state.sessions, cat, app.state.fernet, uuid.UUID(tid))
+    with pytest.raises(errors.OutsideExecution):
+        await handle.run_agent("onboarding")

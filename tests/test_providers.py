@@ -119,6 +119,7 @@ async def test_a_streamed_tool_call_and_reply_over_the_wire(app_factory: Any, se
     assert first.url == "https://api.openai.com/v1/chat/completions"
     assert first.headers["authorization"] == "Bearer sk-thread-secret"  # from the thread's secret env
     assert body1["model"] == "gpt-test" and body1["tools"][0]["function"]["name"] == "add"
+    assert body1["parallel_tool_calls"] is False  # the spec's default for `parallelToolCalls`
     assert body2["messages"][-2:] == [
         {"role": "assistant", "content": None, "tool_calls": rows[1]["tool_calls"]},
         {"role": "tool", "tool_call_id": "call_1", "content": "5"},

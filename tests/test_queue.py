@@ -519,3 +519,32 @@ async def test_a_worker_never_claims_a_thread_it_still_runs(sessions: async_sess
             await queue.fence(s, first)
     other = await _claim(sessions, "other")
     assert other is not None and other.thread_id == tid  # another worker may take it over
+
+
+async def test_the_inbox_look_carries_deferred_writes_unless_they_write_the_inbox(
+    sessions: async_sessionmaker[AsyncSession],
+) -> None:
+    """`queue.waiting` (every step's opening) sends a tool call's deferred log row in its own statement; a deferred
+    inbox row goes first, so the look sees it."""
+    [tid] = await _runnable(sessions, 1)
+    for deferred_inbox in (False, True):
+        log_id = uuid.uuid4()
+        async with sessions() as s, s.begin():
+            await queue.take_inbox(s, tid)
+            conn = (await db.driver(s, flush=False))._conn
+            log = tables.Log(id=log_id, thread_id=tid, kind="tool", tool="t", status="success")
+            await db.defer(s, *db.insert_statement(log))
+            if deferred_inbox:
+                inbox = "INSERT INTO inbox (thread_id, kind, payload) VALUES ($1, 'continue', '{}')"
+                await db.defer(s, inbox, [tid])
+            statements: list[str] = []
+            await asyncio.sleep(0)
+            conn.add_query_logger(logger := lambda r, into=statements: into.append(r.query))
+            found = await queue.waiting(s, tid)
+            await asyncio.sleep(0)
+            conn.remove_query_logger(logger)
+            assert len(statements) == (2 if deferred_inbox else 1)
+            assert found == (deferred_inbox, False)
+            assert db.deferred(s) == []
+        async with sessions() as s:
+            assert (await s.get_one(tables.Log, log_id)).kind == "tool"

@@ -189,6 +189,24 @@ async def test_a_failed_session_tool_call_ends_nothing(app_factory: Any) -> None
     assert (await client.get(f"/threads/{tid}")).json()["session"]["reason"] == "max_session_turns"
 
 
+async def test_a_session_tool_naming_missing_attachments_is_an_error_with_the_contracts_text(
+    app_factory: Any,
+) -> None:
+    call = {"name": "finish", "arguments": {"summary": "done", "files": ["/attachments/none.txt", "/x.txt"]}}
+    binding = {"name": "finish", "message_property": "summary", "attachments_property": "files"}
+    client, tid = await start(
+        app_factory,
+        dual([{"tool_calls": [call]}, "fine"], ["ok"], side_a={"session_stop": binding}, max_session_turns=2),
+    )
+    tool = next(r for r in await stored(client, tid) if r["role"] == "tool")
+    assert tool["tool_status"] == "error"
+    assert tool["content"] == (
+        "Provided attachment path(s) not found in this thread: /attachments/none.txt, /x.txt. "
+        "Use an exact /attachments/... path that exists in this thread, then try again."
+    )
+    assert (await client.get(f"/threads/{tid}")).json()["session"]["reason"] == "max_session_turns"
+
+
 async def test_deprecated_aliases_and_session_status(app_factory: Any) -> None:
     a = [
         {"tool_calls": [{"name": "progress", "arguments": {"note": "half way"}}]},

@@ -381,8 +381,12 @@ async def test_reads_messages_and_logs(app_factory: Any) -> None:
     assert read["with_silent"] == 5
     assert read["again"] == "one" and read["unknown"] == [None, None]
     logged = json.loads(got["logs"])
-    assert logged["rows"] == [["llm", "m", "test", "success", "stop"], ["llm", "m", "test", "success", "tool_calls"]]
-    assert logged["newest_is_last"] is True and logged["skipped"] == 1
+    assert logged["rows"] == [
+        ["llm", "m", "test", "success", "stop"],
+        ["llm", "m", "test", "success", "tool_calls"],
+        ["tool", None, None, "success", None],  # the step's `history` call, which ran before this one
+    ]
+    assert logged["newest_is_last"] is True and logged["skipped"] == 2
 
 
 # -- message writes ------------------------------------------------------------------------------------------

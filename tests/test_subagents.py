@@ -94,6 +94,10 @@ class Brain:
             }
         if self.reviewer == "reject":
             return {"tool_calls": [{"name": "reject", "arguments": {"reason": "too vague"}}]}
+        if self.reviewer == "status":  # reports progress (`sessionStatus`), then approves
+            if last.role == "tool":
+                return {"tool_calls": [{"name": "approve", "arguments": {"summary": "looks good"}}]}
+            return {"tool_calls": [{"name": "progress", "arguments": {"note": "reviewing page 2"}}]}
         return "keep going"  # never a terminal tool: the turn cap ends the session
 
 
@@ -110,6 +114,7 @@ def catalog(
     if terminal:
         sides["session_stop"] = {"name": "approve", "message_property": "summary", "attachments_property": "files"}
         sides["session_fail"] = {"name": "reject", "message_property": "reason"}
+        sides["session_status"] = {"name": "progress", "message_property": "note"}
     qa = define_agent(
         name="qa", type="dual_ai", title="QA", expose_as_tool=True, tool_description="Checks work.",
         max_session_turns=4, side_a={"label": "Worker", "prompt": "worker", "stop_on_response": True}, side_b=sides,
@@ -219,6 +224,9 @@ async def test_a_failed_blocking_child_is_an_error_result(app_factory: Any) -> N
     tool = next(r for r in rows if r["role"] == "tool")
     assert tool["tool_status"] == "error"
     assert re.fullmatch(r"too vague\n\nReference: " + REF.pattern, tool["content"])
+    [logged] = (await client.get(f"/threads/{tid}/logs", params={"kind": "tool"})).json()["logs"]
+    assert (logged["tool"], logged["status"], logged["error"]) == ("qa", "error", tool["content"])
+    assert logged["message_id"] == tool["id"] and logged["request"]["subagent_id"] == tool["subagent_id"]
 
 
 async def test_a_child_that_never_calls_a_terminal_tool_stopped_before_completion(app_factory: Any) -> None:
@@ -241,6 +249,54 @@ async def test_an_agent_without_terminal_tools_returns_its_last_message(app_fact
     rows = await until(client, tid, said("boss saw"))
     tool = next(r for r in rows if r["role"] == "tool")
     assert tool["tool_status"] == "success" and tool["content"].startswith("keep going\n\nReference: ")
+
+
+async def test_a_childs_session_status_call_updates_the_parents_registry_live(app_factory: Any) -> None:
+    brain = Brain(delegate(), reviewer="status")
+    _app, client, tid = await start(app_factory, catalog(brain, {"name": "qa"}))
+    await client.post(f"/threads/{tid}/messages", json={"content": "go"})
+    await until(client, tid, said("boss saw"))
+    reports = [d for e, d in await event_types(client, tid) if e == "subagent_status"]
+    # the status text reached the parent's stream as it was reported, before the child's session ended
+    assert [d["status"] for d in reports][-2:] == ["reviewing page 2", "terminated"]
+    [child] = await registry(client, tid)
+    assert reports[-2].keys() == child.keys()  # the whole registry entry
+    assert {k: v for k, v in reports[-2].items() if k not in ("status", "created_at")} == {
+        k: v for k, v in child.items() if k not in ("status", "created_at")
+    }
+
+
+async def test_a_child_stopped_by_the_turn_cap_is_a_failure_everywhere(app_factory: Any) -> None:
+    create = {"name": "subagent_create", "arguments": {"agent": "qa", "message": "first job", "attachments": []}}
+    brain = Brain(manager([create]), reviewer="loop")
+    entry = {"name": "qa", "blocking": False, "resumable": {"receives_messages": "side_a"}}
+    _app, client, tid = await start(app_factory, catalog(brain, entry))
+    await client.post(f"/threads/{tid}/messages", json={"content": "start"})
+    rows = await until(client, tid, lambda rs: any("has reported a failure" in (r["content"] or "") for r in rs))
+    cid = next(r for r in rows if "has reported a failure" in (r["content"] or ""))["metadata"]["subagent_id"]
+    session = (await client.get(f"/threads/{cid}")).json()["session"]
+    assert (session["status"], session["reason"]) == ("failure", "max_session_turns")
+    ended = [d for e, d in await event_types(client, cid) if e == "session_ended"]
+    assert ended == [{"status": "failure", "reason": "max_session_turns"}]
+    [child] = await registry(client, tid)
+    assert child["status"] == "failed"
+    reports = [d["status"] for e, d in await event_types(client, tid) if e == "subagent_status"]
+    assert reports[-1] == "failed"
+
+
+async def test_missing_init_attachments_are_named_with_the_contracts_text(app_factory: Any) -> None:
+    brain = Brain(delegate(attachments=["/attachments/gone.txt", "/brief.txt", "/attachments/lost.png"]))
+    _app, client, tid = await start(app_factory, catalog(brain, {"name": "qa"}))
+    await client.put(f"/threads/{tid}/fs/brief.txt", content=b"the brief", headers={"content-type": "text/plain"})
+    await client.post(f"/threads/{tid}/messages", json={"content": "go"})
+    rows = await until(client, tid, said("boss saw"))
+    tool = next(r for r in rows if r["role"] == "tool")
+    assert tool["tool_status"] == "error"
+    assert tool["content"] == (
+        "Provided attachment path(s) not found in this thread: /attachments/gone.txt, /attachments/lost.png. "
+        "Use an exact /attachments/... path that exists in this thread, then try again."
+    )
+    assert await registry(client, tid) == []
 
 
 # -- non-blocking -------------------------------------------------------------------------------------------

@@ -39,11 +39,16 @@ async def switch(session: AsyncSession, thread: tables.Thread, catalog: Catalog,
 
 
 def next_turn(
-    thread: tables.Thread, offered: dict[str, OfferedTool], outcomes: list[Outcome], verdict: stops.Verdict
+    thread: tables.Thread,
+    started_as: str,
+    offered: dict[str, OfferedTool],
+    outcomes: list[Outcome],
+    verdict: stops.Verdict,
 ) -> stops.Verdict:
-    """After a step that handed off, the new agent's side A acts next in this run, in a turn of its own (the old
-    turn is not counted); only a verdict that ends the session still wins."""
-    handed_off = any(
+    """After a step that handed off (a handoff tool, or `state.run_agent` in any of its calls: the thread no longer
+    runs `started_as`), the new agent's side A acts next in this run, in a turn of its own (the old turn is not
+    counted); only a verdict that ends the session still wins."""
+    handed_off = thread.agent != started_as or any(
         o.result.status == "success"
         and (tool := offered.get(o.call["function"]["name"])) is not None
         and tool.kind == "handoff"

@@ -14,7 +14,7 @@ from cryptography.fernet import Fernet
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import errors, events, messages, queue, tables
+from app import db, errors, events, messages, queue, tables
 from app.catalog import Catalog
 from app.engine import context, hooks, subagents, turns
 from app.engine.state import deliver_tool
@@ -131,7 +131,21 @@ async def _answer(
     call = await _call(session, thread.id, payload, hook_runner)
     child = uuid.UUID(payload["child_id"])
     refs = payload.get("attachments") or []
-    await hooks.store_result(session, thread, hook_runner, call, result, thread.side or "a", child=child, refs=refs)
+    _, row = await hooks.store_result(
+        session, thread, hook_runner, call, result, thread.side or "a", child=child, refs=refs
+    )
+    # the call's log row, written when it is answered (its arguments are in the calling message)
+    logged = tables.Log(
+        id=uuid.uuid4(),
+        thread_id=thread.id,
+        kind="tool",
+        message_id=row.id if row is not None else None,
+        tool=payload.get("name"),
+        status=payload["status"],
+        error=payload["content"] if payload["status"] == "error" else None,
+        request={"tool_call_id": payload["call_id"], "subagent_id": payload["child_id"]},
+    )
+    await db.defer(session, *db.insert_statement(logged))
     return True
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -278,14 +279,14 @@ class Engine:
                 async with self._tx(claim) as (session, thread):
                     prepared = await self._prepare_tool(session, thread, claim, step, offered, call)
             hook_runner = prepared.hooks
-            outcome, fields = await self._execute_tool(claim, step, offered, call, prepared)
+            outcome, fields, logged = await self._execute_tool(claim, step, offered, call, prepared)
             outcomes.append(outcome)
             prepared, closed, row = None, None, None
             # an `after_create_message` hook runs between the result's commit and what follows it; without one, the
             # result's transaction goes on to the next call's start, or closes the step
             carry_on = fields is None or not hook_runner.runs("after_create_message")
             async with self._tx(claim) as (session, thread):
-                row = await self._record_tool(session, thread, call, outcome, fields)
+                row = await self._record_tool(session, thread, call, outcome, fields, logged)
                 if carry_on and len(outcomes) == len(step.calls):
                     closed = await self._close(session, thread, claim, step, offered, outcomes)
                 elif carry_on and not self._is_subagent(offered, step.calls[len(outcomes)]):
@@ -317,7 +318,7 @@ class Engine:
             verdict = stops.Verdict("turn", "empty_response")
         else:
             verdict = stops.evaluate(agent, side_config, step.response, outcomes, thread.turn_steps)
-        verdict = handoffs.next_turn(thread, offered, outcomes, verdict)
+        verdict = handoffs.next_turn(thread, agent.name, offered, outcomes, verdict)
         await events.append(
             session,
             thread.id,
@@ -328,7 +329,8 @@ class Engine:
         if verdict.ends == "turn":
             await events.append(session, thread.id, "turn_ended", {"side": step.side, "reason": verdict.reason})
             thread.session_turns += 1
-            verdict = stops.session_cap(agent, thread.session_turns)
+            owes_result = thread.parent_id is not None and thread.terminal
+            verdict = stops.session_cap(agent, thread.session_turns, owes_result=owes_result)
             if verdict.ends == "nothing":
                 if await turns.after(session, thread, agent, step.side):
                     return await self._open_in(session, thread, first=False, merged=True)
@@ -474,18 +476,24 @@ class Engine:
         async with self._tx(claim) as (session, thread):
             await events.append(session, thread.id, "tool_started", {"tool": name, "tool_call_id": call["id"]})
             _, prompt = self._prompt_of(self._catalog.agent(thread.agent), step.side)
+            started = time.perf_counter()
             done = await subagents.call(
                 session, self._catalog, thread, step.side, prompt, tool, call, step.env, self._fernet
             )
             if isinstance(done, subagents.Parked):
                 return None
+            latency_ms = round((time.perf_counter() - started) * 1000, 2)
             # its hooks run as a callable's do, inside this transaction: the call and its answer commit together
             hook_runner = await hooks.prepare(
                 self._catalog, self._fernet, session, thread, step.side, env=step.env, context=self._context(thread)
             )
-            result, _ = await hooks.store_result(
+            result, row = await hooks.store_result(
                 session, thread, hook_runner, call, done.result, step.side, child=done.child
             )
+            assert step.env is not None
+            logged = tools.log_row(thread.id, call, done.result, latency_ms, step.env.secrets())
+            logged.message_id = row.id if row is not None else None
+            await db.defer(session, *db.insert_statement(logged))
         self.meter.tool_calls.labels(name, done.result.status).inc()  # a subagent tool: always one offered
         return tools.Outcome(call, result, None)
 
@@ -542,20 +550,24 @@ class Engine:
         offered: dict[str, context.OfferedTool],
         call: ToolCall,
         prepared: Prepared,
-    ) -> tuple[tools.Outcome, dict[str, Any] | None]:
-        """Run the tool and its hooks, outside any transaction; returns the outcome and the fields of the result
-        message to store (None: an `after_tool_call_*` hook removed the call and its result from history)."""
+    ) -> tuple[tools.Outcome, dict[str, Any] | None, tables.Log]:
+        """Run the tool and its hooks, outside any transaction; returns the outcome, the fields of the result
+        message to store (None: an `after_tool_call_*` hook removed the call and its result from history) and the
+        call's log row."""
         assert step.env is not None
         state, hook_runner = prepared.state, prepared.hooks
+        started = time.perf_counter()
         outcome = await tools.execute(self._catalog, offered, call, state)
+        latency_ms = round((time.perf_counter() - started) * 1000, 2)
         self.meter.tool_call(call["function"]["name"], outcome.result.status, offered)
         outcome = replace(outcome, result=calls.scrub_result(outcome.result, step.env.secrets()))  # a tool's echo
         outcome = await tools.check_attachments(step.config, outcome, state)
         result = await hook_runner.after_tool_call(call, outcome.result)
         if result is None:
-            return outcome, None
+            return outcome, None, tools.log_row(claim.thread_id, call, outcome.result, latency_ms, step.env.secrets())
         result = await hook_runner.before_store_tool_result(call, result)
         outcome = replace(outcome, result=result)
+        logged = tools.log_row(claim.thread_id, call, result, latency_ms, step.env.secrets())
         content, bound = stops.stored_result(step.config, outcome)
         fields: dict[str, Any] = {
             "side": step.side,
@@ -566,7 +578,8 @@ class Engine:
         refs = await self._attachments(claim, bound, result)
         if refs:
             fields["attachments"] = refs
-        return outcome, await hook_runner.before_create_message("tool", {**fields, "tool_status": result.status})
+        fields = await hook_runner.before_create_message("tool", {**fields, "tool_status": result.status})
+        return outcome, fields, logged
 
     @staticmethod
     async def _record_tool(
@@ -575,13 +588,16 @@ class Engine:
         call: ToolCall,
         outcome: tools.Outcome,
         fields: dict[str, Any] | None,
+        logged: tables.Log,
     ) -> tables.Message | None:
-        """Store a tool call's result message (or drop the call) and announce `tool_completed`."""
+        """Store a tool call's result message (or drop the call), its log row, and announce `tool_completed`."""
         row = None
         if fields is None:  # an `after_tool_call_*` hook removed the call and its result from history
             await hooks.drop_call(session, thread.id, call["id"])
         else:
             row = await messages.add(session, thread.id, "tool", **fields, session_number=thread.session_number)
+            logged.message_id = row.id
+        await db.defer(session, *db.insert_statement(logged))  # rides with the transaction's events
         await events.append(
             session,
             thread.id,

@@ -305,8 +305,15 @@ class RunState(FileMethods):
         async with self._transaction() as (session, thread):
             secret = name in declared or (await env_store.thread_types(session, thread.id)).get(name) == "secret"
             await env_store.set_thread(session, self._fernet, thread.id, {name: value}, {name} if secret else set())
+            if thread.has_children:  # live descendants see it from their next step on (§8)
+                scoped_in = [a for a in self._catalog.agents if self._scoped(a, name)]
+                await env_store.propagate(session, thread.id, name, scoped_in)
         # the step's resolver is shared by its tool calls: later `env` calls of this step see the value
         self._env.thread[name] = env_store.Value(value, "secret" if secret else "text")
+
+    def _scoped(self, agent: str, name: str) -> bool:
+        """Whether the agent's graph declares `name` scoped (its threads do not inherit it, as at creation, §6.7)."""
+        return any(v.name == name and v.scoped for v in self._catalog.variables_of_agent(agent))
 
     # -- tools ---------------------------------------------------------------------------------------------
 
@@ -336,6 +343,15 @@ class RunState(FileMethods):
         """Hand the thread to `agent`, as a handoff tool call does (§7.3)."""
         async with self._transaction() as (session, thread):
             return await handoffs.switch(session, thread, self._catalog, agent)
+
+    async def run_agent(self, name: str) -> None:
+        self._own("run_agent")
+        if not isinstance(name, str):
+            raise errors.Invalid("`state.run_agent` takes an agent's name")
+        self._catalog.agent(name)  # an unknown name: `Agent ... does not exist`
+        result = await self.hand_off(name)
+        if result.status == "error":
+            raise errors.Invalid(f"`state.run_agent`: {result.error}")
 
     async def queue_tool(self, name: str, args: dict[str, Any] | None = None) -> str:
         if args is not None and not isinstance(args, dict):

@@ -88,10 +88,11 @@ def evaluate(
     return GO_ON
 
 
-def session_cap(agent: AgentDefinition, session_turns: int) -> Verdict:
-    """After a turn ends: `maxSessionTurns` counts both sides' turns together (`dual_ai` only)."""
+def session_cap(agent: AgentDefinition, session_turns: int, *, owes_result: bool = False) -> Verdict:
+    """After a turn ends: `maxSessionTurns` counts both sides' turns together (`dual_ai` only). `owes_result`: a
+    subagent whose agent has terminal session tools, for which reaching the cap without one is a failure (§5, §6.4)."""
     if agent.type == "dual_ai" and agent.max_session_turns is not None and session_turns >= agent.max_session_turns:
-        return Verdict("session", "max_session_turns", "success")
+        return Verdict("session", "max_session_turns", "failure" if owes_result else "success")
     return GO_ON
 
 

@@ -20,6 +20,7 @@ from app import errors, events, files, subagents, tables, threads
 from app.catalog import Catalog
 from app.engine import subprompts
 from app.engine.context import Env, OfferedTool, parse_arguments
+from app.engine.tools import missing_attachments
 from app.llm.base import ToolCall
 from app.spec.definitions import AgentDefinition, PromptDefinition, ToolEntry
 from app.spec.results import ToolResult
@@ -150,14 +151,15 @@ async def _check_paths(session: AsyncSession, thread_id: uuid.UUID, paths: Any) 
         paths = [paths]
     if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
         return _error("`attachments` must be a list of file paths")
+    missing = []
     for path in paths:
         try:
             entry = await files.stat(session, thread_id, path)
         except errors.AgentsError:
             entry = None
         if entry is None or entry.is_dir:
-            return _error(f"Attachment not found: {path}")
-    return list(paths)
+            missing.append(path)
+    return _error(missing_attachments(missing)) if missing else list(paths)
 
 
 async def call(

@@ -5,12 +5,15 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ValidationError
 
+from app import tables
 from app.catalog import Catalog
+from app.engine.calls import scrub
 from app.engine.context import OfferedTool, parse_arguments
 from app.errors import AgentsError
 from app.llm.base import ToolCall
@@ -31,6 +34,45 @@ class Outcome:
     call: ToolCall
     result: ToolResult
     arguments: dict[str, Any] | None
+
+
+MISSING_ATTACHMENTS = (
+    "Provided attachment path(s) not found in this thread: {paths}. Use an exact /attachments/... path that exists "
+    "in this thread, then try again."
+)
+
+
+def missing_attachments(paths: list[str]) -> str:
+    """The contract's error text for attachment paths that are not files of the thread (`semantics.md` §5)."""
+    return MISSING_ATTACHMENTS.format(paths=", ".join(paths))
+
+
+ARGUMENTS_LOGGED = 2000  # characters of a call's arguments a log row keeps (after masking)
+
+
+def log_row(
+    thread_id: uuid.UUID, call: ToolCall, result: ToolResult, latency_ms: float, secrets: list[str]
+) -> tables.Log:
+    """The `logs` row of one tool call: its name, its arguments (known secret values masked, cut to
+    `ARGUMENTS_LOGGED` characters) and their size, how it ended, how long the tool ran."""
+    raw: Any = call["function"].get("arguments") or ""
+    raw = raw if isinstance(raw, str) else json.dumps(raw, default=str)
+    arguments = scrub(raw, secrets)
+    return tables.Log(
+        id=uuid.uuid4(),
+        thread_id=thread_id,
+        kind="tool",
+        tool=call["function"]["name"],
+        status=result.status,
+        error=scrub(result.error, secrets) if result.status == "error" and result.error else None,
+        latency_ms=latency_ms,
+        request={
+            "tool_call_id": call["id"],
+            "arguments": arguments[:ARGUMENTS_LOGGED],
+            "arguments_bytes": len(raw.encode()),
+        },
+        response={"error_code": result.error_code} if result.error_code else None,
+    )
 
 
 def _error(text: str) -> ToolResult:
@@ -118,13 +160,12 @@ async def check_attachments(side: SideConfig | None, outcome: Outcome, state: Ru
         for path in paths:
             try:
                 record = await state.stat_file(path)
-            except AgentsError as exc:  # a malformed path
-                return Outcome(outcome.call, _error(f"`{name}`: {exc.message}"), outcome.arguments)
+            except AgentsError:  # a malformed path names no file either
+                record = None
             if record is None or record.type != "file":
                 missing.append(path)
         if missing:
-            text = f"`{name}`: these attachments are not files of this thread: {', '.join(missing)}"
-            return Outcome(outcome.call, _error(text), outcome.arguments)
+            return Outcome(outcome.call, _error(missing_attachments(missing)), outcome.arguments)
     return outcome
 
 

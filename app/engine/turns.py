@@ -50,7 +50,8 @@ async def end_session(session: AsyncSession, thread: tables.Thread, verdict: sto
 async def report_status(
     session: AsyncSession, thread: tables.Thread, side: SideConfig, outcomes: list[tools.Outcome]
 ) -> None:
-    """A successful `sessionStatus` call sets the thread's status text; it never stops anything (§5)."""
+    """A successful `sessionStatus` call sets the thread's status text, and a child's entry in its parent's registry
+    (`subagent_status` on the parent's stream); it never stops anything (§5)."""
     binding = side.binding("status")
     for outcome in outcomes:
         if binding is None or outcome.call["function"]["name"] != binding.name:
@@ -60,6 +61,7 @@ async def report_status(
             await events.append(
                 session, thread.id, "thread_status", {"status": thread.status, "status_text": thread.status_text}
             )
+            await child_registry.announce(session, thread)
 
 
 async def answered_position(session: AsyncSession, thread_id: uuid.UUID, side: str) -> int:

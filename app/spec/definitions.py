@@ -241,7 +241,7 @@ class PromptDefinition(Definition):
     model: str
     include_chat: bool = False
     include_past_tools: bool = False
-    parallel_tool_calls: bool | None = None
+    parallel_tool_calls: bool = False  # the spec's default: one tool call per step unless the prompt allows more
     tool_choice: Literal["auto", "none", "required"] | None = None
     required_schema: type[BaseModel] | dict[str, Any] | None = None
     variables: list[VariableDefinition] = Field(default_factory=list)

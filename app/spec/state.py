@@ -320,6 +320,8 @@ class ThreadState(Protocol):
         """Set a thread variable (own execution only), visible to `env` at once.
 
         The value is stored secret if the agent declares the variable `secret` or it is already stored secret.
+        Live (not terminated) descendant threads get it too, from their next step on, except a child whose agent's
+        graph declares the name `scoped`, and that child's subtree.
         """
         ...
 
@@ -335,6 +337,12 @@ class ThreadState(Protocol):
         During a tool call, the call joins the running step (the model sees it among the step's calls); otherwise
         it is queued, and delivered as a side's own call before its next LLM call (an idle thread starts a run).
         """
+        ...
+
+    async def run_agent(self, name: str) -> None:
+        """Hand this thread to the agent `name`, as a handoff tool does (own execution only, §7.3): the thread keeps
+        its id, history and files, the first agent stays `origin_agent`, and when the running step ends the new
+        agent's side A acts at once in the same run. Both agents must be `ai_human`; raises otherwise."""
         ...
 
     # -- files ---------------------------------------------------------------------------------------------

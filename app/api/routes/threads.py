@@ -13,7 +13,6 @@ from app import env, errors, events, lifecycle, queue, tables, threads
 from app.api import bodies, schemas
 from app.api.deps import CatalogDep, CurrentUser, EnvLimits, SessionDep, SettingsDep
 from app.api.routes.messages import enqueue_message
-from app.catalog import Catalog
 
 router = APIRouter(tags=["threads"], route_class=bodies.Route)
 
@@ -60,14 +59,6 @@ def _thread(
     )
 
 
-def missing_variables(catalog: Catalog, agent: str, provided: set[str]) -> list[str]:
-    """Required, non-scoped variables of the agent's graph that nothing defines (§8)."""
-    defined = set(provided) | catalog.defined_env(agent)
-    return sorted(
-        {v.name for v in catalog.variables_of_agent(agent) if v.required and not v.scoped and v.name not in defined}
-    )
-
-
 @router.post(
     "/threads", status_code=201, responses={**ERRORS, 413: {"model": schemas.Error}, 422: {"model": schemas.Error}}
 )
@@ -86,7 +77,8 @@ async def create_thread(
     unknown_secrets = sorted(set(body.secrets) - set(body.env))
     if unknown_secrets:
         raise errors.Invalid(f"`secrets` names variables not in `env`: {', '.join(unknown_secrets)}")
-    missing = missing_variables(catalog, agent.name, set(body.env) | await env.names(session, who.user_id))
+    # required, non-scoped variables of the agent's graph that nothing defines where they are read (§8)
+    missing = catalog.unresolved(agent.name, set(body.env) | await env.names(session, who.user_id), scoped=False)
     if missing:
         raise errors.MissingVariables(f"Missing required variables: {', '.join(missing)}", missing=missing)
     declared_secret = {v.name for v in catalog.variables_of_agent(agent.name) if v.type == "secret"}
