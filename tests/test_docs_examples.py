@@ -271,4 +271,4 @@ async def test_the_tool_entries_example_fans_out_names_and_lists_its_children(
     assert header == "Subagents of this thread (use their reference to address them):"
     for child, line in zip(children, sorted(lines, key=lambda line: "South" in line), strict=True):
         assert line.startswith(f'- {child["reference"]}: scout "{child["thread_name"]}" — ')
-        assert line.endswith("(one session, non-blocking)")
+        assert line.endswith(f"(one session, non-blocking): {child['description']}")
