@@ -72,6 +72,9 @@ def assert_error(response: httpx.Response, status: int, code: str) -> dict[str, 
 
 async def test_health_ready_openapi(client: httpx.AsyncClient) -> None:
     assert (await client.get("/health")).json() == {"status": "ok"}
+    for path in ("/health", "/ready"):  # uptime checkers that ask with HEAD
+        head = await client.head(path)
+        assert head.status_code == 200 and head.content == b"", path
     assert (await client.get("/ready")).json() == {"status": "ready"}
     spec = (await client.get("/openapi.json")).json()
     for path in (

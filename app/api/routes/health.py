@@ -12,12 +12,14 @@ from app.api.errors import envelope
 router = APIRouter(tags=["service"], route_class=bodies.Route)
 
 
+@router.head("/health", include_in_schema=False)  # uptime checkers and load balancers that ask with HEAD
 @router.get("/health")
 async def health() -> schemas.Status:
     """The process is up."""
     return schemas.Status(status="ok")
 
 
+@router.head("/ready", include_in_schema=False)
 @router.get("/ready", response_model=schemas.Status, responses={503: {"model": schemas.Error}})
 async def ready(request: Request) -> JSONResponse:
     """The database answers and its migrations are current."""
