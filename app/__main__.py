@@ -252,6 +252,8 @@ async def _keys(settings: Settings, args: argparse.Namespace) -> None:
                 if not theirs and (count := await keys.open_threads(session)):
                     print(f"warning: {_hidden_threads(count, args.user)}", file=sys.stderr)
                 print(key)
+            elif args.keys_command == "adopt-local":  # for a user who has a key already
+                _say_adopted(await keys.adopt_open(session, args.user))
             elif args.keys_command == "list":
                 for row in await keys.list_all(session):
                     state = f"revoked {row.revoked_at:%Y-%m-%d}" if row.revoked_at else "active"
@@ -267,7 +269,8 @@ async def _keys(settings: Settings, args: argparse.Namespace) -> None:
 def _hidden_threads(count: int, user: str) -> str:
     return (
         f"{count} thread(s) made in open mode belong to user {keys.OPEN.user_id!r}: with a key only admin keys see "
-        f"them; give them to a user with `agents keys create --user {user} --adopt-local`"
+        f"them; give them to a user with `agents keys adopt-local --user {user}` (or, with a new key, "
+        f"`agents keys create --user {user} --adopt-local`)"
     )
 
 
@@ -384,6 +387,8 @@ def parser() -> argparse.ArgumentParser:
     kc.add_argument(
         "--adopt-local", action="store_true", help="give the user the threads and user variables made in open mode"
     )
+    ka = ks.add_parser("adopt-local", help="give a user the threads and user variables made in open mode")
+    ka.add_argument("--user", required=True)
     ks.add_parser("list", help="list keys")
     kr = ks.add_parser("revoke", help="revoke a key by its id or the prefix `keys list` shows")
     kr.add_argument("key")

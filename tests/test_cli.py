@@ -119,6 +119,7 @@ async def test_keys_create_names_open_mode_threads_and_adopts_them(
     warned = await asyncio.to_thread(agents, "keys", "create", "--user", "alice", env=env)
     assert warned.returncode == 0 and warned.stdout.splitlines()[-1].startswith("sa_")
     assert "warning: 2 thread(s) made in open mode belong to user 'local'" in warned.stderr
+    assert "agents keys adopt-local --user alice" in warned.stderr  # alice has a key now: no second one needed
     assert "agents keys create --user alice --adopt-local" in warned.stderr
     with socket.socket() as taken:  # the API says it at start too (here, just before it finds its port taken)
         taken.bind(("127.0.0.1", 0))
@@ -127,13 +128,18 @@ async def test_keys_create_names_open_mode_threads_and_adopts_them(
         started = await asyncio.to_thread(agents, "api", env=env_port)
     assert "2 thread(s) made in open mode belong to user 'local'" in started.stderr
     assert "--user <id> --adopt-local" in started.stderr and "cannot listen on" in started.stderr
-    adopted = await asyncio.to_thread(agents, "keys", "create", "--user", "alice", "--adopt-local", env=env)
-    assert "adopted 2 open-mode thread(s) and 0 user variable(s)" in adopted.stdout and adopted.stderr == ""
+    adopted = await asyncio.to_thread(agents, "keys", "adopt-local", "--user", "alice", env=env)
+    assert adopted.stdout.strip() == "adopted 2 open-mode thread(s) and 0 user variable(s)" and adopted.stderr == ""
     async with sessions() as s:
         alice = keys.Principal(user_id="alice")
         assert len((await threads.list_(s, alice))[0]) == 2
     quiet = await asyncio.to_thread(agents, "keys", "create", "--user", "bob", env=env)
     assert quiet.stderr == ""  # nothing left to adopt
+    async with sessions() as s, s.begin():
+        await threads.create(s, assistant, keys.OPEN)
+    with_key = await asyncio.to_thread(agents, "keys", "create", "--user", "bob", "--adopt-local", env=env)
+    assert "adopted 1 open-mode thread(s) and 0 user variable(s)" in with_key.stdout and with_key.stderr == ""
+    assert with_key.stdout.splitlines()[-1].startswith("sa_")
 
 
 def test_health_says_why_not(tmp_path: Path) -> None:
