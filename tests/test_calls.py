@@ -42,9 +42,14 @@ async def run(app_factory: Any, cat: Catalog, **settings: Any) -> tuple[httpx.As
 
 
 async def log_rows(client: httpx.AsyncClient, tid: str) -> list[tables.Log]:
+    """The thread's LLM request log rows (tool calls have rows of their own), oldest first."""
     app: Any = client._transport.app  # type: ignore[attr-defined]
     async with app.state.sessions() as session:
-        query = select(tables.Log).where(tables.Log.thread_id == uuid.UUID(tid)).order_by(tables.Log.created_at)
+        query = (
+            select(tables.Log)
+            .where(tables.Log.thread_id == uuid.UUID(tid), tables.Log.kind == "llm")
+            .order_by(tables.Log.created_at)
+        )
         return list((await session.execute(query)).scalars())
 
 
