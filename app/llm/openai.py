@@ -5,6 +5,8 @@ servers differ are decided here, per host, and documented where they are decided
 
 - `max_tokens` is sent as `max_completion_tokens` to api.openai.com (its reasoning models refuse `max_tokens`) and
   as `max_tokens` everywhere else (the one spelling every compatible server reads).
+- `parallel_tool_calls` is left out for OpenAI's o-series reasoning models (`o1`, `o3`, `o4-mini`, ..., also as
+  `openai/o3` on OpenRouter): they answer 400 "Unsupported parameter" to it, even `false`, and call one tool at a time.
 - `reasoning` is sent to OpenRouter as its `reasoning` object (effort, max_tokens, exclude) and elsewhere as
   `reasoning_effort`, the only reasoning setting compatible servers share; anything else goes in `provider_options`.
 - An assistant turn's `reasoning_details` are replayed exactly as returned (OpenRouter); its reasoning text is replayed
@@ -17,6 +19,7 @@ https://openrouter.ai/docs/use-cases/reasoning-tokens and https://api-docs.deeps
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
@@ -55,6 +58,9 @@ def required_key(definition: ModelDefinition) -> str | None:
 
 def _host(definition: ModelDefinition) -> str:
     return httpx.URL(definition.base_url or DEFAULT_BASE_URL).host
+
+
+_O_SERIES = re.compile(r"(?:openai/)?o\d")  # o1, o3-mini, o4-mini...: no `parallel_tool_calls`
 
 
 def _is_openai(host: str) -> bool:
@@ -98,7 +104,7 @@ class OpenAIModel:
             # OpenAI refuses both without `tools`
             if request.tool_choice is not None:
                 body["tool_choice"] = request.tool_choice
-            if request.parallel_tool_calls is not None:
+            if request.parallel_tool_calls is not None and not _O_SERIES.match(request.model):
                 body["parallel_tool_calls"] = request.parallel_tool_calls
         if request.max_tokens is not None:
             body["max_completion_tokens" if self.is_openai else "max_tokens"] = request.max_tokens

@@ -185,6 +185,12 @@ async def test_tool_settings_only_when_set_and_with_tools() -> None:
     assert "tool_choice" not in unset and "parallel_tool_calls" not in unset and len(unset["tools"]) == 1
     parallel = await sent_body(LLMRequest(model="m", messages=[], tools=tools, parallel_tool_calls=True))
     assert parallel["parallel_tool_calls"] is True
+    for o_series in ("o1", "o3-mini", "o4-mini-2025-04-16", "openai/o3"):  # they refuse the parameter, even false
+        body = await sent_body(LLMRequest(model=o_series, messages=[], tools=tools, parallel_tool_calls=False))
+        assert "parallel_tool_calls" not in body and len(body["tools"]) == 1, o_series
+    assert (await sent_body(LLMRequest(model="gpt-4o", messages=[], tools=tools, parallel_tool_calls=False)))[
+        "parallel_tool_calls"
+    ] is False
     # OpenAI refuses tool_choice and parallel_tool_calls without tools
     toolless = await sent_body(LLMRequest(model="m", messages=[], tool_choice="auto", parallel_tool_calls=False))
     assert not {"tools", "tool_choice", "parallel_tool_calls"} & toolless.keys()
