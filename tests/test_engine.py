@@ -325,21 +325,23 @@ async def test_script_position_is_durable_across_workers(app_factory: Any) -> No
 
 
 async def test_each_tool_call_writes_a_log_row_with_its_secrets_masked(app_factory: Any) -> None:
+    quoted = 'pa"ss\\wörd'  # a secret JSON escapes in the arguments' text
     calls = [
         {"name": "add", "arguments": {"a": 2, "b": 3}},
         {"name": "explode", "arguments": {"token": "s3cr3t-val"}},
         {"name": "nope", "arguments": {}},
+        {"name": "x" * 300, "arguments": {"pin": quoted}},  # a made-up name wider than `logs.tool`
     ]
     app = await app_factory(catalog([{"tool_calls": calls}, "done"]), with_worker=True)
     client = client_for(app)
-    body = {"agent": "agent", "env": {"TOKEN": "s3cr3t-val"}, "secrets": ["TOKEN"]}
+    body = {"agent": "agent", "env": {"TOKEN": "s3cr3t-val", "PIN": quoted}, "secrets": ["TOKEN", "PIN"]}
     tid = (await client.post("/threads", json=body)).json()["id"]
     await client.post(f"/threads/{tid}/messages", json={"content": "go"})
     await settle(client, tid)
     response = await client.get(f"/threads/{tid}/logs", params={"kind": "tool"})
     assert response.status_code == 200, response.text
     rows = response.json()["logs"]
-    assert sorted(r["tool"] for r in rows) == ["add", "explode", "nope"]
+    assert sorted(r["tool"] for r in rows) == ["add", "explode", "nope", "x" * 200]  # the turn went on
     by_tool = {r["tool"]: r for r in rows}
     results = {m["tool_call_id"]: m["id"] for m in await stored(client, tid) if m["role"] == "tool"}
     for row in rows:
@@ -353,5 +355,6 @@ async def test_each_tool_call_writes_a_log_row_with_its_secrets_masked(app_facto
     assert explode_row["request"]["arguments"] == '{"token": "***"}'  # a known secret value never reaches a log
     assert explode_row["request"]["arguments_bytes"] == len('{"token": "s3cr3t-val"}')
     assert by_tool["nope"]["status"] == "error" and by_tool["nope"]["error"].startswith("Unknown tool `nope`")
+    assert by_tool["x" * 200]["request"]["arguments"] == '{"pin": "***"}'  # masked as JSON spells it too
     everything = (await client.get(f"/threads/{tid}/logs")).json()["logs"]
     assert [r["kind"] for r in everything].count("llm") == 2 and "s3cr3t-val" not in str(everything)

@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import db, errors, events, messages, queue, tables
 from app.catalog import Catalog
-from app.engine import context, hooks, subagents, turns
+from app.engine import context, hooks, subagents, tools, turns
 from app.engine.state import deliver_tool
 from app.llm.base import ToolCall
 from app.metrics import Meter
@@ -140,7 +140,7 @@ async def _answer(
         thread_id=thread.id,
         kind="tool",
         message_id=row.id if row is not None else None,
-        tool=payload.get("name"),
+        tool=tools.logged_name(payload.get("name") or ""),
         status=payload["status"],
         error=payload["content"] if payload["status"] == "error" else None,
         request={"tool_call_id": payload["call_id"], "subagent_id": payload["child_id"]},

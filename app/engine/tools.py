@@ -48,6 +48,21 @@ def missing_attachments(paths: list[str]) -> str:
 
 
 ARGUMENTS_LOGGED = 2000  # characters of a call's arguments a log row keeps (after masking)
+NAME_LOGGED = 200  # `logs.tool`'s width: a model may make up a longer name
+
+
+def logged_name(name: object) -> str:
+    """A tool name as a log row keeps it (whatever the model sent)."""
+    return str(name)[:NAME_LOGGED]
+
+
+def json_secrets(secrets: list[str]) -> list[str]:
+    """Secret values as they may appear inside JSON text too: escaped (`"`, `\\`, controls) and `\\u`-escaped."""
+    spelled = {s for s in secrets if s}
+    for secret in list(spelled):
+        spelled.add(json.dumps(secret)[1:-1])
+        spelled.add(json.dumps(secret, ensure_ascii=False)[1:-1])
+    return sorted(spelled, key=len, reverse=True)  # the longest first: a secret inside another is masked whole
 
 
 def log_row(
@@ -57,12 +72,12 @@ def log_row(
     `ARGUMENTS_LOGGED` characters) and their size, how it ended, how long the tool ran."""
     raw: Any = call["function"].get("arguments") or ""
     raw = raw if isinstance(raw, str) else json.dumps(raw, default=str)
-    arguments = scrub(raw, secrets)
+    arguments = scrub(raw, json_secrets(secrets))
     return tables.Log(
         id=uuid.uuid4(),
         thread_id=thread_id,
         kind="tool",
-        tool=call["function"]["name"],
+        tool=logged_name(call["function"]["name"]),
         status=result.status,
         error=scrub(result.error, secrets) if result.status == "error" and result.error else None,
         latency_ms=latency_ms,
