@@ -417,7 +417,7 @@ async def test_subprompt_steps_run_the_message_hooks_of_their_prompt(app_factory
 
     @define_hook("before_create_message")
     async def tag(state: ThreadState, message: dict[str, Any]) -> dict[str, Any]:
-        message["metadata"] = {**message["metadata"], "created_as": message["role"]}
+        message["metadata"] = {"created_as": message["role"]}  # replaced whole: the engine's own tags come back
         return message
 
     @define_hook("after_create_message")

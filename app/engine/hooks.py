@@ -109,6 +109,16 @@ def bind(
     return Hooks(definitions, state, transaction, env.secrets())
 
 
+def tagged(fields: dict[str, Any], tags: dict[str, Any]) -> dict[str, Any]:
+    """`fields` as the hooks left them, with the engine's own metadata (`tags["metadata_"]`: a subprompt run's
+    crash-safety tags) put back wherever hooks set the metadata: a hook that replaces it cannot hide the message
+    from the clean-up of an interrupted run."""
+    engine = tags.get("metadata_")
+    if not engine or "metadata_" not in fields:
+        return fields
+    return {**fields, "metadata_": {**(fields["metadata_"] or {}), **engine}}
+
+
 async def drop_call(session: AsyncSession, thread_id: uuid.UUID, call_id: str) -> None:
     """Remove a tool call from the stored assistant message that made it, so history stays paired."""
     query = select(tables.Message).where(
@@ -158,7 +168,7 @@ async def store_result(
         stored = list(refs or []) + await attachments.returned(session, thread.id, kept.attachments)
         if stored:
             fields["attachments"] = stored
-        fields = await hook_runner.before_create_message("tool", fields)
+        fields = tagged(await hook_runner.before_create_message("tool", fields), tags)
         placed = {"session_number": thread.session_number, **tags, **fields}  # a subprompt's: one level deeper
         row = await messages.add(session, thread.id, "tool", **placed)
         await hook_runner.after_create_message(row)

@@ -133,7 +133,11 @@ class Runner:
             inside = self._hooks(sub_state, thread, prompt, lambda: hooks.joined(session, thread))
             user = {"side": "b" if side == "a" else "a", "content": _first_message(entry, arguments), **tags}
             asked = await messages.add(
-                session, thread.id, "user", attachments=refs, **await inside.before_create_message("user", user)
+                session,
+                thread.id,
+                "user",
+                attachments=refs,
+                **hooks.tagged(await inside.before_create_message("user", user), tags),
             )
             await inside.after_create_message(asked)
             first = LLMMessage("user", context.described(asked.content, refs))
@@ -143,7 +147,9 @@ class Runner:
             await attachments.inline_images(session, thread.id, request.messages)
             fields = {"side": side, "status": "pending", "prompt": name, "model": prompt.model, **tags}
             role = messages.role_of(side)
-            pending = await messages.add(session, thread.id, role, **await inside.before_create_message(role, fields))
+            pending = await messages.add(
+                session, thread.id, role, **hooks.tagged(await inside.before_create_message(role, fields), tags)
+            )
             await inside.after_create_message(pending)
         result = await self._caller.call(
             state._transaction, thread.id, pending.id, prompt, request, env, depth, defer=True
@@ -155,7 +161,9 @@ class Runner:
             inside = self._hooks(sub_state, thread, prompt, lambda: hooks.joined(session, thread))
             if isinstance(response, ProviderError):
                 await messages.save(
-                    session, message, **await inside.before_update_message(message, {"status": "failed"})
+                    session,
+                    message,
+                    **hooks.tagged(await inside.before_update_message(message, {"status": "failed"}), tags),
                 )
                 await inside.after_update_message(message)
                 detail = f": {response.message}" if entry.include_errors else ""
@@ -169,7 +177,9 @@ class Runner:
                 "model": result.model.name,
                 "usage": response.usage.as_dict(),
             }
-            await messages.save(session, message, **await inside.before_update_message(message, updates))
+            await messages.save(
+                session, message, **hooks.tagged(await inside.before_update_message(message, updates), tags)
+            )
             await inside.after_update_message(message)
         outcomes = [await self._tool(sub_state, prompt, offered, call, side, tags) for call in response.tool_calls]
         # its final text as stored: what a `before_update_message` hook made of the answer
