@@ -478,6 +478,13 @@ async def test_subprompt_tool_calls_run_the_tool_hooks(app_factory: Any) -> None
     assert result_of(await listed(client, tid))["content"] == (
         'Tool calls:\n- add {"a": 1, "b": 2} → 3 +stored\n- explode {} → recovered explode +stored'
     )
+    logged = (await client.get(f"/threads/{tid}/logs", params={"kind": "tool"})).json()["logs"]
+    by_tool = {row["tool"]: row for row in logged}  # every tool call has its row, a subprompt's too
+    assert sorted(by_tool) == ["add", "explode", "helper"]
+    assert (by_tool["add"]["status"], by_tool["explode"]["status"]) == ("success", "error")  # what the tool did
+    assert by_tool["add"]["message_id"] == deeper[0]["id"] and by_tool["add"]["request"]["arguments"] == (
+        '{"a": 1, "b": 2}'
+    )
 
 
 @define_tool(description="Draws a picture.")

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 import uuid
 from dataclasses import replace
 from typing import Any
@@ -36,7 +37,7 @@ from pydantic import BaseModel, ValidationError
 from sqlalchemy import delete, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import attachments, errors, events, files, messages, tables
+from app import attachments, db, errors, events, files, messages, tables
 from app.catalog import Catalog
 from app.engine import calls, context, hooks, subagents, tools
 from app.engine.state import RunState, Transaction
@@ -223,13 +224,16 @@ class Runner:
                 assert isinstance(done, subagents.Answered)  # a non-blocking call never parks
                 self._caller.meter.tool_call(name, done.result.status, offered)
                 inside = self._hooks(state, thread, prompt, lambda: hooks.joined(session, thread))
-                result, _ = await hooks.store_result(
+                result, row = await hooks.store_result(
                     session, thread, inside, call, done.result, side, child=done.child, tags=tags
                 )
+                await _log(session, thread.id, call, done.result, 0.0, state, row)
             return tools.Outcome(call, result, None)
         async with state._transaction() as (session, thread):
             await events.append(session, thread.id, "tool_started", data)
+        started = time.perf_counter()
         outcome = await tools.execute(self._catalog, offered, call, state)
+        latency_ms = round((time.perf_counter() - started) * 1000, 2)
         self._caller.meter.tool_call(name, outcome.result.status, offered)
         outcome = replace(outcome, result=calls.scrub_result(outcome.result, state._env.secrets()))
         async with state._transaction() as (session, thread):
@@ -237,10 +241,26 @@ class Runner:
             result, row = await hooks.store_result(
                 session, thread, inside, call, outcome.result, side, child=None, tags=tags
             )
+            await _log(session, thread.id, call, outcome.result, latency_ms, state, row)
         if row is not None and row.attachments:  # its files are named in the result, as a message's are
             text = context.described(result.text, row.attachments)
             result = result.model_copy(update={"error": text} if result.status == "error" else {"result": text})
         return replace(outcome, result=result)
+
+
+async def _log(
+    session: AsyncSession,
+    thread_id: uuid.UUID,
+    call: ToolCall,
+    result: ToolResult,
+    latency_ms: float,
+    state: RunState,
+    row: tables.Message | None,
+) -> None:
+    """The call's `logs` row, as a top-level call's (`tools.log_row`), with the transaction that stores its result."""
+    logged = tools.log_row(thread_id, call, result, latency_ms, state._env.secrets())
+    logged.message_id = row.id if row is not None else None
+    await db.defer(session, *db.insert_statement(logged))
 
 
 def shape(entry: ToolEntry, text: str, outcomes: list[tools.Outcome]) -> str:
