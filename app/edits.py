@@ -19,7 +19,7 @@ from cryptography.fernet import Fernet
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import errors, messages, tables, waits
+from app import errors, events, messages, tables, waits
 from app.catalog import Catalog
 from app.engine import hooks, turns
 
@@ -45,7 +45,12 @@ async def edit(
 
 
 async def delete(session: AsyncSession, thread: tables.Thread, message_id: uuid.UUID) -> list[uuid.UUID]:
-    """Delete a message, a tool-call message with its results; each announced as `message_deleted`."""
+    """Delete a message, a tool-call message with its results, or input set aside (its delivery failed); each
+    announced as `message_deleted`."""
+    if (aside := await _set_aside(session, thread, message_id)) is not None:  # it will never be delivered
+        await session.delete(aside)
+        await events.append(session, thread.id, "message_deleted", {"message_id": str(message_id), "depth": 0})
+        return [message_id]
     row = await _editable(session, thread, message_id)
     if row.role == "tool" and row.tool_call_id is not None:
         caller = await _caller(session, thread.id, row.tool_call_id)
@@ -90,6 +95,14 @@ async def _editable(session: AsyncSession, thread: tables.Thread, message_id: uu
     if row.status == "pending":
         raise errors.MessageBusy(f"Message {message_id} is still being written (`pending`).")
     return row
+
+
+async def _set_aside(session: AsyncSession, thread: tables.Thread, message_id: uuid.UUID) -> tables.Inbox | None:
+    """The inbox row of input whose delivery failed, if `message_id` is one (not stored, and never to be)."""
+    if thread.terminated_at is not None:
+        return None
+    row = await waits.queued(session, thread.id, message_id)
+    return row if row is not None and row.set_aside_at is not None else None
 
 
 async def _caller(session: AsyncSession, thread_id: uuid.UUID, call_id: str) -> uuid.UUID | None:

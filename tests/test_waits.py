@@ -259,6 +259,13 @@ async def test_input_set_aside_ends_the_wait(app_factory: Any) -> None:
         assert turn["done"] is True
         [message] = turn["messages"]
         assert message["status"] == "failed" and message["metadata"]["set_aside"] is True
+        # it will never be delivered: it cannot be edited, but it can be deleted (and is then gone from the list)
+        url = f"/threads/{tid}/messages/{message['id']}"
+        assert (await client.patch(url, json={"content": "hello"})).status_code == 409
+        assert (await client.delete(url)).status_code == 204
+        listed = (await client.get(f"/threads/{tid}/messages")).json()["messages"]
+        assert message["id"] not in [m["id"] for m in listed]
+        assert (await client.delete(url)).status_code == 404
 
 
 async def test_a_revoked_key_ends_the_wait(app_factory: Any) -> None:
