@@ -370,6 +370,12 @@ async def test_a_rerun_after_a_crash_replaces_the_interrupted_run(app_factory: A
     deeper = [m for m in rows if m["depth"] == 1]
     assert [(m["role"], m["content"]) for m in deeper] == [("user", "go"), ("assistant", "second")]
     assert [m["content"] for m in rows if m["role"] == "tool"] == ["second"]
+    async with app.state.sessions() as session:
+        thread = await session.get(tables.Thread, uuid.UUID(tid))
+        assert thread is not None
+        # three steps before the crash (call, the subprompt's, answer), then the answer again: the rerun of the
+        # subprompt's step counted once already
+        assert thread.session_steps == 4
 
 
 async def test_subprompt_steps_count_toward_the_session_step_cap(app_factory: Any) -> None:

@@ -114,7 +114,7 @@ class Runner:
             if thread.session_steps >= self._max_steps:  # the next step of the caller ends the session (§3)
                 return _error(f"Subprompt `{name}` not run: the session reached its cap of {self._max_steps} steps")
             run = hashlib.sha256((thread.lease_token or uuid.UUID(int=0)).bytes).hexdigest()[:16]
-            await _forget(session, thread.id, execution.tool_call_id or "", run)
+            rerun = await _forget(session, thread.id, execution.tool_call_id or "", run)
             tags: dict[str, Any] = {
                 "depth": depth,
                 "parent_id": parent.id if parent is not None else None,
@@ -129,7 +129,8 @@ class Runner:
             except context.MissingVariable as exc:
                 return _error(f"Subprompt `{name}` failed: {exc}")
             request.tools = [t for t in request.tools if t.name in offered]
-            thread.session_steps += 1  # the step runs: it is one of the session's
+            if not rerun:  # the step runs: it is one of the session's (an interrupted run of it counted already)
+                thread.session_steps += 1
             # its messages go through the message hooks of its own prompt (§10), inside this transaction
             inside = self._hooks(sub_state, thread, prompt, lambda: hooks.joined(session, thread))
             user = {"side": "b" if side == "a" else "a", "content": _first_message(entry, arguments), **tags}
@@ -352,8 +353,9 @@ async def _references(session: AsyncSession, thread_id: uuid.UUID, paths: list[s
     return refs, missing
 
 
-async def _forget(session: AsyncSession, thread_id: uuid.UUID, tool_call_id: str, run: str) -> None:
-    """Delete what runs of call `tool_call_id` by other executions stored, with their nested runs' messages."""
+async def _forget(session: AsyncSession, thread_id: uuid.UUID, tool_call_id: str, run: str) -> bool:
+    """Delete what runs of call `tool_call_id` by other executions stored, with their nested runs' messages;
+    whether there were any."""
     message = tables.Message
     query = select(message.id).where(
         message.thread_id == thread_id,
@@ -369,3 +371,4 @@ async def _forget(session: AsyncSession, thread_id: uuid.UUID, tool_call_id: str
         found += frontier
     if found:
         await session.execute(delete(message).where(message.id.in_(found)))
+    return bool(found)
