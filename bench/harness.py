@@ -43,14 +43,15 @@ class PrivatePostgres:
     def __init__(self, folder: Path) -> None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # pgserver's platformdirs warns about XDG_RUNTIME_DIR
-            import pgserver
+            from pgserver.postgres_server import get_server  # where it is defined: the package does not re-export it
 
-        self._server: Any = pgserver.get_server(folder, cleanup_mode="stop")
+        self._server = get_server(folder, cleanup_mode="stop")
         self.url: str = self._server.get_uri()
         self._socket_dir = self.url.rsplit("host=", 1)[1]
 
     def _pg_ctl(self, *args: str) -> None:
-        from pgserver._commands import pg_ctl
+        # pgserver makes its command functions at import time (`setattr` on the module), which mypy cannot see
+        from pgserver._commands import pg_ctl  # type: ignore[attr-defined]
 
         pg_ctl(["-w", *args], pgdata=self._server.pgdata, user=self._server.system_user, timeout=30)
 

@@ -105,6 +105,7 @@ async def write(url: str, threads: list[uuid.UUID], rate: float, seconds: float)
                 async with sessions() as session:
                     seq = await events.append(session, thread, "event", PAYLOAD)
                     await session.commit()
+                assert seq is not None  # not held: stored at once
                 committed[str(thread)][seq] = time.time()
     finally:
         await engine.dispose()

@@ -36,9 +36,9 @@ def _server_url(tmp: Path) -> Iterator[str]:
         return
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        import pgserver
+        from pgserver.postgres_server import get_server  # where it is defined: the package does not re-export it
 
-        server: Any = pgserver.get_server(tmp / "pg", cleanup_mode="stop")
+        server = get_server(tmp / "pg", cleanup_mode="stop")
     try:
         yield f"postgresql+asyncpg://postgres@/postgres?host={tmp / 'pg'}"
     finally:

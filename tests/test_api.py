@@ -64,7 +64,7 @@ async def _key(app: FastAPI, user: str, admin: bool = False) -> str:
 
 def assert_error(response: httpx.Response, status: int, code: str) -> dict[str, Any]:
     assert response.status_code == status, response.text
-    body: dict[str, Any] = response.json()
+    body: dict[str, dict[str, Any]] = response.json()
     assert set(body) == {"error"} and body["error"]["code"] == code and body["error"]["message"]
     assert "Traceback" not in response.text
     return body["error"]

@@ -208,8 +208,8 @@ async def test_images_reach_a_model_that_supports_them_within_the_threshold(app_
         assert (await client.post(f"/threads/{tid}/messages", json=body)).status_code == 202
         await settle(client, tid)
     first, second = model.requests
-    [image] = [i for m in first.messages for i in m.images]
-    assert image.mime_type == "image/png" and base64.b64decode(image.data or "") == png(color="red")
+    [seen] = [i for m in first.messages for i in m.images]
+    assert seen.mime_type == "image/png" and base64.b64decode(seen.data or "") == png(color="red")
     assert "Attached files:" in (first.messages[-1].content or "")
     # second request: [system, user red, assistant, user blue]; the threshold keeps the last two messages' images
     carrying = [m.content.split("\n")[0] for m in second.messages if m.images and m.content]

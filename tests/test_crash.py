@@ -83,11 +83,16 @@ class Cluster:
         assert posted.status_code == 202, posted.text
         return tid, posted.json()["message_id"]
 
+    async def thread_row(self, tid: str) -> asyncpg.Record:
+        row = await self.db.fetchrow("SELECT * FROM threads WHERE id = $1", tid)
+        assert row is not None, f"no thread {tid}"
+        return row
+
     async def settled(self, tid: str) -> asyncpg.Record:
         """Wait until the thread's turn ended and no worker holds or wants it."""
 
         async def done() -> asyncpg.Record | None:
-            row = await self.db.fetchrow("SELECT * FROM threads WHERE id = $1", tid)
+            row = await self.thread_row(tid)
             ok = row["status"] == "idle" and row["session_turns"] == 1
             return row if ok and row["lease_owner"] is None and row["runnable_since"] is None else None
 
@@ -302,7 +307,7 @@ async def test_three_crashes_at_one_step_fail_the_session_instead_of_looping(clu
             assert proc.wait(10) == -signal.SIGKILL
 
         async def failed() -> asyncpg.Record | None:
-            row = await c.db.fetchrow("SELECT * FROM threads WHERE id = $1", tid)
+            row = await c.thread_row(tid)
             return row if row["session_status"] == "failure" and row["lease_owner"] is None else None
 
         thread = await c.wait(failed, 20, "the session fails")
@@ -381,7 +386,7 @@ async def test_an_interrupted_turn_is_finished_when_new_input_arrives_before_rec
         fresh = await cluster(workers=1, api=False)
 
         async def done() -> list[dict[str, Any]] | None:
-            row = await c.db.fetchrow("SELECT * FROM threads WHERE id = $1", tid)
+            row = await c.thread_row(tid)
             if row["status"] != "idle" or row["lease_owner"] is not None or row["runnable_since"] is not None:
                 return None
             stored: list[dict[str, Any]] = (await client.get(f"/threads/{tid}/messages")).json()["messages"]

@@ -232,7 +232,7 @@ def _error_codes() -> set[str]:
     """Every `code` an HTTP answer can carry: the domain error tree, the HTTP status names, and the literal codes
     of `envelope(...)` calls in `app/api`."""
     codes: set[str] = set()
-    pending: list[type] = [errors.AgentsError]
+    pending: list[type[errors.AgentsError]] = [errors.AgentsError]
     while pending:
         cls = pending.pop()
         pending += cls.__subclasses__()
@@ -311,7 +311,7 @@ def _emitted() -> dict[str, set[str]]:
                         for key, value in data.items():
                             field = key.value if isinstance(key, ast.Constant) else None
                             if kind == "error" and field == "code" and isinstance(value, ast.Constant):
-                                found["error"].add(value.value)
+                                found["error"].add(_literal(value, where))
                             if kind == "event" and field == "event_type":
                                 found["event"].add(_literal(value, where))
                 elif owner == "events" and name == "append_lifecycle":
@@ -319,8 +319,8 @@ def _emitted() -> dict[str, set[str]]:
                 elif name == "ServerSentEvent":
                     for keyword in node.keywords:
                         if keyword.arg == "event" and isinstance(keyword.value, ast.Constant):
-                            found["thread"].add(keyword.value.value)  # `events_missed`, on both streams
-                            found["lifecycle"].add(keyword.value.value)
+                            found["thread"].add(_literal(keyword.value, where))  # `events_missed`, on both streams
+                            found["lifecycle"].add(_literal(keyword.value, where))
                 elif name == "publish":  # live-only events: a literal type, or a variable assigned literals here
                     kind_arg = node.args[1]
                     if isinstance(kind_arg, ast.Name):

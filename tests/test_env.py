@@ -246,7 +246,7 @@ def family() -> Catalog:
             return request.messages[-1].content
         if who == "reader":  # a child's side A: read X, then say what it read
             return f"X={results[-1].content}" if request.messages[-1].role == "tool" else {"tool_calls": [read]}
-        refs = [m.content.rsplit("Reference: ", 1)[-1] for m in results if "Reference: " in (m.content or "")]
+        refs = [(m.content or "").rsplit("Reference: ", 1)[-1] for m in results if "Reference: " in (m.content or "")]
         if len(results) == 0:
             return {"tool_calls": [create("kid"), create("walled")]}
         if len(results) == 2:

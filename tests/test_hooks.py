@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import uuid
 from datetime import UTC, datetime
@@ -207,7 +208,7 @@ async def test_an_injected_message_runs_the_create_hooks(app_factory: Any) -> No
             await state.inject_message("system", "echo of the injection")
 
     cat = catalog(Model({"tool_calls": [{"name": "inject_note"}]}, "ok"), [tag, echo])
-    cat.tools["inject_note"] = inject_note
+    cat = dataclasses.replace(cat, tools={**cat.tools, "inject_note": inject_note})
     cat.prompts["p"].tools.append("inject_note")
     client, tid = await run(app_factory, cat, "go")
     rows = await stored(client, tid)

@@ -27,13 +27,22 @@ async def _append(app: Any, thread_id: uuid.UUID, n: int) -> list[int]:
     seqs = []
     for i in range(n):  # one transaction each, as the engine's steps do
         async with app.state.sessions() as session, session.begin():
-            seqs.append(await events.append(session, thread_id, "event", {"event_type": "t", "data": {"i": i}}))
+            seq = await events.append(session, thread_id, "event", {"event_type": "t", "data": {"i": i}})
+        assert seq is not None  # not held: stored at once
+        seqs.append(seq)
     return seqs
 
 
 def delivered(sub: Subscription) -> list[Stored | Live]:
     """What the subscription holds, batches unpacked."""
     return [i for d in sub.items for i in (d.items if isinstance(d, Batch) else (d,))]
+
+
+def delivered_stored(sub: Subscription) -> list[Stored]:
+    """What the subscription holds, every item a stored event (none live-only)."""
+    items = delivered(sub)
+    assert all(isinstance(i, Stored) for i in items), items
+    return [i for i in items if isinstance(i, Stored)]
 
 
 def _counting_reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
@@ -76,12 +85,12 @@ async def test_many_subscribers_share_one_read_per_event(app_factory: Any, monke
 
     await wait_for(everyone_has_all)
     assert 1 <= len(reads) <= 5  # one read per announcement at most (fewer when a read caught several)
-    first = delivered(subs[0])
+    first = delivered_stored(subs[0])
     assert [item.seq for item in first] == seqs
-    assert all(isinstance(i, Stored) and i.entry is not None and i.entry.type == "event" for i in first)
-    assert [i.entry.data["data"]["i"] for i in first if isinstance(i, Stored) and i.entry] == [0, 1, 2, 3, 4]
+    assert all(i.entry is not None and i.entry.type == "event" for i in first)
+    assert [i.entry.data["data"]["i"] for i in first if i.entry] == [0, 1, 2, 3, 4]
     for sub in subs[1:]:  # the very same entries: read and serialised once
-        assert all(a.entry is b.entry for a, b in zip(first, delivered(sub), strict=True) if isinstance(a, Stored))
+        assert all(a.entry is b.entry for a, b in zip(first, delivered_stored(sub), strict=True))
     for sub in subs:
         app.state.hub.unsubscribe(sub)
     assert app.state.hub.subscribers == 0
@@ -174,9 +183,9 @@ async def test_a_held_batch_comes_with_its_announcement_and_is_not_read_back(
     await _flush_held(app, thread_id, [{"i": 2}])
     await wait_for(lambda: asyncio.sleep(0, len(delivered(sub)) == 3))
     assert reads == []  # handed on from the notifications alone
-    items = delivered(sub)
+    items = delivered_stored(sub)
     assert [i.seq for i in items] == [1, 2, 3]
-    assert [i.entry.data for i in items if isinstance(i, Stored) and i.entry] == [
+    assert [i.entry.data for i in items if i.entry] == [
         {"i": 0, "text": "héllo ✓"},
         {"i": 1},
         {"i": 2},
@@ -210,7 +219,7 @@ async def test_a_carried_batch_waits_for_a_read_under_way(app_factory: Any, monk
     assert not sub.items and reads == [1]
     gate.set()
     await wait_for(lambda: asyncio.sleep(0, len(delivered(sub)) == 2))
-    assert [i.seq for i in delivered(sub)] == [first, first + 1]
+    assert [i.seq for i in delivered_stored(sub)] == [first, first + 1]
     app.state.hub.unsubscribe(sub)
 
 
@@ -227,7 +236,7 @@ async def test_a_carried_batch_behind_a_read_is_read_to_its_end_across_pages(
     await asyncio.sleep(0.1)
     gate.set()
     await wait_for(lambda: asyncio.sleep(0, len(delivered(sub)) == 4))
-    assert [i.seq for i in delivered(sub)] == [first, first + 1, first + 2, first + 3]
+    assert [i.seq for i in delivered_stored(sub)] == [first, first + 1, first + 2, first + 3]
     app.state.hub.unsubscribe(sub)
 
 
@@ -272,8 +281,8 @@ async def test_deltas_queued_meanwhile_go_out_together_in_order(database_url: st
     try:
         publisher.publish(uuid.uuid4(), "message_chunk", {"message_id": "warm", "chunk": "x", "offset": 0})
         await publisher.sent()
+        assert publisher._conn is not None
         conn = publisher._conn
-        assert conn is not None
 
         class Counted:  # the connection, its statements counted (asyncpg's own attributes are read-only)
             def is_closed(self) -> bool:

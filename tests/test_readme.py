@@ -35,7 +35,8 @@ FENCE = re.compile(r"^( *)```(\w*)$")
 def snippets(readme: str) -> dict[str, list[str]]:
     """Each section's `sh` blocks (indented ones too, dedented), by its `## ` heading."""
     found: dict[str, list[str]] = {}
-    section, block, indent = "", None, ""
+    section, indent = "", ""
+    block: list[str] | None = None  # the lines of the `sh` block being read
     for line in readme.splitlines():
         fence = FENCE.match(line)
         if block is None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -235,7 +236,7 @@ async def test_stop_tool_max_steps_and_new_sessions(app_factory: Any) -> None:
         side_b={"max_steps": 2},
         max_session_turns=3,
     )
-    cat.tools["hand_over"] = define_tool(description="Hand over.")(_hand_over)
+    cat = dataclasses.replace(cat, tools={**cat.tools, "hand_over": define_tool(description="Hand over.")(_hand_over)})
     cat.prompts["pa"].tools.append("hand_over")
     client, tid = await start(app_factory, cat)
     reasons = [d["reason"] for e, d in await event_types(client, tid) if e == "turn_ended"]

@@ -208,7 +208,7 @@ async def enqueue_files(state: ThreadState) -> str:
         bad = "queued"
     except errors.Invalid as exc:
         bad = exc.message
-    refs = ["/notes/a.txt", AttachmentRef(path="/notes/a.txt", name="renamed.txt")]
+    refs: list[str | AttachmentRef] = ["/notes/a.txt", AttachmentRef(path="/notes/a.txt", name="renamed.txt")]
     queued = await state.queue_message("user", "see the files", attachments=[new, *refs])
     return json.dumps([queued, missing, bad])
 
@@ -724,7 +724,7 @@ async def end_all(state: ThreadState) -> str:
 
 async def test_terminate_from_a_tool_ends_the_thread(app_factory: Any) -> None:
     cat = catalog(Recorder(call("end_all"), "unreachable"))
-    cat.tools["end_all"] = end_all
+    cat = dataclasses.replace(cat, tools={**cat.tools, "end_all": end_all})
     cat.prompts["p"].tools.append("end_all")
     _, client, tid = await start(app_factory, cat)
     assert (await client.post(f"/threads/{tid}/messages", json={"content": "go"})).status_code == 202

@@ -126,11 +126,16 @@ async def follow(
 
 def marked(frame: Frame) -> bool:
     """Whether the frame is a marker `mark` committed."""
-    return frame["event"] == "event" and frame["data"]["event_type"] == "marker"
+    return bool(frame["event"] == "event" and frame["data"]["event_type"] == "marker")
 
 
 def until_id(seq: int) -> Callable[[Frame], bool]:
     return lambda f: f.get("id") == str(seq)
+
+
+def until_turns(frames: list[Frame], n: int) -> Callable[[Frame], bool]:
+    """Stop once `frames` (the list the reader fills) holds `n` ended turns."""
+    return lambda f: turns_in(frames) == n
 
 
 def stored_frames(frames: list[Frame]) -> list[tuple[int, str, Any]]:
@@ -147,7 +152,9 @@ async def log_of(app: FastAPI, tid: str) -> list[tuple[int, str, Any]]:
 async def mark(app: FastAPI, tid: str, **data: Any) -> int:
     """Commit one more stored event (a client-visible `event`), so a reader knows where the log ends; its seq."""
     async with app.state.sessions() as session, session.begin():
-        return await events.append(session, uuid.UUID(tid), "event", {"event_type": "marker", "data": data})
+        seq = await events.append(session, uuid.UUID(tid), "event", {"event_type": "marker", "data": data})
+    assert seq is not None  # not held: stored at once
+    return seq
 
 
 def normal(message: dict[str, Any]) -> dict[str, Any]:
@@ -324,7 +331,7 @@ async def test_events_from_a_worker_process_reach_subscribers_of_api_processes(
             tid = (await one.post("/threads", json={"agent": "assistant"})).json()["id"]
             outs: list[list[Frame]] = [[], []]
             readers = [
-                asyncio.create_task(follow(c, f"/threads/{tid}/events", out, lambda f, o=out: turns_in(o) == 2))
+                asyncio.create_task(follow(c, f"/threads/{tid}/events", out, until_turns(out, 2)))
                 for c, out in zip((one, other), outs, strict=True)
             ]
             assert (await one.post(f"/threads/{tid}/messages", json={"content": "hello"})).status_code == 202

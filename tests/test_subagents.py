@@ -349,7 +349,7 @@ async def test_messages_of_a_child_carry_its_projection_in_events_and_state(app_
         return f"boss saw: {last.content}"
 
     cat = catalog(Brain(boss), {"name": "qa", "blocking": False})
-    cat.tools["own_messages"] = own_messages
+    cat = dataclasses.replace(cat, tools={**cat.tools, "own_messages": own_messages})
     cat.prompts["boss"].tools.append("own_messages")
     _app, client, tid = await start(app_factory, cat)
     await client.post(f"/threads/{tid}/messages", json={"content": "go"})
@@ -418,7 +418,7 @@ async def queue_qa(state: ThreadState) -> str:
 async def test_queue_tool_queues_an_optional_subagent_set_status_needs_a_parent(app_factory: Any) -> None:
     brain = Brain(manager([{"name": "queue_qa", "arguments": {}}]))
     cat = catalog(brain, {"name": "qa", "optional": "USE_QA", "blocking": False})
-    cat.tools["queue_qa"] = queue_qa
+    cat = dataclasses.replace(cat, tools={**cat.tools, "queue_qa": queue_qa})
     cat.prompts["boss"].tools.append("queue_qa")
     app = await app_factory(cat, with_worker=True)
     client = client_for(app)
@@ -721,7 +721,7 @@ async def test_immediate_fan_out_gives_each_instance_its_own_scoped_values(app_f
     }
     scoped = {"name": "REGION", "type": "text", "required": True, "scoped": True}
     cat = catalog(brain, entry, variables=[scoped])
-    cat.tools["write_note"] = read_region  # type: ignore[index]
+    cat = dataclasses.replace(cat, tools={**cat.tools, "write_note": read_region})
     app = await app_factory(cat, with_worker=True)
     client = client_for(app)
     env = {"REGION": "eu", "REGION_NAME": "europe", "TOKEN": "tok-eu", "REGION__2": "us", "REGION_NAME__2": "america",

@@ -14,7 +14,7 @@ WHO = Principal(user_id="ivy", admin=False, key_id=None)
 def test_a_token_is_refused_as_soon_as_it_is_older_than_its_seconds(monkeypatch: pytest.MonkeyPatch) -> None:
     fernet = Fernet(Fernet.generate_key())
     now = 1_000_000.9  # late in a whole second: Fernet's own timestamp says 1_000_000
-    monkeypatch.setattr(tokens.time, "time", lambda: now)
+    monkeypatch.setattr("app.tokens.time.time", lambda: now)
     token = tokens.mint(fernet, WHO, "t1")
     now += 1.9
     assert tokens.read(fernet, token, "t1", 2) == WHO

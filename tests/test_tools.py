@@ -15,6 +15,9 @@ from sqlalchemy import text
 from app import errors
 from app.catalog import Catalog
 from app.spec import ThreadState, define_agent, define_model, define_prompt, define_tool
+from app.spec.define import (
+    BlockingState,
+)  # what a plain `def` gets as `state`: its async methods called like plain ones
 from tests.conftest import client_for, wait_for
 from tests.test_engine import run, settle, stored
 
@@ -22,7 +25,7 @@ LOOP_THREAD: dict[str, Any] = {}
 
 
 @define_tool(description="Reads a variable from a worker thread.")
-def blocking_whoami(state: ThreadState) -> str:
+def blocking_whoami(state: BlockingState) -> str:
     LOOP_THREAD["tool"] = threading.get_ident()
     return f"{state.thread_id} says {state.env('GREETING')}"  # an async method, called like a plain one
 
@@ -32,13 +35,13 @@ class NapArgs(BaseModel):
 
 
 @define_tool(description="Sleeps in a worker thread.", timeout=0.5)
-def blocking_nap(state: ThreadState, args: NapArgs) -> str:
+def blocking_nap(state: BlockingState, args: NapArgs) -> str:
     time.sleep(args.seconds)
     return "rested"
 
 
 @define_tool(description="Writes after its time is up.", timeout=0.3)
-def late_writer(state: ThreadState) -> str:
+def late_writer(state: BlockingState) -> str:
     time.sleep(0.6)
     try:
         state.set_status("late")

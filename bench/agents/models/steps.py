@@ -1,9 +1,12 @@
 """P7's model: answers at once; a user message `steps N` makes the turn call `noop` N times, anything else ends it."""
 
+from typing import Any
+
+from app.llm.base import LLMRequest
 from app.spec import define_model
 
 
-def respond(request):
+def respond(request: LLMRequest) -> dict[str, Any]:
     called = 0
     for message in reversed(request.messages):
         if message.role == "user":

@@ -8,11 +8,13 @@ blocking subagent `chaos_child`, anything else → `work`. The child's reviewer 
 import asyncio
 import os
 import random
+from typing import Any
 
+from app.llm.base import LLMRequest
 from app.spec import define_model
 
 
-async def respond(request):
+async def respond(request: LLMRequest) -> dict[str, Any]:
     await asyncio.sleep(random.uniform(0, float(os.environ.get("CHAOS_MODEL_MS", "200")) / 1000))
     if request.messages[0].content == "chaos_reviewer":
         return {"tool_calls": [{"name": "approve", "arguments": {"summary": "approved"}}]}
