@@ -343,8 +343,7 @@ async def start(
     if creation.tags:
         child.tags = [*child.tags, *creation.tags]
     if creation.scoped_env:
-        declared = {v.name for v in catalog.variables_of_agent(agent.name) if v.type == "secret"}
-        secret = (declared | set(creation.scoped_secret)) & set(creation.scoped_env)
+        secret = (catalog.secret_names(agent.name) | set(creation.scoped_secret)) & set(creation.scoped_env)
         await env.set_thread(session, fernet, child.id, creation.scoped_env, secret, most=most)
     refs = await copy_files(session, parent.id, creation.paths, child.id)
     await send(session, child, "user", creation.content, refs, silent=creation.silent)

@@ -102,14 +102,13 @@ async def load_env(
     builds one for a thread)."""
     agent = catalog.agent(thread.agent)
     stored = await env_store.layers(session, fernet, thread.id, thread.user_id)
-    declared = frozenset(v.name for v in catalog.variables_of_agent(agent.name) if v.type == "secret")
     return Env(
         stored.thread,
         dict(agent.env),
         dict(prompt.env) if prompt is not None else {},
         user=stored.user,
         instance=stored.instance,
-        declared_secret=declared,
+        declared_secret=catalog.secret_names(agent.name),
     )
 
 

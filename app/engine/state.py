@@ -301,7 +301,7 @@ class RunState(FileMethods):
             raise errors.Invalid("`state.set_env` takes a variable name and a string value")
         env_store.check_name(name)
         _refuse_nul(name, value)
-        declared = {v.name for v in self._catalog.variables_of_agent(self.agent_id) if v.type == "secret"}
+        declared = self._catalog.secret_names(self.agent_id)
         async with self._transaction() as (session, thread):
             secret = name in declared or (await env_store.thread_types(session, thread.id)).get(name) == "secret"
             await env_store.set_thread(session, self._fernet, thread.id, {name: value}, {name} if secret else set())
