@@ -568,8 +568,7 @@ def effect_args_problem(definition: EffectDefinition, args: Any) -> str | None:
     try:
         definition.args_model.model_validate(args)
     except ValidationError as exc:
-        problems = "; ".join(f"`{'.'.join(str(p) for p in e['loc']) or 'arguments'}`: {e['msg']}" for e in exc.errors())
-        return f"invalid arguments for effect `{definition.name}`: {problems}"
+        return f"invalid arguments for effect `{definition.name}`: {tools.problems(exc)}"
     return None
 
 

@@ -94,9 +94,14 @@ def _error(text: str) -> ToolResult:
     return ToolResult(status="error", error=text)
 
 
+def problems(exc: ValidationError) -> str:
+    """What pydantic found wrong with a call's arguments, one `field`: message per problem (`arguments` for the
+    whole)."""
+    return "; ".join(f"`{'.'.join(str(p) for p in e['loc']) or 'arguments'}`: {e['msg']}" for e in exc.errors())
+
+
 def _validation_text(name: str, exc: ValidationError) -> str:
-    problems = "; ".join(f"`{'.'.join(str(p) for p in e['loc']) or 'arguments'}`: {e['msg']}" for e in exc.errors())
-    return f"Invalid arguments for tool `{name}`: {problems}"
+    return f"Invalid arguments for tool `{name}`: {problems(exc)}"
 
 
 def normalise(value: Any) -> ToolResult:
