@@ -10,18 +10,7 @@ from typing import Any, Literal
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, StrictBool, ValidationInfo, model_validator
 from pydantic.config import JsonDict
 
-
-def _refuse_nul(value: Any) -> None:
-    if isinstance(value, str):
-        if "\x00" in value:
-            raise ValueError("text must not contain NUL (\\u0000) characters")
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            _refuse_nul(key)
-            _refuse_nul(item)
-    elif isinstance(value, list):
-        for item in value:
-            _refuse_nul(item)
+from app import db
 
 
 class In(BaseModel):
@@ -32,7 +21,8 @@ class In(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _no_nul(cls, data: Any) -> Any:
-        _refuse_nul(data)
+        if db.has_nul(data):
+            raise ValueError(db.NUL_REFUSED)
         return data
 
 

@@ -15,9 +15,9 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app import attachments as attachment_store
+from app import db, errors, events, files, lifecycle, messages, queue, tables, threads
 from app import effects as effect_store
 from app import env as env_store
-from app import errors, events, files, lifecycle, messages, queue, tables, threads
 from app import subagents as child_registry
 from app.catalog import Catalog
 from app.engine import handoffs, tools
@@ -688,10 +688,5 @@ def _check_input(role: str, roles: tuple[str, ...], content: Any, metadata: Any)
 
 def _refuse_nul(*values: Any) -> None:
     """Postgres cannot store NUL characters; refuse them before they reach the driver."""
-    for value in values:
-        if isinstance(value, str) and "\x00" in value:
-            raise errors.Invalid("text must not contain NUL (\\u0000) characters")
-        if isinstance(value, dict):
-            _refuse_nul(*value.keys(), *value.values())
-        elif isinstance(value, list):
-            _refuse_nul(*value)
+    if db.has_nul(list(values)):
+        raise errors.Invalid(db.NUL_REFUSED)
