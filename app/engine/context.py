@@ -80,18 +80,26 @@ class Env:
     def mask(self, value: Any) -> Any:
         """`value` (text, or JSON-like data) with every known secret value replaced by `***`."""
         secrets = self.secrets()
-        return _masked(value, secrets) if secrets else value
+        return scrub_data(value, secrets) if secrets else value
 
 
-def _masked(value: Any, secrets: list[str]) -> Any:
+def scrub(text: str, secrets: list[str]) -> str:
+    """`text` with every known secret value replaced by `***` (give them longest first, as `Env.secrets` does, so
+    none is left half-masked)."""
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, "***")
+    return text
+
+
+def scrub_data(value: Any, secrets: list[str]) -> Any:
+    """JSON-like data with `scrub` applied to every string in it, keys too."""
     if isinstance(value, str):
-        for secret in secrets:
-            value = value.replace(secret, "***")
-        return value
+        return scrub(value, secrets)
     if isinstance(value, dict):
-        return {_masked(k, secrets): _masked(v, secrets) for k, v in value.items()}
+        return {scrub_data(k, secrets): scrub_data(v, secrets) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_masked(v, secrets) for v in value]
+        return [scrub_data(v, secrets) for v in value]
     return value
 
 

@@ -13,8 +13,7 @@ from pydantic import BaseModel, ValidationError
 
 from app import tables
 from app.catalog import Catalog
-from app.engine.calls import scrub
-from app.engine.context import OfferedTool, parse_arguments
+from app.engine.context import OfferedTool, parse_arguments, scrub
 from app.errors import AgentsError
 from app.llm.base import ToolCall
 from app.spec.define import ToolDefinition
