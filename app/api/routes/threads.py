@@ -78,9 +78,9 @@ async def create_thread(
     if unknown_secrets:
         raise errors.Invalid(f"`secrets` names variables not in `env`: {', '.join(unknown_secrets)}")
     # required, non-scoped variables of the agent's graph that nothing defines where they are read (§8)
-    missing = catalog.unresolved(agent.name, set(body.env) | await env.names(session, who.user_id), scoped=False)
+    missing = await env.unresolved(session, catalog, agent.name, who.user_id, body.env, scoped=False)
     if missing:
-        raise errors.MissingVariables(f"Missing required variables: {', '.join(missing)}", missing=missing)
+        raise env.missing(missing)
     row = await threads.create(session, agent, who, name=body.name, tags=body.tags)
     await env.set_thread(
         session, request.app.state.fernet, row.id, body.env, set(body.secrets) | catalog.secret_names(agent.name)
