@@ -11,6 +11,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, StrictBool, Val
 from pydantic.config import JsonDict
 
 from app import db
+from app.spec.state import StateLog
 
 
 class In(BaseModel):
@@ -155,31 +156,14 @@ class ThreadList(BaseModel):
     next_cursor: str | None
 
 
-class Log(BaseModel):
+class Log(StateLog):
     """One LLM request, tool call or hook error; `retry_of` / `fallback_of` link the attempts of one call."""
 
-    id: uuid.UUID
-    kind: str
-    message_id: uuid.UUID | None
-    model: str | None
-    provider: str | None
-    tool: str | None
-    attempt: int
-    status: str
-    error: str | None
-    input_tokens: int | None
-    output_tokens: int | None
-    cached_tokens: int | None
-    reasoning_tokens: int | None
-    cost: float | None
-    latency_ms: float | None
-    ttft_ms: float | None
-    finish_reason: str | None
+    id: uuid.UUID  # type: ignore[assignment]  # the same ids, typed as the API's other ids are
+    message_id: uuid.UUID | None  # type: ignore[assignment]
     retry_of: uuid.UUID | None
     fallback_of: uuid.UUID | None
     request: dict[str, Any] | None
-    response: dict[str, Any] | None
-    created_at: datetime
 
 
 class LogList(BaseModel):

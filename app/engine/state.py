@@ -641,27 +641,9 @@ async def _attachment(
 
 
 def _log(row: tables.Log) -> StateLog:
-    return StateLog(
-        id=str(row.id),
-        kind=row.kind,
-        message_id=str(row.message_id) if row.message_id else None,
-        model=row.model,
-        provider=row.provider,
-        tool=row.tool,
-        attempt=row.attempt,
-        status=row.status,
-        error=row.error,
-        input_tokens=row.input_tokens,
-        output_tokens=row.output_tokens,
-        cached_tokens=row.cached_tokens,
-        reasoning_tokens=row.reasoning_tokens,
-        cost=row.cost,
-        latency_ms=row.latency_ms,
-        ttft_ms=row.ttft_ms,
-        finish_reason=row.finish_reason,
-        response=row.response,
-        created_at=row.created_at,
-    )
+    fields = {name: getattr(row, name) for name in StateLog.model_fields}
+    ids = {"id": str(row.id), "message_id": str(row.message_id) if row.message_id else None}
+    return StateLog.model_validate(fields | ids)
 
 
 def _uuid(value: str) -> uuid.UUID | None:
