@@ -213,6 +213,10 @@ class Catalog:
         visit("agent", self.agent(name).name)
         return found
 
+    def secret_names(self, name: str) -> frozenset[str]:
+        """The variables the agent's graph declares `secret`: stored encrypted whoever sets them (§8)."""
+        return frozenset(v.name for v in self.variables_of_agent(name) if v.type == "secret")
+
 
 def empty() -> Catalog:
     """A catalog with nothing in it."""

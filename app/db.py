@@ -37,6 +37,20 @@ MIGRATION_LOCK = 7_316_001  # pg_advisory_xact_lock key: replicas never migrate 
 # (bench/README.md, "plans").
 SERVER_SETTINGS = {"plan_cache_mode": "force_generic_plan"}
 
+NUL_REFUSED = "text must not contain NUL (\\u0000) characters"
+
+
+def has_nul(value: Any) -> bool:
+    """Whether text, or JSON-like data (keys too), holds a NUL character: Postgres can store it in neither `text` nor
+    `jsonb`, so it is refused before it reaches the driver."""
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(has_nul(k) or has_nul(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(has_nul(v) for v in value)
+    return False
+
 
 async def connect(dsn: str, connect_timeout: float) -> asyncpg.Connection:
     """A raw asyncpg connection (LISTEN, claims, heartbeats, live deltas) with the engine's server settings."""

@@ -7,12 +7,16 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from cryptography.fernet import Fernet
 from sqlalchemy import delete, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import crypto, db, errors, queue, tables
+
+if TYPE_CHECKING:  # the catalog holds the graph; this module only reads it
+    from app.catalog import Catalog
 
 INSTANCE = ""  # the owner of instance-scoped values
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -72,6 +76,21 @@ def check(values: Mapping[str, str], limits: Limits) -> None:
             )
         if "\x00" in value:
             raise errors.Invalid(f"the value of `{name}` contains a NUL character")
+
+
+async def unresolved(
+    session: AsyncSession, catalog: Catalog, agent: str, user_id: str, provided: Collection[str], *, scoped: bool
+) -> list[str]:
+    """Required variables of the agent's graph (the scoped ones, or the others) that neither `provided`, the user's
+    and the instance's values nor the definitions' `env` define (`Catalog.unresolved`, §8)."""
+    return catalog.unresolved(agent, set(provided) | await names(session, user_id), scoped=scoped)
+
+
+def missing(
+    variables: list[str], error: type[errors.MissingVariables] = errors.MissingVariables
+) -> errors.MissingVariables:
+    """The error naming required variables nothing defines (`StillMissing` when a variable request lacks them)."""
+    return error(f"Missing required variables: {', '.join(variables)}", missing=variables)
 
 
 def _too_many(count: int, limit: int) -> errors.TooManyVariables:

@@ -68,6 +68,19 @@ class Entry:
     def name(self) -> str:
         return posixpath.basename(self.path) or "/"
 
+    def record(self) -> dict[str, Any]:
+        """The entry as a file record shows it, to a tool (`FileRecord`) or over HTTP (which names `sha256` `etag`)."""
+        return {
+            "path": self.path,
+            "name": self.name,
+            "type": "directory" if self.is_dir else "file",
+            "size": self.size,
+            "mime_type": self.mime_type,
+            "sha256": self.sha256,
+            "width": self.width,
+            "height": self.height,
+        }
+
     @classmethod
     def of(cls, row: tables.File) -> Entry:
         return cls(row.path, row.is_dir, row.size, row.mime_type, row.sha256, row.width, row.height)

@@ -252,7 +252,7 @@ async def missing_scoped(
     required = sorted({v.name for v in catalog.variables_of_agent(agent) if v.scoped and v.required})
     if not required:
         return [], []
-    return required, catalog.unresolved(agent, provided | await env.names(session, parent.user_id), scoped=True)
+    return required, await env.unresolved(session, catalog, agent, parent.user_id, provided, scoped=True)
 
 
 @dataclass(frozen=True)
@@ -343,8 +343,7 @@ async def start(
     if creation.tags:
         child.tags = [*child.tags, *creation.tags]
     if creation.scoped_env:
-        declared = {v.name for v in catalog.variables_of_agent(agent.name) if v.type == "secret"}
-        secret = (declared | set(creation.scoped_secret)) & set(creation.scoped_env)
+        secret = (catalog.secret_names(agent.name) | set(creation.scoped_secret)) & set(creation.scoped_env)
         await env.set_thread(session, fernet, child.id, creation.scoped_env, secret, most=most)
     refs = await copy_files(session, parent.id, creation.paths, child.id)
     await send(session, child, "user", creation.content, refs, silent=creation.silent)
@@ -411,7 +410,7 @@ async def fulfil(
     provided = set(values) | set(creation.scoped_env)  # an immediate instance's own values count too
     _, missing = await missing_scoped(session, catalog, parent, request.agent, provided)
     if missing:
-        raise errors.StillMissing(f"Missing required variables: {', '.join(missing)}", missing=missing)
+        raise env.missing(missing, errors.StillMissing)
     scoped_env = {**creation.scoped_env, **values}
     deferred = replace(creation, blocking=False, scoped_env=scoped_env)
     child = await start(session, catalog, fernet, parent, deferred, most=most)

@@ -10,18 +10,8 @@ from typing import Any, Literal
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, StrictBool, ValidationInfo, model_validator
 from pydantic.config import JsonDict
 
-
-def _refuse_nul(value: Any) -> None:
-    if isinstance(value, str):
-        if "\x00" in value:
-            raise ValueError("text must not contain NUL (\\u0000) characters")
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            _refuse_nul(key)
-            _refuse_nul(item)
-    elif isinstance(value, list):
-        for item in value:
-            _refuse_nul(item)
+from app import db
+from app.spec.state import StateLog
 
 
 class In(BaseModel):
@@ -32,7 +22,8 @@ class In(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _no_nul(cls, data: Any) -> Any:
-        _refuse_nul(data)
+        if db.has_nul(data):
+            raise ValueError(db.NUL_REFUSED)
         return data
 
 
@@ -165,31 +156,14 @@ class ThreadList(BaseModel):
     next_cursor: str | None
 
 
-class Log(BaseModel):
+class Log(StateLog):
     """One LLM request, tool call or hook error; `retry_of` / `fallback_of` link the attempts of one call."""
 
-    id: uuid.UUID
-    kind: str
-    message_id: uuid.UUID | None
-    model: str | None
-    provider: str | None
-    tool: str | None
-    attempt: int
-    status: str
-    error: str | None
-    input_tokens: int | None
-    output_tokens: int | None
-    cached_tokens: int | None
-    reasoning_tokens: int | None
-    cost: float | None
-    latency_ms: float | None
-    ttft_ms: float | None
-    finish_reason: str | None
+    id: uuid.UUID  # type: ignore[assignment]  # the same ids, typed as the API's other ids are
+    message_id: uuid.UUID | None  # type: ignore[assignment]
     retry_of: uuid.UUID | None
     fallback_of: uuid.UUID | None
     request: dict[str, Any] | None
-    response: dict[str, Any] | None
-    created_at: datetime
 
 
 class LogList(BaseModel):

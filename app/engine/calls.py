@@ -15,7 +15,6 @@ import uuid
 from collections.abc import Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from typing import Any
 
 import httpx
 from sqlalchemy import update
@@ -23,7 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import db, events, llm, tables
 from app.catalog import Catalog
-from app.engine.context import Env, MissingVariable
+from app.engine.context import Env, MissingVariable, scrub, scrub_data
 from app.hub import Publisher
 from app.llm import recovery, retry
 from app.llm.base import (
@@ -77,14 +76,6 @@ def api_key(definition: ModelDefinition, env: Env, process_env: Mapping[str, str
         return process_env.get(name)
 
 
-def scrub(text: str, secrets: list[str]) -> str:
-    """`text` with every known secret value replaced by `***`."""
-    for secret in secrets:
-        if secret:
-            text = text.replace(secret, "***")
-    return text
-
-
 def scrub_result(result: ToolResult, secrets: list[str]) -> ToolResult:
     """A tool result with known secret values masked in what is stored, shown to models and returned."""
     if not secrets:
@@ -95,18 +86,8 @@ def scrub_result(result: ToolResult, secrets: list[str]) -> ToolResult:
         if isinstance(value := getattr(result, key), str)
     }
     if result.error_data:
-        changes["error_data"] = _scrub_data(result.error_data, secrets)
+        changes["error_data"] = scrub_data(result.error_data, secrets)
     return result.model_copy(update=changes)
-
-
-def _scrub_data(value: Any, secrets: list[str]) -> Any:
-    if isinstance(value, str):
-        return scrub(value, secrets)
-    if isinstance(value, dict):
-        return {k: _scrub_data(v, secrets) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_scrub_data(v, secrets) for v in value]
-    return value
 
 
 def empty(response: LLMResponse) -> bool:

@@ -80,18 +80,26 @@ class Env:
     def mask(self, value: Any) -> Any:
         """`value` (text, or JSON-like data) with every known secret value replaced by `***`."""
         secrets = self.secrets()
-        return _masked(value, secrets) if secrets else value
+        return scrub_data(value, secrets) if secrets else value
 
 
-def _masked(value: Any, secrets: list[str]) -> Any:
+def scrub(text: str, secrets: list[str]) -> str:
+    """`text` with every known secret value replaced by `***` (give them longest first, as `Env.secrets` does, so
+    none is left half-masked)."""
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, "***")
+    return text
+
+
+def scrub_data(value: Any, secrets: list[str]) -> Any:
+    """JSON-like data with `scrub` applied to every string in it, keys too."""
     if isinstance(value, str):
-        for secret in secrets:
-            value = value.replace(secret, "***")
-        return value
+        return scrub(value, secrets)
     if isinstance(value, dict):
-        return {_masked(k, secrets): _masked(v, secrets) for k, v in value.items()}
+        return {scrub_data(k, secrets): scrub_data(v, secrets) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_masked(v, secrets) for v in value]
+        return [scrub_data(v, secrets) for v in value]
     return value
 
 
@@ -102,14 +110,13 @@ async def load_env(
     builds one for a thread)."""
     agent = catalog.agent(thread.agent)
     stored = await env_store.layers(session, fernet, thread.id, thread.user_id)
-    declared = frozenset(v.name for v in catalog.variables_of_agent(agent.name) if v.type == "secret")
     return Env(
         stored.thread,
         dict(agent.env),
         dict(prompt.env) if prompt is not None else {},
         user=stored.user,
         instance=stored.instance,
-        declared_secret=declared,
+        declared_secret=catalog.secret_names(agent.name),
     )
 
 

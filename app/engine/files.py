@@ -94,13 +94,4 @@ class FileMethods:
 
 
 def _file(entry: files.Entry) -> FileRecord:
-    return FileRecord(
-        path=entry.path,
-        name=entry.name,
-        type="directory" if entry.is_dir else "file",
-        size=entry.size,
-        mime_type=entry.mime_type,
-        sha256=entry.sha256,
-        width=entry.width,
-        height=entry.height,
-    )
+    return FileRecord.model_validate(entry.record())

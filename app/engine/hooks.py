@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import attachments, events, messages, tables
 from app.catalog import Catalog
-from app.engine.context import Env, _visible, load_env
+from app.engine.context import Env, _visible, load_env, scrub
 from app.engine.state import RunState, Transaction
 from app.llm.base import LLMMessage, ToolCall
 from app.spec.define import HookDefinition
@@ -307,8 +307,7 @@ class Hooks:
     async def _failed(self, hook: HookDefinition, exc: Exception) -> None:
         """Log a hook that raised: its input goes on unchanged."""
         text = f"{type(exc).__name__}: {exc}"
-        for secret in self._secrets:
-            text = text.replace(secret, "***")
+        text = scrub(text, self._secrets)
         assert self._transaction is not None
         async with self._transaction() as (session, thread):
             log.warning(

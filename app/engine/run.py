@@ -639,7 +639,7 @@ class Engine:
             known: list[str] = []
             with contextlib.suppress(errors.AgentsError):  # e.g. a secret the current key cannot decrypt
                 known = (await context.load_env(session, self._fernet, self._catalog, thread, None)).secrets()
-            text = calls.scrub(message, known)
+            text = context.scrub(message, known)
             await lifecycle.close_open_work(session, thread, f"The run failed: {text}")
             await events.append(session, thread.id, "error", {"code": code, "message": text})
             if thread.session_status == "running":

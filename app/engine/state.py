@@ -15,9 +15,9 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app import attachments as attachment_store
+from app import db, errors, events, files, lifecycle, messages, queue, tables, threads
 from app import effects as effect_store
 from app import env as env_store
-from app import errors, events, files, lifecycle, messages, queue, tables, threads
 from app import subagents as child_registry
 from app.catalog import Catalog
 from app.engine import handoffs, tools
@@ -301,7 +301,7 @@ class RunState(FileMethods):
             raise errors.Invalid("`state.set_env` takes a variable name and a string value")
         env_store.check_name(name)
         _refuse_nul(name, value)
-        declared = {v.name for v in self._catalog.variables_of_agent(self.agent_id) if v.type == "secret"}
+        declared = self._catalog.secret_names(self.agent_id)
         async with self._transaction() as (session, thread):
             secret = name in declared or (await env_store.thread_types(session, thread.id)).get(name) == "secret"
             await env_store.set_thread(session, self._fernet, thread.id, {name: value}, {name} if secret else set())
@@ -568,8 +568,7 @@ def effect_args_problem(definition: EffectDefinition, args: Any) -> str | None:
     try:
         definition.args_model.model_validate(args)
     except ValidationError as exc:
-        problems = "; ".join(f"`{'.'.join(str(p) for p in e['loc']) or 'arguments'}`: {e['msg']}" for e in exc.errors())
-        return f"invalid arguments for effect `{definition.name}`: {problems}"
+        return f"invalid arguments for effect `{definition.name}`: {tools.problems(exc)}"
     return None
 
 
@@ -642,27 +641,9 @@ async def _attachment(
 
 
 def _log(row: tables.Log) -> StateLog:
-    return StateLog(
-        id=str(row.id),
-        kind=row.kind,
-        message_id=str(row.message_id) if row.message_id else None,
-        model=row.model,
-        provider=row.provider,
-        tool=row.tool,
-        attempt=row.attempt,
-        status=row.status,
-        error=row.error,
-        input_tokens=row.input_tokens,
-        output_tokens=row.output_tokens,
-        cached_tokens=row.cached_tokens,
-        reasoning_tokens=row.reasoning_tokens,
-        cost=row.cost,
-        latency_ms=row.latency_ms,
-        ttft_ms=row.ttft_ms,
-        finish_reason=row.finish_reason,
-        response=row.response,
-        created_at=row.created_at,
-    )
+    fields = {name: getattr(row, name) for name in StateLog.model_fields}
+    ids = {"id": str(row.id), "message_id": str(row.message_id) if row.message_id else None}
+    return StateLog.model_validate(fields | ids)
 
 
 def _uuid(value: str) -> uuid.UUID | None:
@@ -689,10 +670,5 @@ def _check_input(role: str, roles: tuple[str, ...], content: Any, metadata: Any)
 
 def _refuse_nul(*values: Any) -> None:
     """Postgres cannot store NUL characters; refuse them before they reach the driver."""
-    for value in values:
-        if isinstance(value, str) and "\x00" in value:
-            raise errors.Invalid("text must not contain NUL (\\u0000) characters")
-        if isinstance(value, dict):
-            _refuse_nul(*value.keys(), *value.values())
-        elif isinstance(value, list):
-            _refuse_nul(*value)
+    if db.has_nul(list(values)):
+        raise errors.Invalid(db.NUL_REFUSED)

@@ -301,7 +301,7 @@ def arguments_problem(prompt: PromptDefinition, arguments: dict[str, Any]) -> st
         try:
             schema.model_validate(arguments)
         except ValidationError as exc:
-            return "; ".join(f"`{'.'.join(str(p) for p in e['loc']) or 'arguments'}`: {e['msg']}" for e in exc.errors())
+            return tools.problems(exc)
         return None
     return shape_problem(prompt.schema_for_tool(), arguments)
 

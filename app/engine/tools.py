@@ -13,8 +13,7 @@ from pydantic import BaseModel, ValidationError
 
 from app import tables
 from app.catalog import Catalog
-from app.engine.calls import scrub
-from app.engine.context import OfferedTool, parse_arguments
+from app.engine.context import OfferedTool, parse_arguments, scrub
 from app.errors import AgentsError
 from app.llm.base import ToolCall
 from app.spec.define import ToolDefinition
@@ -94,9 +93,14 @@ def _error(text: str) -> ToolResult:
     return ToolResult(status="error", error=text)
 
 
+def problems(exc: ValidationError) -> str:
+    """What pydantic found wrong with a call's arguments, one `field`: message per problem (`arguments` for the
+    whole)."""
+    return "; ".join(f"`{'.'.join(str(p) for p in e['loc']) or 'arguments'}`: {e['msg']}" for e in exc.errors())
+
+
 def _validation_text(name: str, exc: ValidationError) -> str:
-    problems = "; ".join(f"`{'.'.join(str(p) for p in e['loc']) or 'arguments'}`: {e['msg']}" for e in exc.errors())
-    return f"Invalid arguments for tool `{name}`: {problems}"
+    return f"Invalid arguments for tool `{name}`: {problems(exc)}"
 
 
 def normalise(value: Any) -> ToolResult:

@@ -55,16 +55,8 @@ def _served_type(mime_type: str | None) -> str:
 
 
 def _record(entry: files.Entry) -> schemas.FileRecord:
-    return schemas.FileRecord(
-        path=entry.path,
-        name=entry.name,
-        type="directory" if entry.is_dir else "file",
-        size=entry.size,
-        mime_type=entry.mime_type,
-        etag=entry.sha256,
-        width=entry.width,
-        height=entry.height,
-    )
+    record = entry.record()
+    return schemas.FileRecord(etag=record.pop("sha256"), **record)
 
 
 def _listing(path: str, entries: list[files.Entry]) -> schemas.FileList:

@@ -78,12 +78,13 @@ async def create_thread(
     if unknown_secrets:
         raise errors.Invalid(f"`secrets` names variables not in `env`: {', '.join(unknown_secrets)}")
     # required, non-scoped variables of the agent's graph that nothing defines where they are read (§8)
-    missing = catalog.unresolved(agent.name, set(body.env) | await env.names(session, who.user_id), scoped=False)
+    missing = await env.unresolved(session, catalog, agent.name, who.user_id, body.env, scoped=False)
     if missing:
-        raise errors.MissingVariables(f"Missing required variables: {', '.join(missing)}", missing=missing)
-    declared_secret = {v.name for v in catalog.variables_of_agent(agent.name) if v.type == "secret"}
+        raise env.missing(missing)
     row = await threads.create(session, agent, who, name=body.name, tags=body.tags)
-    await env.set_thread(session, request.app.state.fernet, row.id, body.env, set(body.secrets) | declared_secret)
+    await env.set_thread(
+        session, request.app.state.fernet, row.id, body.env, set(body.secrets) | catalog.secret_names(agent.name)
+    )
     if any(e.immediate for e in catalog.prompts[agent.side_a.prompt].tool_entries()):
         await queue.enqueue(session, row.id, queue.Kind.SPAWN, {})  # immediate subagents start at once (§6.6)
     for message in body.messages:
@@ -198,8 +199,7 @@ async def update_thread(
     if body.env_delete:
         await env.delete_thread(session, thread.id, body.env_delete)
     if body.env:
-        declared_secret = {v.name for v in catalog.variables_of_agent(thread.agent) if v.type == "secret"}
-        secret = set(body.secrets) | stored_secret | declared_secret
+        secret = set(body.secrets) | stored_secret | catalog.secret_names(thread.agent)
         fernet = request.app.state.fernet
         await env.set_thread(session, fernet, thread.id, body.env, secret, most=limits.variables)
     thread.updated_at = datetime.now(UTC)
