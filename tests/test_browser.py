@@ -189,6 +189,7 @@ async def open_page(browser: Browser, url: str) -> Page:
     return page
 
 
+@pytest.mark.slow  # a real server and Chromium
 async def test_a_page_on_another_origin_streams_a_thread_with_a_key(
     database_url: str, tmp_path: Path, pages: int, browser: Browser
 ) -> None:

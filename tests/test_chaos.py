@@ -11,6 +11,8 @@ import pytest
 
 from bench import chaos
 
+pytestmark = pytest.mark.slow  # a seeded ~40 s chaos run of real processes
+
 
 async def test_a_short_seeded_chaos_run_breaks_no_invariant(capsys: pytest.CaptureFixture[str]) -> None:
     code = await chaos.main(chaos.parse(["--seed", "7", "--threads", "80", "--duration", "30", "--settle", "90"]))

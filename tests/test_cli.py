@@ -11,12 +11,15 @@ import sys
 from pathlib import Path
 
 import httpx
+import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app import keys, threads
 from app.catalog import load as load_catalog
 from tests import processes
 from tests.conftest import ROOT
+
+pytestmark = pytest.mark.slow  # every test runs `python -m app …` as a real process
 
 FIXTURES = ROOT / "tests" / "fixtures" / "catalog"
 

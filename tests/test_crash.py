@@ -31,6 +31,8 @@ from app.settings import Settings, plain_url
 from tests.conftest import ROOT
 from tests.processes import free_port, start, stop, until_ready
 
+pytestmark = pytest.mark.slow  # real API and worker processes, killed with -9
+
 FIXTURE = ROOT / "tests" / "fixtures" / "agents_crash"
 SECRET_KEY = "crash-" + "k" * 42
 

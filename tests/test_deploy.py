@@ -10,6 +10,7 @@ import secrets
 import signal
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -32,13 +33,20 @@ def test_readme_starts_with_exactly_two_setup_commands() -> None:
     assert len(first_two) == 2 and all("\n" not in c for c in first_two)
     serve, test = first_two
     assert serve.endswith("agents serve") and "pip install -e ." in serve
-    assert test.endswith("pytest") and '".[dev]"' in test
+    assert test.endswith("pytest && .venv/bin/pytest -m slow") and '".[dev]"' in test  # the fast set, then the slow
     assert text.index(serve) < text.index("## ")  # both come before any section
 
 
 def test_ci_runs_the_readme_test_command() -> None:
     ci = (ROOT / ".ci" / "run").read_text()
     assert _readme_commands()[1] in ci
+    assert 'PYTEST_ADDOPTS="--durations=15"' in ci  # each step names its slowest tests
+
+
+def test_a_plain_pytest_leaves_the_slow_set_out_and_the_marker_is_declared() -> None:
+    options = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    assert options["addopts"][-2:] == ["-m", "not slow"] and "--strict-markers" in options["addopts"]
+    assert [m for m in options["markers"] if m.startswith("slow:")]
 
 
 def _compose() -> dict[str, Any]:
@@ -116,6 +124,7 @@ def test_the_health_checks_name_commands_the_image_has() -> None:
     assert "WORKER_HEARTBEAT_FILE=" in dockerfile and "pip install -e ." in dockerfile
 
 
+@pytest.mark.slow  # the compose file's services as real processes
 async def test_the_compose_file_runs(database_url: str, tmp_path: Path) -> None:
     """No Docker here: run each service's command as a process, in compose's order, with the environment the compose
     file gives it (its container paths mapped through its volumes, DATABASE_URL at the test database, its port free);

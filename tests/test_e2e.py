@@ -13,6 +13,8 @@ from tests.conftest import ROOT
 from tests.processes import free_port, start, stop, until_ready
 from tests.test_api import read_events
 
+pytestmark = pytest.mark.slow  # `agents serve` and friends as real processes
+
 
 @pytest.fixture
 def server_env(database_url: str, tmp_path: Path) -> dict[str, str]:

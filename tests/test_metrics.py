@@ -199,6 +199,7 @@ async def test_open_mode_serves_the_local_admin_only_on_loopback_names(app_facto
         assert_error(await client.get("/metrics", headers={"Host": "evil.example"}), 403, "host_not_allowed")
 
 
+@pytest.mark.slow  # real API and worker processes
 async def test_api_and_workers_in_separate_processes(database_url: str, tmp_path: Path) -> None:
     """`agents api` + two `agents worker`s: the workers' counts reach the API's `/metrics` through the database; the
     stream gauge is the API process's own."""

@@ -82,6 +82,7 @@ async def test_a_405_allows_every_method_of_the_path(app: FastAPI) -> None:
             assert sorted(response.headers["allow"].split(", ")) == allow.split(", "), path
 
 
+@pytest.mark.slow  # schemathesis fuzzes every operation over real HTTP (a process of its own), ~30 s
 async def test_schemathesis_finds_no_server_error_and_no_conformance_failure(
     app: FastAPI, serve: Any, tmp_path: Path
 ) -> None:

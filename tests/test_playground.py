@@ -201,6 +201,7 @@ async def _chat(page: Page) -> None:
     await page.wait_for_selector("#thread-status:text-is('idle')")
 
 
+@pytest.mark.slow  # a real server and Chromium
 async def test_the_playground_in_open_mode(database_url: str, tmp_path: Path) -> None:
     problems: list[str] = []
     async with _server(database_url, tmp_path) as server, _browser() as browser:
@@ -231,6 +232,7 @@ async def test_the_playground_in_open_mode(database_url: str, tmp_path: Path) ->
     assert problems == []
 
 
+@pytest.mark.slow  # a real server and Chromium
 async def test_the_playground_with_an_api_key(database_url: str, tmp_path: Path) -> None:
     """The pasted key authorises every call, stays in this tab's sessionStorage, and never goes in a URL: the stream
     opens with a stream token, minted again when the old one is refused (here after a server restart). Thumbnails are
@@ -285,6 +287,7 @@ async def test_the_playground_with_an_api_key(database_url: str, tmp_path: Path)
     assert [p for p in problems if "401" not in p and "ERR_CONNECTION_REFUSED" not in p] == []
 
 
+@pytest.mark.slow  # a real server and Chromium
 async def test_a_scoped_variables_request_is_answered_from_the_page(database_url: str, tmp_path: Path) -> None:
     """The `launch` example with `PUBLISH=yes`: the publisher's request shows as a form; answering it starts the
     publisher, which appears in the subagent tree."""

@@ -56,7 +56,7 @@ def test_the_first_commands_stay_as_they_are() -> None:
     first = snippets((ROOT / "README.md").read_text())[""]  # before the first section
     assert first[:2] == [
         "python3 -m venv .venv && .venv/bin/pip install -e . && .venv/bin/agents serve",
-        'python3 -m venv .venv && .venv/bin/pip install -e ".[dev]" && .venv/bin/pytest',
+        'python3 -m venv .venv && .venv/bin/pip install -e ".[dev]" && .venv/bin/pytest && .venv/bin/pytest -m slow',
     ]
 
 
@@ -94,6 +94,7 @@ async def _bash(script: str, cwd: Path) -> tuple[int, str]:
     return code, (await reading).decode()
 
 
+@pytest.mark.slow  # a real server, and the snippets run by bash
 @pytest.mark.skipif(shutil.which("curl") is None, reason="the snippets need curl")
 async def test_the_walkthroughs_run_as_written(database_url: str, tmp_path: Path) -> None:
     blocks = snippets((ROOT / "README.md").read_text())

@@ -20,6 +20,8 @@ from tests.conftest import outside_pytest_temp
 from tests.processes import free_port, start, stop, until_ready
 from tests.test_crash import FIXTURE, SECRET_KEY, read_jsonl
 
+pytestmark = pytest.mark.slow  # real processes on a Postgres of its own, restarted mid-run
+
 
 @pytest.fixture
 def private_pg() -> Iterator[PrivatePostgres]:

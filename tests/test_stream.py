@@ -222,6 +222,7 @@ async def test_every_resume_point_replays_exactly_the_stored_suffix(app_factory:
 RUN = [{"tool_calls": [call(1, 2)]}, {"text": "and more", "tool_calls": [call(3, 4)]}, "The sums are 3 and 7."]
 
 
+@pytest.mark.slow  # a soak: 50 threads read in short connections dropped at random, ~10 s
 async def test_clients_dropping_at_random_rebuild_every_transcript(
     app_factory: Any, serve: Serve, database_url: str
 ) -> None:
@@ -302,6 +303,7 @@ async def test_clients_dropping_at_random_rebuild_every_transcript(
 # -- 3. across processes ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # real API and worker processes
 async def test_events_from_a_worker_process_reach_subscribers_of_api_processes(
     database_url: str, tmp_path: Path
 ) -> None:
@@ -567,6 +569,7 @@ async def revoke_with_cli(database_url: str, prefix: str) -> None:
     assert proc.returncode == 0 and b"revoked 1" in out, out.decode()
 
 
+@pytest.mark.slow  # revokes with `agents keys revoke`, a real process
 async def test_a_revoked_key_ends_its_streams(app_factory: Any, serve: Serve, database_url: str) -> None:
     app = await app_factory(catalog([]))
     async with app.state.sessions() as session, session.begin():

@@ -311,6 +311,7 @@ def test_what_the_log_says_of_a_turn() -> None:
     assert never.over and not never.done and never.status == "terminated"
 
 
+@pytest.mark.slow  # a real API process, stopped
 async def test_a_server_that_stops_answers_its_waits_first(database_url: str, tmp_path: Path) -> None:
     """`agents api` on SIGTERM: a wait in progress answers at once with what there is, within the grace period."""
     port = processes.free_port()
