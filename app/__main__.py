@@ -20,8 +20,7 @@ import uvicorn
 from pydantic import ValidationError
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import catalog as catalog_mod
-from app import crypto, db, env, errors, jsonlog, keys, liveness, llm, tokens
+from app import catalog, crypto, db, environment, errors, jsonlog, keys, liveness, llm, tokens
 from app.catalog import Catalog
 from app.hub import Publisher
 from app.settings import MAKE_A_KEY, Settings, plain_url
@@ -44,8 +43,8 @@ def database(settings: Settings) -> Iterator[Settings]:
 def load_catalog(settings: Settings) -> Catalog:
     """The catalog, or exit with every problem listed."""
     try:
-        loaded = catalog_mod.load(settings.agents_dir)
-    except catalog_mod.CatalogError as exc:
+        loaded = catalog.load(settings.agents_dir)
+    except catalog.CatalogError as exc:
         for problem in exc.problems:
             print(problem, file=sys.stderr)
         raise SystemExit(f"refusing to start: {len(exc.problems)} problem(s) in {settings.agents_dir}") from exc
@@ -135,7 +134,7 @@ async def _warn_missing_keys(settings: Settings, catalog: Catalog) -> None:
     engine = db.create_engine(settings.database_url, 1)
     try:
         async with db.sessionmaker(engine)() as session:
-            _, instance = await env.public(session, "instance", env.INSTANCE)
+            _, instance = await environment.public(session, "instance", environment.INSTANCE)
     finally:
         await engine.dispose()
     for warning in llm.missing_keys(catalog, _set_variables(settings) | set(instance)):
@@ -288,24 +287,24 @@ def _say_adopted(adopted: keys.Adopted | None) -> None:
 
 async def _env(settings: Settings, args: argparse.Namespace) -> None:
     assert settings.database_url
-    scope, owner = ("user", args.user) if args.user else ("instance", env.INSTANCE)
+    scope, owner = ("user", args.user) if args.user else ("instance", environment.INSTANCE)
     where = f"user {args.user}" if args.user else "the instance"
     engine = db.create_engine(settings.database_url, 1)
     try:
         async with db.sessionmaker(engine)() as session, session.begin():
             if args.env_command == "set":
                 values = {args.name: args.value}
-                limits = env.Limits(settings.env_max_variables, settings.env_max_value_bytes)
-                env.check(values, limits)
+                limits = environment.Limits(settings.env_max_variables, settings.env_max_value_bytes)
+                environment.check(values, limits)
                 secret = {args.name} if args.secret else set()
                 fernet = crypto.server_key(settings)
-                await env.put(session, fernet, scope, owner, values, secret, most=limits.variables)
+                await environment.put(session, fernet, scope, owner, values, secret, most=limits.variables)
                 print(f"set {'secret ' if args.secret else ''}{args.name} for {where}")
             elif args.env_command == "list":
-                values, types = await env.public(session, scope, owner)
+                values, types = await environment.public(session, scope, owner)
                 for name, kind in types.items():
                     print(f"{name}={'***' if kind == 'secret' else values[name]}  ({kind})")
-            elif await env.remove(session, scope, owner, [args.name]) == 0:
+            elif await environment.remove(session, scope, owner, [args.name]) == 0:
                 raise SystemExit(f"no variable {args.name} for {where}")
             else:
                 print(f"deleted {args.name} for {where}")
@@ -315,9 +314,9 @@ async def _env(settings: Settings, args: argparse.Namespace) -> None:
 
 def _check(settings: Settings) -> int:
     try:
-        loaded = catalog_mod.load(settings.agents_dir)
-    except catalog_mod.CatalogError:
-        problems = catalog_mod.check(settings.agents_dir)  # the errors with the warnings, in file order
+        loaded = catalog.load(settings.agents_dir)
+    except catalog.CatalogError:
+        problems = catalog.check(settings.agents_dir)  # the errors with the warnings, in file order
         for problem in problems:
             print(problem)
         errors_found = [p for p in problems if p.severity == "error"]

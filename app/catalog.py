@@ -19,7 +19,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ValidationError
 from pydantic.alias_generators import to_snake
 
-from app import endpoints as routing
+from app import routing
 from app.errors import AgentNotFound, AgentsError
 from app.spec.define import EffectDefinition, EndpointDefinition, HookDefinition, ToolDefinition, collecting
 from app.spec.definitions import (

@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy import func, select, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import effects, env, errors, events, messages, queue, subagents, tables, threads
+from app import children, effects, environment, errors, events, messages, queue, tables, threads
 
 CONTROL_CHANNEL = "agents_control"
 # Thread rows are locked FOR NO KEY UPDATE: a child's transaction that updates its own row twice checks its
@@ -68,12 +68,12 @@ async def stop(session: AsyncSession, thread: tables.Thread) -> None:
         return
     await close_open_work(session, thread, STOPPED)
     await messages.add(session, thread.id, "system", content=STOPPED, session_number=thread.session_number)
-    for child in await subagents.children(session, thread.id):  # the blocking child it waits on (§11)
+    for child in await children.of_parent(session, thread.id):  # the blocking child it waits on (§11)
         if child.parent_call_id is not None and child.terminated_at is None:
             await (stop(session, child) if child.resumable else terminate(session, child))
     if thread.session_status == "running":
         await threads.end_session(session, thread, "failure", "stopped_by_user")
-        await subagents.report(session, thread)
+        await children.report(session, thread)
     thread.stopped = True
     thread.side = None
     await _revoke(session, thread)
@@ -124,7 +124,7 @@ async def terminate(session: AsyncSession, thread: tables.Thread) -> list[uuid.U
         if running:
             await threads.end_session(session, row, "failure", "terminated")
         if running or row.parent_call_id is not None:  # a waiting parent gets the failure, never silence
-            await subagents.report(session, row, failure=subagents.STOPPED_EARLY.format(reason="terminated"))
+            await children.report(session, row, failure=children.STOPPED_EARLY.format(reason="terminated"))
         await session.execute(sa.delete(tables.Inbox).where(tables.Inbox.thread_id == row.id))
         await effects.cancel_all(session, row.id)
         row.terminated_at = datetime.now(UTC)
@@ -146,7 +146,7 @@ async def delete(session: AsyncSession, thread: tables.Thread) -> list[uuid.UUID
             continue
         await _revoke(session, row)
         await events.append_lifecycle(session, row, "thread_deleted")
-        await env.delete_all(session, row.id)
+        await environment.delete_all(session, row.id)
         await session.delete(row)
     await session.flush()
     return ids

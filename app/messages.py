@@ -66,13 +66,13 @@ async def announce(session: AsyncSession, row: tables.Message) -> None:
 async def _projected(session: AsyncSession, row: tables.Message) -> dict[str, Any]:
     """The `subagent_*` fields of a message that speaks for a child of its thread (§6.5). The child comes from the
     session when it holds it (a subagent call's own transaction: no SQL), else by its key."""
-    from app import subagents  # it builds on this module
+    from app import children  # it builds on this module
 
     with session.no_autoflush:  # the engine's deferred writes stay deferred
         child = await session.get(tables.Thread, row.subagent_id)
     if child is None or child.parent_id != row.thread_id:
         return {}
-    return subagents.projection(child)
+    return children.projection(child)
 
 
 async def add(session: AsyncSession, thread_id: uuid.UUID, role: str, **fields: Any) -> tables.Message:

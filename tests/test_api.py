@@ -14,15 +14,14 @@ import pytest
 import uvicorn
 from fastapi import FastAPI
 
-from app import keys
+from app import catalog, keys
 from app.catalog import Catalog
-from app.catalog import load as load_catalog
 from app.spec import define_agent, define_model, define_prompt
 from tests.conftest import ROOT, client_for, wait_for
 
 
 def _catalog() -> Catalog:
-    base = load_catalog(ROOT / "agents")
+    base = catalog.load(ROOT / "agents")
     model = define_model(name="slow", provider="test", script=["hello there"], chunk_size=2)
     prompt = define_prompt(
         name="needs_var",
@@ -243,7 +242,7 @@ async def test_keys_and_ownership(app: FastAPI) -> None:
 async def test_a_keyed_message_takes_one_connection_per_request(app_factory: Any) -> None:
     """With a key, the caller is looked up in the request's transaction, and the message is queued in it: a second
     connection taken meanwhile would wait forever on a full pool (here, a pool of one)."""
-    app = await app_factory(load_catalog(ROOT / "agents"), db_pool_size=1)
+    app = await app_factory(catalog.load(ROOT / "agents"), db_pool_size=1)
     key = await _key(app, "dora")
     async with client_for(app, key) as c:
         tid = (await c.post("/threads", json={"agent": "assistant"})).json()["id"]

@@ -14,7 +14,7 @@ import pytest
 from fastapi import FastAPI
 from PIL import Image
 
-from app.catalog import load as load_catalog
+from app import catalog
 from tests.conftest import ROOT, client_for
 from tests.test_api import _catalog, assert_error
 
@@ -208,7 +208,7 @@ async def test_unknown_ids_in_paths(client: httpx.AsyncClient) -> None:
 async def test_the_worst_inputs_never_keep_health_waiting(app_factory: Any, serve: Any) -> None:
     """Fired together at a real server with its worker (as `agents serve` runs), the inputs that once froze or
     bloated it leave `/health` on the same process answering within a second throughout."""
-    app: FastAPI = await app_factory(load_catalog(ROOT / "agents"), with_worker=True)
+    app: FastAPI = await app_factory(catalog.load(ROOT / "agents"), with_worker=True)
     base = await serve(app)
     async with httpx.AsyncClient(base_url=base, timeout=60) as client:
         tid = (await client.post("/threads", json={"agent": "assistant"})).json()["id"]

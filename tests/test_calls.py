@@ -13,8 +13,7 @@ import httpx
 import pytest
 from sqlalchemy import func, select
 
-from app import env as env_store
-from app import tables
+from app import environment, tables
 from app.catalog import Catalog
 from app.engine import calls, context
 from app.engine.context import Env
@@ -140,7 +139,7 @@ async def test_usage_and_cost_are_logged(app_factory: Any) -> None:
 
 def test_keys_come_from_the_env_chain_then_the_process_env() -> None:
     model = define_model(name="m", provider="openai", model="gpt", api_key_env="MY_KEY")
-    thread = {"MY_KEY": env_store.Value("from-thread", "secret")}
+    thread = {"MY_KEY": environment.Value("from-thread", "secret")}
     assert calls.api_key(model, Env(thread, {}, {}), {"MY_KEY": "from-process"}) == "from-thread"
     assert calls.api_key(model, Env({}, {"MY_KEY": "from-agent"}, {}), {}) == "from-agent"
     assert calls.api_key(model, Env({}, {}, {}), {"MY_KEY": "from-process"}) == "from-process"

@@ -14,8 +14,7 @@ import httpx
 import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app import keys, threads
-from app.catalog import load as load_catalog
+from app import catalog, keys, threads
 from tests import processes
 from tests.conftest import ROOT
 
@@ -114,7 +113,7 @@ def test_a_bootstrap_key_is_stored_once_and_a_bad_one_refused(database_url: str)
 async def test_keys_create_names_open_mode_threads_and_adopts_them(
     database_url: str, sessions: async_sessionmaker[AsyncSession]
 ) -> None:
-    assistant = load_catalog(ROOT / "agents").agents["assistant"]
+    assistant = catalog.load(ROOT / "agents").agents["assistant"]
     async with sessions() as s, s.begin():
         for _ in range(2):
             await threads.create(s, assistant, keys.OPEN)  # made in open mode

@@ -24,7 +24,7 @@ import asyncpg
 import httpx
 import pytest
 
-from app import catalog, crypto, db, env, keys, threads
+from app import catalog, crypto, db, environment, keys, threads
 from app.api import schemas
 from app.api.routes.messages import enqueue_message
 from app.settings import Settings, plain_url
@@ -248,7 +248,7 @@ async def create_threads(database_url: str, crash_dir: Path, contents: list[str]
             ids = []
             for content in contents:
                 thread = await threads.create(session, agent, keys.OPEN)
-                await env.set_thread(session, fernet, thread.id, {"CRASH_DIR": str(crash_dir)}, set())
+                await environment.set_thread(session, fernet, thread.id, {"CRASH_DIR": str(crash_dir)}, set())
                 await enqueue_message(session, thread, schemas.MessageIn(content=content), limit=1024)
                 ids.append(str(thread.id))
     finally:

@@ -17,13 +17,11 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from app import errors
-from app.api import errors as api_errors
+from app import catalog, errors
 from app.api.app import create_app
-from app.catalog import load as load_catalog
+from app.api.errors import HTTP_CODES
 from app.settings import Settings
-from app.spec import define as spec_define
-from app.spec import definitions as spec
+from app.spec import define, definitions
 from app.spec.results import ToolAttachment, ToolResult
 from app.spec.state import ExecutionState, ThreadState
 from tests.conftest import ROOT
@@ -208,7 +206,7 @@ def test_the_link_check_catches_what_it_should(tmp_path: Path) -> None:
 @cache
 def _openapi() -> dict[str, Any]:
     settings = Settings(database_url="postgresql://docs@127.0.0.1:1/unused")  # never connected: no lifespan runs
-    document: dict[str, Any] = create_app(settings, load_catalog(ROOT / "agents")).openapi()
+    document: dict[str, Any] = create_app(settings, catalog.load(ROOT / "agents")).openapi()
     return document
 
 
@@ -238,7 +236,7 @@ def _error_codes() -> set[str]:
         pending += cls.__subclasses__()
         if cls is not errors.AgentsError:
             codes.add(cls.code)
-    codes |= set(api_errors.HTTP_CODES.values())
+    codes |= set(HTTP_CODES.values())
     for path in (ROOT / "app" / "api").rglob("*.py"):
         for node in ast.walk(ast.parse(_text(path))):
             if isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) == "envelope":
@@ -448,29 +446,33 @@ def _members(protocol: type) -> set[str]:
     return {name for name in vars(protocol) if not name.startswith("_")}
 
 
-PARTS = (spec.PromptTextPart, spec.PromptIncludePart, spec.PromptEnvPart)
+PARTS = (definitions.PromptTextPart, definitions.PromptIncludePart, definitions.PromptEnvPart)
 AUTHORING: list[tuple[str, set[str], bool]] = [  # heading, the names it must show, whether its tables list only those
-    ("## The folder", {*spec.PACKAGING_FIELDS, "tenvs"}, False),
-    ("## Models", _model_fields(spec.ModelDefinition), True),
-    ("### Capabilities", _model_fields(spec.ModelCapabilities), True),
-    ("### The `test` provider", _model_fields(spec.TestReply, spec.TestToolCall), False),
-    ("## Prompts", _model_fields(spec.PromptDefinition), True),
+    ("## The folder", {*definitions.PACKAGING_FIELDS, "tenvs"}, False),
+    ("## Models", _model_fields(definitions.ModelDefinition), True),
+    ("### Capabilities", _model_fields(definitions.ModelCapabilities), True),
+    ("### The `test` provider", _model_fields(definitions.TestReply, definitions.TestToolCall), False),
+    ("## Prompts", _model_fields(definitions.PromptDefinition), True),
     ("### Prompt parts", _model_fields(*PARTS), False),
-    ("### Reasoning", _model_fields(spec.ReasoningConfig), True),
-    ("### Tool entries", _model_fields(spec.ToolEntry, spec.ImmediateConfig, spec.ResumableConfig), True),
-    ("## Agents", _model_fields(spec.AgentDefinition), True),
-    ("### Sides", _model_fields(spec.SideConfig, spec.SessionToolConfig), True),
-    ("## Variables", _model_fields(spec.VariableDefinition), True),
+    ("### Reasoning", _model_fields(definitions.ReasoningConfig), True),
+    (
+        "### Tool entries",
+        _model_fields(definitions.ToolEntry, definitions.ImmediateConfig, definitions.ResumableConfig),
+        True,
+    ),
+    ("## Agents", _model_fields(definitions.AgentDefinition), True),
+    ("### Sides", _model_fields(definitions.SideConfig, definitions.SessionToolConfig), True),
+    ("## Variables", _model_fields(definitions.VariableDefinition), True),
     (
         "## Tools",
-        _keyword_parameters(spec_define.define_tool)
+        _keyword_parameters(define.define_tool)
         | _model_fields(ToolResult, ToolAttachment)
         | {f.name for f in dataclass_fields(ExecutionState)},
         True,
     ),
-    ("## Hooks", set(spec_define.HOOK_PARAMS) | {p for ps in spec_define.HOOK_PARAMS.values() for p in ps}, False),
-    ("## Effects", _keyword_parameters(spec_define.define_effect), True),
-    ("## Endpoints", _keyword_parameters(spec_define.define_thread_endpoint) | set(spec_define.ENDPOINT_PARAMS), False),
+    ("## Hooks", set(define.HOOK_PARAMS) | {p for ps in define.HOOK_PARAMS.values() for p in ps}, False),
+    ("## Effects", _keyword_parameters(define.define_effect), True),
+    ("## Endpoints", _keyword_parameters(define.define_thread_endpoint) | set(define.ENDPOINT_PARAMS), False),
     ("## ThreadState", _members(ThreadState), False),
 ]
 
@@ -487,12 +489,29 @@ def test_every_authoring_field_is_in_the_authoring_reference(heading: str, names
 
 def test_the_authoring_reference_covers_every_definition_model() -> None:
     """A new definition model (a new config object) needs its own place in the table above, and so in the page."""
-    covered = {spec.ModelDefinition, spec.ModelCapabilities, spec.TestReply, spec.TestToolCall, spec.PromptDefinition}
-    covered |= {*PARTS, spec.ReasoningConfig, spec.ToolEntry, spec.ImmediateConfig, spec.ResumableConfig}
-    covered |= {spec.AgentDefinition, spec.SideConfig, spec.SessionToolConfig, spec.VariableDefinition}
+    covered = {
+        definitions.ModelDefinition,
+        definitions.ModelCapabilities,
+        definitions.TestReply,
+        definitions.TestToolCall,
+        definitions.PromptDefinition,
+    }
+    covered |= {
+        *PARTS,
+        definitions.ReasoningConfig,
+        definitions.ToolEntry,
+        definitions.ImmediateConfig,
+        definitions.ResumableConfig,
+    }
+    covered |= {
+        definitions.AgentDefinition,
+        definitions.SideConfig,
+        definitions.SessionToolConfig,
+        definitions.VariableDefinition,
+    }
     defined = {
         cls
-        for cls in vars(spec).values()
-        if inspect.isclass(cls) and issubclass(cls, spec.Definition) and cls is not spec.Definition
+        for cls in vars(definitions).values()
+        if inspect.isclass(cls) and issubclass(cls, definitions.Definition) and cls is not definitions.Definition
     }
     assert sorted(c.__name__ for c in defined - covered) == []

@@ -17,8 +17,7 @@ import pytest
 from pydantic import BaseModel
 
 from app import catalog
-from app.spec import define as spec_define
-from app.spec import definitions as spec
+from app.spec import define, definitions
 from app.spec.results import ToolAttachment, ToolResult
 from app.spec.state import ExecutionState, ThreadState
 from tests.conftest import ROOT, client_for, wait_for
@@ -112,7 +111,7 @@ def test_the_examples_load_as_one_agents_folder(folder: Path) -> None:
     assert sorted(loaded.models) == ["backup", "echo", "fast", "local", "scripted"]
     assert {"support", "coordinator", "polish", "qa_worker", "qa_reviewer"} <= set(loaded.prompts)
     assert {"qa_team", "support", "front_desk", "billing", "scout", "researcher", "legacy"} <= set(loaded.agents)
-    assert len(loaded.hooks) == len(spec_define.HOOK_PARAMS)
+    assert len(loaded.hooks) == len(define.HOOK_PARAMS)
     assert sorted(loaded.effects) == ["follow_up"]
     # the only warning is the one the deprecated `tenvs` example shows
     assert [(p.file, p.field) for p in loaded.warnings] == [("agents/agents/legacy.py", "tenvs")]
@@ -142,11 +141,28 @@ def _fields(*models: type[BaseModel]) -> set[str]:
     return {name for model in models for name in model.model_fields}
 
 
-PARTS = (spec.PromptTextPart, spec.PromptIncludePart, spec.PromptEnvPart)
+PARTS = (definitions.PromptTextPart, definitions.PromptIncludePart, definitions.PromptEnvPart)
 DEFINITIONS = (
-    *(spec.ModelDefinition, spec.ModelCapabilities, spec.TestReply, spec.TestToolCall, spec.PromptDefinition),
-    *(*PARTS, spec.ReasoningConfig, spec.ToolEntry, spec.ImmediateConfig, spec.ResumableConfig),
-    *(spec.AgentDefinition, spec.SideConfig, spec.SessionToolConfig, spec.VariableDefinition),
+    *(
+        definitions.ModelDefinition,
+        definitions.ModelCapabilities,
+        definitions.TestReply,
+        definitions.TestToolCall,
+        definitions.PromptDefinition,
+    ),
+    *(
+        *PARTS,
+        definitions.ReasoningConfig,
+        definitions.ToolEntry,
+        definitions.ImmediateConfig,
+        definitions.ResumableConfig,
+    ),
+    *(
+        definitions.AgentDefinition,
+        definitions.SideConfig,
+        definitions.SessionToolConfig,
+        definitions.VariableDefinition,
+    ),
 )
 
 
@@ -157,7 +173,7 @@ def test_every_definition_field_has_an_example() -> None:
 
 def test_every_define_parameter_and_result_field_has_an_example() -> None:
     wanted = _fields(ToolResult, ToolAttachment)
-    for fn in (spec_define.define_tool, spec_define.define_effect, spec_define.define_thread_endpoint):
+    for fn in (define.define_tool, define.define_effect, define.define_thread_endpoint):
         wanted |= {p.name for p in inspect.signature(fn).parameters.values() if p.kind is p.KEYWORD_ONLY}
     assert sorted(wanted - keywords_and_keys()) == [], "give these an example in docs/authoring.md"
     execution = {f.name for f in dataclass_fields(ExecutionState)}
@@ -165,7 +181,7 @@ def test_every_define_parameter_and_result_field_has_an_example() -> None:
 
 
 def test_every_hook_has_an_example() -> None:
-    assert sorted(set(spec_define.HOOK_PARAMS) - hooks_used()) == []
+    assert sorted(set(define.HOOK_PARAMS) - hooks_used()) == []
 
 
 def test_every_thread_state_member_has_an_example() -> None:

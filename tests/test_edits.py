@@ -12,8 +12,16 @@ from fastapi import FastAPI
 
 from app import messages, threads
 from app.catalog import Catalog
-from app.spec import LLMMessage, StateMessage, ThreadState, define_agent, define_hook, define_model, define_prompt
-from app.spec import define_tool as tool
+from app.spec import (
+    LLMMessage,
+    StateMessage,
+    ThreadState,
+    define_agent,
+    define_hook,
+    define_model,
+    define_prompt,
+    define_tool,
+)
 from tests.conftest import client_for
 from tests.test_api import _key, assert_error
 from tests.test_engine import event_types, stored
@@ -127,7 +135,7 @@ class Hold:
 
 
 def _holding_catalog(model: Any, gate: Hold) -> Catalog:
-    @tool(description="Waits.")
+    @define_tool(description="Waits.")
     async def wait(state: ThreadState) -> str:
         gate.started.set()
         await gate.go.wait()

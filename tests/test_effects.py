@@ -15,9 +15,7 @@ from sqlalchemy import func, select
 
 from app import effects, errors, keys, tables
 from app.api.app import create_app
-from app.catalog import Catalog
-from app.catalog import check as catalog_check
-from app.catalog import load as load_catalog
+from app.catalog import Catalog, check, load
 from app.llm.base import LLMRequest
 from app.settings import Settings
 from app.spec import ThreadState, define_agent, define_effect, define_model, define_prompt, define_tool
@@ -345,7 +343,7 @@ async def test_another_users_effects_are_not_found(app_factory: Any) -> None:
 
 
 async def test_the_example_assistant_sets_a_reminder(app_factory: Any) -> None:
-    app = await app_factory(load_catalog(ROOT / "agents"), with_worker=True)
+    app = await app_factory(load(ROOT / "agents"), with_worker=True)
     client = client_for(app)
     tid = (await client.post("/threads", json={"agent": "assistant"})).json()["id"]
     await client.post(f"/threads/{tid}/messages", json={"content": "Remind me in 1 second to stretch."})
@@ -373,7 +371,7 @@ def test_the_catalog_names_an_effect_after_its_file_and_checks_it(tmp_path: Path
         "class Args(BaseModel):\n    text: str\n"
         "@define_effect(description='n')\nasync def send(state, args: Args): pass\n"
     )
-    loaded = load_catalog(tmp_path)
+    loaded = load(tmp_path)
     assert list(loaded.effects) == ["nudge"]
     assert (loaded.effects["nudge"].fn.__name__, loaded.effects["nudge"].description) == ("send", "n")
     (tmp_path / "effects" / "two.py").write_text(
@@ -384,7 +382,7 @@ def test_the_catalog_names_an_effect_after_its_file_and_checks_it(tmp_path: Path
     (tmp_path / "effects" / "loose.py").write_text(
         "from app.spec import define_effect\n@define_effect(description='l')\nasync def l(state, args: dict): pass\n"
     )
-    problems = {p.file.rsplit("/", 1)[-1]: p.message for p in catalog_check(tmp_path)}
+    problems = {p.file.rsplit("/", 1)[-1]: p.message for p in check(tmp_path)}
     assert problems == {
         "loose.py": "TypeError on line 2: effect `l`: annotate `args` with a pydantic model class",
         "two.py": "defines 2 effects",

@@ -1,4 +1,4 @@
-"""Custom thread endpoints: file names to routes, matching, load errors, and dispatch over HTTP (`app.endpoints`,
+"""Custom thread endpoints: file names to routes, matching, load errors, and dispatch over HTTP (`app.routing`,
 `app.api.routes.endpoints`)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from app import catalog, endpoints, keys
+from app import catalog, keys, routing
 from app.api.app import create_app
 from app.settings import Settings
 from tests.conftest import ROOT, client_for, wait_for
@@ -39,7 +39,7 @@ from tests.test_cli import agents
     ],
 )
 def test_file_names_give_routes(file: str, route: str) -> None:
-    assert str(endpoints.parse(file)) == route
+    assert str(routing.parse(file)) == route
 
 
 @pytest.mark.parametrize(
@@ -56,18 +56,18 @@ def test_file_names_give_routes(file: str, route: str) -> None:
     ],
 )
 def test_bad_file_names_are_refused(file: str, message: str) -> None:
-    with pytest.raises(endpoints.RouteError, match=message.replace("[", r"\[").replace("]", r"\]")) as caught:
-        endpoints.parse(file)
+    with pytest.raises(routing.RouteError, match=message.replace("[", r"\[").replace("]", r"\]")) as caught:
+        routing.parse(file)
     assert caught.value.fix
 
 
-def router(*files: str) -> endpoints.Router[str]:
-    built, problems = endpoints.build({f: f for f in files})
+def router(*files: str) -> routing.Router[str]:
+    built, problems = routing.build({f: f for f in files})
     assert problems == []
     return built
 
 
-def resolve(r: endpoints.Router[str], method: str, path: str) -> tuple[str | None, dict[str, str]] | None:
+def resolve(r: routing.Router[str], method: str, path: str) -> tuple[str | None, dict[str, str]] | None:
     found = r.match(method, path)
     return None if found is None else (found.endpoint, found.params)
 
@@ -119,7 +119,7 @@ def test_built_in_paths_and_duplicates_are_refused() -> None:
         "[id].delete.py",
         "[key].delete.py",
     ]
-    built, problems = endpoints.build({f: f for f in files})
+    built, problems = routing.build({f: f for f in files})
     refused = {file: exc.message for file, exc in problems}
     assert sorted(refused) == sorted(
         [
@@ -149,9 +149,9 @@ def test_the_reserved_names_cover_every_built_in_thread_route() -> None:
     assert {"", "/messages", "/messages/{message_id}", "/events", "/fs", "/fs/{path}", "/stop"} <= set(built_in)
     for path, methods in built_in.items():
         if path:
-            assert endpoints.split(path)[0] in endpoints.RESERVED, path
+            assert routing.split(path)[0] in routing.RESERVED, path
         else:
-            assert methods == endpoints.THREAD_METHODS
+            assert methods == routing.THREAD_METHODS
 
 
 @pytest.mark.parametrize(
@@ -168,7 +168,7 @@ def test_the_reserved_names_cover_every_built_in_thread_route() -> None:
     ],
 )
 def test_paths_starting_with_a_reserved_name_are_never_ours(path: str, ours: bool) -> None:
-    assert (re.fullmatch(endpoints.unreserved_regex(), path) is not None) is ours
+    assert (re.fullmatch(routing.unreserved_regex(), path) is not None) is ours
 
 
 # -- loading ------------------------------------------------------------------------------------------------

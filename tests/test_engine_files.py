@@ -8,8 +8,7 @@ from typing import Any
 import pytest
 from PIL import Image
 
-from app import errors
-from app.catalog import load as load_catalog
+from app import catalog, errors
 from tests.conftest import ROOT, client_for
 from tests.test_state import outside
 
@@ -21,7 +20,7 @@ def _png() -> bytes:
 
 
 async def test_every_file_method(app_factory: Any) -> None:
-    app = await app_factory(load_catalog(ROOT / "agents"))
+    app = await app_factory(catalog.load(ROOT / "agents"))
     tid = (await client_for(app).post("/threads", json={"agent": "assistant"})).json()["id"]
     state = await outside(app, tid)
 
@@ -68,7 +67,7 @@ async def test_every_file_method(app_factory: Any) -> None:
 async def test_the_example_assistant_writes_a_report_file(app_factory: Any) -> None:
     from tests.test_attachments import settle
 
-    app = await app_factory(load_catalog(ROOT / "agents"), with_worker=True)
+    app = await app_factory(catalog.load(ROOT / "agents"), with_worker=True)
     client = client_for(app)
     tid = (await client.post("/threads", json={"agent": "assistant"})).json()["id"]
     await client.post(f"/threads/{tid}/messages", json={"content": "What is 6 * 7?"})

@@ -19,7 +19,7 @@ from fastapi import FastAPI
 from sqlalchemy import event, select, text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app import db, env, events, keys, queue, subagents, tables, threads
+from app import children, db, environment, events, keys, queue, tables, threads, variable_requests
 from app.catalog import Catalog
 from app.llm.base import LLMRequest
 from app.spec import ThreadState, ToolEntry, VariableDefinition, define_agent, define_model, define_prompt, define_tool
@@ -399,8 +399,8 @@ async def pending_request(app: FastAPI, tid: str) -> str:
     """A variable request of the thread, as a subagent creation waiting for values stores one (§6.7)."""
     async with app.state.sessions() as s, s.begin():
         parent = await threads.lock(s, uuid.UUID(tid))
-        creation = subagents.Creation("agent", ToolEntry(name="agent"), "a", "hi", blocking=False)
-        row = await subagents.request_variables(s, app.state.fernet, parent, "agent", [], [], creation)
+        creation = children.Creation("agent", ToolEntry(name="agent"), "a", "hi", blocking=False)
+        row = await variable_requests.create(s, app.state.fernet, parent, "agent", [], [], creation)
     return str(row.id)
 
 
@@ -409,7 +409,7 @@ async def test_a_waiting_creation_keeps_its_secret_scoped_values_encrypted(app_f
     app = await app_factory(catalog(["ok"]))
     async with client_for(app) as client:
         tid = (await client.post("/threads", json={"agent": "agent"})).json()["id"]
-    creation = subagents.Creation(
+    creation = children.Creation(
         "agent",
         ToolEntry(name="agent"),
         "a",
@@ -420,12 +420,12 @@ async def test_a_waiting_creation_keeps_its_secret_scoped_values_encrypted(app_f
     )
     async with app.state.sessions() as s, s.begin():
         parent = await threads.lock(s, uuid.UUID(tid))
-        row = await subagents.request_variables(s, app.state.fernet, parent, "agent", [], [], creation)
+        row = await variable_requests.create(s, app.state.fernet, parent, "agent", [], [], creation)
     async with app.state.sessions() as s:
         stored = await s.execute(select(tables.VariableRequest.payload).where(tables.VariableRequest.id == row.id))
         payload = stored.scalar_one()
     assert "s3cret-value" not in json.dumps(payload) and payload["scoped_env"]["REGION"] == "eu"
-    assert subagents.Creation.of(payload, app.state.fernet) == creation
+    assert children.Creation.of(payload, app.state.fernet) == creation
 
 
 async def test_a_bad_variable_name_is_refused_alike_wherever_names_enter(app_factory: Any) -> None:
@@ -503,12 +503,16 @@ async def test_writing_many_values_is_one_statement(sessions: async_sessionmaker
         raw = await db.driver(s)
         raw._conn.add_query_logger(lambda record: statements.append(record.query))
         event.listen(s.sync_session.get_bind(), "before_cursor_execute", lambda *args: statements.append(args[2]))
-        await env.set_thread(s, fernet, tid, values, {"V0"})
+        await environment.set_thread(s, fernet, tid, values, {"V0"})
         await asyncio.sleep(0)  # query loggers are called soon after
         assert len(statements) == 1, statements[:3]
     async with sessions() as s, s.begin():
-        stored = (await env.layers(s, fernet, tid, keys.OPEN.user_id)).thread
-    assert len(stored) == 150 and stored["V0"] == env.Value("0", "secret") and stored["V9"] == env.Value("9", "text")
+        stored = (await environment.layers(s, fernet, tid, keys.OPEN.user_id)).thread
+    assert (
+        len(stored) == 150
+        and stored["V0"] == environment.Value("0", "secret")
+        and stored["V9"] == environment.Value("9", "text")
+    )
 
 
 # -- secrets never leave --------------------------------------------------------------------------------------
@@ -557,7 +561,7 @@ async def test_secrets_of_every_level_never_appear(app_factory: Any, caplog: pyt
 async def test_a_worker_keeps_a_threads_layers_until_any_value_changes(
     sessions: async_sessionmaker[AsyncSession],
 ) -> None:
-    """`env.layers` in a fenced transaction reuses what it read at the version the fence saw; any write to the
+    """`environment.layers` in a fenced transaction reuses what it read at the version the fence saw; any write to the
     values (a trigger, in the writer's transaction) moves the version on, and the next step reads them again."""
     fernet = Fernet(Fernet.generate_key())
     async with sessions() as s, s.begin():
@@ -567,15 +571,15 @@ async def test_a_worker_keeps_a_threads_layers_until_any_value_changes(
         async with sessions() as s:
             return int((await s.execute(text("SELECT value FROM counters WHERE name = 'env'"))).scalar_one())
 
-    async def layers(at: int | None) -> env.Layers:
+    async def layers(at: int | None) -> environment.Layers:
         async with sessions() as s, s.begin():
             s.info[queue.ENV_VERSION] = at
-            return await env.layers(s, fernet, tid, keys.OPEN.user_id)
+            return await environment.layers(s, fernet, tid, keys.OPEN.user_id)
 
     before = await version()
     assert (await layers(before)).thread == {}
     async with sessions() as s, s.begin():
-        await env.set_thread(s, fernet, tid, {"X": "1"}, set())
+        await environment.set_thread(s, fernet, tid, {"X": "1"}, set())
         async with sessions() as other, other.begin():  # the counter is taken at commit only: it orders no lock
             locked = "SELECT value FROM counters WHERE name = 'env' FOR UPDATE NOWAIT"
             assert (await other.execute(text(locked))).scalar_one() == before
@@ -583,9 +587,9 @@ async def test_a_worker_keeps_a_threads_layers_until_any_value_changes(
     assert after > before
     assert (await layers(before)).thread == {}  # kept: read at that version
     got = await layers(after)
-    assert got.thread == {"X": env.Value("1", "text")}
-    got.thread["X"] = env.Value("changed by a tool", "text")  # a step's own copy
-    assert (await layers(after)).thread == {"X": env.Value("1", "text")}
+    assert got.thread == {"X": environment.Value("1", "text")}
+    got.thread["X"] = environment.Value("changed by a tool", "text")  # a step's own copy
+    assert (await layers(after)).thread == {"X": environment.Value("1", "text")}
     async with sessions() as s, s.begin():
-        await env.delete_thread(s, tid, ["X"])
+        await environment.delete_thread(s, tid, ["X"])
     assert await version() > after and (await layers(await version())).thread == {}

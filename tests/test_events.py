@@ -9,8 +9,7 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app import db, events, keys, messages, tables, threads
-from app.catalog import load as load_catalog
+from app import catalog, db, events, keys, messages, tables, threads
 from app.spec import define_agent
 from tests.conftest import ROOT, client_for
 from tests.test_api import read_events
@@ -26,7 +25,7 @@ async def _key(app: Any, user: str, admin: bool = False) -> str:
 
 
 async def test_events_missed_after_retention(app_factory: Any, serve: Any) -> None:
-    app = await app_factory(load_catalog(ROOT / "agents"), with_worker=True)
+    app = await app_factory(catalog.load(ROOT / "agents"), with_worker=True)
     client = client_for(app)
     tid = (await client.post("/threads", json={"agent": "assistant"})).json()["id"]
     await client.post(f"/threads/{tid}/messages", json={"content": "what is 2 + 2?"})
@@ -51,7 +50,7 @@ async def test_events_missed_after_retention(app_factory: Any, serve: Any) -> No
 
 
 async def test_every_event_expired_still_says_where_the_log_goes_on(app_factory: Any, serve: Any) -> None:
-    app = await app_factory(load_catalog(ROOT / "agents"))
+    app = await app_factory(catalog.load(ROOT / "agents"))
     client = client_for(app)
     tid = (await client.post("/threads", json={"agent": "assistant"})).json()["id"]
     await client.post(f"/threads/{tid}/messages", json={"content": "hello"})  # thread_status: queued (seq 1)
@@ -64,7 +63,7 @@ async def test_every_event_expired_still_says_where_the_log_goes_on(app_factory:
 
 
 async def test_lifecycle_stream_follows_the_callers_threads(app_factory: Any, serve: Any) -> None:
-    app = await app_factory(load_catalog(ROOT / "agents"))
+    app = await app_factory(catalog.load(ROOT / "agents"))
     alice, bob, admin = await _key(app, "alice"), await _key(app, "bob"), await _key(app, "root", admin=True)
     base = await serve(app)
     headers = {"Authorization": f"Bearer {alice}"}
@@ -98,7 +97,7 @@ async def test_lifecycle_stream_follows_the_callers_threads(app_factory: Any, se
 
 
 async def test_patch_and_delete_threads(app_factory: Any) -> None:
-    app = await app_factory(load_catalog(ROOT / "agents"))
+    app = await app_factory(catalog.load(ROOT / "agents"))
     client = client_for(app)
     tid = (
         await client.post("/threads", json={"agent": "assistant", "env": {"TOKEN": "s3"}, "secrets": ["TOKEN"]})

@@ -6,12 +6,12 @@ import time
 from types import SimpleNamespace
 from typing import Any
 
-from app.catalog import load as load_catalog
+from app import catalog
 from tests.conftest import ROOT, client_for, wait_for
 
 
 async def test_the_launch_team_example_runs_the_whole_tree(app_factory: Any) -> None:
-    app = await app_factory(load_catalog(ROOT / "agents"), with_worker=True)
+    app = await app_factory(catalog.load(ROOT / "agents"), with_worker=True)
     client = client_for(app)
     body = {"agent": "launch", "messages": [{"content": "Write the launch note for the harbour café."}]}
     tid = (await client.post("/threads", json=body)).json()["id"]
@@ -39,7 +39,7 @@ async def test_the_launch_team_example_runs_the_whole_tree(app_factory: Any) -> 
 
 
 async def test_the_launch_team_publishes_after_the_bootstrap_flow(app_factory: Any) -> None:
-    app = await app_factory(load_catalog(ROOT / "agents"), with_worker=True)
+    app = await app_factory(catalog.load(ROOT / "agents"), with_worker=True)
     client = client_for(app)
     body = {
         "agent": "launch",
@@ -70,7 +70,7 @@ async def test_the_launch_team_publishes_after_the_bootstrap_flow(app_factory: A
 
 
 def _demo_reply(text: str) -> Any:
-    respond = load_catalog(ROOT / "agents").models["demo"].respond
+    respond = catalog.load(ROOT / "agents").models["demo"].respond
     assert respond is not None
     message = SimpleNamespace(role="user", content=text, name=None)
     return respond(SimpleNamespace(messages=[message]))

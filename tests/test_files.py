@@ -11,8 +11,7 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select, text
 
-from app import blobs, errors, files, patterns, tables
-from app.catalog import load as load_catalog
+from app import blobs, catalog, errors, files, patterns, tables
 from tests.conftest import ROOT, client_for
 
 
@@ -38,7 +37,7 @@ def test_paths_are_normalised(path: str, expected: str) -> None:
     "path", ["../etc/passwd", "/a/../../b", "/a/\x00b", "/a/\nb", "/a/\x7fb", "", "   ", "/" + "x" * 256, "/a" * 600]
 )
 async def test_bad_paths_are_refused_and_nothing_is_stored(app_factory: Any, path: str) -> None:
-    app = await app_factory(load_catalog(ROOT / "agents"))
+    app = await app_factory(catalog.load(ROOT / "agents"))
     thread_id = await _thread(app)
     with pytest.raises(errors.BadPath):
         async with app.state.sessions() as session, session.begin():
@@ -48,7 +47,7 @@ async def test_bad_paths_are_refused_and_nothing_is_stored(app_factory: Any, pat
 
 
 async def test_write_read_stat_list_and_parents(app_factory: Any) -> None:
-    app = await app_factory(load_catalog(ROOT / "agents"))
+    app = await app_factory(catalog.load(ROOT / "agents"))
     thread_id = await _thread(app)
     async with app.state.sessions() as session, session.begin():
         entry = await files.write_bytes(session, thread_id, "/reports/2026/q4.md", b"# Q4\n")
@@ -68,7 +67,7 @@ async def test_write_read_stat_list_and_parents(app_factory: Any) -> None:
 
 
 async def test_conflicts_between_files_and_directories(app_factory: Any) -> None:
-    app = await app_factory(load_catalog(ROOT / "agents"))
+    app = await app_factory(catalog.load(ROOT / "agents"))
     thread_id = await _thread(app)
     async with app.state.sessions() as session, session.begin():
         await files.write_bytes(session, thread_id, "/a.txt", b"x")
@@ -91,7 +90,7 @@ async def test_conflicts_between_files_and_directories(app_factory: Any) -> None
 
 
 async def test_identical_content_is_stored_once_and_collected_when_unreferenced(app_factory: Any) -> None:
-    app = await app_factory(load_catalog(ROOT / "agents"))
+    app = await app_factory(catalog.load(ROOT / "agents"))
     one, two = await _thread(app), await _thread(app)
     data = bytes(range(256)) * 10_000  # 2.5 MB: three chunks
     async with app.state.sessions() as session, session.begin():
@@ -113,7 +112,7 @@ async def test_identical_content_is_stored_once_and_collected_when_unreferenced(
 
 
 async def test_the_size_limit_is_enforced_while_streaming(app_factory: Any) -> None:
-    app = await app_factory(load_catalog(ROOT / "agents"))
+    app = await app_factory(catalog.load(ROOT / "agents"))
     thread_id = await _thread(app)
     pulled = 0
 
@@ -132,7 +131,7 @@ async def test_the_size_limit_is_enforced_while_streaming(app_factory: Any) -> N
 
 
 async def test_grep_and_find(app_factory: Any) -> None:
-    app = await app_factory(load_catalog(ROOT / "agents"))
+    app = await app_factory(catalog.load(ROOT / "agents"))
     thread_id = await _thread(app)
     async with app.state.sessions() as session, session.begin():
         await files.write_bytes(session, thread_id, "/notes/todo.md", b"buy milk\nTODO: call Ann\ndone\n")
@@ -162,7 +161,7 @@ async def test_grep_and_find(app_factory: Any) -> None:
 
 
 async def test_pathological_patterns_answer_at_once(app_factory: Any) -> None:
-    app = await app_factory(load_catalog(ROOT / "agents"))
+    app = await app_factory(catalog.load(ROOT / "agents"))
     thread_id = await _thread(app)
     async with app.state.sessions() as session, session.begin():
         await files.write_bytes(session, thread_id, "/" + "a" * 250 + "/" + "a" * 148, b"a" * 25 + b"!\n")
@@ -176,7 +175,7 @@ async def test_pathological_patterns_answer_at_once(app_factory: Any) -> None:
 
 
 async def test_patterns_linear_matching_cannot_take_are_refused(app_factory: Any) -> None:
-    app = await app_factory(load_catalog(ROOT / "agents"))
+    app = await app_factory(catalog.load(ROOT / "agents"))
     thread_id = await _thread(app)
     client = client_for(app)
     for query, status, code in (
@@ -191,7 +190,7 @@ async def test_patterns_linear_matching_cannot_take_are_refused(app_factory: Any
 
 
 async def test_grep_reads_a_bounded_number_of_bytes(app_factory: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    app = await app_factory(load_catalog(ROOT / "agents"))
+    app = await app_factory(catalog.load(ROOT / "agents"))
     thread_id = await _thread(app)
     async with app.state.sessions() as session, session.begin():
         for name in ("a", "b", "c"):
@@ -205,7 +204,7 @@ async def test_grep_reads_a_bounded_number_of_bytes(app_factory: Any, monkeypatc
 
 
 async def test_searches_past_their_time_budget_are_refused(app_factory: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    app = await app_factory(load_catalog(ROOT / "agents"))
+    app = await app_factory(catalog.load(ROOT / "agents"))
     thread_id = await _thread(app)
     async with app.state.sessions() as session, session.begin():
         await files.write_bytes(session, thread_id, "/a.txt", b"TODO\n")
@@ -217,7 +216,7 @@ async def test_searches_past_their_time_budget_are_refused(app_factory: Any, mon
 
 
 async def test_searches_run_off_the_event_loop(app_factory: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    app = await app_factory(load_catalog(ROOT / "agents"))
+    app = await app_factory(catalog.load(ROOT / "agents"))
     thread_id = await _thread(app)
     async with app.state.sessions() as session, session.begin():
         await files.write_bytes(session, thread_id, "/a.txt", b"TODO\n")
@@ -259,7 +258,7 @@ async def test_thumbnail_of_a_png_and_image_dimensions(app_factory: Any) -> None
 
     from PIL import Image
 
-    app = await app_factory(load_catalog(ROOT / "agents"))
+    app = await app_factory(catalog.load(ROOT / "agents"))
     thread_id = await _thread(app)
     client = client_for(app)
     put = await client.put(

@@ -10,13 +10,12 @@ import pytest
 from PIL import Image
 from sqlalchemy import func, select
 
-from app import keys, tables
-from app.catalog import load as load_catalog
+from app import catalog, keys, tables
 from tests.conftest import ROOT, client_for
 
 
 async def _setup(app_factory: Any, **overrides: Any) -> tuple[Any, Any, str]:
-    app = await app_factory(load_catalog(ROOT / "agents"), **overrides)
+    app = await app_factory(catalog.load(ROOT / "agents"), **overrides)
     client = client_for(app)
     tid = (await client.post("/threads", json={"agent": "assistant"})).json()["id"]
     return app, client, tid
@@ -184,7 +183,7 @@ async def test_delete_files_and_empty_directories(app_factory: Any) -> None:
 
 
 async def test_another_users_files_are_not_found(app_factory: Any) -> None:
-    app = await app_factory(load_catalog(ROOT / "agents"))
+    app = await app_factory(catalog.load(ROOT / "agents"))
     async with app.state.sessions() as s, s.begin():
         _, alice = await keys.create(s, "alice", False)
         _, bob = await keys.create(s, "bob", False)

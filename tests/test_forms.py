@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from app.catalog import load as load_catalog
+from app import catalog
 from tests.conftest import ROOT, client_for
 
 BOUNDARY = "b0undary"
@@ -27,7 +27,7 @@ PARTS = (
     ],
 )
 async def test_an_unterminated_multipart_message_is_refused(app_factory: Any, body: str) -> None:
-    app = await app_factory(load_catalog(ROOT / "agents"))
+    app = await app_factory(catalog.load(ROOT / "agents"))
     client = client_for(app)
     tid = (await client.post("/threads", json={"agent": "assistant"})).json()["id"]
     headers = {"content-type": f"multipart/form-data; boundary={BOUNDARY}"}

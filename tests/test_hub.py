@@ -10,8 +10,7 @@ from typing import Any
 
 import pytest
 
-from app import db, events, hub, keys
-from app.catalog import load as load_catalog
+from app import catalog, db, events, hub, keys
 from app.hub import Batch, Live, Overflow, Stored, Subscription
 from app.settings import plain_url
 from tests.conftest import ROOT, client_for, wait_for
@@ -74,7 +73,7 @@ def _gated_reads(monkeypatch: pytest.MonkeyPatch) -> tuple[asyncio.Event, list[i
 
 
 async def test_many_subscribers_share_one_read_per_event(app_factory: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    app = await app_factory(load_catalog(ROOT / "agents"))
+    app = await app_factory(catalog.load(ROOT / "agents"))
     thread_id = await _thread(app)
     reads = _counting_reads(monkeypatch)
     subs = [app.state.hub.subscribe(thread_id) for _ in range(50)]
@@ -99,7 +98,7 @@ async def test_many_subscribers_share_one_read_per_event(app_factory: Any, monke
 async def test_announcements_of_many_threads_are_read_together(
     app_factory: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    app = await app_factory(load_catalog(ROOT / "agents"))
+    app = await app_factory(catalog.load(ROOT / "agents"))
     threads = [await _thread(app) for _ in range(20)]
     subs = {t: app.state.hub.subscribe(t) for t in threads}
     reads = _counting_reads(monkeypatch)
@@ -120,7 +119,7 @@ async def test_announcements_of_many_threads_are_read_together(
 async def test_a_delta_waits_for_the_events_announced_before_it(
     app_factory: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    app = await app_factory(load_catalog(ROOT / "agents"))
+    app = await app_factory(catalog.load(ROOT / "agents"))
     thread_id = await _thread(app)
     gate, _ = _gated_reads(monkeypatch)
     sub: Subscription = app.state.hub.subscribe(thread_id)
@@ -143,7 +142,7 @@ async def test_a_delta_waits_for_the_events_announced_before_it(
 async def test_when_the_hub_cannot_read_streams_fall_back_to_the_log(
     app_factory: Any, serve: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    app = await app_factory(load_catalog(ROOT / "agents"))
+    app = await app_factory(catalog.load(ROOT / "agents"))
     thread_id = await _thread(app)
 
     async def broken(self: hub.Hub, afters: dict[uuid.UUID, int]) -> dict[uuid.UUID, list[hub.Entry]]:
@@ -175,7 +174,7 @@ async def _flush_held(app: Any, thread_id: uuid.UUID, datas: list[dict[str, Any]
 async def test_a_held_batch_comes_with_its_announcement_and_is_not_read_back(
     app_factory: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    app = await app_factory(load_catalog(ROOT / "agents"))
+    app = await app_factory(catalog.load(ROOT / "agents"))
     thread_id = await _thread(app)
     reads = _counting_reads(monkeypatch)
     sub: Subscription = app.state.hub.subscribe(thread_id)
@@ -196,7 +195,7 @@ async def test_a_held_batch_comes_with_its_announcement_and_is_not_read_back(
 async def test_a_batch_too_large_to_carry_is_read_from_the_log(
     app_factory: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    app = await app_factory(load_catalog(ROOT / "agents"))
+    app = await app_factory(catalog.load(ROOT / "agents"))
     thread_id = await _thread(app)
     reads = _counting_reads(monkeypatch)
     sub: Subscription = app.state.hub.subscribe(thread_id)
@@ -209,7 +208,7 @@ async def test_a_batch_too_large_to_carry_is_read_from_the_log(
 
 
 async def test_a_carried_batch_waits_for_a_read_under_way(app_factory: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    app = await app_factory(load_catalog(ROOT / "agents"))
+    app = await app_factory(catalog.load(ROOT / "agents"))
     thread_id = await _thread(app)
     gate, reads = _gated_reads(monkeypatch)
     sub: Subscription = app.state.hub.subscribe(thread_id)
@@ -226,7 +225,7 @@ async def test_a_carried_batch_waits_for_a_read_under_way(app_factory: Any, monk
 async def test_a_carried_batch_behind_a_read_is_read_to_its_end_across_pages(
     app_factory: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    app = await app_factory(load_catalog(ROOT / "agents"))
+    app = await app_factory(catalog.load(ROOT / "agents"))
     thread_id = await _thread(app)
     gate, _ = _gated_reads(monkeypatch)
     monkeypatch.setattr(hub, "PAGE", 2)  # the first read ends inside the carried batch
@@ -246,7 +245,7 @@ async def test_a_key_revoked_before_its_stream_subscribed_is_caught_by_the_next_
     """A revocation announced while a stream was being opened (after its key was checked, before it subscribed) is
     heard by nobody: the periodic check ends that stream, and only that one."""
     monkeypatch.setattr(hub, "KEY_CHECK", 0.2)
-    app = await app_factory(load_catalog(ROOT / "agents"))
+    app = await app_factory(catalog.load(ROOT / "agents"))
     thread_id = await _thread(app)
     async with app.state.sessions() as session, session.begin():
         (gone, key), (kept, _) = await keys.create(session, "gina"), await keys.create(session, "hal")

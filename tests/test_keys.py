@@ -10,8 +10,7 @@ from pydantic import ValidationError
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app import crypto, env, errors, events, keys, tables
-from app.catalog import load as load_catalog
+from app import catalog, crypto, environment, errors, events, keys, tables
 from app.settings import Settings
 from tests.conftest import ROOT, client_for
 
@@ -92,14 +91,14 @@ async def test_an_ambiguous_prefix_is_refused(sessions: async_sessionmaker[Async
 async def test_adopting_gives_open_mode_threads_events_and_variables_to_a_user(
     app_factory: Any, settings: Settings
 ) -> None:
-    app: FastAPI = await app_factory(load_catalog(ROOT / "agents"))
+    app: FastAPI = await app_factory(catalog.load(ROOT / "agents"))
     async with client_for(app) as anon:  # open mode: no key yet
         made = (await anon.post("/threads", json={"agent": "assistant", "env": {"T": "thread"}})).json()["id"]
         assert (await anon.put(f"/threads/{made}/fs/notes.txt", content=b"hi")).status_code < 300
     fernet = crypto.server_key(settings)
     async with app.state.sessions() as s, s.begin():
-        await env.put(s, fernet, "user", keys.OPEN.user_id, {"REGION": "eu", "TEAM": "x"}, set())
-        await env.put(s, fernet, "user", "alice", {"TEAM": "alices"}, set())
+        await environment.put(s, fernet, "user", keys.OPEN.user_id, {"REGION": "eu", "TEAM": "x"}, set())
+        await environment.put(s, fernet, "user", "alice", {"TEAM": "alices"}, set())
         assert await keys.open_threads(s) == 1
         _, key = await keys.create(s, "alice")
     async with client_for(app, key) as alice:
@@ -108,7 +107,7 @@ async def test_adopting_gives_open_mode_threads_events_and_variables_to_a_user(
         adopted = await keys.adopt_open(s, "alice")
         assert adopted == keys.Adopted(threads=1, variables=1, kept=["TEAM"])
         assert await keys.open_threads(s) == 0
-        assert (await env.public(s, "user", "alice"))[0] == {"REGION": "eu", "TEAM": "alices"}
+        assert (await environment.public(s, "user", "alice"))[0] == {"REGION": "eu", "TEAM": "alices"}
         owners = (await s.execute(select(tables.LifecycleEvent.user_id))).scalars().all()
         assert set(owners) == {"alice"}
         assert [e.type for e in await events.read_lifecycle(s, "alice", 0)] == ["thread_created"]

@@ -13,8 +13,7 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from app import keys
-from app.catalog import load as load_catalog
+from app import catalog, keys
 from tests.conftest import ROOT, client_for
 
 ERROR = {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
@@ -22,7 +21,7 @@ ERROR = {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
 
 @pytest.fixture
 async def app(app_factory: Any) -> FastAPI:
-    started: FastAPI = await app_factory(load_catalog(ROOT / "agents"))
+    started: FastAPI = await app_factory(catalog.load(ROOT / "agents"))
     return started
 
 
@@ -61,7 +60,7 @@ async def test_errors_are_the_envelope_and_auth_is_a_bearer_scheme(app: FastAPI)
 async def test_a_thread_names_a_hosted_agent_and_links_to_its_operations(app: FastAPI) -> None:
     document = await _document(app)
     agent = document["components"]["schemas"]["ThreadIn"]["properties"]["agent"]
-    assert agent["enum"] == sorted(load_catalog(ROOT / "agents").agents)
+    assert agent["enum"] == sorted(catalog.load(ROOT / "agents").agents)
     links = document["paths"]["/threads"]["post"]["responses"]["201"]["links"]
     on_a_thread = [op for _, path, op in _operations(document) if path.startswith("/threads/{thread_id}")]
     assert {link["operationId"] for link in links.values()} == {op["operationId"] for op in on_a_thread}

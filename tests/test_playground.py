@@ -22,9 +22,8 @@ import pytest
 from PIL import Image
 from playwright.async_api import Browser, Page, async_playwright
 
-from app import keys
+from app import catalog, keys
 from app.api.routes import playground
-from app.catalog import load as load_catalog
 from tests import processes
 from tests.conftest import ROOT, client_for, wait_for
 
@@ -57,7 +56,7 @@ def test_without_chromium_the_browser_tests_fail_and_say_how_to_install_it(monke
 
 
 async def test_the_page_is_static_and_its_policy_allows_only_the_servers_own_files(app_factory: Any) -> None:
-    app = await app_factory(load_catalog(ROOT / "agents"))
+    app = await app_factory(catalog.load(ROOT / "agents"))
     async with client_for(app) as c:
         page = await c.get("/")
         assert page.status_code == 200 and page.headers["content-type"] == "text/html; charset=utf-8"
@@ -86,7 +85,7 @@ async def test_the_page_is_static_and_its_policy_allows_only_the_servers_own_fil
 async def test_the_page_holds_no_data_and_weakens_no_check(app_factory: Any) -> None:
     """The page needs no key (it holds nothing), every call it makes does; open mode refuses another `Host` for the
     page too, as for the API."""
-    app = await app_factory(load_catalog(ROOT / "agents"))
+    app = await app_factory(catalog.load(ROOT / "agents"))
     async with client_for(app) as c:
         for path in ("/", "/playground/app.js"):
             refused = await c.get(path, headers={"host": "evil.example.com"})
@@ -104,7 +103,7 @@ async def _status(c: httpx.AsyncClient, path: str, status: int) -> bool:
 
 
 async def test_the_playground_can_be_turned_off(app_factory: Any) -> None:
-    app = await app_factory(load_catalog(ROOT / "agents"), playground=False)
+    app = await app_factory(catalog.load(ROOT / "agents"), playground=False)
     async with client_for(app) as c:
         for path in ("/", "/playground/app.js"):
             assert (await c.get(path)).status_code == 404

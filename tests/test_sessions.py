@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 from pydantic import BaseModel
 
-from app import catalog as catalog_module
+from app import catalog
 from app.catalog import Catalog
 from app.llm.base import LLMRequest
 from app.spec import ThreadState, define_agent, define_model, define_prompt, define_tool
@@ -75,7 +75,7 @@ def shape(rows: list[dict[str, Any]]) -> list[tuple[str, str | None, str | None]
 
 async def test_the_example_agent_writes_until_the_reviewer_approves(app_factory: Any) -> None:
     client, tid = await start(
-        app_factory, catalog_module.load(ROOT / "agents"), "Write a haiku about the harbour", agent="haiku_review"
+        app_factory, catalog.load(ROOT / "agents"), "Write a haiku about the harbour", agent="haiku_review"
     )
     rows = await stored(client, tid)
     poem = "Over the harbour, light\nfolds into the waiting hush\none breath, then the tide"
@@ -97,7 +97,7 @@ async def test_the_example_agent_writes_until_the_reviewer_approves(app_factory:
 
 async def test_the_example_reviewer_fails_an_impossible_task(app_factory: Any) -> None:
     client, tid = await start(
-        app_factory, catalog_module.load(ROOT / "agents"), "Write a haiku about impossible", agent="haiku_review"
+        app_factory, catalog.load(ROOT / "agents"), "Write a haiku about impossible", agent="haiku_review"
     )
     session = (await client.get(f"/threads/{tid}")).json()["session"]
     assert session["status"] == "failure" and session["reason"] == "session_fail"

@@ -16,7 +16,7 @@ from fastapi import FastAPI
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app import errors, keys, subagents, tables, threads
+from app import children, errors, keys, tables, threads
 from app.catalog import Catalog
 from app.llm.base import LLMRequest
 from app.spec import ThreadState, ToolResult, define_agent, define_hook, define_model, define_prompt, define_tool
@@ -828,11 +828,11 @@ async def test_an_immediate_instance_waiting_for_a_value_keeps_its_own_scoped_va
 
 async def test_children_are_read_only_for_a_thread_that_has_had_one(sessions: async_sessionmaker[AsyncSession]) -> None:
     """The engine reads a thread's children at every step only if it ever had one: any child's insert, whatever
-    code makes it, marks its parent (a trigger); `subagents.create` marks the parent it holds too."""
+    code makes it, marks its parent (a trigger); `children.create` marks the parent it holds too."""
     agent = define_agent(name="a", side_a={"prompt": "p"})
 
     async def spawn(s: AsyncSession, parent: tables.Thread) -> tables.Thread:
-        return await subagents.create(
+        return await children.create(
             s,
             parent,
             agent="a",
@@ -849,16 +849,16 @@ async def test_children_are_read_only_for_a_thread_that_has_had_one(sessions: as
 
     async with sessions() as s, s.begin():
         parent = await threads.create(s, agent, keys.OPEN)
-        assert not parent.has_children and await subagents.children_of(s, parent) == []
+        assert not parent.has_children and await children.of(s, parent) == []
         child = tables.Thread(id=uuid.uuid4(), agent="a", type="ai_human", parent_id=parent.id, user_id=parent.user_id)
         s.add(child)
         await s.flush()
     async with sessions() as s:
         parent = await threads.lock(s, parent.id)
         assert parent.has_children
-        assert [c.id for c in await subagents.children_of(s, parent)] == [child.id]
+        assert [c.id for c in await children.of(s, parent)] == [child.id]
         second = await spawn(s, parent)
         fresh = await threads.create(s, agent, keys.OPEN)
         third = await spawn(s, fresh)
-        assert fresh.has_children and [c.id for c in await subagents.children_of(s, fresh)] == [third.id]
-        assert len(await subagents.children_of(s, parent)) == 2 and second.parent_id == parent.id
+        assert fresh.has_children and [c.id for c in await children.of(s, fresh)] == [third.id]
+        assert len(await children.of(s, parent)) == 2 and second.parent_id == parent.id

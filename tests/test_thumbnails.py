@@ -14,13 +14,12 @@ import pytest
 from PIL import Image
 from sqlalchemy import func, select
 
-from app import files, images, tables, thumbnails
-from app.catalog import load as load_catalog
+from app import catalog, files, images, tables, thumbnails
 from tests.conftest import ROOT, client_for
 
 
 async def _setup(app_factory: Any) -> tuple[Any, Any, str]:
-    app = await app_factory(load_catalog(ROOT / "agents"))
+    app = await app_factory(catalog.load(ROOT / "agents"))
     client = client_for(app)
     tid = (await client.post("/threads", json={"agent": "assistant"})).json()["id"]
     return app, client, tid

@@ -13,9 +13,8 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from app import events, keys, queue, tables, waits
+from app import catalog, events, keys, queue, tables, waits
 from app.catalog import Catalog
-from app.catalog import load as load_catalog
 from app.llm.base import LLMRequest
 from app.spec import ThreadState, define_agent, define_model, define_prompt, define_tool
 from tests import processes
@@ -71,7 +70,7 @@ def summary(turn: dict[str, Any]) -> list[tuple[str, Any]]:
 
 
 async def test_the_answer_comes_with_the_turn(app_factory: Any) -> None:
-    api, _ = await apps(app_factory, load_catalog(ROOT / "agents"))
+    api, _ = await apps(app_factory, catalog.load(ROOT / "agents"))
     async with client_for(api) as client:
         tid = await thread(client, "assistant")
         response = await client.post(f"/threads/{tid}/messages?wait=20", json={"content": "What is 12 * (3 + 4)?"})
@@ -95,7 +94,7 @@ async def test_the_answer_comes_with_the_turn(app_factory: Any) -> None:
 
 
 async def test_multipart_waits_too(app_factory: Any) -> None:
-    api, _ = await apps(app_factory, load_catalog(ROOT / "agents"))
+    api, _ = await apps(app_factory, catalog.load(ROOT / "agents"))
     async with client_for(api) as client:
         tid = await thread(client, "assistant")
         response = await client.post(
@@ -112,7 +111,7 @@ async def test_multipart_waits_too(app_factory: Any) -> None:
 
 @pytest.mark.parametrize("wait", ["0", "-1", "300.5", "soon", "nan"])
 async def test_a_wait_out_of_bounds_is_refused(app_factory: Any, wait: str) -> None:
-    api = await app_factory(load_catalog(ROOT / "agents"))
+    api = await app_factory(catalog.load(ROOT / "agents"))
     async with client_for(api) as client:
         tid = await thread(client, "assistant")
         response = await client.post(f"/threads/{tid}/messages?wait={wait}", json={"content": "hi"})
@@ -123,7 +122,7 @@ async def test_a_wait_out_of_bounds_is_refused(app_factory: Any, wait: str) -> N
 
 
 async def test_time_up_answers_with_the_status_so_far(app_factory: Any) -> None:
-    api = await app_factory(load_catalog(ROOT / "agents"))  # no worker anywhere: the input stays queued
+    api = await app_factory(catalog.load(ROOT / "agents"))  # no worker anywhere: the input stays queued
     async with client_for(api) as client:
         tid = await thread(client, "assistant")
         started = asyncio.get_running_loop().time()
@@ -212,7 +211,7 @@ async def test_a_stop_ends_the_wait(app_factory: Any) -> None:
 
 
 async def test_a_two_sided_session_is_waited_for_to_its_end(app_factory: Any) -> None:
-    api, _ = await apps(app_factory, load_catalog(ROOT / "agents"))
+    api, _ = await apps(app_factory, catalog.load(ROOT / "agents"))
     async with client_for(api) as client:
         tid = await thread(client, "haiku_review")
         response = await client.post(f"/threads/{tid}/messages?wait=20", json={"content": "A haiku about the sea"})
@@ -224,7 +223,7 @@ async def test_a_two_sided_session_is_waited_for_to_its_end(app_factory: Any) ->
 
 
 async def test_a_client_that_hangs_up_leaves_nothing_behind(app_factory: Any, serve: Any) -> None:
-    api = await app_factory(load_catalog(ROOT / "agents"))  # no worker: the wait would last its whole time
+    api = await app_factory(catalog.load(ROOT / "agents"))  # no worker: the wait would last its whole time
     base = await serve(api)
     hub = api.state.hub
     async with httpx.AsyncClient(base_url=base) as client:
@@ -242,7 +241,7 @@ async def test_a_client_that_hangs_up_leaves_nothing_behind(app_factory: Any, se
 
 async def test_input_set_aside_ends_the_wait(app_factory: Any) -> None:
     """What the engine does with input whose delivery fails (`Engine._run_all`), done here to a queued message."""
-    api = await app_factory(load_catalog(ROOT / "agents"))
+    api = await app_factory(catalog.load(ROOT / "agents"))
     async with client_for(api) as client:
         tid = await thread(client, "assistant")
         waiting = asyncio.create_task(client.post(f"/threads/{tid}/messages?wait=20", json={"content": "hi"}))
@@ -269,7 +268,7 @@ async def test_input_set_aside_ends_the_wait(app_factory: Any) -> None:
 
 
 async def test_a_revoked_key_ends_the_wait(app_factory: Any) -> None:
-    api = await app_factory(load_catalog(ROOT / "agents"))
+    api = await app_factory(catalog.load(ROOT / "agents"))
     async with api.state.sessions() as session:
         row, key = await keys.create(session, "alice")
         await session.commit()

@@ -10,8 +10,7 @@ from typing import Any
 
 from sqlalchemy import func, select, text
 
-from app import catalog as catalog_module
-from app import files, metrics, queue, tables
+from app import catalog, files, metrics, queue, tables
 from app.catalog import Catalog
 from app.llm.base import LLMRequest
 from app.spec import define_agent, define_model, define_prompt
@@ -144,9 +143,7 @@ async def _events(app: Any, tid: uuid.UUID) -> list[dict[str, Any]]:
 
 
 async def test_the_janitor_collects_file_content_nothing_points_at(app_factory: Any) -> None:
-    app = await app_factory(
-        catalog_module.load(ROOT / "agents"), with_worker=True, cleanup_interval=0.2, blob_grace_seconds=0
-    )
+    app = await app_factory(catalog.load(ROOT / "agents"), with_worker=True, cleanup_interval=0.2, blob_grace_seconds=0)
     client = client_for(app)
     tid = uuid.UUID((await client.post("/threads", json={"agent": "assistant"})).json()["id"])
     async with app.state.sessions() as session, session.begin():
@@ -266,7 +263,7 @@ async def test_an_idle_worker_claims_once_per_notice_and_not_when_a_slot_frees(
         return found
 
     monkeypatch.setattr(queue, "claim_many", counted)
-    app = await app_factory(catalog_module.load(ROOT / "agents"), with_worker=True, poll_interval=30)
+    app = await app_factory(catalog.load(ROOT / "agents"), with_worker=True, poll_interval=30)
     client = client_for(app)
     await wait_for(lambda: asyncio.sleep(0, bool(asked)))  # the start's claim (no poll during the test)
     asked.clear()

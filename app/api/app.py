@@ -20,7 +20,9 @@ from app.api.guard import Guard
 from app.api.routes import (
     agents,
     effects,
+    endpoints,
     env,
+    events,
     files,
     health,
     logs,
@@ -31,8 +33,6 @@ from app.api.routes import (
     threads,
     variables,
 )
-from app.api.routes import endpoints as endpoint_routes
-from app.api.routes import events as event_routes
 from app.catalog import Catalog
 from app.engine.run import Engine, llm_http
 from app.hub import Hub, Publisher
@@ -124,7 +124,7 @@ def create_app(
         threads.router,
         messages.router,
         logs.router,
-        event_routes.router,
+        events.router,
         files.router,
         effects.router,
         subagents.router,
@@ -138,5 +138,5 @@ def create_app(
     ]
     if settings.playground_enabled:  # static, keyless: every call it makes is an API call with the user's key
         app.include_router(playground.router)
-    app.include_router(endpoint_routes.router)  # last: it takes every path under a thread, so built-in routes win
+    app.include_router(endpoints.router)  # last: it takes every path under a thread, so built-in routes win
     return app

@@ -11,7 +11,7 @@ from fastapi import Depends, Query, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app import env, errors, keys, tokens
+from app import environment, errors, keys, tokens
 from app.catalog import Catalog
 from app.keys import Principal
 from app.settings import Settings, is_loopback
@@ -133,10 +133,10 @@ async def settings(request: Request) -> Settings:
     return value
 
 
-async def env_limits(request: Request) -> env.Limits:
+async def env_limits(request: Request) -> environment.Limits:
     """How much env one thread, user or the instance may hold (`Settings.env_max_*`)."""
     value: Settings = request.app.state.settings
-    return env.Limits(value.env_max_variables, value.env_max_value_bytes)
+    return environment.Limits(value.env_max_variables, value.env_max_value_bytes)
 
 
 SessionDep = Annotated[AsyncSession, Depends(session)]
@@ -145,4 +145,4 @@ StreamUser = Annotated[Principal, Depends(stream_principal)]
 StreamReader = Annotated[Principal, Depends(stream_reader)]
 CatalogDep = Annotated[Catalog, Depends(catalog)]
 SettingsDep = Annotated[Settings, Depends(settings)]
-EnvLimits = Annotated[env.Limits, Depends(env_limits)]
+EnvLimits = Annotated[environment.Limits, Depends(env_limits)]

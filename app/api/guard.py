@@ -14,7 +14,7 @@ import urllib.parse
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app import endpoints
+from app import routing
 from app.api import errors
 
 FILES = re.compile(r"^/threads/[^/]+/fs/")  # raw file uploads: any type, the file size limit
@@ -37,7 +37,7 @@ def _path_problem(raw_path: bytes) -> str | None:
 
 def _custom(path: str) -> bool:
     match = CUSTOM.match(path)
-    return match is not None and match.group(1) not in endpoints.RESERVED
+    return match is not None and match.group(1) not in routing.RESERVED
 
 
 class _Overflow(HTTPException):

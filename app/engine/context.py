@@ -11,8 +11,7 @@ from typing import Any, Protocol, TypeVar
 from cryptography.fernet import Fernet
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import env as env_store
-from app import tables
+from app import environment, tables
 from app.catalog import Catalog
 from app.llm.base import LLMImage, LLMMessage, LLMRequest, LLMTool, ToolCall
 from app.spec.define import close_objects
@@ -41,14 +40,14 @@ class SecretInPrompt(MissingVariable):
 class Env:
     """Variable resolution, highest first: thread → user → instance → agent → tool config → prompt (§8)."""
 
-    thread: dict[str, env_store.Value]
+    thread: dict[str, environment.Value]
     agent: dict[str, str]
     prompt: dict[str, str]
-    user: dict[str, env_store.Value] = field(default_factory=dict)
-    instance: dict[str, env_store.Value] = field(default_factory=dict)
+    user: dict[str, environment.Value] = field(default_factory=dict)
+    instance: dict[str, environment.Value] = field(default_factory=dict)
     declared_secret: frozenset[str] = frozenset()  # names the agent's graph declares `secret`
 
-    def _stored(self, name: str) -> env_store.Value | None:
+    def _stored(self, name: str) -> environment.Value | None:
         for layer in (self.thread, self.user, self.instance):
             if name in layer:
                 return layer[name]
@@ -109,7 +108,7 @@ async def load_env(
     """The `Env` of a thread's step: its stored layers, its agent's and its prompt's `env` (the one place that
     builds one for a thread)."""
     agent = catalog.agent(thread.agent)
-    stored = await env_store.layers(session, fernet, thread.id, thread.user_id)
+    stored = await environment.layers(session, fernet, thread.id, thread.user_id)
     return Env(
         stored.thread,
         dict(agent.env),
@@ -187,9 +186,10 @@ def offered_tools(
                 f"Call `{name}` to end or report on the session.",
                 session_tool_schema(side, name),
             )
-    from app.engine import subagents  # it builds on `OfferedTool`: imported here, not at the top
 
-    for child_tool in subagents.offered(catalog, prompt, env):
+    from app.engine import child_tools  # it builds on `OfferedTool`: imported here, not at the top
+
+    for child_tool in child_tools.offered(catalog, prompt, env):
         offered.setdefault(child_tool.name, child_tool)
     return list(offered.values())
 

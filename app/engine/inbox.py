@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import db, errors, events, messages, queue, tables
 from app.catalog import Catalog
-from app.engine import context, hooks, subagents, tools, turns
+from app.engine import child_tools, context, hooks, tools, turns
 from app.engine.state import deliver_tool
 from app.llm.base import ToolCall
 from app.metrics import Meter
@@ -80,7 +80,7 @@ async def deliver(
             elif row.kind == queue.Kind.SPAWN:  # a new thread's immediate subagents of side A (§6.6)
                 side_a = catalog.prompts[agent.side_a.prompt]
                 env = await context.load_env(session, fernet, catalog, thread, side_a)
-                await subagents.spawn_immediate(session, catalog, fernet, thread, "a", side_a, env)
+                await child_tools.spawn_immediate(session, catalog, fernet, thread, "a", side_a, env)
             elif row.kind == queue.Kind.CHILD_RESULT:  # a blocking subagent call is answered (§6.4)
                 if await _answer(session, thread, row.payload, hook_runner):
                     meter.tool_calls.labels(row.payload.get("name") or "", row.payload["status"]).inc()

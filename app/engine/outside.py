@@ -13,7 +13,7 @@ from contextlib import asynccontextmanager
 from cryptography.fernet import Fernet
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app import subagents, tables, threads
+from app import children, tables, threads
 from app.catalog import Catalog
 from app.engine.context import load_env
 from app.engine.state import RunState
@@ -35,9 +35,7 @@ async def state(
         side = agent.side("b" if thread.side == "b" else "a")  # the acting side's prompt, as the engine resolves it
         prompt = catalog.prompts[side.prompt] if side is not None else None
         env = await load_env(session, fernet, catalog, thread, prompt)
-        children = [
-            SubagentEntry.model_validate(subagents.entry(c)) for c in await subagents.children_of(session, thread)
-        ]
+        registry = [SubagentEntry.model_validate(children.entry(c)) for c in await children.of(session, thread)]
     return RunState(
-        thread, env, transaction, None, {}, catalog=catalog, fernet=fernet, sessions=sessions, children=children
+        thread, env, transaction, None, {}, catalog=catalog, fernet=fernet, sessions=sessions, children=registry
     )

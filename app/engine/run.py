@@ -23,10 +23,9 @@ from cryptography.fernet import Fernet
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app import attachments, db, errors, events, files, lifecycle, messages, queue, tables, threads
-from app import subagents as child_registry
+from app import attachments, children, db, errors, events, files, lifecycle, messages, queue, tables, threads
 from app.catalog import Catalog
-from app.engine import calls, context, effects, handoffs, hooks, inbox, stops, subagents, subprompts, tools, turns
+from app.engine import calls, child_tools, context, effect_runs, handoffs, hooks, inbox, stops, subprompts, tools, turns
 from app.engine.history import Histories, History
 from app.engine.state import RunState
 from app.engine.step import OPEN_APART, RELEASED, OpenApart, Prepared, Released, Step
@@ -174,7 +173,7 @@ class Engine:
                 opened = await self._open_in(session, thread, first=first)
             if not isinstance(opened, OpenApart):
                 return opened
-            await effects.run_queued(self._catalog, self._fernet, lambda: self._tx(claim), self._sessions)
+            await effect_runs.run_queued(self._catalog, self._fernet, lambda: self._tx(claim), self._sessions)
 
     async def _then(
         self, claim: queue.Claim, step: Step, closed: Step | Released | OpenApart | None
@@ -231,7 +230,7 @@ class Engine:
 
     def _is_subagent(self, offered: dict[str, context.OfferedTool], call: ToolCall) -> bool:
         name = call["function"]["name"]
-        return name in offered and offered[name].kind in subagents.KINDS
+        return name in offered and offered[name].kind in child_tools.KINDS
 
     async def _step(self, claim: queue.Claim, step: Step) -> Step | Released | None:
         """The LLM call of an open step and the tools it asked for; returns the next step, or how the run ended."""
@@ -380,7 +379,7 @@ class Engine:
             thread.turn_steps += 1
             thread.session_steps += 1
         # `immediate` subagents start before the prompt's first LLM step (and again after a handoff to it)
-        await subagents.spawn_immediate(session, self._catalog, self._fernet, thread, side, prompt, env)
+        await child_tools.spawn_immediate(session, self._catalog, self._fernet, thread, side, prompt, env)
         hook_runner = await hooks.prepare(
             self._catalog, self._fernet, session, thread, side, env=env, context=self._context(thread)
         )
@@ -394,7 +393,7 @@ class Engine:
             await events.append(session, thread.id, "error", {"code": "missing_variable", "message": str(exc)})
             return None
         request.messages = await hook_runner.prefilter_llm_history(request.messages)
-        registry = child_registry.registry_message(await child_registry.children_of(session, thread))
+        registry = children.registry_message(await children.of(session, thread))
         if registry is not None:  # after the history, so the model sees its children's current state
             request.messages.append(LLMMessage("system", registry))
         await attachments.inline_images(session, thread.id, request.messages)
@@ -465,10 +464,7 @@ class Engine:
 
     @staticmethod
     async def _children(session: AsyncSession, thread: tables.Thread) -> list[SubagentEntry]:
-        return [
-            SubagentEntry.model_validate(child_registry.entry(c))
-            for c in await child_registry.children_of(session, thread)
-        ]
+        return [SubagentEntry.model_validate(children.entry(c)) for c in await children.of(session, thread)]
 
     async def _subagent(self, claim: queue.Claim, step: Step, tool: context.OfferedTool, call: ToolCall) -> Any:
         """A subagent tool call (§6): its result now, or None when the parent parks on a blocking child."""
@@ -477,10 +473,10 @@ class Engine:
             await events.append(session, thread.id, "tool_started", {"tool": name, "tool_call_id": call["id"]})
             _, prompt = self._prompt_of(self._catalog.agent(thread.agent), step.side)
             started = time.perf_counter()
-            done = await subagents.call(
+            done = await child_tools.call(
                 session, self._catalog, thread, step.side, prompt, tool, call, step.env, self._fernet
             )
-            if isinstance(done, subagents.Parked):
+            if isinstance(done, child_tools.Parked):
                 return None
             latency_ms = round((time.perf_counter() - started) * 1000, 2)
             # its hooks run as a callable's do, inside this transaction: the call and its answer commit together

@@ -14,11 +14,21 @@ from pydantic import ValidationError
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app import attachments as attachment_store
-from app import db, errors, events, files, lifecycle, messages, queue, tables, threads
-from app import effects as effect_store
-from app import env as env_store
-from app import subagents as child_registry
+from app import (
+    attachments,
+    children,
+    db,
+    effects,
+    environment,
+    errors,
+    events,
+    files,
+    lifecycle,
+    messages,
+    queue,
+    tables,
+    threads,
+)
 from app.catalog import Catalog
 from app.engine import handoffs, tools
 from app.engine.context import Env, offered_tools
@@ -299,17 +309,17 @@ class RunState(FileMethods):
         self._own("set_env")
         if not isinstance(name, str) or not isinstance(value, str):
             raise errors.Invalid("`state.set_env` takes a variable name and a string value")
-        env_store.check_name(name)
+        environment.check_name(name)
         _refuse_nul(name, value)
         declared = self._catalog.secret_names(self.agent_id)
         async with self._transaction() as (session, thread):
-            secret = name in declared or (await env_store.thread_types(session, thread.id)).get(name) == "secret"
-            await env_store.set_thread(session, self._fernet, thread.id, {name: value}, {name} if secret else set())
+            secret = name in declared or (await environment.thread_types(session, thread.id)).get(name) == "secret"
+            await environment.set_thread(session, self._fernet, thread.id, {name: value}, {name} if secret else set())
             if thread.has_children:  # live descendants see it from their next step on (§8)
                 scoped_in = [a for a in self._catalog.agents if self._scoped(a, name)]
-                await env_store.propagate(session, thread.id, name, scoped_in)
+                await environment.propagate(session, thread.id, name, scoped_in)
         # the step's resolver is shared by its tool calls: later `env` calls of this step see the value
-        self._env.thread[name] = env_store.Value(value, "secret" if secret else "text")
+        self._env.thread[name] = environment.Value(value, "secret" if secret else "text")
 
     def _scoped(self, agent: str, name: str) -> bool:
         """Whether the agent's graph declares `name` scoped (its threads do not inherit it, as at creation, §6.7)."""
@@ -414,7 +424,7 @@ class RunState(FileMethods):
         _refuse_nul(content)
         content = self._env.mask(content)
         async with self._transaction() as (session, thread):
-            await child_registry.notify_parent(session, thread, content)
+            await children.notify_parent(session, thread, content)
 
     async def set_status(self, text: str) -> None:
         if not isinstance(text, str) or not text or len(text) > 1000:
@@ -426,7 +436,7 @@ class RunState(FileMethods):
             thread.status_text = self._env.mask(text)
             data = {"status": thread.status, "status_text": thread.status_text}
             await events.append(session, thread.id, "thread_status", data)
-            await child_registry.announce(session, thread)
+            await children.announce(session, thread)
 
     async def get_child_thread(self, reference: str) -> RunState | None:
         key = _uuid(reference)
@@ -471,12 +481,12 @@ class RunState(FileMethods):
         async with self._transaction() as (session, thread):
             if thread.terminated_at is not None:
                 raise errors.ThreadTerminated()
-            row = await effect_store.schedule(session, thread.id, name, args, delay_ms)
+            row = await effects.schedule(session, thread.id, name, args, delay_ms)
         return str(row.id)
 
     async def get_scheduled_effects(self, name: str | None = None) -> list[ScheduledEffect]:
         async with self._transaction() as (session, thread):
-            rows = await effect_store.list_(session, thread.id, name=name, pending=True)
+            rows = await effects.list_(session, thread.id, name=name, pending=True)
         return [scheduled_effect(r) for r in rows]
 
     async def remove_scheduled_effect(self, effect_id: str) -> bool:
@@ -485,7 +495,7 @@ class RunState(FileMethods):
             return False
         async with self._transaction() as (session, thread):
             try:
-                return await effect_store.cancel(session, thread.id, key)
+                return await effects.cancel(session, thread.id, key)
             except (errors.EffectNotFound, errors.EffectNotCancellable):
                 return False
 
@@ -593,7 +603,7 @@ async def _projections(
     session: AsyncSession, thread_id: uuid.UUID, rows: list[tables.Message]
 ) -> dict[uuid.UUID, dict[str, Any]]:
     """The `subagent_*` fields of the rows that speak for a child (a query only when one does)."""
-    return await child_registry.projections(session, thread_id, {r.subagent_id for r in rows if r.subagent_id})
+    return await children.projections(session, thread_id, {r.subagent_id for r in rows if r.subagent_id})
 
 
 def _attachments(items: Any) -> list[ToolAttachment | AttachmentRef]:
@@ -628,16 +638,16 @@ async def _attachment(
     """A message's reference to the attachment: a new file is stored under `/attachments/` (code's own output is
     not refused for its size, as a tool's is not); a path must name a file of the thread."""
     if isinstance(item, ToolAttachment):
-        data = attachment_store.decode(item.data, item.name)
+        data = attachments.decode(item.data, item.name)
         limit = max(files.DEFAULT_LIMIT, len(data))
-        return await attachment_store.store(session, thread_id, item.name, data, item.mime_type, limit)
+        return await attachments.store(session, thread_id, item.name, data, item.mime_type, limit)
     try:
         entry = await files.stat(session, thread_id, item.path)
     except errors.FileNotFound:
         entry = None
     if entry is None or entry.is_dir:
         raise errors.FileNotFound(f"Attachment not found: {item.path}", path=item.path)
-    return attachment_store.reference(entry, item.name)
+    return attachments.reference(entry, item.name)
 
 
 def _log(row: tables.Log) -> StateLog:

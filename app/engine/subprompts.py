@@ -39,7 +39,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import attachments, db, errors, events, files, messages, tables
 from app.catalog import Catalog
-from app.engine import calls, context, hooks, subagents, tools
+from app.engine import calls, child_tools, context, hooks, tools
 from app.engine.state import RunState, Transaction
 from app.llm.base import LLMMessage, ProviderError, ToolCall
 from app.spec.definitions import PromptDefinition, SideConfig, ToolEntry
@@ -207,10 +207,10 @@ class Runner:
         name = call["function"]["name"]
         data = {"tool": name, "tool_call_id": call["id"], "depth": tags["depth"]}
         tool = offered.get(name)
-        if tool is not None and tool.kind in subagents.KINDS:
+        if tool is not None and tool.kind in child_tools.KINDS:
             async with state._transaction() as (session, thread):
                 await events.append(session, thread.id, "tool_started", data)
-                done = await subagents.call(
+                done = await child_tools.call(
                     session,
                     self._catalog,
                     thread,
@@ -222,7 +222,7 @@ class Runner:
                     state._fernet,
                     nonblocking=True,
                 )
-                assert isinstance(done, subagents.Answered)  # a non-blocking call never parks
+                assert isinstance(done, child_tools.Answered)  # a non-blocking call never parks
                 self._caller.meter.tool_call(name, done.result.status, offered)
                 inside = self._hooks(state, thread, prompt, lambda: hooks.joined(session, thread))
                 result, row = await hooks.store_result(

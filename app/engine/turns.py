@@ -9,8 +9,7 @@ from sqlalchemy import func, select
 from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import events, messages, tables, threads
-from app import subagents as child_registry
+from app import children, events, messages, tables, threads
 from app.engine import stops, tools
 from app.llm.base import ToolCall
 from app.spec.definitions import AgentDefinition, SideConfig
@@ -44,7 +43,7 @@ async def end_session(session: AsyncSession, thread: tables.Thread, verdict: sto
     assert verdict.status is not None and verdict.reason is not None
     await threads.end_session(session, thread, verdict.status, verdict.reason, verdict.result)
     await threads.set_status(session, thread, "idle")
-    await child_registry.report(session, thread)  # a child hands its result to its parent in this transaction
+    await children.report(session, thread)  # a child hands its result to its parent in this transaction
 
 
 async def report_status(
@@ -61,7 +60,7 @@ async def report_status(
             await events.append(
                 session, thread.id, "thread_status", {"status": thread.status, "status_text": thread.status_text}
             )
-            await child_registry.announce(session, thread)
+            await children.announce(session, thread)
 
 
 async def answered_position(session: AsyncSession, thread_id: uuid.UUID, side: str) -> int:

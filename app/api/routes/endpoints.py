@@ -17,8 +17,7 @@ from pydantic_core import PydanticSerializationError, to_jsonable_python
 from starlette.convertors import Convertor, register_url_convertor
 from starlette.exceptions import HTTPException
 
-from app import endpoints as routing
-from app import errors, threads
+from app import errors, routing, threads
 from app.api import bodies
 from app.api.deps import CatalogDep, StreamUser, sessions
 from app.engine import outside

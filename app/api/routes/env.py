@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Path, Request
 
-from app import env, errors
+from app import environment, errors
 from app.api import bodies, schemas
 from app.api.deps import CurrentUser, EnvLimits, SessionDep
 from app.keys import Principal
@@ -34,20 +34,20 @@ def _owner(scope: Scope, who: Principal) -> str:
         return who.user_id
     if not who.admin:
         raise errors.Forbidden("Instance env needs an admin key (`agents keys create --admin`).")
-    return env.INSTANCE
+    return environment.INSTANCE
 
 
 @router.get("/env/{scope}", responses=ERRORS)
 async def list_env(scope: Scope, session: SessionDep, who: CurrentUser) -> schemas.EnvList:
     """The scope's names and types; text values shown, secret values null."""
-    values, types = await env.public(session, scope, _owner(scope, who))
+    values, types = await environment.public(session, scope, _owner(scope, who))
     return schemas.EnvList(env=values, env_types=types)
 
 
 @router.get("/env/{scope}/{name}", responses={**ERRORS, 404: {"model": schemas.Error}})
 async def get_env(scope: Scope, name: Name, session: SessionDep, who: CurrentUser) -> schemas.EnvVariable:
     """One value (null when secret)."""
-    values, types = await env.public(session, scope, _owner(scope, who))
+    values, types = await environment.public(session, scope, _owner(scope, who))
     if name not in types:
         raise errors.NotFound(f"No {scope} variable `{name}`.")
     return schemas.EnvVariable(name=name, type=types[name], value=values[name])
@@ -65,9 +65,11 @@ async def put_env(
 ) -> schemas.EnvVariable:
     """Set a value; `type: "secret"` stores it encrypted and it is never returned. 413 past the env limits."""
     owner = _owner(scope, who)
-    env.check({name: body.value}, limits)
+    environment.check({name: body.value}, limits)
     secret = {name} if body.type == "secret" else set()
-    await env.put(session, request.app.state.fernet, scope, owner, {name: body.value}, secret, most=limits.variables)
+    await environment.put(
+        session, request.app.state.fernet, scope, owner, {name: body.value}, secret, most=limits.variables
+    )
     await session.commit()
     return schemas.EnvVariable(name=name, type=body.type, value=None if body.type == "secret" else body.value)
 
@@ -76,8 +78,8 @@ async def put_env(
 async def delete_env(scope: Scope, name: Name, session: SessionDep, who: CurrentUser) -> schemas.EnvVariable:
     """Remove a value; 404 when there is none."""
     owner = _owner(scope, who)
-    values, types = await env.public(session, scope, owner)
-    if name not in types or await env.remove(session, scope, owner, [name]) == 0:
+    values, types = await environment.public(session, scope, owner)
+    if name not in types or await environment.remove(session, scope, owner, [name]) == 0:
         raise errors.NotFound(f"No {scope} variable `{name}`.")
     await session.commit()
     return schemas.EnvVariable(name=name, type=types[name], value=values[name])

@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from sqlalchemy.ext.asyncio import AsyncSession
 from starlette.datastructures import FormData, UploadFile
 
-from app import attachments, db, edits, errors, events, lifecycle, messages, queue, subagents, tables, threads, waits
+from app import attachments, children, db, edits, errors, events, lifecycle, messages, queue, tables, threads, waits
 from app.api import bodies, forms, schemas
 from app.api.deps import CatalogDep, CurrentUser, SessionDep, SettingsDep, sessions
 from app.keys import Principal
@@ -275,8 +275,8 @@ async def _projected(session: AsyncSession, rows: list[tables.Message]) -> list[
     """Messages with the `subagent_*` fields of the child they speak for."""
     if not rows:
         return []
-    children = {r.subagent_id for r in rows if r.subagent_id is not None}
-    extra = await subagents.projections(session, rows[0].thread_id, children)
+    ids = {r.subagent_id for r in rows if r.subagent_id is not None}
+    extra = await children.projections(session, rows[0].thread_id, ids)
     return [
         schemas.Message.model_validate({**messages.to_dict(r), **extra.get(r.subagent_id or uuid.UUID(int=0), {})})
         for r in rows

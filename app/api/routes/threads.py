@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Query, Request
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import env, errors, events, lifecycle, queue, tables, threads
+from app import environment, errors, events, lifecycle, queue, tables, threads
 from app.api import bodies, schemas
 from app.api.deps import CatalogDep, CurrentUser, EnvLimits, SessionDep, SettingsDep
 from app.api.routes.messages import enqueue_message
@@ -21,7 +21,7 @@ ERRORS: dict[int | str, dict[str, Any]] = {401: {"model": schemas.Error}, 404: {
 
 async def view(session: AsyncSession, row: tables.Thread, children: int | None = None) -> schemas.Thread:
     """The API's `Thread` for a row, with its env (text values shown, secret ones null)."""
-    values, types = await env.public_view(session, row.id)
+    values, types = await environment.public_view(session, row.id)
     if children is None:
         children = (await threads.children_counts(session, [row.id])).get(row.id, 0)
     return _thread(row, children, values, types)
@@ -73,16 +73,16 @@ async def create_thread(
 ) -> schemas.Thread:
     """Create a thread of an agent; `messages` are queued in order. 413 past the env limits."""
     agent = catalog.agent(body.agent)
-    env.check(body.env, limits)
+    environment.check(body.env, limits)
     unknown_secrets = sorted(set(body.secrets) - set(body.env))
     if unknown_secrets:
         raise errors.Invalid(f"`secrets` names variables not in `env`: {', '.join(unknown_secrets)}")
     # required, non-scoped variables of the agent's graph that nothing defines where they are read (§8)
-    missing = await env.unresolved(session, catalog, agent.name, who.user_id, body.env, scoped=False)
+    missing = await environment.unresolved(session, catalog, agent.name, who.user_id, body.env, scoped=False)
     if missing:
-        raise env.missing(missing)
+        raise environment.missing(missing)
     row = await threads.create(session, agent, who, name=body.name, tags=body.tags)
-    await env.set_thread(
+    await environment.set_thread(
         session, request.app.state.fernet, row.id, body.env, set(body.secrets) | catalog.secret_names(agent.name)
     )
     if any(e.immediate for e in catalog.prompts[agent.side_a.prompt].tool_entries()):
@@ -114,7 +114,7 @@ async def list_threads(
     )
     ids = [r.id for r in rows]
     counts = await threads.children_counts(session, ids)
-    types = await env.types_by_thread(session, ids)
+    types = await environment.types_by_thread(session, ids)
     listed = [_thread(r, counts.get(r.id, 0), None, types.get(r.id, {})) for r in rows]
     return schemas.ThreadList(threads=listed, next_cursor=next_cursor)
 
@@ -186,7 +186,7 @@ async def update_thread(
     """Change the thread's name, tags or env (secrets stay secret; `env_delete` removes values, before `env` is
     written). 413 past the env limits."""
     thread = await threads.get(session, thread_id, who, lock=True)
-    env.check(body.env, limits)
+    environment.check(body.env, limits)
     unknown_secrets = sorted(set(body.secrets) - set(body.env))
     if unknown_secrets:
         raise errors.Invalid(f"`secrets` names variables not in `env`: {', '.join(unknown_secrets)}")
@@ -195,13 +195,13 @@ async def update_thread(
     if body.tags is not None:
         thread.tags = body.tags
     # read before the deletes: a secret deleted and set again in one request (a replacement) stays secret
-    stored_secret = {n for n, t in (await env.thread_types(session, thread.id)).items() if t == "secret"}
+    stored_secret = {n for n, t in (await environment.thread_types(session, thread.id)).items() if t == "secret"}
     if body.env_delete:
-        await env.delete_thread(session, thread.id, body.env_delete)
+        await environment.delete_thread(session, thread.id, body.env_delete)
     if body.env:
         secret = set(body.secrets) | stored_secret | catalog.secret_names(thread.agent)
         fernet = request.app.state.fernet
-        await env.set_thread(session, fernet, thread.id, body.env, secret, most=limits.variables)
+        await environment.set_thread(session, fernet, thread.id, body.env, secret, most=limits.variables)
     thread.updated_at = datetime.now(UTC)
     await events.append_lifecycle(session, thread, "thread_updated")
     result = await view(session, thread)

@@ -7,7 +7,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
-from app import env, subagents, threads
+from app import environment, threads, variable_requests
 from app.api import bodies, schemas
 from app.api.deps import CatalogDep, CurrentUser, EnvLimits, SessionDep
 
@@ -22,7 +22,7 @@ async def get_request(
 ) -> schemas.VariableRequest:
     """The names a deferred subagent requires and those still missing (never values)."""
     thread = await threads.get(session, thread_id, who)
-    row = await subagents.variable_request(session, thread.id, request_id)
+    row = await variable_requests.get(session, thread.id, request_id)
     return schemas.VariableRequest(
         request_id=row.id,
         parent_thread_id=row.parent_id,
@@ -52,9 +52,9 @@ async def provide(
     reports to the parent like a non-blocking one. 400 while names are still missing, 409 when used twice, 413
     past the env limits."""
     thread = await threads.get(session, thread_id, who, lock=True)
-    env.check(body.env, limits)
-    row = await subagents.variable_request(session, thread.id, request_id)
+    environment.check(body.env, limits)
+    row = await variable_requests.get(session, thread.id, request_id)
     fernet = request.app.state.fernet
-    child = await subagents.fulfil(session, catalog, fernet, thread, row, body.env, limits.variables)
+    child = await variable_requests.fulfil(session, catalog, fernet, thread, row, body.env, limits.variables)
     await session.commit()
     return schemas.VariablesDone(request_id=row.id, child_thread_id=child.id, status="success")

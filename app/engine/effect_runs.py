@@ -14,8 +14,7 @@ from typing import Any
 from cryptography.fernet import Fernet
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app import effects as effect_store
-from app import queue
+from app import effects, queue
 from app.catalog import Catalog
 from app.engine.context import load_env
 from app.engine.state import RunState, Transaction, effect_args_problem
@@ -32,7 +31,7 @@ async def run_queued(
             item = await queue.next_effect(session, thread.id)
             if item is None:
                 return
-            effect = await effect_store.start(session, item)
+            effect = await effects.start(session, item)
             if effect is None:
                 continue
             side = catalog.agent(thread.agent).side("b" if thread.side == "b" else "a")
@@ -44,7 +43,7 @@ async def run_queued(
         if error is not None:
             log.warning("effect %s (%s) of thread %s failed: %s", effect.name, effect.id, thread.id, error)
         async with transaction() as (session, thread):
-            await effect_store.finish(session, effect, item, error)
+            await effects.finish(session, effect, item, error)
             thread.attempt = 1  # progress was made: a step after it starts with a fresh crash budget
 
 

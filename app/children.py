@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -19,7 +19,7 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm.attributes import set_committed_value
 
-from app import attachments, crypto, db, env, errors, events, messages, queue, tables, threads
+from app import attachments, crypto, db, environment, errors, events, messages, queue, tables, threads
 from app.catalog import Catalog
 from app.spec.definitions import AgentDefinition, ToolEntry
 
@@ -86,7 +86,7 @@ async def create(
     await session.flush()
     await session.refresh(child)
     set_committed_value(parent, "has_children", True)  # as the insert's trigger stored it
-    await env.copy_thread(session, parent.id, child.id, scoped or set(), instances or set())
+    await environment.copy_thread(session, parent.id, child.id, scoped or set(), instances or set())
     await events.append_lifecycle(session, child, "thread_created")
     await events.append(session, parent.id, "subagent_created", entry(child))
     return child
@@ -148,16 +148,16 @@ def entry(child: tables.Thread) -> dict[str, Any]:
 _CHILDREN = "SELECT * FROM threads WHERE parent_id = $1 ORDER BY created_at"
 
 
-async def children(session: AsyncSession, parent_id: uuid.UUID) -> list[tables.Thread]:
+async def of_parent(session: AsyncSession, parent_id: uuid.UUID) -> list[tables.Thread]:
     """The parent's children, oldest first."""
     found = await (await db.driver(session)).fetch(_CHILDREN, parent_id)
     return [db.attach(session, tables.Thread, row) for row in found]
 
 
-async def children_of(session: AsyncSession, parent: tables.Thread) -> list[tables.Thread]:
-    """`children` of a row the caller read in this transaction: none without a query for a thread that never had
+async def of(session: AsyncSession, parent: tables.Thread) -> list[tables.Thread]:
+    """`of_parent` for a row the caller read in this transaction: none without a query for a thread that never had
     one (read at every step; most threads never spawn a child)."""
-    return await children(session, parent.id) if parent.has_children else []
+    return await of_parent(session, parent.id) if parent.has_children else []
 
 
 async def waiting_on(session: AsyncSession, parent_id: uuid.UUID, call_id: str) -> tables.Thread | None:
@@ -252,7 +252,7 @@ async def missing_scoped(
     required = sorted({v.name for v in catalog.variables_of_agent(agent) if v.scoped and v.required})
     if not required:
         return [], []
-    return required, await env.unresolved(session, catalog, agent, parent.user_id, provided, scoped=True)
+    return required, await environment.unresolved(session, catalog, agent, parent.user_id, provided, scoped=True)
 
 
 @dataclass(frozen=True)
@@ -344,80 +344,9 @@ async def start(
         child.tags = [*child.tags, *creation.tags]
     if creation.scoped_env:
         secret = (catalog.secret_names(agent.name) | set(creation.scoped_secret)) & set(creation.scoped_env)
-        await env.set_thread(session, fernet, child.id, creation.scoped_env, secret, most=most)
+        await environment.set_thread(session, fernet, child.id, creation.scoped_env, secret, most=most)
     refs = await copy_files(session, parent.id, creation.paths, child.id)
     await send(session, child, "user", creation.content, refs, silent=creation.silent)
-    return child
-
-
-async def request_variables(
-    session: AsyncSession,
-    fernet: Fernet,
-    parent: tables.Thread,
-    agent: str,
-    required: list[str],
-    missing: list[str],
-    creation: Creation,
-) -> tables.VariableRequest:
-    """Store a creation that waits for scoped values (§6.7)."""
-    row = tables.VariableRequest(
-        id=uuid.uuid4(),
-        parent_id=parent.id,
-        agent=agent,
-        required=required,
-        missing=missing,
-        payload=creation.payload(fernet),
-    )
-    session.add(row)
-    await session.flush()
-    return row
-
-
-async def requested_tags(session: AsyncSession, parent_id: uuid.UUID) -> set[str]:
-    """Tags of the immediate instances the parent's variable requests stand for (they are not started twice)."""
-    rows = await session.execute(
-        select(tables.VariableRequest.payload).where(tables.VariableRequest.parent_id == parent_id)
-    )
-    return {tag for payload in rows.scalars() for tag in payload.get("tags") or []}
-
-
-async def variable_request(
-    session: AsyncSession, parent_id: uuid.UUID, request_id: uuid.UUID
-) -> tables.VariableRequest:
-    row = await session.get(tables.VariableRequest, request_id, with_for_update={"key_share": True})
-    if row is None or row.parent_id != parent_id:
-        raise errors.VariableRequestNotFound(f"Variable request {request_id} not found")
-    return row
-
-
-async def fulfil(
-    session: AsyncSession,
-    catalog: Catalog,
-    fernet: Fernet,
-    parent: tables.Thread,
-    request: tables.VariableRequest,
-    values: dict[str, str],
-    most: int | None = None,
-) -> tables.Thread:
-    """Create the deferred child from the request's original payload with `values` as its scoped env (the child
-    holding at most `most` values); the child reports like a non-blocking one. `MissingVariables` (what is still
-    missing), or `Conflict` when used twice."""
-    if request.status != "pending":
-        raise errors.RequestUsed("This variable request was already used")
-    if parent.terminated_at is not None:
-        raise errors.ThreadTerminated()
-    creation = Creation.of(request.payload, fernet)
-    provided = set(values) | set(creation.scoped_env)  # an immediate instance's own values count too
-    _, missing = await missing_scoped(session, catalog, parent, request.agent, provided)
-    if missing:
-        raise env.missing(missing, errors.StillMissing)
-    scoped_env = {**creation.scoped_env, **values}
-    deferred = replace(creation, blocking=False, scoped_env=scoped_env)
-    child = await start(session, catalog, fernet, parent, deferred, most=most)
-    request.status = "success"
-    request.child_id = child.id
-    request.missing = []
-    request.updated_at = datetime.now(UTC)
     return child
 
 

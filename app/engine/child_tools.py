@@ -3,7 +3,7 @@
 A call runs in one fenced transaction of the parent: it creates the child (or addresses an existing one), copies the
 attachments parent → child, queues the child's input, and either answers at once (non-blocking) or parks the parent
 as `waiting` on that child (blocking) — the parent's execution then ends and holds no worker and no lease; the
-child's `report` (`app/subagents.py`) wakes it with the result.
+child's `report` (`app/children.py`) wakes it with the result.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 from cryptography.fernet import Fernet
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import errors, events, files, subagents, tables, threads
+from app import children, errors, events, files, tables, threads, variable_requests
 from app.catalog import Catalog
 from app.engine import subprompts
 from app.engine.context import Env, OfferedTool, parse_arguments
@@ -177,7 +177,7 @@ async def call(
 ) -> Answered | Parked:
     """Run a subagent tool call inside the parent's fenced transaction; `nonblocking` (inside a subprompt step,
     §7.4) answers at once whatever the entry says, and the child's result arrives later as a message."""
-    waiting = None if nonblocking else await subagents.waiting_on(session, parent.id, call["id"])
+    waiting = None if nonblocking else await children.waiting_on(session, parent.id, call["id"])
     if waiting is not None:  # the call was made before a crash: keep waiting on the same child
         await threads.set_status(session, parent, "waiting")
         return Parked(waiting.id)
@@ -198,7 +198,7 @@ async def call(
         content, paths_arg, label = arguments["message"], arguments.get("attachments"), arguments.get("name")
         limit = entry.resumable.max_instances if entry.resumable else None
         if limit is not None:
-            live = [c for c in await subagents.children(session, parent.id) if c.agent == agent.name]
+            live = [c for c in await children.of_parent(session, parent.id) if c.agent == agent.name]
             live = [c for c in live if c.terminated_at is None]
             if len(live) >= limit:
                 ids = ", ".join(str(c.id) for c in live)
@@ -218,13 +218,13 @@ async def call(
         return paths
     name = str(label) if isinstance(label, str | int | float) and str(label) else None
     blocking = entry.blocking and not nonblocking
-    creation = subagents.Creation(agent.name, entry, side, content, blocking=blocking, paths=paths, name=name)
-    required, missing = await subagents.missing_scoped(session, catalog, parent, agent.name, set())
+    creation = children.Creation(agent.name, entry, side, content, blocking=blocking, paths=paths, name=name)
+    required, missing = await children.missing_scoped(session, catalog, parent, agent.name, set())
     if missing:  # nothing is created: the values come through the bootstrap routes (§6.7)
-        request = await subagents.request_variables(session, fernet, parent, agent.name, required, missing, creation)
+        request = await variable_requests.create(session, fernet, parent, agent.name, required, missing, creation)
         return Answered(_env_required(parent, agent.name, request))
-    child = await subagents.start(session, catalog, fernet, parent, creation)
-    return await _wait_or_answer(session, parent, child, call, tool, subagents.CREATED.format(id=child.id), blocking)
+    child = await children.start(session, catalog, fernet, parent, creation)
+    return await _wait_or_answer(session, parent, child, call, tool, children.CREATED.format(id=child.id), blocking)
 
 
 def _env_required(parent: tables.Thread, agent: str, request: tables.VariableRequest) -> ToolResult:
@@ -236,7 +236,7 @@ def _env_required(parent: tables.Thread, agent: str, request: tables.VariableReq
         "missing": request.missing,
         "agent": agent,
     }
-    text = subagents.ENV_REQUIRED.format(agent=agent, parent=parent.id, request=request.id)
+    text = children.ENV_REQUIRED.format(agent=agent, parent=parent.id, request=request.id)
     return ToolResult(status="error", error=text, error_code="subagent_env_required", error_data=data)
 
 
@@ -262,9 +262,9 @@ async def _message(
     paths = await _check_paths(session, parent.id, arguments.get("attachments"))
     if isinstance(paths, Answered):
         return paths
-    refs = await subagents.copy_files(session, parent.id, paths, child.id)
+    refs = await children.copy_files(session, parent.id, paths, child.id)
     role = "assistant" if child.receives_messages == "side_b" else "user"
-    await subagents.send(session, child, role, arguments["message"], refs)
+    await children.send(session, child, role, arguments["message"], refs)
     blocking = child.blocking and not nonblocking
     return await _wait_or_answer(session, parent, child, call, tool, QUEUED.format(id=child.id), blocking)
 
@@ -283,7 +283,7 @@ async def _wait_or_answer(
     child.parent_call_id = call["id"]
     child.parent_call_name = tool.name
     await threads.set_status(session, parent, "waiting")
-    await subagents.announce(session, child)
+    await children.announce(session, child)
     return Parked(child.id)
 
 
@@ -344,14 +344,14 @@ async def spawn_immediate(
         for group in _instances(entry, env, limit):
             tag = f"immediate:{agent.name}:{group['k']}"
             if existing is None:
-                existing = {t for c in await subagents.children(session, parent.id) for t in c.tags}
-                existing |= await subagents.requested_tags(session, parent.id)
+                existing = {t for c in await children.of_parent(session, parent.id) for t in c.tags}
+                existing |= await variable_requests.tags(session, parent.id)
             if tag in existing:
                 continue
             name = group["name"] or (agent.name if group["k"] == 1 else f"{agent.name}__{group['k']}")
             description = group["description"] or agent.tool_description or agent.description
             text = (STARTED + "\n\n" + (description or "")).strip()
-            creation = subagents.Creation(
+            creation = children.Creation(
                 agent.name,
                 entry,
                 side,
@@ -365,17 +365,17 @@ async def spawn_immediate(
                 scoped_secret=group["secret"],
                 spawn_group_id=group_id,
             )
-            required, missing = await subagents.missing_scoped(
+            required, missing = await children.missing_scoped(
                 session, catalog, parent, agent.name, set(group["scoped"])
             )
             if missing:  # no child yet: the values come through the bootstrap routes (§6.7)
-                request = await subagents.request_variables(
+                request = await variable_requests.create(
                     session, fernet, parent, agent.name, required, missing, creation
                 )
                 existing.add(tag)
                 data = _env_required(parent, agent.name, request).error_data
                 await events.append(session, parent.id, "event", {"event_type": "subagent_env_required", "data": data})
                 continue
-            await subagents.start(session, catalog, fernet, parent, creation)
+            await children.start(session, catalog, fernet, parent, creation)
             started += 1
     return started
