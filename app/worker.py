@@ -20,7 +20,7 @@ import asyncpg
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
-from app import blobs, db, effects, errors, events, lifecycle, liveness, queue
+from app import blobs, control, db, effects, errors, events, liveness, queue
 from app.engine.run import Engine
 from app.heartbeat import Heartbeat
 from app.settings import Settings, plain_url
@@ -112,7 +112,7 @@ class Worker:
             log.info("listener connection lost; reconnecting")
         conn = await db.connect(plain_url(self._settings.database_url), connect_timeout=10)
         await conn.add_listener(queue.WAKEUP_CHANNEL, lambda *_: self._notified())
-        await conn.add_listener(lifecycle.CONTROL_CHANNEL, lambda *args: self._abandon(args[3]))
+        await conn.add_listener(control.CONTROL_CHANNEL, lambda *args: self._abandon(args[3]))
         return conn
 
     async def _claiming(self, claimer: asyncpg.Connection | None) -> asyncpg.Connection:

@@ -23,7 +23,7 @@ from cryptography.fernet import Fernet
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app import attachments, children, db, errors, events, files, lifecycle, messages, queue, tables, threads
+from app import attachments, children, control, db, errors, events, files, messages, queue, tables, threads
 from app.catalog import Catalog
 from app.engine import calls, child_tools, context, effect_runs, handoffs, hooks, inbox, stops, subprompts, tools, turns
 from app.engine.history import Histories, History
@@ -622,7 +622,7 @@ class Engine:
             f"{thread.session_number}; the session was failed instead of trying again."
         )
         log.error("thread %s: %s", thread.id, message)
-        await lifecycle.close_open_work(session, thread, message)
+        await control.close_open_work(session, thread, message)
         await events.append(session, thread.id, "error", {"code": "crashed", "message": message})
         if thread.session_status == "running":
             await turns.end_session(session, thread, stops.Verdict("session", "crashed", "failure"))
@@ -636,7 +636,7 @@ class Engine:
             with contextlib.suppress(errors.AgentsError):  # e.g. a secret the current key cannot decrypt
                 known = (await context.load_env(session, self._fernet, self._catalog, thread, None)).secrets()
             text = context.scrub(message, known)
-            await lifecycle.close_open_work(session, thread, f"The run failed: {text}")
+            await control.close_open_work(session, thread, f"The run failed: {text}")
             await events.append(session, thread.id, "error", {"code": code, "message": text})
             if thread.session_status == "running":
                 await turns.end_session(session, thread, stops.Verdict("session", "crashed", "failure"))

@@ -17,13 +17,13 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from app import (
     attachments,
     children,
+    control,
     db,
     effects,
     environment,
     errors,
     events,
     files,
-    lifecycle,
     messages,
     queue,
     tables,
@@ -463,7 +463,7 @@ class RunState(FileMethods):
 
     async def terminate(self) -> None:
         async with self._transaction() as (session, thread):
-            await lifecycle.terminate(session, thread)
+            await control.terminate(session, thread)
 
     # -- effects -------------------------------------------------------------------------------------------
 

@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from sqlalchemy.ext.asyncio import AsyncSession
 from starlette.datastructures import FormData, UploadFile
 
-from app import attachments, children, db, edits, errors, events, lifecycle, messages, queue, tables, threads, waits
+from app import attachments, children, control, db, edits, errors, events, messages, queue, tables, threads, waits
 from app.api import bodies, forms, schemas
 from app.api.deps import CatalogDep, CurrentUser, SessionDep, SettingsDep, sessions
 from app.keys import Principal
@@ -51,7 +51,7 @@ async def enqueue_message(
     message_id, payload = _payload(body, refs)
     await queue.enqueue_alongside(session, thread.id, queue.Kind.MESSAGE, payload)  # with the events (`post_message`)
     if body.role != "system":
-        await lifecycle.unpark(session, thread)
+        await control.unpark(session, thread)
     if thread.status == "idle":
         await threads.set_status(session, thread, "queued")
     return message_id

@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Query, Request
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import environment, errors, events, lifecycle, queue, tables, threads
+from app import control, environment, errors, events, queue, tables, threads
 from app.api import bodies, schemas
 from app.api.deps import CatalogDep, CurrentUser, EnvLimits, SessionDep, SettingsDep
 from app.api.routes.messages import enqueue_message
@@ -129,7 +129,7 @@ async def get_thread(thread_id: uuid.UUID, session: SessionDep, who: CurrentUser
 async def stop_thread(thread_id: uuid.UUID, session: SessionDep, who: CurrentUser) -> schemas.Thread:
     """Abort the running step, answer its open tool calls, and park the thread (§11)."""
     thread = await threads.get(session, thread_id, who, lock=True)
-    await lifecycle.stop(session, thread)
+    await control.stop(session, thread)
     await events.append_lifecycle(session, thread, "thread_updated")
     result = await view(session, thread)
     await session.commit()
@@ -153,7 +153,7 @@ async def continue_thread(
     thread = await threads.get(session, thread_id, who, lock=True)
     if catalog.agent(thread.agent).side(side) is None:
         raise errors.NoSuchSide(f"Agent `{thread.agent}` has no side `{side}` that could act; use side `a`.")
-    await lifecycle.resume(session, thread, side)
+    await control.resume(session, thread, side)
     await events.append_lifecycle(session, thread, "thread_updated")
     result = await view(session, thread)
     await session.commit()
@@ -164,7 +164,7 @@ async def continue_thread(
 async def terminate_thread(thread_id: uuid.UUID, session: SessionDep, who: CurrentUser) -> schemas.Thread:
     """End the thread and its descendants for good; later input gets 409."""
     thread = await threads.get(session, thread_id, who, lock=True)
-    await lifecycle.terminate(session, thread)
+    await control.terminate(session, thread)
     await events.append_lifecycle(session, thread, "thread_updated")
     result = await view(session, thread)
     await session.commit()
@@ -213,6 +213,6 @@ async def update_thread(
 async def delete_thread(thread_id: uuid.UUID, session: SessionDep, who: CurrentUser) -> schemas.Deleted:
     """Delete the thread and all its descendants (children first); running work is abandoned."""
     thread = await threads.get(session, thread_id, who, lock=True)
-    deleted = await lifecycle.delete(session, thread)
+    deleted = await control.delete(session, thread)
     await session.commit()
     return schemas.Deleted(deleted=deleted)
