@@ -83,6 +83,6 @@ def test_the_demo_model_finds_arithmetic_in_linear_time() -> None:
     assert _demo_reply("and (1) then 7 / 2.5?")["tool_calls"][0]["arguments"]["expression"] == "7 / 2.5"
     assert "text" in _demo_reply("route 66 north")
     for text in ("1" * 1_000_000, "1 " * 500_000, "9" * 999_999 + "+1"):
-        started = time.perf_counter()
+        started = time.process_time()  # this process's CPU time: a loaded machine does not count against it
         _demo_reply(text)
-        assert time.perf_counter() - started < 1.0
+        assert time.process_time() - started < 5.0  # linear takes ~0.2 s; the quadratic regex took hours

@@ -9,7 +9,7 @@ import operator
 
 from pydantic import BaseModel, Field
 
-from app.spec import ThreadState, define_tool
+from app.spec import BlockingState, define_tool
 
 OPERATORS = {
     ast.Add: operator.add,
@@ -56,6 +56,6 @@ def _eval(node: ast.AST) -> float:
 
 
 @define_tool(description="Evaluate an arithmetic expression and return the result.", timeout=10)
-def calculate(state: ThreadState, args: Args) -> str:
+def calculate(state: BlockingState, args: Args) -> str:
     value = _eval(ast.parse(args.expression, mode="eval"))
     return str(int(value) if float(value).is_integer() else value)

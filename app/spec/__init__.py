@@ -2,6 +2,7 @@
 
 from app.llm.base import LLMMessage
 from app.spec.define import (
+    BlockingState,
     EffectDefinition,
     EndpointDefinition,
     HookDefinition,
@@ -43,6 +44,7 @@ from app.spec.state import (
 __all__ = [
     "AgentDefinition",
     "AttachmentRef",
+    "BlockingState",
     "EffectDefinition",
     "EndpointDefinition",
     "ExecutionState",
