@@ -412,3 +412,26 @@ async def test_an_unexpected_error_fails_the_session_with_secrets_masked(drive: 
     assert (result.thread.session_status, result.thread.session_reason) == ("failure", "crashed")
     assert result.thread.status == "idle" and released(result)
     assert "sk-live-123" not in str(result.events)
+
+
+class FinishArgs(BaseModel):
+    files: list[str] | None = None
+
+
+@define_tool(description="Ends the session, optionally with files.")
+async def finish(state: ThreadState, args: FinishArgs) -> str:
+    return "finished"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="bug: a callable-backed session tool called with `files: null` crashes the execution in `stops.payload` "
+    "(list(None)), so the session fails as `crashed` instead of ending with no attachments",
+)
+async def test_a_callable_session_tool_called_with_null_attachments_ends_the_session(drive: Drive) -> None:
+    model = Model({"tool_calls": [{"name": "finish", "arguments": {"files": None}, "id": "c1"}]})
+    cat = catalog(model, side_a={"session_stop": {"name": "finish", "attachments_property": "files"}})
+    cat = Catalog(root=cat.root, models=cat.models, prompts=cat.prompts, agents=cat.agents, tools={"finish": finish})
+    result = await drive(cat, "wrap up")
+    assert (result.thread.session_status, result.thread.session_reason) == ("success", "session_stop")
+    assert result.thread.session_result == {"content": "finished", "attachments": []}
