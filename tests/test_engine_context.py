@@ -9,9 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cryptography.fernet import Fernet
 from pydantic import BaseModel
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app import env
+from app import env, keys, threads
 from app.catalog import Catalog
 from app.engine import context
 from app.engine.history import Seen
@@ -419,3 +421,56 @@ def test_arguments_parse_to_an_object_and_empty_means_none() -> None:
 def test_arguments_that_are_not_an_object_are_refused(raw: str) -> None:
     with pytest.raises(ValueError, match=r"."):
         context.parse_arguments(raw)
+
+
+# -- load_env (real Postgres) -----------------------------------------------------------------------------
+
+
+async def test_load_env_reads_every_layer_of_a_thread_and_its_declared_secrets(
+    sessions: async_sessionmaker[AsyncSession],
+) -> None:
+    fernet = Fernet(Fernet.generate_key())
+    main = prompt("p", env={"FROM_PROMPT": "p", "SHARED": "prompt"})
+    cat = catalog(
+        main,
+        agents={
+            "agent": {
+                "side_a": {"prompt": "p"},
+                "env": {"FROM_AGENT": "a", "SHARED": "agent"},
+                "variables": [{"name": "DECLARED", "type": "secret"}],
+            }
+        },
+    )
+    alice, bob = keys.Principal(user_id="alice"), keys.Principal(user_id="bob")
+    async with sessions() as s, s.begin():
+        thread = await threads.create(s, cat.agents["agent"], alice)
+        await env.set_thread(s, fernet, thread.id, {"TOKEN": "sk-thread", "SHARED": "thread"}, ["TOKEN"])
+        await env.put(s, fernet, "user", "alice", {"DECLARED": "d-user", "SHARED": "user"}, [])
+        await env.put(s, fernet, "user", "bob", {"OTHER_USER": "never"}, [])
+        await env.put(s, fernet, "instance", env.INSTANCE, {"REGION": "eu", "SHARED": "instance"}, [])
+        other = await threads.create(s, cat.agents["agent"], bob)
+        await env.set_thread(s, fernet, other.id, {"OTHER_THREAD": "never"}, [])
+        loaded = await context.load_env(s, fernet, cat, thread, main)
+    assert loaded.get("TOKEN") == "sk-thread"  # decrypted for the engine
+    assert [loaded.get(n) for n in ("SHARED", "DECLARED", "REGION", "FROM_AGENT", "FROM_PROMPT")] == [
+        "thread",
+        "d-user",
+        "eu",
+        "a",
+        "p",
+    ]
+    for absent in ("OTHER_USER", "OTHER_THREAD"):
+        with pytest.raises(context.MissingVariable):
+            loaded.get(absent)
+    assert loaded.is_secret("DECLARED") and loaded.is_secret("TOKEN") and not loaded.is_secret("REGION")
+    assert loaded.secrets() == ["sk-thread", "d-user"]  # the declared one is masked though stored as text
+
+
+async def test_load_env_without_a_prompt_has_no_prompt_layer(sessions: async_sessionmaker[AsyncSession]) -> None:
+    main = prompt("p", env={"FROM_PROMPT": "p"})
+    cat = catalog(main, agents={"agent": {"side_a": {"prompt": "p"}}})
+    async with sessions() as s, s.begin():
+        thread = await threads.create(s, cat.agents["agent"], keys.OPEN)
+        loaded = await context.load_env(s, Fernet(Fernet.generate_key()), cat, thread, None)
+    with pytest.raises(context.MissingVariable):
+        loaded.get("FROM_PROMPT")

@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app import db, env, events, hub, keys, messages, metrics, queue, tables, threads
 from app.catalog import Catalog
-from app.engine import run
+from app.engine import inbox, run
 from app.llm.base import LLMRequest
 from app.settings import Settings, plain_url
 from app.spec import ThreadState, define_agent, define_model, define_prompt, define_tool, definitions
@@ -40,6 +40,11 @@ async def add(state: ThreadState, args: AddArgs) -> str:
 @define_tool(description="Always fails.")
 async def explode(state: ThreadState) -> str:
     raise RuntimeError("kaboom")
+
+
+@define_tool(description="Reads a variable back.")
+async def reveal(state: ThreadState) -> str:
+    return f"the key is {await state.env('API_KEY')}"
 
 
 Reply = str | dict[str, Any]
@@ -74,7 +79,13 @@ def catalog(
     answers = {"script": model} if isinstance(model, list) else {"respond": model}
     m = define_model(name="m", provider="test", **answers)
     p = define_prompt(
-        **{"name": "p", "model": "m", "prompt": "You are A.", "include_chat": True, "tools": ["add", "explode"]}
+        **{
+            "name": "p",
+            "model": "m",
+            "prompt": "You are A.",
+            "include_chat": True,
+            "tools": ["add", "explode", "reveal"],
+        }
         | (prompt or {})
     )
     q = define_prompt(name="q", model="m", prompt="You are B.", include_chat=True)
@@ -84,7 +95,7 @@ def catalog(
         models={"m": m},
         prompts={"p": p, "q": q},
         agents={"agent": a},
-        tools={"add": add, "explode": explode},
+        tools={"add": add, "explode": explode, "reveal": reveal},
     )
 
 
@@ -200,7 +211,7 @@ async def test_the_model_sees_the_system_prompt_then_the_input(drive: Drive) -> 
     model = Model("ok")
     await drive(catalog(model), "first", "second")
     assert model.seen(0) == [("system", "You are A."), ("user", "first"), ("user", "second")]
-    assert [t.name for t in model.requests[0].tools] == ["add", "explode"]
+    assert [t.name for t in model.requests[0].tools] == ["add", "explode", "reveal"]
 
 
 async def test_a_tool_call_runs_and_its_result_goes_back_to_the_model(drive: Drive) -> None:
@@ -236,8 +247,38 @@ async def test_a_failing_tool_is_an_error_result_the_model_reads(drive: Drive) -
 async def test_an_unknown_tool_is_answered_and_the_turn_goes_on(drive: Drive) -> None:
     model = Model({"tool_calls": [{"name": "fly", "id": "c1"}]}, "I cannot fly.")
     result = await drive(catalog(model), "fly")
-    assert ("tool", "Unknown tool `fly`. Available tools: add, explode") in result.said()
+    assert ("tool", "Unknown tool `fly`. Available tools: add, explode, reveal") in result.said()
     assert result.said()[-1] == ("assistant", "I cannot fly.")
+
+
+async def test_several_calls_of_one_response_run_in_order_in_one_step(drive: Drive) -> None:
+    calls = [
+        {"name": "add", "arguments": {"a": 1, "b": 1}, "id": "c1"},
+        {"name": "explode", "id": "c2"},
+        {"name": "add", "arguments": {"a": 2, "b": 2}, "id": "c3"},
+    ]
+    model = Model({"tool_calls": calls}, "done")
+    result = await drive(catalog(model), "go")
+    assert [(r.tool_call_id, r.tool_status) for r in result.rows if r.role == "tool"] == [
+        ("c1", "success"),
+        ("c2", "error"),
+        ("c3", "success"),
+    ]
+    assert [d["tool_call_id"] for d in result.of("tool_started")] == ["c1", "c2", "c3"]
+    assert [role for role, _ in model.seen(1)] == ["system", "user", "assistant", "tool", "tool", "tool"]
+    assert [d["step"] for d in result.of("step_completed")] == [1, 2]
+
+
+async def test_a_secret_a_tool_echoes_is_masked_in_what_is_stored(drive: Drive) -> None:
+    model = Model({"tool_calls": [{"name": "reveal", "id": "c1"}]}, "noted")
+
+    async def store_secret(session: AsyncSession, thread: tables.Thread) -> None:
+        await env.set_thread(session, FERNET, thread.id, {"API_KEY": "sk-live-123"}, ["API_KEY"])
+
+    result = await drive(catalog(model), "what is the key?", prepare=store_secret)
+    assert ("tool", "the key is ***") in result.said()
+    assert model.seen(1)[-1] == ("tool", "the key is ***")  # the model never sees it either
+    assert "sk-live-123" not in str(result.events)
 
 
 # -- what ends a turn or a session --------------------------------------------------------------------------
@@ -371,6 +412,53 @@ async def test_a_thread_terminated_after_its_claim_runs_nothing_and_is_given_bac
     result = await drive(catalog(model), "hi", between=terminate)
     assert model.requests == [] and result.rows == []  # the input is not even delivered
     assert released(result)
+
+
+async def test_a_stopped_thread_runs_nothing(drive: Drive, sessions: async_sessionmaker[AsyncSession]) -> None:
+    model = Model("never")
+
+    async def stop(claim: queue.Claim) -> queue.Claim:
+        async with sessions() as s, s.begin():
+            (await threads.lock(s, claim.thread_id)).stopped = True
+        return claim
+
+    result = await drive(catalog(model), "hi", between=stop)
+    assert model.requests == [] and result.rows == []
+    assert released(result)
+
+
+async def crashed_mid_session(session: AsyncSession, thread: tables.Thread, attempt: int) -> None:
+    """The thread as workers that died at its running session's step left it: `attempt` claims that never ended."""
+    thread.session_number, thread.session_status, thread.session_steps = 1, "running", 1
+    thread.attempt = attempt - 1  # the claim adds one
+    await threads.set_status(session, thread, "running")
+
+
+async def test_a_step_that_crashed_its_workers_too_often_fails_the_session(drive: Drive) -> None:
+    model = Model("never")
+
+    async def three_crashes(session: AsyncSession, thread: tables.Thread) -> None:
+        await crashed_mid_session(session, thread, inbox.MAX_ATTEMPTS + 1)
+
+    result = await drive(catalog(model), "are you there?", prepare=three_crashes)
+    assert model.requests == []
+    assert result.said() == [("user", "are you there?")]  # the input is kept
+    (error,) = result.of("error")
+    assert error["code"] == "crashed" and f"crashed {inbox.MAX_ATTEMPTS} times" in error["message"]
+    assert (result.thread.session_status, result.thread.session_reason) == ("failure", "crashed")
+    assert result.thread.status == "idle" and released(result)
+
+
+async def test_input_that_keeps_killing_the_worker_is_set_aside_unread(drive: Drive) -> None:
+    model = Model("never")
+
+    async def four_crashes(session: AsyncSession, thread: tables.Thread) -> None:
+        await crashed_mid_session(session, thread, inbox.MAX_ATTEMPTS + 2)
+
+    result = await drive(catalog(model), "poison", prepare=four_crashes)
+    assert model.requests == [] and result.rows == []  # never delivered
+    assert [d["code"] for d in result.of("error")] == ["input_set_aside", "crashed"]
+    assert result.thread.session_reason == "crashed" and released(result)
 
 
 async def test_input_that_cannot_be_delivered_is_set_aside_and_the_rest_runs(
