@@ -281,6 +281,18 @@ async def test_a_secret_a_tool_echoes_is_masked_in_what_is_stored(drive: Drive) 
     assert "sk-live-123" not in str(result.events)
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="suspected bug: a declared secret whose value is in the agent's `env` is not among the known secrets, so "
+    "a tool echoing it is stored and announced unmasked (semantics.md §8: a declared secret is always secret)",
+)
+async def test_a_declared_secret_from_the_agents_env_is_masked_too(drive: Drive) -> None:
+    model = Model({"tool_calls": [{"name": "reveal", "id": "c1"}]}, "noted")
+    secret_in_code = {"env": {"API_KEY": "sk-in-code"}, "variables": [{"name": "API_KEY", "type": "secret"}]}
+    result = await drive(catalog(model, agent=secret_in_code), "what is the key?")
+    assert ("tool", "the key is ***") in result.said()
+
+
 # -- what ends a turn or a session --------------------------------------------------------------------------
 
 
