@@ -125,8 +125,8 @@ Drive = Callable[..., Any]
 async def drive(
     settings: Settings, sessions: async_sessionmaker[AsyncSession], database_url: str
 ) -> AsyncIterator[Drive]:
-    """Run one execution: a new thread of the catalog's agent gets `inputs` (after `prepare`), is claimed, and the
-    engine runs the claim (the one `between` returns, when given)."""
+    """Run one execution: a new thread of the catalog's agent (or thread `thread_id`) gets `inputs` as `role` (after
+    `prepare`), is claimed, and the engine runs the claim (the one `between` returns, when given)."""
     opened: list[tuple[hub.Publisher, httpx.AsyncClient]] = []
 
     async def start(
@@ -134,6 +134,8 @@ async def drive(
         *inputs: str,
         prepare: Callable[[AsyncSession, tables.Thread], Any] | None = None,
         between: Callable[[queue.Claim], Awaitable[queue.Claim]] | None = None,
+        role: str = "user",
+        thread_id: uuid.UUID | None = None,
         **overrides: Any,
     ) -> Outcome:
         publisher, http = hub.Publisher(plain_url(database_url)), httpx.AsyncClient()
@@ -142,11 +144,14 @@ async def drive(
             settings.model_copy(update=overrides), sessions, cat, publisher, FERNET, http, metrics.Meter()
         )
         async with sessions() as s, s.begin():
-            thread = await threads.create(s, cat.agents["agent"], keys.OPEN)
+            if thread_id is None:
+                thread = await threads.create(s, cat.agents["agent"], keys.OPEN)
+            else:
+                thread = await threads.lock(s, thread_id)
             if prepare is not None:
                 await prepare(s, thread)
             for text in inputs:
-                await messages.enqueue(s, thread, "user", text)
+                await messages.enqueue(s, thread, role, text)
         async with db.autocommit(sessions) as s:
             claim = await queue.claim(await db.driver(s), "test", 30)
         assert claim is not None and claim.thread_id == thread.id
@@ -291,6 +296,60 @@ async def test_a_declared_secret_from_the_agents_env_is_masked_too(drive: Drive)
     secret_in_code = {"env": {"API_KEY": "sk-in-code"}, "variables": [{"name": "API_KEY", "type": "secret"}]}
     result = await drive(catalog(model, agent=secret_in_code), "what is the key?")
     assert ("tool", "the key is ***") in result.said()
+
+
+async def test_input_arriving_mid_turn_is_delivered_before_the_next_call(
+    drive: Drive, sessions: async_sessionmaker[AsyncSession]
+) -> None:
+    async def respond(request: LLMRequest) -> definitions.TestReply:
+        model.requests.append(request)
+        if len(model.requests) > 1:
+            return definitions.TestReply(text="saw it")
+        async with sessions() as s, s.begin():  # posted while the model answers: the thread is not locked meanwhile
+            (thread,) = (await s.execute(select(tables.Thread))).scalars()
+            await messages.enqueue(s, await threads.lock(s, thread.id), "user", "also this")
+        return definitions.TestReply(tool_calls=[definitions.TestToolCall(name="add", arguments={"a": 1, "b": 1})])
+
+    model = Model()
+    cat = catalog([])
+    cat = Catalog(
+        root=cat.root,
+        models={"m": define_model(name="m", provider="test", respond=respond)},
+        prompts=cat.prompts,
+        agents=cat.agents,
+        tools=cat.tools,
+    )
+    result = await drive(cat, "start")
+    assert [role for role, _ in model.seen(1)] == ["system", "user", "assistant", "tool", "user"]
+    assert model.seen(1)[-1] == ("user", "also this")
+    assert result.said()[-2:] == [("user", "also this"), ("assistant", "saw it")]
+    assert len(result.of("turn_ended")) == 1  # one turn: the input joined it
+
+
+async def test_a_system_message_is_stored_and_starts_nothing(drive: Drive) -> None:
+    model = Model()
+    result = await drive(catalog(model), "be polite", role="system")
+    assert model.requests == []
+    assert result.said() == [("system", "be polite")]
+    assert result.thread.status == "idle" and result.thread.session_number == 0 and released(result)
+
+
+async def test_a_new_message_after_a_session_ended_starts_the_next_session(drive: Drive) -> None:
+    side = {"session_stop": "done"}
+    model = Model({"tool_calls": [{"name": "done", "id": "c1"}]}, "again")
+    first = await drive(catalog(model, side_a=side), "one")
+    assert (first.thread.session_number, first.thread.session_status) == (1, "success")
+    second = await drive(catalog(model, side_a=side), "two", thread_id=first.thread.id)
+    thread = second.thread
+    assert (thread.session_number, thread.session_status, thread.session_reason) == (2, "running", None)
+    assert (thread.session_steps, thread.session_turns) == (1, 1)  # counted afresh
+    # what each session's steps wrote is tagged with it (an input is tagged before the session it starts begins)
+    assert [(r.content, r.session_number) for r in second.rows if r.role != "user"] == [
+        (None, 1),
+        ("ok", 1),
+        ("again", 2),
+    ]
+    assert model.seen(1)[1:] == [("user", "one"), ("user", "two")]  # the chat, without past tool traffic
 
 
 # -- what ends a turn or a session --------------------------------------------------------------------------
