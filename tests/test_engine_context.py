@@ -237,6 +237,41 @@ def test_a_session_tool_already_offered_by_the_prompt_is_offered_once() -> None:
     assert names == ["lookup"]
 
 
+TEAM = {
+    "type": "dual_ai",
+    "side_a": {"prompt": "helper"},
+    "side_b": {"prompt": "helper"},
+    "tool_description": "A team.",
+}
+
+
+@pytest.mark.parametrize(("flag", "offered"), [(None, False), ("no", False), ("Yes", True), (" 1 ", True)])
+def test_an_optional_subagent_is_offered_only_when_its_flag_is_on(flag: str | None, offered: bool) -> None:
+    helper = prompt("helper")
+    main = prompt("main", tools=[{"name": "team", "optional": "USE_TEAM"}])
+    flags = {"USE_TEAM": text(flag)} if flag is not None else {}
+    layered = context.Env(thread=flags, agent={}, prompt={})
+    names = [
+        t.name
+        for t in context.offered_tools(
+            catalog(helper, main, agents={"team": TEAM}), main, SideConfig(prompt="main"), layered
+        )
+    ]
+    assert names == (["team"] if offered else [])
+
+
+def test_resumable_subagents_are_reached_through_create_and_message_tools() -> None:
+    helper = prompt("helper")
+    main = prompt("main", tools=[{"name": "team", "resumable": {"receives_messages": "side_a"}}])
+    offered = context.offered_tools(catalog(helper, main, agents={"team": TEAM}), main, SideConfig(prompt="main"))
+    assert [(t.name, t.kind) for t in offered] == [
+        ("subagent_create", "subagent_create"),
+        ("subagent_message", "subagent_message"),
+    ]
+    assert offered[0].parameters["properties"]["agent"]["enum"] == ["team"]
+    assert "`team` (A team.)" in offered[0].description
+
+
 # -- history: the perspective flip ------------------------------------------------------------------------
 
 _ids = itertools.count(1)
