@@ -19,7 +19,7 @@ from app.engine import calls, context
 from app.engine.context import Env
 from app.llm.base import LLMRequest, LLMResponse, Usage
 from app.settings import plain_url
-from app.spec import define_agent, define_model, define_prompt
+from app.spec import ToolResult, define_agent, define_model, define_prompt
 from tests.conftest import client_for, wait_for
 from tests.test_engine import event_types, settle, stored
 
@@ -284,3 +284,52 @@ async def test_a_call_redone_after_a_lost_lease_takes_the_same_script_entry(
 
 async def _ready(value: bool) -> bool:
     return value
+
+
+@pytest.mark.parametrize(
+    ("prices", "usage", "usd"),
+    [
+        ({"input_price": 2.0, "output_price": 8.0}, Usage(input_tokens=1_000_000, output_tokens=500_000), 6.0),
+        # cached input at its own price; the rest of the input at the input price
+        (
+            {"input_price": 2.0, "output_price": 8.0, "cached_price": 0.5},
+            Usage(input_tokens=1_000_000, cached_tokens=400_000),
+            0.6 * 2.0 + 0.4 * 0.5,
+        ),
+        ({"input_price": 2.0}, Usage(input_tokens=500_000, cached_tokens=500_000), 1.0),  # no cached price: input's
+        ({"input_price": 1.0, "cached_price": 0.0}, Usage(input_tokens=10, cached_tokens=99), 0.0),  # capped at input
+        ({"output_price": 4.0}, Usage(input_tokens=1_000_000, output_tokens=250_000), 1.0),  # only output priced
+    ],
+)
+def test_cost_in_usd_from_prices_per_million_tokens(prices: dict[str, float], usage: Usage, usd: float) -> None:
+    model = define_model(name="m", provider="test", script=[], **prices)
+    assert calls.cost(model, LLMResponse(usage=usage)) == pytest.approx(usd)
+
+
+def test_scrub_result_masks_every_text_field_and_the_error_data() -> None:
+    result = ToolResult(
+        status="error", result="r sk-1", error="e sk-1", stack="at sk-1", error_data={"sk-1": ["sk-1", 3]}
+    )
+    masked = calls.scrub_result(result, ["sk-1"])
+    assert (masked.result, masked.error, masked.stack) == ("r ***", "e ***", "at ***")
+    assert masked.error_data == {"***": ["***", 3]}
+    assert result.error == "e sk-1"  # a copy: the tool's own object is left alone
+    assert calls.scrub_result(result, []) is result
+
+
+@pytest.mark.parametrize(
+    ("response", "is_empty"),
+    [
+        (LLMResponse(text=""), True),
+        (LLMResponse(text=" \n\t"), True),
+        (LLMResponse(text="ok"), False),
+        (
+            LLMResponse(
+                text="", tool_calls=[{"id": "c", "type": "function", "function": {"name": "t", "arguments": ""}}]
+            ),
+            False,
+        ),
+    ],
+)
+def test_an_answer_without_text_or_tool_calls_is_empty(response: LLMResponse, is_empty: bool) -> None:
+    assert calls.empty(response) is is_empty

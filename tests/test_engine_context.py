@@ -1,0 +1,525 @@
+"""Context assembly (`app/engine/context.py`): variables, secret masking, prompt rendering, the tools offered and the
+history each side sees. Pure functions: no database."""
+
+from __future__ import annotations
+
+import itertools
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cryptography.fernet import Fernet
+from pydantic import BaseModel
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from app import env, keys, threads
+from app.catalog import Catalog
+from app.engine import context
+from app.engine.history import Seen
+from app.llm.base import ToolCall
+from app.spec import ThreadState, define_agent, define_model, define_prompt, define_tool
+from app.spec.definitions import PromptDefinition, SideConfig
+
+
+def text(value: str) -> env.Value:
+    return env.Value(value, "text")
+
+
+def secret(value: str) -> env.Value:
+    return env.Value(value, "secret")
+
+
+# -- Env --------------------------------------------------------------------------------------------------
+
+
+def test_stored_layers_win_over_definitions_in_the_documented_order() -> None:
+    layered = context.Env(
+        thread={"A": text("thread")},
+        agent={"A": "agent", "B": "agent", "C": "agent", "D": "agent"},
+        prompt={"A": "prompt", "B": "prompt", "C": "prompt", "D": "prompt", "E": "prompt"},
+        user={"A": text("user"), "B": text("user")},
+        instance={"A": text("instance"), "B": text("instance"), "C": text("instance")},
+    )
+    tool_env = {"D": "tool", "E": "tool"}
+    assert [layered.get(n, tool_env) for n in "ABCDE"] == ["thread", "user", "instance", "agent", "tool"]
+    assert layered.get("E") == "prompt"  # without the tool's config env
+
+
+def test_an_unset_variable_names_itself() -> None:
+    with pytest.raises(context.MissingVariable) as caught:
+        context.Env(thread={}, agent={}, prompt={}).get("NOPE")
+    assert caught.value.name == "NOPE"
+    assert "`NOPE` is not set" in str(caught.value)
+
+
+def test_a_variable_is_secret_when_stored_so_or_declared_so() -> None:
+    layered = context.Env(
+        thread={"STORED": secret("s1"), "PLAIN": text("p")},
+        agent={"DECLARED": "d"},
+        prompt={},
+        declared_secret=frozenset({"DECLARED"}),
+    )
+    assert [layered.is_secret(n) for n in ("STORED", "PLAIN", "DECLARED", "UNKNOWN")] == [True, False, True, False]
+
+
+def test_secrets_are_the_stored_secret_values_longest_first() -> None:
+    layered = context.Env(
+        thread={"SHORT": secret("abc"), "EMPTY": secret(""), "PLAIN": text("not-a-secret")},
+        agent={"FROM_AGENT": "agent-values-are-not-stored"},
+        prompt={},
+        user={"LONG": secret("abcdef")},
+        instance={"DECLARED": text("declared-text")},
+        declared_secret=frozenset({"DECLARED", "FROM_AGENT"}),
+    )
+    assert layered.secrets() == ["declared-text", "abcdef", "abc"]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="suspected bug: a variable declared `secret` whose value comes from an agent's (or tool entry's) `env` is "
+    "readable by tools but not in `Env.secrets()`, so a tool echoing it is stored, logged and announced unmasked; "
+    "semantics.md §8 and authoring.md say a declared secret is always secret and masked in results, events and logs",
+)
+def test_a_declared_secret_is_masked_wherever_its_value_comes_from() -> None:
+    layered = context.Env(
+        thread={}, agent={"SMTP_PASSWORD": "hunter2"}, prompt={}, declared_secret=frozenset({"SMTP_PASSWORD"})
+    )
+    assert layered.get("SMTP_PASSWORD") == "hunter2"
+    assert "hunter2" in layered.secrets()
+
+
+def test_mask_replaces_each_secret_whole_inside_data() -> None:
+    layered = context.Env(thread={"S": secret("abc"), "T": secret("abcdef")}, agent={}, prompt={})
+    assert layered.mask({"key abcdef": ["abc", "xabcdefx", 7]}) == {"key ***": ["***", "x***x", 7]}
+
+
+def test_mask_without_secrets_returns_the_value_itself() -> None:
+    value = {"a": ["b"]}
+    assert context.Env(thread={"P": text("b")}, agent={}, prompt={}).mask(value) is value
+
+
+# -- scrub ------------------------------------------------------------------------------------------------
+
+
+def test_scrub_replaces_every_occurrence_and_ignores_empty_secrets() -> None:
+    assert context.scrub("a-sk-1-b-sk-1", ["", "sk-1"]) == "a-***-b-***"
+
+
+def test_scrub_in_the_order_given_leaves_a_longer_secret_half_masked() -> None:
+    """Why `Env.secrets` sorts longest first."""
+    assert context.scrub("abcdef", ["abc", "abcdef"]) == "***def"
+    assert context.scrub("abcdef", ["abcdef", "abc"]) == "***"
+
+
+def test_scrub_data_masks_keys_and_nested_values_and_keeps_other_scalars() -> None:
+    data = {"tok": {"list": ("tok", None, 1.5, True)}, 3: "x tok"}
+    assert context.scrub_data(data, ["tok"]) == {"***": {"list": ["***", None, 1.5, True]}, 3: "x ***"}
+
+
+# -- prompts ----------------------------------------------------------------------------------------------
+
+
+class QueryArgs(BaseModel):
+    q: str
+
+
+@define_tool(description="Look something up.")
+async def lookup(state: ThreadState, args: QueryArgs) -> str:
+    return args.q
+
+
+@define_tool(description="A callable that is also a session tool.")
+async def finish(state: ThreadState) -> str:
+    return "finished"
+
+
+def catalog(*prompts: PromptDefinition, agents: dict[str, Any] | None = None, images: bool = True) -> Catalog:
+    model = define_model(
+        name="m",
+        provider="test",
+        model="test-1",
+        script=["x"],
+        capabilities={"supports_images": images},
+        provider_options={"temperature": 0.1, "top_p": 0.5},
+    )
+    defined = {p.name: p for p in prompts}
+    return Catalog(
+        root=Path("."),
+        models={"m": model},
+        prompts=defined,
+        agents={name: define_agent(name=name, **fields) for name, fields in (agents or {}).items()},
+        tools={t.name: t for t in (lookup, finish)},
+    )
+
+
+def prompt(name: str = "p", **fields: Any) -> PromptDefinition:
+    return define_prompt(**{"name": name, "model": "m", "prompt": "You are terse.", **fields})
+
+
+EMPTY_ENV = context.Env(thread={}, agent={}, prompt={})
+
+
+def test_render_expands_includes_and_variables_in_order() -> None:
+    header = prompt("header", prompt=[{"type": "text", "content": "Hello "}, {"type": "env", "property": "WHO"}])
+    main = prompt("main", prompt=[{"type": "include", "prompt": "header"}, {"type": "text", "content": "."}])
+    cat = catalog(header, main)
+    rendered = context.render_prompt(cat, main, context.Env(thread={"WHO": text("Ada")}, agent={}, prompt={}))
+    assert rendered == "Hello Ada."
+
+
+def test_render_refuses_a_secret_and_a_missing_variable() -> None:
+    main = prompt("main", prompt=[{"type": "env", "property": "KEY"}])
+    cat = catalog(main)
+    with pytest.raises(context.SecretInPrompt, match="never rendered"):
+        context.render_prompt(cat, main, context.Env(thread={"KEY": secret("sk")}, agent={}, prompt={}))
+    with pytest.raises(context.SecretInPrompt):  # declared secret, even with a plain value from the agent
+        context.render_prompt(
+            cat, main, context.Env(thread={}, agent={"KEY": "v"}, prompt={}, declared_secret=frozenset({"KEY"}))
+        )
+    with pytest.raises(context.MissingVariable):
+        context.render_prompt(cat, main, EMPTY_ENV)
+
+
+def test_a_plain_string_prompt_is_not_interpreted() -> None:
+    main = prompt("main", prompt="Use {WHO} literally.")
+    assert context.render_prompt(catalog(main), main, EMPTY_ENV) == "Use {WHO} literally."
+
+
+# -- offered tools ----------------------------------------------------------------------------------------
+
+
+def test_session_tool_schema_requires_the_mapped_properties() -> None:
+    config = SideConfig(
+        prompt="p",
+        session_stop={"name": "done", "message_property": "summary", "attachments_property": "files"},
+        session_status="status",
+    )
+    schema = context.session_tool_schema(config, "done")
+    assert schema["required"] == ["files", "summary"]
+    assert schema["properties"]["files"] == {"type": "array", "items": {"type": "string"}}
+    assert schema["additionalProperties"] is False
+    assert context.session_tool_schema(config, "status")["properties"] == {}
+
+
+def test_offered_tools_name_what_backs_each_tool() -> None:
+    helper = prompt("helper", tool_description="Ask the helper.")
+    main = prompt("main", tools=["lookup", "helper", "desk", "team", "ghost"])
+    agents = {
+        "desk": {"side_a": {"prompt": "helper"}, "tool_description": "A human desk."},
+        "team": {
+            "type": "dual_ai",
+            "side_a": {"prompt": "helper"},
+            "side_b": {"prompt": "helper"},
+            "tool_description": "A team.",
+        },
+    }
+    config = SideConfig(prompt="main", session_stop="finish", session_fail="give_up")
+    offered = {t.name: t for t in context.offered_tools(catalog(helper, main, agents=agents), main, config)}
+    kinds = {name: t.kind for name, t in offered.items()}
+    assert kinds == {
+        "lookup": "callable",
+        "helper": "subprompt",
+        "desk": "handoff",
+        "team": "subagent",
+        "finish": "callable",  # a session tool a callable backs runs as that callable
+        "give_up": "session",
+    }
+    assert offered["lookup"].parameters["required"] == ["q"]
+    assert offered["helper"].parameters["additionalProperties"] is False
+    assert offered["desk"].parameters == context.HANDOFF_SCHEMA
+
+
+def test_a_session_tool_already_offered_by_the_prompt_is_offered_once() -> None:
+    main = prompt("main", tools=["lookup"])
+    config = SideConfig(prompt="main", session_stop="lookup")
+    names = [t.name for t in context.offered_tools(catalog(main), main, config)]
+    assert names == ["lookup"]
+
+
+TEAM = {
+    "type": "dual_ai",
+    "side_a": {"prompt": "helper"},
+    "side_b": {"prompt": "helper"},
+    "tool_description": "A team.",
+}
+
+
+@pytest.mark.parametrize(("flag", "offered"), [(None, False), ("no", False), ("Yes", True), (" 1 ", True)])
+def test_an_optional_subagent_is_offered_only_when_its_flag_is_on(flag: str | None, offered: bool) -> None:
+    helper = prompt("helper")
+    main = prompt("main", tools=[{"name": "team", "optional": "USE_TEAM"}])
+    flags = {"USE_TEAM": text(flag)} if flag is not None else {}
+    layered = context.Env(thread=flags, agent={}, prompt={})
+    names = [
+        t.name
+        for t in context.offered_tools(
+            catalog(helper, main, agents={"team": TEAM}), main, SideConfig(prompt="main"), layered
+        )
+    ]
+    assert names == (["team"] if offered else [])
+
+
+def test_resumable_subagents_are_reached_through_create_and_message_tools() -> None:
+    helper = prompt("helper")
+    main = prompt("main", tools=[{"name": "team", "resumable": {"receives_messages": "side_a"}}])
+    offered = context.offered_tools(catalog(helper, main, agents={"team": TEAM}), main, SideConfig(prompt="main"))
+    assert [(t.name, t.kind) for t in offered] == [
+        ("subagent_create", "subagent_create"),
+        ("subagent_message", "subagent_message"),
+    ]
+    assert offered[0].parameters["properties"]["agent"]["enum"] == ["team"]
+    assert "`team` (A team.)" in offered[0].description
+
+
+# -- history: the perspective flip ------------------------------------------------------------------------
+
+_ids = itertools.count(1)
+
+
+def row(role: str, content: str | None = None, side: str | None = None, **fields: Any) -> Seen:
+    values: dict[str, Any] = {
+        "id": uuid.uuid4(),
+        "position": next(_ids) * 10,
+        "role": role,
+        "side": side if side is not None else {"assistant": "a", "user": "b"}.get(role),
+        "status": "completed",
+        "depth": 0,
+        "content": content,
+        "name": None,
+        "tool_calls": None,
+        "tool_call_id": None,
+        "attachments": [],
+        "prompt": None,
+        "reasoning_content": None,
+        "reasoning_details": None,
+    }
+    values.update(fields)
+    return Seen(**values)
+
+
+def tool_call(call_id: str, name: str = "lookup") -> ToolCall:
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": "{}"}}
+
+
+def shown(messages: list[Any]) -> list[tuple[str, str | None]]:
+    return [(m.role, m.content) for m in messages]
+
+
+CHATTY = prompt("p", include_chat=True, include_past_tools=True)
+
+
+def test_side_a_sees_its_messages_as_assistant_and_side_b_as_user() -> None:
+    rows = [row("user", "question"), row("assistant", "answer")]
+    assert shown(context.history(rows, "a", CHATTY, 0)) == [("user", "question"), ("assistant", "answer")]
+
+
+def test_side_b_of_a_dual_ai_agent_sees_the_roles_flipped() -> None:
+    rows = [row("user", "opening"), row("assistant", "from a"), row("user", "from b")]
+    assert shown(context.history(rows, "b", CHATTY, 0)) == [
+        ("assistant", "opening"),
+        ("user", "from a"),
+        ("assistant", "from b"),
+    ]
+
+
+def test_the_other_sides_tool_traffic_is_left_out() -> None:
+    rows = [
+        row("user", "go"),
+        row("assistant", None, tool_calls=[tool_call("c1")]),
+        row("tool", "result", side="a", tool_call_id="c1", name="lookup"),
+        row("assistant", "done"),
+    ]
+    assert shown(context.history(rows, "b", CHATTY, 0)) == [("assistant", "go"), ("user", "done")]
+    seen_by_a = context.history(rows, "a", CHATTY, 0)
+    assert [m.role for m in seen_by_a] == ["user", "assistant", "tool", "assistant"]
+    assert seen_by_a[2].tool_call_id == "c1" and seen_by_a[2].name == "lookup"
+
+
+def test_a_tool_result_follows_its_call_even_when_input_arrived_while_it_ran() -> None:
+    rows = [
+        row("assistant", "checking", tool_calls=[tool_call("c1")]),
+        row("user", "injected"),
+        row("tool", "result", side="a", tool_call_id="c1"),
+    ]
+    assert shown(context.history(rows, "a", CHATTY, 0)) == [
+        ("assistant", "checking"),
+        ("tool", "result"),
+        ("user", "injected"),
+    ]
+
+
+def test_a_call_without_its_result_is_not_sent() -> None:
+    rows = [
+        row("assistant", "partial", tool_calls=[tool_call("c1"), tool_call("c2")]),
+        row("tool", "r1", side="a", tool_call_id="c1"),
+    ]
+    (assistant, result) = context.history(rows, "a", CHATTY, 0)
+    assert [c["id"] for c in assistant.tool_calls or []] == ["c1"]
+    assert result.content == "r1"
+
+
+def test_past_turns_are_hidden_without_include_chat() -> None:
+    old, new = row("user", "old"), row("user", "new")
+    quiet = prompt("p", include_chat=False)
+    assert shown(context.history([old, new], "a", quiet, new.position)) == [("user", "new")]
+    assert shown(context.history([old, new], "a", CHATTY, new.position)) == [("user", "old"), ("user", "new")]
+
+
+def test_past_tool_calls_are_dropped_without_include_past_tools() -> None:
+    past = [
+        row("assistant", None, tool_calls=[tool_call("c1")]),
+        row("tool", "r1", side="a", tool_call_id="c1"),
+        row("assistant", "said", tool_calls=[tool_call("c2")]),
+        row("tool", "r2", side="a", tool_call_id="c2"),
+    ]
+    current = row("user", "now")
+    plain = prompt("p", include_chat=True, include_past_tools=False)
+    got = context.history([*past, current], "a", plain, current.position)
+    assert shown(got) == [("assistant", "said"), ("user", "now")]  # the call-only message has nothing left
+    assert got[0].tool_calls is None
+
+
+def test_pending_failed_and_nested_messages_are_not_sent() -> None:
+    rows = [
+        row("user", "kept"),
+        row("assistant", "streaming", status="pending"),
+        row("assistant", "broken", status="failed"),
+        row("assistant", "a child's", depth=1),
+    ]
+    assert shown(context.history(rows, "a", CHATTY, 0)) == [("user", "kept")]
+
+
+def test_reasoning_goes_back_only_to_the_prompt_that_produced_it() -> None:
+    rows = [
+        row("assistant", "mine", prompt="p", reasoning_content="because", reasoning_details=[{"sig": "x"}]),
+        row("assistant", "other", prompt="q", reasoning_content="elsewhere"),
+    ]
+    mine, other = context.history(rows, "a", CHATTY, 0)
+    assert (mine.reasoning, mine.reasoning_details) == ("because", [{"sig": "x"}])
+    assert other.reasoning is None
+
+
+IMAGE = {"path": "/attachments/cat.png", "mime_type": "image/png", "size": 10, "width": 4, "height": 3}
+
+
+def test_attachments_are_named_and_only_sendable_images_are_carried() -> None:
+    big = {**IMAGE, "path": "/attachments/big.png", "size": context.MAX_IMAGE_BYTES + 1}
+    svg = {**IMAGE, "path": "/attachments/x.svg", "mime_type": "image/svg+xml"}
+    pdf = {"path": "/attachments/doc.pdf", "mime_type": "application/pdf", "size": 99}
+    (message,) = context.history([row("user", "look", attachments=[IMAGE, big, svg, pdf])], "a", CHATTY, 0)
+    assert [i.path for i in message.images] == ["/attachments/cat.png"]
+    assert "- /attachments/cat.png (image/png, 10 bytes, 4x3)" in (message.content or "")
+    assert "- /attachments/doc.pdf (application/pdf, 99 bytes)" in (message.content or "")
+
+
+def test_described_without_text_is_the_note_alone() -> None:
+    assert context.described(None, None) == ""
+    assert context.described("hi", []) == "hi"
+    assert context.described(None, [{"path": "/f"}]) == "Attached files:\n- /f (file, 0 bytes)"
+
+
+# -- build_request ----------------------------------------------------------------------------------------
+
+
+def test_a_request_starts_with_the_rendered_prompt_and_carries_the_prompt_settings() -> None:
+    main = prompt(
+        "p",
+        prompt=[{"type": "text", "content": "Hi "}, {"type": "env", "property": "WHO"}],
+        tools=["lookup"],
+        tool_choice="required",
+        parallel_tool_calls=True,
+        reasoning={"effort": "low"},
+        provider_options={"temperature": 0.9},
+    )
+    config = SideConfig(prompt="p", session_stop="done")
+    layered = context.Env(thread={}, agent={}, prompt={"WHO": "Bob"})
+    request = context.build_request(catalog(main), main, config, "a", [row("user", "q")], 0, layered)
+    assert request.model == "test-1"
+    assert shown(request.messages) == [("system", "Hi Bob"), ("user", "q")]
+    assert [t.name for t in request.tools] == ["lookup", "done"]
+    assert (request.tool_choice, request.parallel_tool_calls) == ("required", True)
+    assert request.reasoning == {"effort": "low", "exclude": False}
+    assert request.provider_options == {"temperature": 0.9, "top_p": 0.5}  # the prompt's win over the model's
+
+
+def test_only_the_most_recent_messages_keep_their_images() -> None:
+    main = prompt("p", include_chat=True, recent_image_threshold=1)
+    rows = [row("user", "first", attachments=[IMAGE]), row("user", "second", attachments=[IMAGE])]
+    request = context.build_request(catalog(main), main, SideConfig(prompt="p"), "a", rows, 0, EMPTY_ENV)
+    assert [len(m.images) for m in request.messages] == [0, 0, 1]
+
+
+def test_a_model_without_image_support_gets_no_images() -> None:
+    main = prompt("p", include_chat=True)
+    rows = [row("user", "look", attachments=[IMAGE])]
+    request = context.build_request(catalog(main, images=False), main, SideConfig(prompt="p"), "a", rows, 0, EMPTY_ENV)
+    assert [len(m.images) for m in request.messages] == [0, 0]
+    assert "/attachments/cat.png" in (request.messages[1].content or "")  # still named
+
+
+# -- parse_arguments --------------------------------------------------------------------------------------
+
+
+def test_arguments_parse_to_an_object_and_empty_means_none() -> None:
+    assert context.parse_arguments('{"a": 1}') == {"a": 1}
+    assert context.parse_arguments("") == {}
+
+
+@pytest.mark.parametrize("raw", ["[1]", '"text"', "null", "{not json"])
+def test_arguments_that_are_not_an_object_are_refused(raw: str) -> None:
+    with pytest.raises(ValueError, match=r"."):
+        context.parse_arguments(raw)
+
+
+# -- load_env (real Postgres) -----------------------------------------------------------------------------
+
+
+async def test_load_env_reads_every_layer_of_a_thread_and_its_declared_secrets(
+    sessions: async_sessionmaker[AsyncSession],
+) -> None:
+    fernet = Fernet(Fernet.generate_key())
+    main = prompt("p", env={"FROM_PROMPT": "p", "SHARED": "prompt"})
+    cat = catalog(
+        main,
+        agents={
+            "agent": {
+                "side_a": {"prompt": "p"},
+                "env": {"FROM_AGENT": "a", "SHARED": "agent"},
+                "variables": [{"name": "DECLARED", "type": "secret"}],
+            }
+        },
+    )
+    alice, bob = keys.Principal(user_id="alice"), keys.Principal(user_id="bob")
+    async with sessions() as s, s.begin():
+        thread = await threads.create(s, cat.agents["agent"], alice)
+        await env.set_thread(s, fernet, thread.id, {"TOKEN": "sk-thread", "SHARED": "thread"}, ["TOKEN"])
+        await env.put(s, fernet, "user", "alice", {"DECLARED": "d-user", "SHARED": "user"}, [])
+        await env.put(s, fernet, "user", "bob", {"OTHER_USER": "never"}, [])
+        await env.put(s, fernet, "instance", env.INSTANCE, {"REGION": "eu", "SHARED": "instance"}, [])
+        other = await threads.create(s, cat.agents["agent"], bob)
+        await env.set_thread(s, fernet, other.id, {"OTHER_THREAD": "never"}, [])
+        loaded = await context.load_env(s, fernet, cat, thread, main)
+    assert loaded.get("TOKEN") == "sk-thread"  # decrypted for the engine
+    assert [loaded.get(n) for n in ("SHARED", "DECLARED", "REGION", "FROM_AGENT", "FROM_PROMPT")] == [
+        "thread",
+        "d-user",
+        "eu",
+        "a",
+        "p",
+    ]
+    for absent in ("OTHER_USER", "OTHER_THREAD"):
+        with pytest.raises(context.MissingVariable):
+            loaded.get(absent)
+    assert loaded.is_secret("DECLARED") and loaded.is_secret("TOKEN") and not loaded.is_secret("REGION")
+    assert loaded.secrets() == ["sk-thread", "d-user"]  # the declared one is masked though stored as text
+
+
+async def test_load_env_without_a_prompt_has_no_prompt_layer(sessions: async_sessionmaker[AsyncSession]) -> None:
+    main = prompt("p", env={"FROM_PROMPT": "p"})
+    cat = catalog(main, agents={"agent": {"side_a": {"prompt": "p"}}})
+    async with sessions() as s, s.begin():
+        thread = await threads.create(s, cat.agents["agent"], keys.OPEN)
+        loaded = await context.load_env(s, Fernet(Fernet.generate_key()), cat, thread, None)
+    with pytest.raises(context.MissingVariable):
+        loaded.get("FROM_PROMPT")
