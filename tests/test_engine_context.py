@@ -13,7 +13,7 @@ from cryptography.fernet import Fernet
 from pydantic import BaseModel
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app import env, keys, threads
+from app import environment, keys, threads
 from app.catalog import Catalog
 from app.engine import context
 from app.engine.history import Seen
@@ -22,12 +22,12 @@ from app.spec import ThreadState, define_agent, define_model, define_prompt, def
 from app.spec.definitions import PromptDefinition, SideConfig
 
 
-def text(value: str) -> env.Value:
-    return env.Value(value, "text")
+def text(value: str) -> environment.Value:
+    return environment.Value(value, "text")
 
 
-def secret(value: str) -> env.Value:
-    return env.Value(value, "secret")
+def secret(value: str) -> environment.Value:
+    return environment.Value(value, "secret")
 
 
 # -- Env --------------------------------------------------------------------------------------------------
@@ -493,12 +493,12 @@ async def test_load_env_reads_every_layer_of_a_thread_and_its_declared_secrets(
     alice, bob = keys.Principal(user_id="alice"), keys.Principal(user_id="bob")
     async with sessions() as s, s.begin():
         thread = await threads.create(s, cat.agents["agent"], alice)
-        await env.set_thread(s, fernet, thread.id, {"TOKEN": "sk-thread", "SHARED": "thread"}, ["TOKEN"])
-        await env.put(s, fernet, "user", "alice", {"DECLARED": "d-user", "SHARED": "user"}, [])
-        await env.put(s, fernet, "user", "bob", {"OTHER_USER": "never"}, [])
-        await env.put(s, fernet, "instance", env.INSTANCE, {"REGION": "eu", "SHARED": "instance"}, [])
+        await environment.set_thread(s, fernet, thread.id, {"TOKEN": "sk-thread", "SHARED": "thread"}, ["TOKEN"])
+        await environment.put(s, fernet, "user", "alice", {"DECLARED": "d-user", "SHARED": "user"}, [])
+        await environment.put(s, fernet, "user", "bob", {"OTHER_USER": "never"}, [])
+        await environment.put(s, fernet, "instance", environment.INSTANCE, {"REGION": "eu", "SHARED": "instance"}, [])
         other = await threads.create(s, cat.agents["agent"], bob)
-        await env.set_thread(s, fernet, other.id, {"OTHER_THREAD": "never"}, [])
+        await environment.set_thread(s, fernet, other.id, {"OTHER_THREAD": "never"}, [])
         loaded = await context.load_env(s, fernet, cat, thread, main)
     assert loaded.get("TOKEN") == "sk-thread"  # decrypted for the engine
     assert [loaded.get(n) for n in ("SHARED", "DECLARED", "REGION", "FROM_AGENT", "FROM_PROMPT")] == [

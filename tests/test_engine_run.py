@@ -17,7 +17,7 @@ from pydantic import BaseModel
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app import db, env, events, hub, keys, messages, metrics, queue, tables, threads
+from app import db, environment, events, hub, keys, messages, metrics, queue, tables, threads
 from app.catalog import Catalog
 from app.engine import inbox, run
 from app.llm.base import LLMRequest
@@ -278,7 +278,7 @@ async def test_a_secret_a_tool_echoes_is_masked_in_what_is_stored(drive: Drive) 
     model = Model({"tool_calls": [{"name": "reveal", "id": "c1"}]}, "noted")
 
     async def store_secret(session: AsyncSession, thread: tables.Thread) -> None:
-        await env.set_thread(session, FERNET, thread.id, {"API_KEY": "sk-live-123"}, ["API_KEY"])
+        await environment.set_thread(session, FERNET, thread.id, {"API_KEY": "sk-live-123"}, ["API_KEY"])
 
     result = await drive(catalog(model), "what is the key?", prepare=store_secret)
     assert ("tool", "the key is ***") in result.said()
@@ -429,7 +429,7 @@ async def test_a_thread_variable_is_rendered_into_the_prompt(drive: Drive) -> No
     cat = catalog(model, prompt={"prompt": [{"type": "text", "content": "Greet "}, {"type": "env", "property": "WHO"}]})
 
     async def name_ada(session: AsyncSession, thread: tables.Thread) -> None:
-        await env.set_thread(session, FERNET, thread.id, {"WHO": "Ada"}, [])
+        await environment.set_thread(session, FERNET, thread.id, {"WHO": "Ada"}, [])
 
     await drive(cat, "hi", prepare=name_ada)
     assert model.seen(0)[0] == ("system", "Greet Ada")
@@ -556,7 +556,7 @@ async def test_an_unexpected_error_fails_the_session_with_secrets_masked(drive: 
         raise RuntimeError("cannot reach sk-live-123")
 
     async def store_secret(session: AsyncSession, thread: tables.Thread) -> None:
-        await env.set_thread(session, FERNET, thread.id, {"API_KEY": "sk-live-123"}, ["API_KEY"])
+        await environment.set_thread(session, FERNET, thread.id, {"API_KEY": "sk-live-123"}, ["API_KEY"])
 
     cat = catalog([])
     cat = Catalog(
