@@ -63,24 +63,18 @@ def test_a_variable_is_secret_when_stored_so_or_declared_so() -> None:
     assert [layered.is_secret(n) for n in ("STORED", "PLAIN", "DECLARED", "UNKNOWN")] == [True, False, True, False]
 
 
-def test_secrets_are_the_stored_secret_values_longest_first() -> None:
+def test_secrets_are_the_secret_and_declared_values_longest_first() -> None:
     layered = context.Env(
         thread={"SHORT": secret("abc"), "EMPTY": secret(""), "PLAIN": text("not-a-secret")},
-        agent={"FROM_AGENT": "agent-values-are-not-stored"},
+        agent={"FROM_AGENT": "an-undeclared-agent-value"},
         prompt={},
         user={"LONG": secret("abcdef")},
         instance={"DECLARED": text("declared-text")},
-        declared_secret=frozenset({"DECLARED", "FROM_AGENT"}),
+        declared_secret=frozenset({"DECLARED"}),
     )
     assert layered.secrets() == ["declared-text", "abcdef", "abc"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="suspected bug: a variable declared `secret` whose value comes from an agent's (or tool entry's) `env` is "
-    "readable by tools but not in `Env.secrets()`, so a tool echoing it is stored, logged and announced unmasked; "
-    "semantics.md §8 and authoring.md say a declared secret is always secret and masked in results, events and logs",
-)
 def test_a_declared_secret_is_masked_wherever_its_value_comes_from() -> None:
     layered = context.Env(
         thread={}, agent={"SMTP_PASSWORD": "hunter2"}, prompt={}, declared_secret=frozenset({"SMTP_PASSWORD"})

@@ -286,11 +286,6 @@ async def test_a_secret_a_tool_echoes_is_masked_in_what_is_stored(drive: Drive) 
     assert "sk-live-123" not in str(result.events)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="suspected bug: a declared secret whose value is in the agent's `env` is not among the known secrets, so "
-    "a tool echoing it is stored and announced unmasked (semantics.md §8: a declared secret is always secret)",
-)
 async def test_a_declared_secret_from_the_agents_env_is_masked_too(drive: Drive) -> None:
     model = Model({"tool_calls": [{"name": "reveal", "id": "c1"}]}, "noted")
     secret_in_code = {"env": {"API_KEY": "sk-in-code"}, "variables": [{"name": "API_KEY", "type": "secret"}]}
@@ -582,11 +577,6 @@ async def finish(state: ThreadState, args: FinishArgs) -> str:
     return "finished"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: a callable-backed session tool called with `files: null` crashes the execution in `stops.payload` "
-    "(list(None)), so the session fails as `crashed` instead of ending with no attachments",
-)
 async def test_a_callable_session_tool_called_with_null_attachments_ends_the_session(drive: Drive) -> None:
     model = Model({"tool_calls": [{"name": "finish", "arguments": {"files": None}, "id": "c1"}]})
     cat = catalog(model, side_a={"session_stop": {"name": "finish", "attachments_property": "files"}})

@@ -182,12 +182,6 @@ def test_empty_text_is_stored_as_none() -> None:
     assert stops.stored_text(LLMResponse(text=""), side()) is None
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: `payload` runs list(None) on an attachments argument sent as null (a callable-backed session tool "
-    "whose model allows None passes it through), raising TypeError instead of treating it as no attachments, as "
-    "`tools.check_attachments` does",
-)
 def test_a_null_attachments_argument_means_no_attachments() -> None:
     binding = SessionToolConfig(name="done", attachments_property="files")
     assert stops.payload(binding, outcome("done", {"files": None}, result="r")) == {"content": "r", "attachments": []}

@@ -67,12 +67,20 @@ class Env:
         return name in self.declared_secret or (stored is not None and stored.type == "secret")
 
     def secrets(self) -> list[str]:
-        """Known secret values of every stored layer, for scrubbing (longest first, so none is left half-masked)."""
+        """Known secret values, for scrubbing (longest first, so none is left half-masked): every stored value of
+        type secret, and the value of every name the graph declares secret wherever it comes from (the agent's or
+        the prompt's `env` too: a declared secret is always masked, §8)."""
         found = {
             v.value
             for layer in (self.thread, self.user, self.instance)
             for name, v in layer.items()
             if v.value and (v.type == "secret" or name in self.declared_secret)
+        }
+        found |= {
+            value
+            for layer in (self.agent, self.prompt)
+            for name, value in layer.items()
+            if value and name in self.declared_secret
         }
         return sorted(found, key=len, reverse=True)
 

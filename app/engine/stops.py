@@ -36,7 +36,7 @@ def payload(binding: SessionToolConfig, outcome: Outcome) -> dict[str, Any]:
     attachments: Any = args.get(binding.attachments_property, []) if binding.attachments_property else []
     if isinstance(attachments, str):
         attachments = [attachments]
-    return {"content": content or "", "attachments": list(attachments)}
+    return {"content": content or "", "attachments": list(attachments or [])}  # `null` means none
 
 
 def stored_result(side: SideConfig | None, outcome: Outcome) -> tuple[str, list[str]]:
