@@ -23,7 +23,7 @@ from app.spec.definitions import (
     VariableDefinition,
 )
 
-if TYPE_CHECKING:  # the catalog runs these checks once its definitions are loaded
+if TYPE_CHECKING:  # app.catalog imports this module to check what it loaded
     from app.catalog import Catalog
 
 RESERVED = frozenset({"subagent_create", "subagent_message"})
@@ -63,6 +63,11 @@ def check(c: Catalog, origins: Mapping[tuple[str, str], str]) -> list[Problem]:
         for name, d in defs.items()
         for p in fn(c, d)
     ]
+
+
+def included(prompt: PromptDefinition) -> list[str]:
+    """The prompts that `prompt` includes, in order."""
+    return [part.prompt for part in _parts(prompt) if isinstance(part, PromptIncludePart)]
 
 
 def _check_tool(c: Catalog, tool: ToolDefinition) -> Iterator[Problem]:
@@ -191,11 +196,6 @@ def _unknown(field: str, noun: str, name: str, known: Iterable[str]) -> Problem:
 def _one_of(names: Iterable[str]) -> str:
     ordered = sorted(names)
     return f"use one of: {', '.join(ordered)}" if ordered else "nothing is defined yet"
-
-
-def included(prompt: PromptDefinition) -> list[str]:
-    """The prompts that `prompt` includes, in order."""
-    return [part.prompt for part in _parts(prompt) if isinstance(part, PromptIncludePart)]
 
 
 def _parts(prompt: PromptDefinition) -> list[Any]:
