@@ -20,7 +20,7 @@ import uvicorn
 from pydantic import ValidationError
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import catalog, crypto, db, environment, errors, jsonlog, keys, liveness, llm, tokens
+from app import catalog, crypto, db, environment, errors, jsonlog, keys, liveness, llm, migrations, postgres, tokens
 from app.catalog import Catalog
 from app.hub import Publisher
 from app.settings import MAKE_A_KEY, Settings, plain_url
@@ -34,7 +34,7 @@ def database(settings: Settings) -> Iterator[Settings]:
     if settings.database_url:
         yield settings
         return
-    with db.embedded_postgres(settings) as url:
+    with postgres.embedded(settings) as url:
         embedded = settings.model_copy(update={"database_url": url})
         asyncio.run(_migrate(embedded))  # the embedded database is ours: keep it current
         yield embedded
@@ -57,7 +57,7 @@ async def _migrate(settings: Settings) -> None:
     assert settings.database_url
     engine = db.create_engine(settings.database_url, 1)
     try:
-        await db.migrate(engine)
+        await migrations.upgrade(engine)
     finally:
         await engine.dispose()
 

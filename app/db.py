@@ -1,35 +1,21 @@
-"""Database engine and sessions, migrations, and the embedded Postgres for a fresh machine."""
+"""Database engine and sessions, and the hot path's statements in plain SQL on a session's own connection."""
 
 from __future__ import annotations
 
 import json
-import logging
 import re
-import warnings
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Protocol
 
 import asyncpg
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
-from sqlalchemy import JSON, Connection, event, exc, text
+from sqlalchemy import JSON, event, exc
 from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
 from sqlalchemy.orm import Session, make_transient_to_detached
 from sqlalchemy.orm.attributes import instance_state, set_committed_value
 from sqlalchemy.util import await_only
-
-from app.settings import Settings
-
-log = logging.getLogger(__name__)
-
-MIGRATIONS = Path(__file__).resolve().parent.parent / "migrations"
-MIGRATION_LOCK = 7_316_001  # pg_advisory_xact_lock key: replicas never migrate at once
 
 # Every connection plans a prepared statement once and reuses the plan. Postgres' default re-plans each of the
 # first five executions per connection, and for good whenever a plan for the given values looks cheaper: the hot
@@ -485,51 +471,3 @@ async def autocommit(sessions: async_sessionmaker[AsyncSession]) -> AsyncIterato
     async with sessions() as session:
         await session.connection(execution_options={"isolation_level": "AUTOCOMMIT"})
         yield session
-
-
-def _alembic_config(connection: Connection | None = None) -> Config:
-    cfg = Config()
-    cfg.set_main_option("script_location", str(MIGRATIONS))
-    if connection is not None:
-        cfg.attributes["connection"] = connection
-    return cfg
-
-
-def _upgrade(connection: Connection) -> None:
-    connection.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": MIGRATION_LOCK})
-    command.upgrade(_alembic_config(connection), "head")
-
-
-async def migrate(engine: AsyncEngine) -> None:
-    """Upgrade the database to the latest migration."""
-    async with engine.begin() as conn:
-        await conn.run_sync(_upgrade)
-
-
-def _is_current(connection: Connection) -> bool:
-    heads = set(ScriptDirectory.from_config(_alembic_config()).get_heads())
-    return set(MigrationContext.configure(connection).get_current_heads()) == heads
-
-
-async def is_current(engine: AsyncEngine) -> bool:
-    """Whether the database answers and is at the latest migration."""
-    async with engine.connect() as conn:
-        return await conn.run_sync(_is_current)
-
-
-@contextmanager
-def embedded_postgres(settings: Settings) -> Iterator[str]:
-    """Start (or join) a real PostgreSQL from the `pgserver` wheel under `DATA_DIR`; yield its URL."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # pgserver's platformdirs warns about XDG_RUNTIME_DIR
-        import pgserver
-
-        data = (settings.data_dir / "pg").resolve()
-        data.mkdir(parents=True, exist_ok=True)
-        log.info("starting embedded PostgreSQL in %s", data)
-        server: Any = pgserver.get_server(data, cleanup_mode="stop")  # type: ignore[attr-defined]
-    try:
-        yield f"postgresql+asyncpg://postgres@/postgres?host={data}"
-    finally:
-        log.info("stopping embedded PostgreSQL")
-        server.cleanup()

@@ -31,7 +31,7 @@ from typing import Any
 import asyncpg
 import httpx
 
-from app import db
+from app import db, migrations
 from app.settings import normalise_url
 from bench.harness import ROOT, PrivatePostgres, Process, free_port, setup
 
@@ -297,7 +297,7 @@ async def main(args: argparse.Namespace) -> int:
     pg = PrivatePostgres(work / "pg")
     try:
         engine = db.create_engine(normalise_url(pg.url), 1)
-        await db.migrate(engine)
+        await migrations.upgrade(engine)
         await engine.dispose()
         conn = await asyncpg.connect(pg.url)
         setup(

@@ -30,7 +30,7 @@ import asyncpg
 import httpx
 from sqlalchemy.engine import make_url
 
-from app import db
+from app import db, migrations, postgres
 from app.settings import Settings, normalise_url, plain_url
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -94,7 +94,7 @@ def postgres_server() -> Iterator[str]:
         return
     with (
         tempfile.TemporaryDirectory(prefix="bench-pg-") as tmp,
-        db.embedded_postgres(Settings(data_dir=Path(tmp))) as u,
+        postgres.embedded(Settings(data_dir=Path(tmp))) as u,
     ):
         yield u
 
@@ -107,7 +107,7 @@ async def database(server_url: str) -> AsyncIterator[str]:
     await admin.execute(f'CREATE DATABASE "{name}"')
     url = make_url(server_url).set(database=name).render_as_string(hide_password=False)
     engine = db.create_engine(url, 1)
-    await db.migrate(engine)
+    await migrations.upgrade(engine)
     await engine.dispose()
     try:
         yield url

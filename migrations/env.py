@@ -1,4 +1,4 @@
-"""Alembic environment: runs on the connection `app.db.migrate` hands over, or on `DATABASE_URL`."""
+"""Alembic environment: runs on the connection `app.migrations.upgrade` hands over, or on `DATABASE_URL`."""
 
 from __future__ import annotations
 

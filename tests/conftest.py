@@ -22,7 +22,7 @@ from fastapi import FastAPI
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
-from app import db
+from app import db, migrations
 from app.api.app import create_app
 from app.catalog import Catalog
 from app.settings import Settings, normalise_url, plain_url
@@ -80,7 +80,7 @@ async def template_url(server_url: str) -> AsyncIterator[str]:
     await conn.execute(f'CREATE DATABASE "{name}"')
     url = _with_database(server_url, name)
     engine = db.create_engine(url, 1)
-    await db.migrate(engine)
+    await migrations.upgrade(engine)
     await engine.dispose()
     yield url
     await conn.execute(f'DROP DATABASE IF EXISTS "{name}"')

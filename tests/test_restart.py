@@ -13,7 +13,7 @@ import asyncpg
 import httpx
 import pytest
 
-from app import db
+from app import db, migrations
 from app.settings import normalise_url
 from bench.harness import PrivatePostgres
 from tests.conftest import outside_pytest_temp
@@ -37,7 +37,7 @@ async def test_a_database_restart_mid_run_is_waited_out_and_the_runs_finish(
     private_pg: PrivatePostgres, tmp_path: Path
 ) -> None:
     engine = db.create_engine(normalise_url(private_pg.url), 1)
-    await db.migrate(engine)
+    await migrations.upgrade(engine)
     await engine.dispose()
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "SECRET_KEY")}
     env.update(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from app import db
+from app import migrations
 from app.api import bodies, schemas
 from app.api.errors import envelope
 
@@ -24,7 +24,7 @@ async def health() -> schemas.Status:
 async def ready(request: Request) -> JSONResponse:
     """The database answers and its migrations are current."""
     try:
-        current = await db.is_current(request.app.state.engine)
+        current = await migrations.is_current(request.app.state.engine)
     except Exception:
         return envelope(503, "not_ready", "The database does not answer.")
     if not current:
