@@ -6,7 +6,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Select, delete, func, select
+from sqlalchemy import Select, delete, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import db, errors, events, queue, tables, threads
@@ -105,6 +105,15 @@ async def save(session: AsyncSession, row: tables.Message, *, later: bool = Fals
 # ONE: a message by id, only if it is the thread's (ids come from clients and tools).
 def _one(thread_id: uuid.UUID, message_id: uuid.UUID) -> Select[tables.Message]:
     return select(tables.Message).where(tables.Message.thread_id == thread_id, tables.Message.id == message_id)
+
+
+# PARTIAL: a streaming answer's text so far, while it is still `pending` (a stop may have failed it meanwhile).
+_PARTIAL = update(tables.Message).where(tables.Message.status == "pending")
+
+
+async def write_partial(session: AsyncSession, message_id: uuid.UUID, text: str) -> None:
+    """Store the partial text of a streaming message (no event: clients that reconnect read it from the row)."""
+    await session.execute(_PARTIAL.where(tables.Message.id == message_id).values(content=text))
 
 
 async def get(session: AsyncSession, thread_id: uuid.UUID, message_id: uuid.UUID) -> tables.Message:

@@ -18,10 +18,9 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 
 import httpx
-from sqlalchemy import update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import events, llm, logs, tables
+from app import events, llm, logs, messages, tables
 from app.catalog import Catalog
 from app.engine.context import Env, MissingVariable, scrub, scrub_data
 from app.hub import Publisher
@@ -275,11 +274,7 @@ class Caller:
 async def _flush(tx: Transaction, message_id: uuid.UUID, partial: str) -> None:
     """Store the partial text of a streaming message (no event: clients that reconnect read it from the row)."""
     async with tx() as (session, _):
-        await session.execute(
-            update(tables.Message)
-            .where(tables.Message.id == message_id, tables.Message.status == "pending")
-            .values(content=partial)
-        )
+        await messages.write_partial(session, message_id, partial)
 
 
 def _recovered(
