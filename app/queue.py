@@ -453,6 +453,31 @@ async def release_with_events(session: AsyncSession, claim: Claim, row: tables.T
         await release(session, claim, fenced=True, row=row)
 
 
+# STATE: the queue as it is now, in one statement (the metrics' gauges). Runnable: what CLAIM would take (work
+# waiting and no live lease); in flight: live leases. Both read `threads_runnable` and the small `leases` and `inbox`
+# tables only.
+_STATE = """
+    WITH runnable AS (
+        SELECT t.runnable_since FROM threads t
+        WHERE t.runnable_since IS NOT NULL
+          AND t.terminated_at IS NULL AND NOT t.stopped AND t.status <> 'waiting'
+          AND NOT EXISTS (SELECT 1 FROM leases l WHERE l.thread_id = t.id AND l.expires_at >= now())
+    )
+    SELECT (SELECT count(*) FROM runnable) AS runnable,
+           (SELECT coalesce(extract(epoch FROM now() - min(runnable_since)), 0) FROM runnable) AS oldest,
+           (SELECT count(*) FROM leases WHERE expires_at >= now()) AS in_flight,
+           (SELECT count(*) FROM inbox WHERE set_aside_at IS NULL) AS inbox,
+           (SELECT count(*) FROM inbox WHERE set_aside_at IS NOT NULL) AS set_aside
+"""
+
+
+async def state(conn: db.Driver) -> dict[str, float]:
+    """Runnable threads, the oldest one's wait in seconds, executions in flight, inbox rows waiting and set aside."""
+    found = await conn.fetchrow(_STATE)
+    assert found is not None
+    return {key: float(value) for key, value in found.items()}
+
+
 # STRANDED: threads holding input that nothing will ever run: not leased (or the lease expired), not runnable, and not
 # parked on purpose (stopped, terminated, waiting on a blocking child). The release above makes this impossible; the
 # janitor looks anyway, repairs what it finds and says so loudly. Candidates are locked first and checked again by a
