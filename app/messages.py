@@ -1,4 +1,8 @@
-"""Messages: the spec's `Message` rows of a thread, each insert and update announced as `message_data`."""
+"""Messages: the spec's `Message` rows of a thread, each insert and update announced as `message_data`.
+
+Every query on `messages` is here, named for what its caller needs (`holding`, `answered`, `window` ...) and
+commented where it is not plain; the caller owns the transaction.
+"""
 
 from __future__ import annotations
 
@@ -102,11 +106,6 @@ async def save(session: AsyncSession, row: tables.Message, *, later: bool = Fals
     return row
 
 
-# ONE: a message by id, only if it is the thread's (ids come from clients and tools).
-def _one(thread_id: uuid.UUID, message_id: uuid.UUID) -> Select[tables.Message]:
-    return select(tables.Message).where(tables.Message.thread_id == thread_id, tables.Message.id == message_id)
-
-
 # PARTIAL: a streaming answer's text so far, while it is still `pending` (a stop may have failed it meanwhile).
 _PARTIAL = update(tables.Message).where(tables.Message.status == "pending")
 
@@ -114,6 +113,11 @@ _PARTIAL = update(tables.Message).where(tables.Message.status == "pending")
 async def write_partial(session: AsyncSession, message_id: uuid.UUID, text: str) -> None:
     """Store the partial text of a streaming message (no event: clients that reconnect read it from the row)."""
     await session.execute(_PARTIAL.where(tables.Message.id == message_id).values(content=text))
+
+
+# ONE: a message by id, only if it is the thread's (ids come from clients and tools).
+def _one(thread_id: uuid.UUID, message_id: uuid.UUID) -> Select[tables.Message]:
+    return select(tables.Message).where(tables.Message.thread_id == thread_id, tables.Message.id == message_id)
 
 
 async def get(session: AsyncSession, thread_id: uuid.UUID, message_id: uuid.UUID) -> tables.Message:
