@@ -10,8 +10,7 @@ from __future__ import annotations
 import uuid
 from datetime import UTC, datetime
 
-import sqlalchemy as sa
-from sqlalchemy import func, select, text
+from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import children, effects, environment, errors, events, messages, queue, tables, threads
@@ -25,12 +24,7 @@ STOPPED = "Execution stopped by user"
 
 async def _revoke(session: AsyncSession, thread: tables.Thread) -> None:
     """Take the lease away from whoever holds it and tell its worker to abandon the execution."""
-    revoked = thread.lease_token
-    thread.lease_token = None
-    thread.lease_owner = None
-    await queue.revoke(session, thread.id)
-    thread.attempt = 0
-    thread.runnable_since = None
+    revoked = await queue.revoke(session, thread)
     await session.flush()
     if revoked is not None:  # the token names the execution to cancel, not a later one of the same thread
         await session.execute(select(func.pg_notify(CONTROL_CHANNEL, f"{thread.id}:{revoked}")))
@@ -98,22 +92,9 @@ async def unpark(session: AsyncSession, thread: tables.Thread) -> None:
         await threads.set_status(session, thread, "queued")
 
 
-# DESCENDANTS: the thread and every thread below it, deepest first (children are terminated before parents).
-_DESCENDANTS = text(
-    """
-    WITH RECURSIVE tree(id, depth) AS (
-        SELECT id, 0 FROM threads WHERE id = :id
-        UNION ALL
-        SELECT t.id, tree.depth + 1 FROM threads t JOIN tree ON t.parent_id = tree.id
-    )
-    SELECT id FROM tree ORDER BY depth DESC
-    """
-)
-
-
 async def terminate(session: AsyncSession, thread: tables.Thread) -> list[uuid.UUID]:
     """End the thread and its descendants for good; later input is refused. Returns the terminated ids."""
-    ids = [r.id for r in await session.execute(_DESCENDANTS, {"id": thread.id})]
+    ids = await threads.descendants(session, thread.id)
     done: list[uuid.UUID] = []
     for thread_id in ids:
         row = thread if thread_id == thread.id else await session.get(tables.Thread, thread_id, with_for_update=NKU)
@@ -125,7 +106,7 @@ async def terminate(session: AsyncSession, thread: tables.Thread) -> list[uuid.U
             await threads.end_session(session, row, "failure", "terminated")
         if running or row.parent_call_id is not None:  # a waiting parent gets the failure, never silence
             await children.report(session, row, failure=children.STOPPED_EARLY.format(reason="terminated"))
-        await session.execute(sa.delete(tables.Inbox).where(tables.Inbox.thread_id == row.id))
+        await queue.clear(session, row.id)
         await effects.cancel_all(session, row.id)
         row.terminated_at = datetime.now(UTC)
         row.stopped = False
@@ -139,7 +120,7 @@ async def terminate(session: AsyncSession, thread: tables.Thread) -> list[uuid.U
 
 async def delete(session: AsyncSession, thread: tables.Thread) -> list[uuid.UUID]:
     """Remove the thread and its descendants, children first; running executions are abandoned at once."""
-    ids = [r.id for r in await session.execute(_DESCENDANTS, {"id": thread.id})]
+    ids = await threads.descendants(session, thread.id)
     for thread_id in ids:
         row = thread if thread_id == thread.id else await session.get(tables.Thread, thread_id, with_for_update=True)
         if row is None:

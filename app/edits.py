@@ -16,10 +16,9 @@ import uuid
 from typing import Any
 
 from cryptography.fernet import Fernet
-from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import errors, events, messages, tables, waits
+from app import errors, events, messages, queue, tables, waits
 from app.catalog import Catalog
 from app.engine import hooks, turns
 
@@ -48,17 +47,17 @@ async def delete(session: AsyncSession, thread: tables.Thread, message_id: uuid.
     """Delete a message, a tool-call message with its results, or input set aside (its delivery failed); each
     announced as `message_deleted`."""
     if (aside := await _set_aside(session, thread, message_id)) is not None:  # it will never be delivered
-        await session.delete(aside)
+        await queue.drop(session, aside.id)
         await events.append(session, thread.id, "message_deleted", {"message_id": str(message_id), "depth": 0})
         return [message_id]
     row = await _editable(session, thread, message_id)
     if row.role == "tool" and row.tool_call_id is not None:
-        caller = await _caller(session, thread.id, row.tool_call_id)
+        caller = await messages.holding(session, thread.id, row.tool_call_id)
         if caller is not None:
             raise errors.ToolResultAlone(
                 f"Message {message_id} is the result of a tool call: delete the message that made the call "
-                f"({caller}), and its results go with it.",
-                call_message_id=str(caller),
+                f"({caller.id}), and its results go with it.",
+                call_message_id=str(caller.id),
             )
     if thread.step_open and row.depth > 0:  # a subprompt's traffic: the open step's calls may still use it
         raise errors.MessageBusy(
@@ -67,12 +66,7 @@ async def delete(session: AsyncSession, thread: tables.Thread, message_id: uuid.
         )
     if row.tool_calls and row.side in ("a", "b"):
         since = thread.turn_start or 0
-        query = (
-            select(tables.Message)
-            .where(tables.Message.thread_id == thread.id, tables.Message.position >= since)
-            .order_by(tables.Message.position)
-        )
-        rows = list((await session.execute(query)).scalars())
+        rows = await messages.history(session, thread.id, since=since)
         open_row, _ = turns.open_work(rows, row.side, since, thread.step_open)
         if open_row is not None and open_row.id == row.id:
             raise errors.MessageBusy(
@@ -103,12 +97,3 @@ async def _set_aside(session: AsyncSession, thread: tables.Thread, message_id: u
         return None
     row = await waits.queued(session, thread.id, message_id)
     return row if row is not None and row.set_aside_at is not None else None
-
-
-async def _caller(session: AsyncSession, thread_id: uuid.UUID, call_id: str) -> uuid.UUID | None:
-    """The assistant message that made tool call `call_id`, if it is still there."""
-    query = select(tables.Message.id).where(
-        tables.Message.thread_id == thread_id,
-        tables.Message.tool_calls.contains([{"id": call_id}]),
-    )
-    return (await session.execute(query.limit(1))).scalar_one_or_none()

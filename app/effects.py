@@ -114,7 +114,8 @@ async def cancel_all(session: AsyncSession, thread_id: uuid.UUID) -> None:
 
 # CLAIM_DUE: due scheduled effects, oldest first, skipping rows (and threads) another transaction holds — so two
 # timers never take the same row, and the timer never waits on a thread row a run has locked (the next poll gets
-# it); each becomes `queued` with an `effect` inbox row, and its thread becomes runnable, in this one statement.
+# it); each becomes `queued` with an `effect` inbox row, and its thread becomes runnable, in this one statement (the
+# inbox and lease writes outside `app/queue.py`: its docstring lists them).
 _CLAIM_DUE = text(
     """
     WITH due AS (

@@ -1,13 +1,122 @@
-"""Logs: one row per LLM request, tool call log or hook error of a thread, read back a page at a time."""
+"""Logs: one row per LLM request, tool call or hook error of a thread, read back a page at a time.
+
+The row of each kind is built here (`llm`, `tool`, `hook_error`) and written by `add`, with the transaction's next
+statement; the engine decides what goes in them (masking known secret values first).
+"""
 
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 from sqlalchemy import and_, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import cursors, tables
+from app import cursors, db, tables
+
+NAME_WIDTH = 200  # `logs.tool`'s width: a model may make up a longer name
+ARGUMENTS_KEPT = 2000  # characters of a call's arguments a row keeps (after masking)
+
+
+def llm(
+    log_id: uuid.UUID,
+    thread_id: uuid.UUID,
+    message_id: uuid.UUID,
+    *,
+    model: str,
+    provider: str,
+    attempt: int,
+    latency_ms: float,
+    ttft_ms: float | None,
+    retry_of: uuid.UUID | None,
+    fallback_of: uuid.UUID | None,
+    request: dict[str, Any],
+    response: dict[str, Any],
+    error: str | None = None,
+    finish_reason: str | None = None,
+    tokens: dict[str, int] | None = None,
+    cost: float | None = None,
+) -> tables.Log:
+    """The row of one LLM request: what was asked, what came back (an `error`, or an answer with its `tokens` by
+    kind: `Usage.as_dict`), what it cost."""
+    row = tables.Log(
+        id=log_id,
+        thread_id=thread_id,
+        kind="llm",
+        message_id=message_id,
+        model=model,
+        provider=provider,
+        attempt=attempt,
+        latency_ms=latency_ms,
+        ttft_ms=ttft_ms,
+        retry_of=retry_of,
+        fallback_of=fallback_of,
+        request=request,
+    )
+    if error is not None:
+        row.status, row.error = "error", error
+        row.response = response
+        return row
+    row.status, row.finish_reason = "success", finish_reason
+    if tokens is not None:
+        row.input_tokens, row.output_tokens = tokens["input_tokens"], tokens["output_tokens"]
+        row.cached_tokens, row.reasoning_tokens = tokens["cached_tokens"], tokens["reasoning_tokens"]
+    row.cost = cost
+    row.response = response
+    return row
+
+
+def tool(
+    thread_id: uuid.UUID,
+    *,
+    name: object,
+    call_id: str,
+    status: str,
+    error: str | None = None,
+    latency_ms: float | None = None,
+    message_id: uuid.UUID | None = None,
+    arguments: tuple[str, int] | None = None,
+    error_code: str | None = None,
+    subagent_id: str | None = None,
+) -> tables.Log:
+    """The row of one tool call: its name (whatever the model sent, cut to the column), its `arguments` (masked, and
+    the size of what was sent), how it ended and how long it ran; `subagent_id` for a call a child answered."""
+    request: dict[str, Any] = {"tool_call_id": call_id}
+    if arguments is not None:
+        request.update(arguments=arguments[0][:ARGUMENTS_KEPT], arguments_bytes=arguments[1])
+    if subagent_id is not None:
+        request["subagent_id"] = subagent_id
+    return tables.Log(
+        id=uuid.uuid4(),
+        thread_id=thread_id,
+        kind="tool",
+        message_id=message_id,
+        tool=str(name)[:NAME_WIDTH],
+        status=status,
+        error=error,
+        latency_ms=latency_ms,
+        request=request,
+        response={"error_code": error_code} if error_code else None,
+    )
+
+
+def hook_error(thread_id: uuid.UUID, *, hook: str, name: str, text: str) -> tables.Log:
+    """The row of a hook that raised (`hook`: which hook point, `name`: the hook's)."""
+    return tables.Log(
+        id=uuid.uuid4(),
+        thread_id=thread_id,
+        kind="hook",
+        tool=name,
+        status="error",
+        error=f"{hook} hook `{name}` failed: {text}",
+        request={"hook": hook, "id": name},
+    )
+
+
+async def add(session: AsyncSession, row: tables.Log) -> None:
+    """Write a row with the transaction's next statement (`db.defer`: it rides with the events, no round trip of its
+    own; nothing reads it back in the transaction that writes it)."""
+    await db.defer(session, *db.insert_statement(row))
 
 
 async def page(
@@ -31,3 +140,23 @@ async def page(
     rows = list((await session.execute(query)).scalars())
     next_cursor = cursors.encode(rows[limit - 1].created_at, rows[limit - 1].id) if len(rows) > limit else None
     return rows[:limit], next_cursor
+
+
+async def window(
+    session: AsyncSession, thread_id: uuid.UUID, *, offset: int, limit: int, descending: bool = False
+) -> list[tables.Log]:
+    """`limit` of the thread's logs from `offset`, in the order they were written (`state.get_logs`)."""
+    log = tables.Log
+    keys = (log.created_at.desc(), log.id.desc()) if descending else (log.created_at, log.id)
+    query = select(log).where(log.thread_id == thread_id).order_by(*keys).offset(offset).limit(limit)
+    return list((await session.execute(query)).scalars())
+
+
+# REQUESTS_MADE: counted from the rows, so a worker that takes over a thread goes on where its script was; plain SQL:
+# read at every request of a scripted model.
+_REQUESTS_MADE = "SELECT count(*) FROM logs WHERE thread_id = $1 AND kind = 'llm' AND model = $2"
+
+
+async def requests_made(session: AsyncSession, thread_id: uuid.UUID, model: str) -> int:
+    """Requests a thread has made to a model: the `test` provider's durable script position."""
+    return int(await (await db.driver(session, flush=False)).fetchval(_REQUESTS_MADE, thread_id, model))

@@ -1,4 +1,8 @@
-"""Messages: the spec's `Message` rows of a thread, each insert and update announced as `message_data`."""
+"""Messages: the spec's `Message` rows of a thread, each insert and update announced as `message_data`.
+
+Every query on `messages` is here, named for what its caller needs (`holding`, `answered`, `window` ...) and
+commented where it is not plain; the caller owns the transaction.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +10,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import delete, select, update
+from sqlalchemy import Select, delete, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import db, errors, events, queue, tables, threads
@@ -102,47 +106,124 @@ async def save(session: AsyncSession, row: tables.Message, *, later: bool = Fals
     return row
 
 
+# PARTIAL: a streaming answer's text so far, while it is still `pending` (a stop may have failed it meanwhile).
+_PARTIAL = update(tables.Message).where(tables.Message.status == "pending")
+
+
+async def write_partial(session: AsyncSession, message_id: uuid.UUID, text: str) -> None:
+    """Store the partial text of a streaming message (no event: clients that reconnect read it from the row)."""
+    await session.execute(_PARTIAL.where(tables.Message.id == message_id).values(content=text))
+
+
+# ONE: a message by id, only if it is the thread's (ids come from clients and tools).
+def _one(thread_id: uuid.UUID, message_id: uuid.UUID) -> Select[tables.Message]:
+    return select(tables.Message).where(tables.Message.thread_id == thread_id, tables.Message.id == message_id)
+
+
 async def get(session: AsyncSession, thread_id: uuid.UUID, message_id: uuid.UUID) -> tables.Message:
-    row = (
-        await session.execute(
-            select(tables.Message).where(tables.Message.thread_id == thread_id, tables.Message.id == message_id)
-        )
-    ).scalar_one_or_none()
+    """A message of the thread, or `MessageNotFound`."""
+    row = (await session.execute(_one(thread_id, message_id))).scalar_one_or_none()
     if row is None:
         raise errors.MessageNotFound(f"Message {message_id} not found")
     return row
 
 
+# RESULTS_OF: the `tool` messages answering calls `call_ids`: they are deleted with the message that made the calls
+# (a provider refuses a result without its call).
+def _results_of(thread_id: uuid.UUID, call_ids: list[str]) -> Select[uuid.UUID, int]:
+    return select(tables.Message.id, tables.Message.depth).where(
+        tables.Message.thread_id == thread_id,
+        tables.Message.role == "tool",
+        tables.Message.tool_call_id.in_(call_ids),
+    )
+
+
 async def remove(session: AsyncSession, thread_id: uuid.UUID, message_id: uuid.UUID) -> list[uuid.UUID]:
     """Delete a message, and a tool-call message's results with it; returns the ids deleted (none if not found).
     Each deleted message is announced as `message_deleted`."""
-    row = (
-        await session.execute(
-            select(tables.Message).where(tables.Message.thread_id == thread_id, tables.Message.id == message_id)
-        )
-    ).scalar_one_or_none()
+    row = (await session.execute(_one(thread_id, message_id))).scalar_one_or_none()
     if row is None:
         return []
     gone = [(row.id, row.depth)]
     call_ids = [c["id"] for c in row.tool_calls or []]
     if call_ids:
-        results = select(tables.Message.id, tables.Message.depth).where(
-            tables.Message.thread_id == thread_id,
-            tables.Message.role == "tool",
-            tables.Message.tool_call_id.in_(call_ids),
-        )
-        gone += [(r.id, r.depth) for r in await session.execute(results)]
+        gone += [(r.id, r.depth) for r in await session.execute(_results_of(thread_id, call_ids))]
     ids = [i for i, _ in gone]
     await session.execute(delete(tables.Message).where(tables.Message.id.in_(ids)))
-    # REMOVED: tell readers that keep a thread's messages between transactions (the engine) to read them all again
-    await session.execute(
-        update(tables.Thread)
-        .where(tables.Thread.id == thread_id)
-        .values(messages_removed=tables.Thread.messages_removed + 1)
-    )
+    await threads.count_removal(session, thread_id)
     for gone_id, depth in gone:
         await events.append(session, thread_id, "message_deleted", {"message_id": str(gone_id), "depth": depth})
     return ids
+
+
+# HOLDING: the messages whose `tool_calls` hold call `call_id`, newest first (call ids are the model's, so the newest
+# one holding it is the call a result or a queued call belongs to).
+def _holding(thread_id: uuid.UUID, call_id: str) -> Select[tables.Message]:
+    return (
+        select(tables.Message)
+        .where(tables.Message.thread_id == thread_id, tables.Message.tool_calls.contains([{"id": call_id}]))
+        .order_by(tables.Message.position.desc())
+    )
+
+
+async def holding(
+    session: AsyncSession, thread_id: uuid.UUID, call_id: str, *, role: str | None = None
+) -> tables.Message | None:
+    """The message that made tool call `call_id` (with `role` only, when given), if it is still there."""
+    query = _holding(thread_id, call_id)
+    if role is not None:
+        query = query.where(tables.Message.role == role)
+    return (await session.execute(query.limit(1))).scalar_one_or_none()
+
+
+async def drop_call(session: AsyncSession, thread_id: uuid.UUID, call_id: str) -> None:
+    """Remove a tool call from the stored assistant message that made it, so history stays paired."""
+    query = _holding(thread_id, call_id).where(tables.Message.role == "assistant")
+    for row in (await session.execute(query)).scalars():
+        kept = [c for c in row.tool_calls or [] if c["id"] != call_id]
+        await save(session, row, tool_calls=kept or None)
+
+
+# ANSWERED: a `tool` message answering call `call_id` (a stop may have answered the call before its result came).
+def _answered(thread_id: uuid.UUID, call_id: str) -> Select[uuid.UUID]:
+    return select(tables.Message.id).where(
+        tables.Message.thread_id == thread_id, tables.Message.tool_call_id == call_id
+    )
+
+
+async def answered(session: AsyncSession, thread_id: uuid.UUID, call_id: str) -> bool:
+    """Whether tool call `call_id` has its result message."""
+    return (await session.execute(_answered(thread_id, call_id))).first() is not None
+
+
+# RUNS: the messages of subprompt call `call_id` that runs other than `run` stored (each is tagged with its call and
+# run by `engine/subprompts.py`): an interrupted execution's, whose answer nobody will read.
+def _runs(thread_id: uuid.UUID, call_id: str, run: str) -> Select[uuid.UUID]:
+    message = tables.Message
+    return select(message.id).where(
+        message.thread_id == thread_id,
+        message.depth > 0,
+        message.metadata_["subprompt_call"].astext == call_id,
+        message.metadata_["subprompt_run"].astext != run,
+    )
+
+
+# NESTED: the messages one level below `parents` (nested runs' traffic), read level by level.
+def _nested(thread_id: uuid.UUID, parents: list[uuid.UUID]) -> Select[uuid.UUID]:
+    return select(tables.Message.id).where(tables.Message.thread_id == thread_id, tables.Message.parent_id.in_(parents))
+
+
+async def forget_runs(session: AsyncSession, thread_id: uuid.UUID, call_id: str, run: str) -> bool:
+    """Delete what runs of subprompt call `call_id` by other executions stored, with their nested runs' messages;
+    whether there were any."""
+    found = list((await session.execute(_runs(thread_id, call_id, run))).scalars())
+    frontier = found
+    while frontier:
+        frontier = list((await session.execute(_nested(thread_id, frontier))).scalars())
+        found += frontier
+    if found:
+        await session.execute(delete(tables.Message).where(tables.Message.id.in_(found)))
+    return bool(found)
 
 
 async def enqueue(
@@ -176,13 +257,59 @@ async def enqueue(
 
 
 async def history(
-    session: AsyncSession, thread_id: uuid.UUID, *, session_number: int | None = None
+    session: AsyncSession, thread_id: uuid.UUID, *, session_number: int | None = None, since: int | None = None
 ) -> list[tables.Message]:
-    """The history of a thread in order (the engine's view), or of one of its sessions."""
+    """The history of a thread in order (the engine's view), or of one of its sessions, or from position `since`."""
     query = select(tables.Message).where(tables.Message.thread_id == thread_id).order_by(tables.Message.position)
     if session_number is not None:
         query = query.where(tables.Message.session_number == session_number)
+    if since is not None:
+        query = query.where(tables.Message.position >= since)
     return list((await session.execute(query)).scalars())
+
+
+async def last_position(session: AsyncSession, thread_id: uuid.UUID, side: str) -> int | None:
+    """The position of the side's last top-level message other than a tool result (the input a turn answers)."""
+    query = select(func.max(tables.Message.position)).where(
+        tables.Message.thread_id == thread_id,
+        tables.Message.side == side,
+        tables.Message.role != "tool",
+        tables.Message.depth == 0,
+    )
+    found = (await session.execute(query)).scalar_one_or_none()
+    return int(found) if found is not None else None
+
+
+async def next_position(session: AsyncSession, thread_id: uuid.UUID) -> int:
+    """A position after every message of the thread (a turn that starts without new input)."""
+    query = select(func.coalesce(func.max(tables.Message.position), 0) + 1).where(tables.Message.thread_id == thread_id)
+    return int((await session.execute(query)).scalar_one())
+
+
+async def window(
+    session: AsyncSession,
+    thread_id: uuid.UUID,
+    *,
+    offset: int,
+    limit: int,
+    descending: bool = False,
+    include_silent: bool = False,
+    max_depth: int = 0,
+) -> tuple[list[tables.Message], int]:
+    """`limit` messages from `offset` in position order (`state.get_messages`), and how many there are in all."""
+    cond = [tables.Message.thread_id == thread_id, tables.Message.depth <= max_depth]
+    if not include_silent:
+        cond.append(tables.Message.silent.is_(False))
+    total = int((await session.execute(select(func.count()).where(*cond))).scalar_one())
+    position = tables.Message.position
+    query = (
+        select(tables.Message)
+        .where(*cond)
+        .order_by(position.desc() if descending else position.asc())
+        .offset(offset)
+        .limit(limit)
+    )
+    return list((await session.execute(query)).scalars()), total
 
 
 # CHANGED: a thread's messages inserted or updated after revision `since`, with their revision now. Every write of a

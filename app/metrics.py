@@ -21,7 +21,7 @@ from prometheus_client.metrics_core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app import db, tables
+from app import db, queue, tables
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # the Prometheus text format
 LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0)  # LLM requests take seconds
@@ -154,22 +154,6 @@ _ADD = """
 
 _TOTALS = "SELECT family, sample, labels, value FROM metrics"
 
-# STATE: the queue as it is now, in one statement. Runnable: what a claim would take (work waiting and no live lease);
-# in flight: live leases. Both read `threads_runnable` and the small `leases` and `inbox` tables only.
-_STATE = """
-    WITH runnable AS (
-        SELECT t.runnable_since FROM threads t
-        WHERE t.runnable_since IS NOT NULL
-          AND t.terminated_at IS NULL AND NOT t.stopped AND t.status <> 'waiting'
-          AND NOT EXISTS (SELECT 1 FROM leases l WHERE l.thread_id = t.id AND l.expires_at >= now())
-    )
-    SELECT (SELECT count(*) FROM runnable) AS runnable,
-           (SELECT coalesce(extract(epoch FROM now() - min(runnable_since)), 0) FROM runnable) AS oldest,
-           (SELECT count(*) FROM leases WHERE expires_at >= now()) AS in_flight,
-           (SELECT count(*) FROM inbox WHERE set_aside_at IS NULL) AS inbox,
-           (SELECT count(*) FROM inbox WHERE set_aside_at IS NOT NULL) AS set_aside
-"""
-
 _GAUGES = (
     ("runnable", "agents_threads_runnable", "Threads with work waiting for a worker (runnable, no live lease)."),
     ("oldest", "agents_queue_oldest_seconds", "How long the longest-waiting runnable thread has waited."),
@@ -206,8 +190,7 @@ async def exposition(session: AsyncSession, meter: Meter) -> bytes:
     async with meter.lock:
         rows = await driver.fetch(_TOTALS)
         unflushed = meter.unflushed()
-    state = await driver.fetchrow(_STATE)
-    assert state is not None
+    state = await queue.state(driver)
     totals: dict[Key, float] = {key: entry[2] for key, entry in unflushed.items()}
     family_of: dict[Key, str] = {key: entry[0] for key, entry in unflushed.items()}
     for row in rows:
@@ -221,6 +204,6 @@ async def exposition(session: AsyncSession, meter: Meter) -> bytes:
             labels: dict[str, Any] = json.loads(key[1])
             metric.add_sample(key[0], labels, totals[key])
         families.append(metric)
-    families.extend(GaugeMetricFamily(name, text, value=float(state[column])) for column, name, text in _GAUGES)
+    families.extend(GaugeMetricFamily(name, text, value=state[column]) for column, name, text in _GAUGES)
     families.extend(meter.local.collect())
     return generate_latest(_Snapshot(families))

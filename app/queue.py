@@ -1,6 +1,18 @@
-"""The durable per-thread queue: enqueue (+NOTIFY), claim (SKIP LOCKED), fence, heartbeat, release.
+"""The durable per-thread queue: enqueue (+NOTIFY), claim (SKIP LOCKED), fence, heartbeat, release, revoke.
 
-Every query the queue runs is here, named and commented. Scheduling state lives on `threads`:
+Every query the queue runs is here, named and commented, and so is every write of `inbox` and `leases` but two, each
+kept in another module's statement so that it costs no statement of its own:
+
+- `effects.claim_due` (`effects._CLAIM_DUE`, the effects timer): for each due effect, an `effect` inbox row
+  (`Kind.EFFECT`, `{effect_id, name}`) and `runnable_since` set on its thread (kept if set), in the statement that
+  marks the effects `queued`, then a NOTIFY on `WAKEUP_CHANNEL`. One statement, so an effect is never `queued`
+  without its inbox row, nor its row there without the thread runnable. Those rows are read and removed here
+  (`next_effect`, `drop`), never by `take_inbox`.
+- `events.releasing` (the engine's fenced transaction that ends a run): `RELEASE` without a refund, folded into the
+  statement that writes the transaction's held events: the lease row deleted, the lease columns cleared, the thread
+  left runnable only if input waits (`events.INPUT_WAITS`).
+
+Scheduling state lives on `threads`:
 `runnable_since` (set while input waits or a run must go on), `lease_token` / `lease_owner` (who runs it: the
 fencing token every engine transaction checks under the row lock) and `attempt` (claims of the current step); and on
 `leases`: until when the token holds, by the database clock. The expiry is in a table of its own because the
@@ -278,11 +290,6 @@ _WAITING = """
 ENV_VERSION = "queue.env_version"  # `session.info` key: the env values' version as `waiting` read it (`env.layers`)
 
 
-async def revoke(session: AsyncSession, thread_id: uuid.UUID) -> None:
-    """End whatever lease the thread has (the caller clears `lease_token` on the row it locked): stop / terminate."""
-    await session.execute(delete(tables.Lease).where(tables.Lease.thread_id == thread_id))
-
-
 async def waiting(session: AsyncSession, thread_id: uuid.UUID) -> tuple[bool, bool]:
     """Whether input, and whether effects, wait in the thread's inbox (set-aside rows do not count); the env values'
     version goes into `session.info` for `env.layers` (the engine asks at every step's opening). Deferred writes
@@ -294,6 +301,32 @@ async def waiting(session: AsyncSession, thread_id: uuid.UUID) -> tuple[bool, bo
     assert row is not None
     session.info[ENV_VERSION] = row["env_version"]
     return bool(row["input"]), bool(row["effect"])
+
+
+# REVOKE: whatever lease the thread has, deleted in the transaction that stops, terminates or deletes it (`control`):
+# the holder's next fenced commit finds no lease (`FENCE`), and its heartbeat reports it lost.
+_REVOKE = delete(tables.Lease)
+
+
+async def revoke(session: AsyncSession, thread: tables.Thread) -> uuid.UUID | None:
+    """Take the thread's lease from whoever holds it, on the row the caller locked: not runnable, its claims counted
+    from zero again. Returns the token revoked (it names the execution to cancel), if one held it."""
+    revoked = thread.lease_token
+    thread.lease_token = None
+    thread.lease_owner = None
+    await session.execute(_REVOKE.where(tables.Lease.thread_id == thread.id))
+    thread.attempt = 0
+    thread.runnable_since = None
+    return revoked
+
+
+# CLEAR: all of the thread's inbox, set-aside rows included: a terminated thread runs nothing again.
+_CLEAR = delete(tables.Inbox)
+
+
+async def clear(session: AsyncSession, thread_id: uuid.UUID) -> None:
+    """Drop everything waiting in the thread's inbox (`control.terminate`)."""
+    await session.execute(_CLEAR.where(tables.Inbox.thread_id == thread_id))
 
 
 # TAKE_INBOX: the thread's waiting input, removed as it is read. Effect rows stay: each is removed by `drop` in the
@@ -418,6 +451,31 @@ async def release_with_events(session: AsyncSession, claim: Claim, row: tables.T
     when it has some (one round trip fewer), else on its own."""
     if not events.releasing(session, row, claim.token, WAKEUP_CHANNEL):
         await release(session, claim, fenced=True, row=row)
+
+
+# STATE: the queue as it is now, in one statement (the metrics' gauges). Runnable: what CLAIM would take (work
+# waiting and no live lease); in flight: live leases. Both read `threads_runnable` and the small `leases` and `inbox`
+# tables only.
+_STATE = """
+    WITH runnable AS (
+        SELECT t.runnable_since FROM threads t
+        WHERE t.runnable_since IS NOT NULL
+          AND t.terminated_at IS NULL AND NOT t.stopped AND t.status <> 'waiting'
+          AND NOT EXISTS (SELECT 1 FROM leases l WHERE l.thread_id = t.id AND l.expires_at >= now())
+    )
+    SELECT (SELECT count(*) FROM runnable) AS runnable,
+           (SELECT coalesce(extract(epoch FROM now() - min(runnable_since)), 0) FROM runnable) AS oldest,
+           (SELECT count(*) FROM leases WHERE expires_at >= now()) AS in_flight,
+           (SELECT count(*) FROM inbox WHERE set_aside_at IS NULL) AS inbox,
+           (SELECT count(*) FROM inbox WHERE set_aside_at IS NOT NULL) AS set_aside
+"""
+
+
+async def state(conn: db.Driver) -> dict[str, float]:
+    """Runnable threads, the oldest one's wait in seconds, executions in flight, inbox rows waiting and set aside."""
+    found = await conn.fetchrow(_STATE)
+    assert found is not None
+    return {key: float(value) for key, value in found.items()}
 
 
 # STRANDED: threads holding input that nothing will ever run: not leased (or the lease expired), not runnable, and not

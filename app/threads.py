@@ -6,7 +6,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import and_, func, or_, select
+from sqlalchemy import and_, func, or_, select, text, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import cursors, db, errors, events, tables
@@ -120,6 +120,35 @@ async def children_counts(session: AsyncSession, ids: list[uuid.UUID]) -> dict[u
         .group_by(tables.Thread.parent_id)
     )
     return {r[0]: int(r[1]) for r in rows if r[0] is not None}
+
+
+# DESCENDANTS: the thread and every thread below it, deepest first (children are ended and deleted before parents).
+_DESCENDANTS = text(
+    """
+    WITH RECURSIVE tree(id, depth) AS (
+        SELECT id, 0 FROM threads WHERE id = :id
+        UNION ALL
+        SELECT t.id, tree.depth + 1 FROM threads t JOIN tree ON t.parent_id = tree.id
+    )
+    SELECT id FROM tree ORDER BY depth DESC
+    """
+)
+
+
+async def descendants(session: AsyncSession, thread_id: uuid.UUID) -> list[uuid.UUID]:
+    """The thread's id and those of every thread below it, deepest first."""
+    return [r.id for r in await session.execute(_DESCENDANTS, {"id": thread_id})]
+
+
+async def count_removal(session: AsyncSession, thread_id: uuid.UUID) -> None:
+    """Count a deletion of the thread's messages, in the transaction that deletes them: readers that keep its
+    messages between transactions (the engine's `History`) then read them all again."""
+    # COUNT_REMOVAL: an ORM update, so the thread row this session holds is updated as well
+    await session.execute(
+        update(tables.Thread)
+        .where(tables.Thread.id == thread_id)
+        .values(messages_removed=tables.Thread.messages_removed + 1)
+    )
 
 
 async def set_status(session: AsyncSession, thread: tables.Thread, status: str) -> None:

@@ -13,6 +13,7 @@ import httpx
 import pytest
 import uvicorn
 from fastapi import FastAPI
+from sqlalchemy import event
 
 from app import catalog, keys
 from app.catalog import Catalog
@@ -170,6 +171,44 @@ async def test_list_threads_paginates_newest_first(client: httpx.AsyncClient) ->
     assert_error(await client.get("/threads", params={"cursor": "garbage"}), 400, "bad_cursor")
     assert_error(await client.get("/threads", params={"limit": 0}), 422, "invalid_request")
     assert_error(await client.get("/threads", params={"parent_id": "x"}), 422, "invalid_request")
+
+
+async def test_a_listing_reads_every_listed_threads_extras_at_once(app: FastAPI, client: httpx.AsyncClient) -> None:
+    """`GET /threads` reads each thread's extras (children counts, env types) for the whole page in one query each:
+    a longer page costs no more statements."""
+    statements: list[str] = []
+    engine = app.state.engine.sync_engine
+
+    def logged(record: Any) -> None:  # plain SQL (`db.driver`)
+        statements.append(record.query)
+
+    def checkout(dbapi_connection: Any, *_: Any) -> None:
+        dbapi_connection.driver_connection.add_query_logger(logged)  # a set: added once per connection
+
+    def executed(conn: Any, cursor: Any, sql: str, *_: Any) -> None:  # SQLAlchemy's (prepared: asyncpg logs none)
+        statements.append(sql)
+
+    async def listing() -> int:
+        statements.clear()
+        event.listen(engine, "checkout", checkout)
+        event.listen(engine, "before_cursor_execute", executed)
+        try:
+            assert (await client.get("/threads")).status_code == 200
+        finally:
+            event.remove(engine, "checkout", checkout)
+            event.remove(engine, "before_cursor_execute", executed)
+        return len(statements)
+
+    first = (await client.post("/threads", json={"agent": "assistant", "env": {"A": "1"}})).json()["id"]
+    one = await listing()
+    for i in range(4):
+        body = {"agent": "assistant", "env": {f"V{i}": "x"}, "secrets": [f"V{i}"]}
+        assert (await client.post("/threads", json=body)).status_code == 201
+    async with app.state.engine.begin() as conn:  # children, as a subagent call would make them
+        await conn.exec_driver_sql(f"UPDATE threads SET parent_id = '{first}' WHERE id <> '{first}'")
+    listed = (await client.get("/threads")).json()["threads"]
+    assert len(listed) == 5 and {t["children_count"] for t in listed if t["id"] == first} == {4}
+    assert one >= 3 and await listing() == one  # the threads, their children counts, their env types
 
 
 async def test_thread_not_found(client: httpx.AsyncClient) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import time
 import uuid
@@ -17,10 +18,9 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 
 import httpx
-from sqlalchemy import update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import db, events, llm, tables
+from app import events, llm, logs, messages, tables
 from app.catalog import Catalog
 from app.engine.context import Env, MissingVariable, scrub, scrub_data
 from app.hub import Publisher
@@ -274,11 +274,7 @@ class Caller:
 async def _flush(tx: Transaction, message_id: uuid.UUID, partial: str) -> None:
     """Store the partial text of a streaming message (no event: clients that reconnect read it from the row)."""
     async with tx() as (session, _):
-        await session.execute(
-            update(tables.Message)
-            .where(tables.Message.id == message_id, tables.Message.status == "pending")
-            .values(content=partial)
-        )
+        await messages.write_partial(session, message_id, partial)
 
 
 def _recovered(
@@ -304,14 +300,14 @@ def _log_row(
     request: LLMRequest,
     secrets: list[str],
 ) -> tables.Log:
-    """One `logs` row per request: what was asked, what came back, what it cost."""
+    """One `logs` row per request (`logs.llm`): the request in brief and the answer's start, secrets masked."""
     definition = attempt.model
     last = next((m for m in reversed(request.messages) if m.content), None)
-    row = tables.Log(
-        id=log_id,
-        thread_id=thread_id,
-        kind="llm",
-        message_id=message_id,
+    row = functools.partial(
+        logs.llm,
+        log_id,
+        thread_id,
+        message_id,
         model=definition.name,
         provider=definition.provider,
         attempt=attempt.number,
@@ -328,19 +324,16 @@ def _log_row(
     )
     response = result.response
     if isinstance(response, ProviderError):
-        row.status, row.error = "error", response.message
-        row.response = {"kind": response.kind, "status": response.status}
-        return row
-    usage = response.usage
-    row.status, row.finish_reason = "success", response.finish_reason
-    row.input_tokens, row.output_tokens = usage.input_tokens, usage.output_tokens
-    row.cached_tokens, row.reasoning_tokens = usage.cached_tokens, usage.reasoning_tokens
-    row.cost = cost(definition, response)
-    row.response = {
-        "text": scrub(response.text[:500], secrets),
-        "tool_calls": [c["function"]["name"] for c in response.tool_calls],
-    }
-    return row
+        return row(response={"kind": response.kind, "status": response.status}, error=response.message)
+    return row(
+        response={
+            "text": scrub(response.text[:500], secrets),
+            "tool_calls": [c["function"]["name"] for c in response.tool_calls],
+        },
+        finish_reason=response.finish_reason,
+        tokens=response.usage.as_dict(),
+        cost=cost(definition, response),
+    )
 
 
 def cost(definition: ModelDefinition, response: LLMResponse) -> float | None:
@@ -363,18 +356,18 @@ async def announce(session: AsyncSession, thread_id: uuid.UUID, definition: Mode
     """Write a request's `llm_request` event; returns how many requests the thread made to the model before it (the
     `test` provider's script position; nothing else uses it, so it is counted only for a scripted `test` model)."""
     scripted = definition.provider == "test" and definition.respond is None
-    made = await _requests_made(session, thread_id, definition.name) if scripted else 0
+    made = await logs.requests_made(session, thread_id, definition.name) if scripted else 0
     await events.append(session, thread_id, "llm_request", {"model": definition.name, "attempt": attempt})
     return made
 
 
 async def write(session: AsyncSession, result: Result) -> None:
-    """Write a request's record, once: its log row (with the transaction's events: `db.defer`; any statement that
+    """Write a request's record, once: its log row (with the transaction's events: `logs.add`; any statement that
     reads it sends it first) and, for an answer, its `llm_response` event."""
     row, result.record = result.record, None
     if row is None:
         return
-    await db.defer(session, *db.insert_statement(row))
+    await logs.add(session, row)
     if isinstance(result.response, LLMResponse):
         await events.append(
             session,
@@ -387,11 +380,3 @@ async def write(session: AsyncSession, result: Result) -> None:
                 "ttft_ms": None if result.ttft_ms is None else round(result.ttft_ms, 2),
             },
         )
-
-
-_REQUESTS_MADE = "SELECT count(*) FROM logs WHERE thread_id = $1 AND kind = 'llm' AND model = $2"
-
-
-async def _requests_made(session: AsyncSession, thread_id: uuid.UUID, model: str) -> int:
-    """Requests a thread has made to a model: the `test` provider's durable script position."""
-    return int(await (await db.driver(session, flush=False)).fetchval(_REQUESTS_MADE, thread_id, model))

@@ -11,10 +11,10 @@ from contextvars import ContextVar
 from typing import Any
 
 from cryptography.fernet import Fernet
-from sqlalchemy import inspect, select
+from sqlalchemy import inspect
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import attachments, events, messages, tables
+from app import attachments, events, logs, messages, tables
 from app.catalog import Catalog
 from app.engine.context import Env, _visible, load_env, scrub
 from app.engine.state import RunState, Transaction
@@ -119,18 +119,6 @@ def tagged(fields: dict[str, Any], tags: dict[str, Any]) -> dict[str, Any]:
     return {**fields, "metadata_": {**(fields["metadata_"] or {}), **engine}}
 
 
-async def drop_call(session: AsyncSession, thread_id: uuid.UUID, call_id: str) -> None:
-    """Remove a tool call from the stored assistant message that made it, so history stays paired."""
-    query = select(tables.Message).where(
-        tables.Message.thread_id == thread_id,
-        tables.Message.role == "assistant",
-        tables.Message.tool_calls.contains([{"id": call_id}]),
-    )
-    for row in (await session.execute(query)).scalars():
-        kept = [c for c in row.tool_calls or [] if c["id"] != call_id]
-        await messages.save(session, row, tool_calls=kept or None)
-
-
 async def store_result(
     session: AsyncSession,
     thread: tables.Thread,
@@ -152,7 +140,7 @@ async def store_result(
     tags = tags or {}
     row = None
     if kept is None:  # an `after_tool_call_*` hook removed the call and its result from history
-        await drop_call(session, thread.id, call["id"])
+        await messages.drop_call(session, thread.id, call["id"])
     else:
         fields: dict[str, Any] = {
             "side": side,
@@ -314,17 +302,7 @@ class Hooks:
                 "thread %s: hook `%s` (%s) failed, its input is used unchanged: %s",
                 thread.id, hook.name, hook.hook, text,
             )  # fmt: skip
-            session.add(
-                tables.Log(
-                    id=uuid.uuid4(),
-                    thread_id=thread.id,
-                    kind="hook",
-                    tool=hook.name,
-                    status="error",
-                    error=f"{hook.hook} hook `{hook.name}` failed: {text}",
-                    request={"hook": hook.hook, "id": hook.name},
-                )
-            )
+            await logs.add(session, logs.hook_error(thread.id, hook=hook.hook, name=hook.name, text=text))
 
 
 def _state_messages(value: Any) -> list[StateMessage]:

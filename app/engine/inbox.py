@@ -11,12 +11,11 @@ import uuid
 from typing import Any, cast
 
 from cryptography.fernet import Fernet
-from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import db, errors, events, messages, queue, tables
+from app import errors, events, logs, messages, queue, tables
 from app.catalog import Catalog
-from app.engine import child_tools, context, hooks, tools, turns
+from app.engine import child_tools, context, hooks
 from app.engine.state import deliver_tool
 from app.llm.base import ToolCall
 from app.metrics import Meter
@@ -95,7 +94,7 @@ async def deliver(
             raise DeliveryFailed(row.id, reason) from exc
     if mid_turn or acting is None:
         return None
-    thread.turn_start = first if first is not None else await turns.next_position(session, thread.id)
+    thread.turn_start = first if first is not None else await messages.next_position(session, thread.id)
     return acting
 
 
@@ -119,12 +118,7 @@ async def _answer(
 ) -> bool:
     """Store a blocking subagent's result as the answer of the call it kept open (through the tool hooks, as any
     tool result), unless a stop answered it; whether it did."""
-    answered = await session.execute(
-        select(tables.Message.id).where(
-            tables.Message.thread_id == thread.id, tables.Message.tool_call_id == payload["call_id"]
-        )
-    )
-    if answered.first() is not None:
+    if await messages.answered(session, thread.id, payload["call_id"]):
         return False
     text, ok = payload["content"], payload["status"] == "success"
     result = ToolResult(status="success", result=text) if ok else ToolResult(status="error", error=text)
@@ -135,17 +129,16 @@ async def _answer(
         session, thread, hook_runner, call, result, thread.side or "a", child=child, refs=refs
     )
     # the call's log row, written when it is answered (its arguments are in the calling message)
-    logged = tables.Log(
-        id=uuid.uuid4(),
-        thread_id=thread.id,
-        kind="tool",
-        message_id=row.id if row is not None else None,
-        tool=tools.logged_name(payload.get("name") or ""),
+    logged = logs.tool(
+        thread.id,
+        name=payload.get("name") or "",
+        call_id=payload["call_id"],
         status=payload["status"],
         error=payload["content"] if payload["status"] == "error" else None,
-        request={"tool_call_id": payload["call_id"], "subagent_id": payload["child_id"]},
+        message_id=row.id if row is not None else None,
+        subagent_id=payload["child_id"],
     )
-    await db.defer(session, *db.insert_statement(logged))
+    await logs.add(session, logged)
     return True
 
 
@@ -158,11 +151,8 @@ async def _call(
     """The tool call a child's result answers, with its arguments as the model made it when a tool hook is to
     see it (read from the message that made it)."""
     if any(hook_runner.runs(h) for h in _TOOL_HOOKS):
-        query = select(tables.Message.tool_calls).where(
-            tables.Message.thread_id == thread_id,
-            tables.Message.tool_calls.contains([{"id": payload["call_id"]}]),
-        )
-        made = next((c for c in (await session.scalar(query)) or [] if c.get("id") == payload["call_id"]), None)
+        holder = await messages.holding(session, thread_id, payload["call_id"])
+        made = next((c for c in (holder.tool_calls or [] if holder else []) if c.get("id") == payload["call_id"]), None)
         if made is not None:
             return cast(ToolCall, made)
     name = str(payload.get("name") or "")

@@ -23,7 +23,7 @@ from cryptography.fernet import Fernet
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app import attachments, children, control, db, errors, events, files, messages, queue, tables, threads
+from app import attachments, children, control, db, errors, events, files, logs, messages, queue, tables, threads
 from app.catalog import Catalog
 from app.engine import calls, child_tools, context, effect_runs, handoffs, hooks, inbox, stops, subprompts, tools, turns
 from app.engine.history import Histories, History
@@ -589,11 +589,11 @@ class Engine:
         """Store a tool call's result message (or drop the call), its log row, and announce `tool_completed`."""
         row = None
         if fields is None:  # an `after_tool_call_*` hook removed the call and its result from history
-            await hooks.drop_call(session, thread.id, call["id"])
+            await messages.drop_call(session, thread.id, call["id"])
         else:
             row = await messages.add(session, thread.id, "tool", **fields, session_number=thread.session_number)
             logged.message_id = row.id
-        await db.defer(session, *db.insert_statement(logged))  # rides with the transaction's events
+        await logs.add(session, logged)  # rides with the transaction's events
         await events.append(
             session,
             thread.id,

@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from cryptography.fernet import Fernet
 from pydantic import ValidationError
-from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app import (
@@ -24,6 +23,7 @@ from app import (
     errors,
     events,
     files,
+    logs,
     messages,
     queue,
     tables,
@@ -149,19 +149,15 @@ class RunState(FileMethods):
     ) -> MessagesResult:
         _check_page(limit, offset)
         async with self._transaction() as (session, thread):
-            cond = [tables.Message.thread_id == thread.id, tables.Message.depth <= max_depth]
-            if not include_silent:
-                cond.append(tables.Message.silent.is_(False))
-            total = int((await session.execute(select(func.count()).where(*cond))).scalar_one())
-            position = tables.Message.position
-            query = (
-                select(tables.Message)
-                .where(*cond)
-                .order_by(position.asc() if order == "asc" else position.desc())
-                .offset(offset)
-                .limit(limit)
+            rows, total = await messages.window(
+                session,
+                thread.id,
+                offset=offset,
+                limit=limit,
+                descending=order != "asc",
+                include_silent=include_silent,
+                max_depth=max_depth,
             )
-            rows = list((await session.execute(query)).scalars())
             extra = await _projections(session, thread.id, rows)
         return MessagesResult(
             messages=[_message(r, extra) for r in rows],
@@ -270,11 +266,8 @@ class RunState(FileMethods):
         self, *, limit: int = 100, offset: int = 0, order: Literal["asc", "desc"] = "asc"
     ) -> list[StateLog]:
         _check_page(limit, offset)
-        log = tables.Log
-        keys = (log.created_at, log.id) if order == "asc" else (log.created_at.desc(), log.id.desc())
         async with self._transaction() as (session, thread):
-            query = select(log).where(log.thread_id == thread.id).order_by(*keys).offset(offset).limit(limit)
-            rows = list((await session.execute(query)).scalars())
+            rows = await logs.window(session, thread.id, offset=offset, limit=limit, descending=order != "asc")
         return [_log(r) for r in rows]
 
     # -- definitions ---------------------------------------------------------------------------------------
@@ -382,7 +375,7 @@ class RunState(FileMethods):
             self._check_offered(thread, side, name)
             owner = None
             if execution is not None and execution.tool_call_id is not None and self._queue_call is not None:
-                owner = await _calling_message(session, thread.id, execution.tool_call_id)
+                owner = await messages.holding(session, thread.id, execution.tool_call_id, role="assistant")
             if owner is None:  # not inside a tool call: a queued call the engine delivers as the side's own (§7.4)
                 if thread.terminated_at is not None:
                     raise errors.ThreadTerminated()
@@ -542,21 +535,6 @@ async def deliver_tool(session: AsyncSession, thread: tables.Thread, payload: di
         tool_calls=[payload["call"]],
         session_number=thread.session_number,
     )
-
-
-async def _calling_message(session: AsyncSession, thread_id: uuid.UUID, tool_call_id: str) -> tables.Message | None:
-    """The assistant message holding the tool call `tool_call_id`."""
-    query = (
-        select(tables.Message)
-        .where(
-            tables.Message.thread_id == thread_id,
-            tables.Message.role == "assistant",
-            tables.Message.tool_calls.contains([{"id": tool_call_id}]),
-        )
-        .order_by(tables.Message.position.desc())
-        .limit(1)
-    )
-    return (await session.execute(query)).scalar_one_or_none()
 
 
 # -- effects ---------------------------------------------------------------------------------------------------

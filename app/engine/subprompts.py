@@ -34,10 +34,9 @@ from dataclasses import replace
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
-from sqlalchemy import delete, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import attachments, db, errors, events, files, messages, tables
+from app import attachments, errors, events, files, logs, messages, tables
 from app.catalog import Catalog
 from app.engine import calls, child_tools, context, hooks, tools
 from app.engine.state import RunState, Transaction
@@ -101,7 +100,8 @@ class Runner:
             if t.kind != "handoff"  # a step inside a step cannot hand the thread over
         }
         async with state._transaction() as (session, thread):
-            parent = await _calling(session, thread.id, execution.tool_call_id)
+            call_id = execution.tool_call_id
+            parent = await messages.holding(session, thread.id, call_id) if call_id is not None else None
             depth = parent.depth + 1 if parent is not None else 1
             if depth > MAX_DEPTH:
                 return _error(f"Subprompt `{name}` not run: subprompts nest at most {MAX_DEPTH} deep")
@@ -114,7 +114,7 @@ class Runner:
             if thread.session_steps >= self._max_steps:  # the next step of the caller ends the session (§3)
                 return _error(f"Subprompt `{name}` not run: the session reached its cap of {self._max_steps} steps")
             run = hashlib.sha256((thread.lease_token or uuid.UUID(int=0)).bytes).hexdigest()[:16]
-            rerun = await _forget(session, thread.id, execution.tool_call_id or "", run)
+            rerun = await messages.forget_runs(session, thread.id, execution.tool_call_id or "", run)
             tags: dict[str, Any] = {
                 "depth": depth,
                 "parent_id": parent.id if parent is not None else None,
@@ -261,7 +261,7 @@ async def _log(
     """The call's `logs` row, as a top-level call's (`tools.log_row`), with the transaction that stores its result."""
     logged = tools.log_row(thread_id, call, result, latency_ms, state._env.secrets())
     logged.message_id = row.id if row is not None else None
-    await db.defer(session, *db.insert_statement(logged))
+    await logs.add(session, logged)
 
 
 def shape(entry: ToolEntry, text: str, outcomes: list[tools.Outcome]) -> str:
@@ -324,19 +324,6 @@ def shape_problem(shape_: dict[str, Any], arguments: dict[str, Any]) -> str | No
     return None
 
 
-async def _calling(session: AsyncSession, thread_id: uuid.UUID, tool_call_id: str | None) -> tables.Message | None:
-    """The message holding the tool call a run happens in (a top-level or a subprompt's answer)."""
-    if tool_call_id is None:
-        return None
-    query = (
-        select(tables.Message)
-        .where(tables.Message.thread_id == thread_id, tables.Message.tool_calls.contains([{"id": tool_call_id}]))
-        .order_by(tables.Message.position.desc())
-        .limit(1)
-    )
-    return (await session.execute(query)).scalar_one_or_none()
-
-
 async def _references(session: AsyncSession, thread_id: uuid.UUID, paths: list[str]) -> tuple[list[Any], list[str]]:
     """Attachment references for `paths`, and the paths that name no file of the thread."""
     refs, missing = [], []
@@ -351,24 +338,3 @@ async def _references(session: AsyncSession, thread_id: uuid.UUID, paths: list[s
         else:
             refs.append(attachments.reference(entry))
     return refs, missing
-
-
-async def _forget(session: AsyncSession, thread_id: uuid.UUID, tool_call_id: str, run: str) -> bool:
-    """Delete what runs of call `tool_call_id` by other executions stored, with their nested runs' messages;
-    whether there were any."""
-    message = tables.Message
-    query = select(message.id).where(
-        message.thread_id == thread_id,
-        message.depth > 0,
-        message.metadata_["subprompt_call"].astext == tool_call_id,
-        message.metadata_["subprompt_run"].astext != run,
-    )
-    found = list((await session.execute(query)).scalars())
-    frontier = found
-    while frontier:
-        query = select(message.id).where(message.thread_id == thread_id, message.parent_id.in_(frontier))
-        frontier = list((await session.execute(query)).scalars())
-        found += frontier
-    if found:
-        await session.execute(delete(message).where(message.id.in_(found)))
-    return bool(found)

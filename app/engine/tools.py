@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ValidationError
 
-from app import tables
+from app import logs, tables
 from app.catalog import Catalog
 from app.engine.context import OfferedTool, parse_arguments, scrub
 from app.errors import AgentsError
@@ -46,15 +46,6 @@ def missing_attachments(paths: list[str]) -> str:
     return MISSING_ATTACHMENTS.format(paths=", ".join(paths))
 
 
-ARGUMENTS_LOGGED = 2000  # characters of a call's arguments a log row keeps (after masking)
-NAME_LOGGED = 200  # `logs.tool`'s width: a model may make up a longer name
-
-
-def logged_name(name: object) -> str:
-    """A tool name as a log row keeps it (whatever the model sent)."""
-    return str(name)[:NAME_LOGGED]
-
-
 def json_secrets(secrets: list[str]) -> list[str]:
     """Secret values as they may appear inside JSON text too: escaped (`"`, `\\`, controls) and `\\u`-escaped."""
     spelled = {s for s in secrets if s}
@@ -67,25 +58,18 @@ def json_secrets(secrets: list[str]) -> list[str]:
 def log_row(
     thread_id: uuid.UUID, call: ToolCall, result: ToolResult, latency_ms: float, secrets: list[str]
 ) -> tables.Log:
-    """The `logs` row of one tool call: its name, its arguments (known secret values masked, cut to
-    `ARGUMENTS_LOGGED` characters) and their size, how it ended, how long the tool ran."""
+    """The `logs` row of one tool call (`logs.tool`), known secret values masked in its arguments and its error."""
     raw: Any = call["function"].get("arguments") or ""
     raw = raw if isinstance(raw, str) else json.dumps(raw, default=str)
-    arguments = scrub(raw, json_secrets(secrets))
-    return tables.Log(
-        id=uuid.uuid4(),
-        thread_id=thread_id,
-        kind="tool",
-        tool=logged_name(call["function"]["name"]),
+    return logs.tool(
+        thread_id,
+        name=call["function"]["name"],
+        call_id=call["id"],
         status=result.status,
         error=scrub(result.error, secrets) if result.status == "error" and result.error else None,
         latency_ms=latency_ms,
-        request={
-            "tool_call_id": call["id"],
-            "arguments": arguments[:ARGUMENTS_LOGGED],
-            "arguments_bytes": len(raw.encode()),
-        },
-        response={"error_code": result.error_code} if result.error_code else None,
+        arguments=(scrub(raw, json_secrets(secrets)), len(raw.encode())),
+        error_code=result.error_code,
     )
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import uuid
 
-from sqlalchemy import func, select
 from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -65,24 +64,8 @@ async def report_status(
 
 async def answered_position(session: AsyncSession, thread_id: uuid.UUID, side: str) -> int:
     """Where the next turn starts: the ending side's last message, the input the other side answers (§1)."""
-    value = await session.execute(
-        select(func.max(tables.Message.position)).where(
-            tables.Message.thread_id == thread_id,
-            tables.Message.side == side,
-            tables.Message.role != "tool",
-            tables.Message.depth == 0,
-        )
-    )
-    found = value.scalar_one_or_none()
-    return int(found) if found is not None else await next_position(session, thread_id)
-
-
-async def next_position(session: AsyncSession, thread_id: uuid.UUID) -> int:
-    """A position after every message of the thread (a turn that starts without new input)."""
-    value = await session.execute(
-        select(func.coalesce(func.max(tables.Message.position), 0) + 1).where(tables.Message.thread_id == thread_id)
-    )
-    return int(value.scalar_one())
+    found = await messages.last_position(session, thread_id, side)
+    return found if found is not None else await messages.next_position(session, thread_id)
 
 
 async def in_progress(session: AsyncSession, thread: tables.Thread) -> bool:
