@@ -15,7 +15,7 @@ from cryptography.fernet import Fernet
 from pydantic import BaseModel, ValidationError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app import files, keys, tables, threads
+from app import files, keys, logs, tables, threads
 from app.catalog import Catalog
 from app.engine import context, hooks, tools
 from app.engine.state import RunState
@@ -282,7 +282,7 @@ def test_a_log_row_keeps_the_size_and_a_cut_of_long_arguments() -> None:
     arguments = json.dumps({"blob": "é" * 3000})
     row = tools.log_row(uuid.uuid4(), call("store", arguments), ToolResult(status="success"), 0, [])
     assert row.request is not None
-    assert len(row.request["arguments"]) == tools.ARGUMENTS_LOGGED
+    assert len(row.request["arguments"]) == logs.ARGUMENTS_KEPT
     assert row.request["arguments_bytes"] == len(arguments.encode())
     assert row.request["tool_call_id"] == "call_1"
 
@@ -296,7 +296,7 @@ def test_a_log_row_of_a_failure_keeps_its_masked_error_and_code() -> None:
 def test_a_log_row_cuts_a_made_up_name_and_serialises_object_arguments() -> None:
     odd: Any = {"id": "c", "type": "function", "function": {"name": "x" * 500, "arguments": {"a": 1}}}
     row = tools.log_row(uuid.uuid4(), odd, ToolResult(status="success"), 0, [])
-    assert row.tool == "x" * tools.NAME_LOGGED
+    assert row.tool == "x" * logs.NAME_WIDTH
     assert row.request is not None and row.request["arguments"] == '{"a": 1}'
 
 
