@@ -21,7 +21,7 @@ from sqlalchemy.orm.attributes import set_committed_value
 
 from app import attachments, crypto, db, environment, errors, events, messages, queue, tables, threads
 from app.catalog import Catalog
-from app.spec.definitions import AgentDefinition, ToolEntry
+from app.spec.definitions import AgentDefinition, Side, ToolEntry
 
 CREATED = "The subagent was initiated successfully. Reference: {id}"
 SUCCESS = "Subagent (reference: {id}) has returned the following result:\n\n{result}"
@@ -45,7 +45,7 @@ async def create(
     *,
     agent: str,
     agent_type: str,
-    owner_side: str,
+    owner_side: Side,
     title: str | None,
     description: str | None,
     resumable: bool,
@@ -261,7 +261,7 @@ class Creation:
 
     agent: str
     entry: ToolEntry
-    side: str
+    side: Side
     content: str
     blocking: bool
     paths: list[str] = field(default_factory=list)

@@ -15,6 +15,7 @@ from sqlalchemy import func, select, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import children, effects, environment, errors, events, messages, queue, tables, threads
+from app.spec.definitions import Side
 
 CONTROL_CHANNEL = "agents_control"
 # Thread rows are locked FOR NO KEY UPDATE: a child's transaction that updates its own row twice checks its
@@ -81,7 +82,7 @@ async def stop(session: AsyncSession, thread: tables.Thread) -> None:
     await threads.set_status(session, thread, "stopped")
 
 
-async def resume(session: AsyncSession, thread: tables.Thread, side: str) -> None:
+async def resume(session: AsyncSession, thread: tables.Thread, side: Side) -> None:
     """Clear a stop and make `side` act (the HTTP `continue`)."""
     if thread.terminated_at is not None:
         raise errors.ThreadTerminated()

@@ -10,9 +10,10 @@ from sqlalchemy import delete, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import db, errors, events, queue, tables, threads
+from app.spec.definitions import Side
 
 
-def side_of(role: str, tool_side: str | None = None) -> str | None:
+def side_of(role: str, tool_side: Side | None = None) -> Side | None:
     """The derived side: A writes `assistant`, B writes `user`, tool results follow their call."""
     if role == "assistant":
         return "a"
@@ -23,7 +24,7 @@ def side_of(role: str, tool_side: str | None = None) -> str | None:
     return None
 
 
-def role_of(side: str) -> str:
+def role_of(side: Side) -> str:
     """The stored role of what a side writes: roles record authorship (§1)."""
     return "assistant" if side == "a" else "user"
 

@@ -22,7 +22,7 @@ from app.engine import subprompts
 from app.engine.context import Env, OfferedTool, parse_arguments
 from app.engine.tools import missing_attachments
 from app.llm.base import ToolCall
-from app.spec.definitions import AgentDefinition, PromptDefinition, ToolEntry
+from app.spec.definitions import AgentDefinition, PromptDefinition, Side, ToolEntry
 from app.spec.results import ToolResult
 
 CREATE = "subagent_create"
@@ -166,7 +166,7 @@ async def call(
     session: AsyncSession,
     catalog: Catalog,
     parent: tables.Thread,
-    side: str,
+    side: Side,
     prompt: PromptDefinition,
     tool: OfferedTool,
     call: ToolCall,
@@ -329,7 +329,7 @@ async def spawn_immediate(
     catalog: Catalog,
     fernet: Fernet,
     parent: tables.Thread,
-    side: str,
+    side: Side,
     prompt: PromptDefinition,
     env: Env,
 ) -> int:

@@ -20,7 +20,7 @@ from app.engine import child_tools, context, hooks, tools, turns
 from app.engine.state import deliver_tool
 from app.llm.base import ToolCall
 from app.metrics import Meter
-from app.spec.definitions import AgentDefinition
+from app.spec.definitions import AgentDefinition, Side
 from app.spec.results import ToolResult
 
 log = logging.getLogger(__name__)
@@ -47,9 +47,9 @@ async def deliver(
     fernet: Fernet,
     context_: dict[str, Any],
     meter: Meter,
-) -> str | None:
+) -> Side | None:
     """Move the inbox into history; between turns, return the side the input makes act (§2)."""
-    acting: str | None = None
+    acting: Side | None = None
     first: int | None = None
     hook_runner = await hooks.prepare(catalog, fernet, session, thread, thread.side or "a", context=context_)
     for row in await queue.take_inbox(session, thread.id):

@@ -39,7 +39,7 @@ from app.llm.base import (
 )
 from app.metrics import Meter
 from app.settings import Settings
-from app.spec.definitions import AgentDefinition, PromptDefinition, SideConfig
+from app.spec.definitions import AgentDefinition, PromptDefinition, Side, SideConfig
 from app.spec.results import ToolResult
 from app.spec.state import ExecutionState, SubagentEntry
 
@@ -209,7 +209,7 @@ class Engine:
 
     async def _deliver(
         self, session: AsyncSession, thread: tables.Thread, agent: AgentDefinition, *, mid_turn: bool
-    ) -> str | None:
+    ) -> Side | None:
         return await inbox.deliver(
             session,
             thread,
@@ -223,8 +223,8 @@ class Engine:
 
     # -- one step ------------------------------------------------------------------------------------------
 
-    def _prompt_of(self, agent: AgentDefinition, side: str) -> tuple[SideConfig, PromptDefinition]:
-        config = agent.side(side)  # type: ignore[arg-type]
+    def _prompt_of(self, agent: AgentDefinition, side: Side) -> tuple[SideConfig, PromptDefinition]:
+        config = agent.side(side)
         assert config is not None, f"agent {agent.name} has no side {side}"
         return config, self._catalog.prompts[config.prompt]
 
@@ -507,7 +507,7 @@ class Engine:
             session, thread.id, "tool_started", {"tool": call["function"]["name"], "tool_call_id": call["id"]}
         )
         execution = ExecutionState(
-            side="b" if step.side == "b" else "a",
+            side=step.side,
             step=step.number,
             session=thread.session_number,
             attempt=thread.attempt,

@@ -36,7 +36,7 @@ from app.engine.files import FileMethods
 from app.llm.base import ToolCall
 from app.settings import DEFAULT_TOOL_TIMEOUT
 from app.spec.define import EffectDefinition
-from app.spec.definitions import AgentDefinition, ModelDefinition, PromptDefinition, ToolEntry
+from app.spec.definitions import AgentDefinition, ModelDefinition, PromptDefinition, Side, ToolEntry
 from app.spec.results import ToolAttachment, ToolResult
 from app.spec.state import (
     AttachmentRef,
@@ -396,10 +396,10 @@ class RunState(FileMethods):
         self._queue_call(call)
         return call["id"]
 
-    def _check_offered(self, thread: tables.Thread, side: str, name: str) -> None:
+    def _check_offered(self, thread: tables.Thread, side: Side, name: str) -> None:
         """A queued call runs like the model's own, so it must name a tool the acting side is offered."""
         agent = self._catalog.agent(thread.agent)
-        config = agent.side(side)  # type: ignore[arg-type]
+        config = agent.side(side)
         offered = set()
         if config is not None:
             prompt = self._catalog.prompts[config.prompt]

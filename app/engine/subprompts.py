@@ -42,7 +42,7 @@ from app.catalog import Catalog
 from app.engine import calls, child_tools, context, hooks, tools
 from app.engine.state import RunState, Transaction
 from app.llm.base import LLMMessage, ProviderError, ToolCall
-from app.spec.definitions import PromptDefinition, SideConfig, ToolEntry
+from app.spec.definitions import PromptDefinition, Side, SideConfig, ToolEntry
 from app.spec.results import ToolResult
 
 MAX_DEPTH = 8  # subprompts calling subprompts: a prompt that offers itself must not recurse forever
@@ -198,7 +198,7 @@ class Runner:
         prompt: PromptDefinition,
         offered: dict[str, context.OfferedTool],
         call: ToolCall,
-        side: str,
+        side: Side,
         tags: dict[str, Any],
     ) -> tools.Outcome:
         """Run one tool call of the subprompt's answer and store its result beside the answer, through the tool

@@ -12,10 +12,10 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from app import children, events, messages, tables, threads
 from app.engine import stops, tools
 from app.llm.base import ToolCall
-from app.spec.definitions import AgentDefinition, SideConfig
+from app.spec.definitions import AgentDefinition, Side, SideConfig
 
 
-def start(thread: tables.Thread, acting: str) -> None:
+def start(thread: tables.Thread, acting: Side) -> None:
     """Begin the acting side's turn, and a new session if none is running."""
     if thread.session_number == 0 or thread.session_status != "running":
         thread.session_number += 1
@@ -28,7 +28,7 @@ def start(thread: tables.Thread, acting: str) -> None:
     thread.turn_steps = 0
 
 
-async def after(session: AsyncSession, thread: tables.Thread, agent: AgentDefinition, side: str) -> bool:
+async def after(session: AsyncSession, thread: tables.Thread, agent: AgentDefinition, side: Side) -> bool:
     """`ai_human`: wait for the human. `dual_ai`: the other side acts next, in this execution."""
     if agent.type == "dual_ai":
         start(thread, "b" if side == "a" else "a")
@@ -63,7 +63,7 @@ async def report_status(
             await children.announce(session, thread)
 
 
-async def answered_position(session: AsyncSession, thread_id: uuid.UUID, side: str) -> int:
+async def answered_position(session: AsyncSession, thread_id: uuid.UUID, side: Side) -> int:
     """Where the next turn starts: the ending side's last message, the input the other side answers (§1)."""
     value = await session.execute(
         select(func.max(tables.Message.position)).where(
@@ -97,7 +97,7 @@ async def in_progress(session: AsyncSession, thread: tables.Thread) -> bool:
 
 
 def open_work(
-    rows: list[tables.Message], side: str, turn_start: int, step_open: bool
+    rows: list[tables.Message], side: Side, turn_start: int, step_open: bool
 ) -> tuple[tables.Message | None, list[ToolCall]]:
     """The acting side's unfinished step in this turn: a `pending` message (its call was interrupted), or a message
     whose tool calls are not all answered (with those calls), or — while the step's stops are not evaluated yet —
