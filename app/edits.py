@@ -92,7 +92,7 @@ async def _editable(session: AsyncSession, thread: tables.Thread, message_id: uu
         if await waits.queued(session, thread.id, message_id) is not None:
             raise errors.MessageBusy(f"Message {message_id} is queued input, not delivered yet.") from None
         raise
-    if row.status == "pending":
+    if row.status == messages.Status.PENDING:
         raise errors.MessageBusy(f"Message {message_id} is still being written (`pending`).")
     return row
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime, timedelta
+from enum import StrEnum
 from typing import Any
 
 from sqlalchemy import func, insert, select, text, update
@@ -27,8 +28,8 @@ from app import errors, queue, tables
 MAX_ATTEMPTS = 3  # starts of one effect (crashed workers included) before it is failed instead of run again
 
 
-class Status:
-    """Effect statuses (see the module docstring)."""
+class Status(StrEnum):
+    """Effect statuses (what each means: the module docstring)."""
 
     SCHEDULED = "scheduled"
     QUEUED = "queued"

@@ -16,6 +16,7 @@ import json
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 import asyncpg
@@ -29,11 +30,11 @@ from app import db, errors, events, tables
 WAKEUP_CHANNEL = "agents_wakeup"
 
 
-class Kind:
-    """Inbox row kinds."""
+class Kind(StrEnum):
+    """An inbox row's `kind`: what its payload is and how delivery handles it (`engine/inbox.py`)."""
 
-    MESSAGE = "message"
-    CONTINUE = "continue"
+    MESSAGE = "message"  # a posted message: `{id, role, content, ...}` added to the history
+    CONTINUE = "continue"  # `POST /continue`: `{side}` acts next
     TOOL = "tool"  # `state.queue_tool` outside a tool call: `{call: ToolCall}`
     SPAWN = "spawn"  # a new thread whose side A prompt has `immediate` subagents: start them (§6.6)
     CHILD_RESULT = "child_result"  # a blocking child's session ended: `{call_id, name, child_id, status, content,

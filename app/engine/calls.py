@@ -20,7 +20,7 @@ import httpx
 from sqlalchemy import update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import db, events, llm, tables
+from app import db, events, llm, messages, tables
 from app.catalog import Catalog
 from app.engine.context import Env, MissingVariable, scrub, scrub_data
 from app.hub import Publisher
@@ -276,7 +276,7 @@ async def _flush(tx: Transaction, message_id: uuid.UUID, partial: str) -> None:
     async with tx() as (session, _):
         await session.execute(
             update(tables.Message)
-            .where(tables.Message.id == message_id, tables.Message.status == "pending")
+            .where(tables.Message.id == message_id, tables.Message.status == messages.Status.PENDING)
             .values(content=partial)
         )
 

@@ -11,7 +11,7 @@ from typing import Any, Protocol, TypeVar
 from cryptography.fernet import Fernet
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import environment, tables
+from app import environment, messages, tables
 from app.catalog import Catalog
 from app.llm.base import LLMImage, LLMMessage, LLMRequest, LLMTool, ToolCall
 from app.spec.define import close_objects
@@ -253,7 +253,7 @@ def _visible(rows: Sequence[Row], side: Side, prompt: PromptDefinition, turn_sta
     """The rows a side's prompt may see: completed ones of its chat window (§4)."""
     out = []
     for row in rows:
-        if row.status not in ("completed",) or row.depth != 0:
+        if row.status not in (messages.Status.COMPLETED,) or row.depth != 0:
             continue
         current = row.position >= turn_start
         if not current and not prompt.include_chat:

@@ -387,8 +387,8 @@ class RunState(FileMethods):
                 if thread.terminated_at is not None:
                     raise errors.ThreadTerminated()
                 await queue.enqueue(session, thread.id, queue.Kind.TOOL, {"call": call})
-                if thread.status == "idle":
-                    await threads.set_status(session, thread, "queued")
+                if thread.status == threads.Status.IDLE:
+                    await threads.set_status(session, thread, threads.Status.QUEUED)
                 return call["id"]
             # the call joins the running step, paired in history with the message that made the running call
             await messages.save(session, owner, tool_calls=[*(owner.tool_calls or []), call])

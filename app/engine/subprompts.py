@@ -147,7 +147,7 @@ class Runner:
                 first.images = context._images(refs)
             request.messages.append(first)
             await attachments.inline_images(session, thread.id, request.messages)
-            fields = {"side": side, "status": "pending", "prompt": name, "model": prompt.model, **tags}
+            fields = {"side": side, "status": messages.Status.PENDING, "prompt": name, "model": prompt.model, **tags}
             role = messages.role_of(side)
             pending = await messages.add(
                 session, thread.id, role, **hooks.tagged(await inside.before_create_message(role, fields), tags)
@@ -165,13 +165,15 @@ class Runner:
                 await messages.save(
                     session,
                     message,
-                    **hooks.tagged(await inside.before_update_message(message, {"status": "failed"}), tags),
+                    **hooks.tagged(
+                        await inside.before_update_message(message, {"status": messages.Status.FAILED}), tags
+                    ),
                 )
                 await inside.after_update_message(message)
                 detail = f": {response.message}" if entry.include_errors else ""
                 return _error(f"Subprompt `{name}` failed{detail}")
             updates = {
-                "status": "completed",
+                "status": messages.Status.COMPLETED,
                 "content": response.text or None,
                 "tool_calls": list(response.tool_calls) or None,
                 "reasoning_content": response.reasoning,
