@@ -128,7 +128,7 @@ def status_of(child: tables.Thread) -> str:
     return "idle"
 
 
-def entry(child: tables.Thread) -> dict[str, Any]:
+def entry(child: tables.Thread) -> events.SubagentEntry:
     """The spec's `SubagentRegistryEntry` (snake_case)."""
     return {
         "reference": str(child.id),

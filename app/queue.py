@@ -121,7 +121,7 @@ _POST = """
            CASE WHEN next.queued THEN pg_notify($5, CAST($1 AS text) || ':' || next.event_seq || $6) END
     FROM next
 """
-_QUEUED = json.dumps({"status": "queued"})  # the `thread_status` event of a thread that was idle
+_QUEUED = json.dumps(events.ThreadStatus(status="queued"))  # the `thread_status` event of a thread that was idle
 
 
 async def post(driver: db.Driver, thread_id: uuid.UUID, user_id: str | None, payload: dict[str, Any]) -> bool:

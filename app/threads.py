@@ -163,7 +163,7 @@ async def end_session(
     thread.session_reason = reason
     thread.session_result = result
     thread.side = None
-    data: dict[str, Any] = {"status": status, "reason": reason}
+    data = events.SessionEnded(status=status, reason=reason)
     if result is not None:
         data["result"] = result
     await events.append(session, thread.id, "session_ended", data)

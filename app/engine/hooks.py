@@ -173,7 +173,7 @@ async def store_result(
         row = await messages.add(session, thread.id, "tool", **placed)
         await hook_runner.after_create_message(row)
     done = kept or result
-    data = {"tool": call["function"]["name"], "tool_call_id": call["id"], "status": done.status}
+    data = events.ToolCompleted(tool=call["function"]["name"], tool_call_id=call["id"], status=done.status)
     if tags.get("depth"):
         data["depth"] = tags["depth"]
     await events.append(session, thread.id, "tool_completed", data)

@@ -434,7 +434,7 @@ class RunState(FileMethods):
             if thread.parent_id is None:
                 raise errors.Invalid("`state.set_status` is for subagents: this thread has no parent")
             thread.status_text = self._env.mask(text)
-            data = {"status": thread.status, "status_text": thread.status_text}
+            data = events.ThreadStatus(status=thread.status, status_text=thread.status_text)
             await events.append(session, thread.id, "thread_status", data)
             await children.announce(session, thread)
 

@@ -211,7 +211,7 @@ def _response(
             async with factory() as session:
                 oldest = await missed(session, position)
             if oldest is not None:  # retention removed part of what was asked for: say so, then go on
-                yield ServerSentEvent(event="events_missed", data=json.dumps({"oldest_seq": oldest}))
+                yield ServerSentEvent(event="events_missed", data=json.dumps(events.Missed(oldest_seq=oldest)))
             while True:
                 # shielded: a client hanging up mid-query must not cost the pool its connection
                 rows = await asyncio.shield(backlog(position))
