@@ -54,38 +54,39 @@ async def deliver(
     hook_runner = await hooks.prepare(catalog, fernet, session, thread, thread.side or "a", context=context_)
     for row in await queue.take_inbox(session, thread.id):
         try:
-            if row.kind == queue.Kind.MESSAGE:
-                p = await hook_runner.before_delivery(row.payload)
+            item = queue.read(row.kind, row.payload)
+            if isinstance(item, queue.MessageInput):
+                p = await hook_runner.before_delivery(item.fields())  # edits `content`, `metadata`, `silent`
                 msg = await messages.add(
                     session,
                     thread.id,
-                    p["role"],
-                    id=uuid.UUID(p["id"]),
+                    item.role,
+                    id=item.id,
                     content=p.get("content"),
                     silent=bool(p.get("silent")),
                     metadata_=p.get("metadata") or {},
-                    attachments=p.get("attachments") or [],
+                    attachments=item.attachments or [],
                     subagent_id=_uuid((p.get("metadata") or {}).get("subagent_id")),
                     session_number=thread.session_number,
                 )
                 await hook_runner.after_create_message(msg)
                 first = msg.position if first is None else first
                 thread.last_message_at = msg.created_at
-                if p["role"] == "user":
+                if item.role == "user":
                     acting = "a"
-                elif p["role"] == "assistant":
+                elif item.role == "assistant":
                     acting = "b" if agent.type == "dual_ai" else None
-            elif row.kind == queue.Kind.CONTINUE:
-                acting = row.payload.get("side", "a")
-            elif row.kind == queue.Kind.SPAWN:  # a new thread's immediate subagents of side A (§6.6)
+            elif isinstance(item, queue.ContinueInput):
+                acting = item.side
+            elif isinstance(item, queue.SpawnInput):  # a new thread's immediate subagents of side A (§6.6)
                 side_a = catalog.prompts[agent.side_a.prompt]
                 env = await context.load_env(session, fernet, catalog, thread, side_a)
                 await child_tools.spawn_immediate(session, catalog, fernet, thread, "a", side_a, env)
-            elif row.kind == queue.Kind.CHILD_RESULT:  # a blocking subagent call is answered (§6.4)
-                if await _answer(session, thread, row.payload, hook_runner):
-                    meter.tool_calls.labels(row.payload.get("name") or "", row.payload["status"]).inc()
-            elif row.kind == queue.Kind.TOOL:  # `state.queue_tool` outside a tool call (§7.4)
-                msg = await deliver_tool(session, thread, row.payload)
+            elif isinstance(item, queue.ChildResultInput):  # a blocking subagent call is answered (§6.4)
+                if await _answer(session, thread, item, hook_runner):
+                    meter.tool_calls.labels(item.name or "", item.status).inc()
+            elif isinstance(item, queue.ToolInput):  # `state.queue_tool` outside a tool call (§7.4)
+                msg = await deliver_tool(session, thread, item.call)
                 first = msg.position if first is None else first
                 acting = msg.side
         except Exception as exc:  # poison input: set aside by the engine, never retried forever
@@ -115,22 +116,22 @@ def _uuid(value: Any) -> uuid.UUID | None:
 
 
 async def _answer(
-    session: AsyncSession, thread: tables.Thread, payload: dict[str, Any], hook_runner: hooks.Hooks
+    session: AsyncSession, thread: tables.Thread, payload: queue.ChildResultInput, hook_runner: hooks.Hooks
 ) -> bool:
     """Store a blocking subagent's result as the answer of the call it kept open (through the tool hooks, as any
     tool result), unless a stop answered it; whether it did."""
     answered = await session.execute(
         select(tables.Message.id).where(
-            tables.Message.thread_id == thread.id, tables.Message.tool_call_id == payload["call_id"]
+            tables.Message.thread_id == thread.id, tables.Message.tool_call_id == payload.call_id
         )
     )
     if answered.first() is not None:
         return False
-    text, ok = payload["content"], payload["status"] == "success"
+    text, ok = payload.content, payload.status == "success"
     result = ToolResult(status="success", result=text) if ok else ToolResult(status="error", error=text)
     call = await _call(session, thread.id, payload, hook_runner)
-    child = uuid.UUID(payload["child_id"])
-    refs = payload.get("attachments") or []
+    child = payload.child_id
+    refs = payload.attachments or []
     _, row = await hooks.store_result(
         session, thread, hook_runner, call, result, thread.side or "a", child=child, refs=refs
     )
@@ -140,10 +141,10 @@ async def _answer(
         thread_id=thread.id,
         kind="tool",
         message_id=row.id if row is not None else None,
-        tool=tools.logged_name(payload.get("name") or ""),
-        status=payload["status"],
-        error=payload["content"] if payload["status"] == "error" else None,
-        request={"tool_call_id": payload["call_id"], "subagent_id": payload["child_id"]},
+        tool=tools.logged_name(payload.name or ""),
+        status=payload.status,
+        error=payload.content if payload.status == "error" else None,
+        request={"tool_call_id": payload.call_id, "subagent_id": str(payload.child_id)},
     )
     await db.defer(session, *db.insert_statement(logged))
     return True
@@ -153,17 +154,17 @@ _TOOL_HOOKS = ("after_tool_call_success", "after_tool_call_failure", "before_sto
 
 
 async def _call(
-    session: AsyncSession, thread_id: uuid.UUID, payload: dict[str, Any], hook_runner: hooks.Hooks
+    session: AsyncSession, thread_id: uuid.UUID, payload: queue.ChildResultInput, hook_runner: hooks.Hooks
 ) -> ToolCall:
     """The tool call a child's result answers, with its arguments as the model made it when a tool hook is to
     see it (read from the message that made it)."""
     if any(hook_runner.runs(h) for h in _TOOL_HOOKS):
         query = select(tables.Message.tool_calls).where(
             tables.Message.thread_id == thread_id,
-            tables.Message.tool_calls.contains([{"id": payload["call_id"]}]),
+            tables.Message.tool_calls.contains([{"id": payload.call_id}]),
         )
-        made = next((c for c in (await session.scalar(query)) or [] if c.get("id") == payload["call_id"]), None)
+        made = next((c for c in (await session.scalar(query)) or [] if c.get("id") == payload.call_id), None)
         if made is not None:
             return cast(ToolCall, made)
-    name = str(payload.get("name") or "")
-    return {"id": payload["call_id"], "type": "function", "function": {"name": name, "arguments": "{}"}}
+    name = str(payload.name or "")
+    return {"id": payload.call_id, "type": "function", "function": {"name": name, "arguments": "{}"}}

@@ -532,14 +532,14 @@ class RunState(FileMethods):
         )
 
 
-async def deliver_tool(session: AsyncSession, thread: tables.Thread, payload: dict[str, Any]) -> tables.Message:
+async def deliver_tool(session: AsyncSession, thread: tables.Thread, call: dict[str, Any]) -> tables.Message:
     """Store a queued tool call (`queue.Kind.TOOL`) as the acting side's own call; the step loop then runs it."""
     return await messages.add(
         session,
         thread.id,
         "assistant",
         side=thread.side or "a",
-        tool_calls=[payload["call"]],
+        tool_calls=[call],
         session_number=thread.session_number,
     )
 
