@@ -156,35 +156,13 @@ class Lifecycle(TypedDict):
     name: str | None
 
 
-ThreadEvent = Literal[
-    "message_data",
-    "message_deleted",
-    "step_started",
-    "step_completed",
-    "llm_request",
-    "llm_response",
-    "fallback_triggered",
-    "tool_started",
-    "tool_completed",
-    "turn_ended",
-    "session_ended",
-    "thread_status",
-    "stopped_by_user",
-    "thread_terminated",
-    "agent_handoff",
-    "subagent_created",
-    "subagent_status",
-    "event",
-    "error",
-]  # the stored ones, written by `append`
 LifecycleEvent = Literal["thread_created", "thread_updated", "thread_deleted"]
 
-# the table: every event type and its payload; the live-only and synthesised ones are never stored
-THREAD_EVENTS: dict[str, type] = {
+# the table: every event type and its payload. `append` writes the stored ones (each overload below takes one of
+# them); the others are live only (`hub.Publisher`) or synthesised by a stream.
+STORED: dict[str, type] = {
     "message_data": MessageData,
     "message_deleted": MessageDeleted,
-    "message_chunk": Chunk,  # live only
-    "reasoning_chunk": Chunk,  # live only
     "step_started": StepStarted,
     "step_completed": StepCompleted,
     "llm_request": LlmRequest,
@@ -202,6 +180,11 @@ THREAD_EVENTS: dict[str, type] = {
     "subagent_status": SubagentEntry,
     "event": Custom,
     "error": Error,
+}
+THREAD_EVENTS: dict[str, type] = {
+    **STORED,
+    "message_chunk": Chunk,  # live only
+    "reasoning_chunk": Chunk,  # live only
     "events_missed": Missed,  # synthesised
 }
 LIFECYCLE_EVENTS: dict[str, type] = {
@@ -420,8 +403,7 @@ async def written_at_once(session: AsyncSession) -> AsyncIterator[None]:
             session.info[_BATCH] = held
 
 
-# `append` takes each stored type with its payload only (`THREAD_EVENTS`): a misspelt type or a wrong shape fails
-# mypy.
+# `append` takes each stored type with its payload only (`STORED`): a misspelt type or a wrong shape fails mypy.
 @overload
 async def append(
     session: AsyncSession, thread_id: uuid.UUID, type_: Literal["message_data"], data: MessageData
@@ -489,9 +471,7 @@ async def append(
 async def append(session: AsyncSession, thread_id: uuid.UUID, type_: Literal["event"], data: Custom) -> int | None: ...
 @overload
 async def append(session: AsyncSession, thread_id: uuid.UUID, type_: Literal["error"], data: Error) -> int | None: ...
-async def append(
-    session: AsyncSession, thread_id: uuid.UUID, type_: ThreadEvent, data: Mapping[str, Any]
-) -> int | None:
+async def append(session: AsyncSession, thread_id: uuid.UUID, type_: str, data: Mapping[str, Any]) -> int | None:
     """Store one event of a thread and announce it at commit; returns its seq (None while held: see `hold`)."""
     payload = json.dumps(dict(data))
     held: _Held | None = session.info.get(_BATCH)
