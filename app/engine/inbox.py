@@ -166,5 +166,5 @@ async def _call(
         made = next((c for c in (await session.scalar(query)) or [] if c.get("id") == payload.call_id), None)
         if made is not None:
             return cast(ToolCall, made)
-    name = str(payload.name or "")
+    name = payload.name or ""
     return {"id": payload.call_id, "type": "function", "function": {"name": name, "arguments": "{}"}}
