@@ -21,7 +21,7 @@ from sqlalchemy.orm.attributes import set_committed_value
 
 from app import attachments, crypto, db, environment, errors, events, messages, queue, tables, threads
 from app.catalog import Catalog
-from app.spec.definitions import AgentDefinition, ToolEntry
+from app.spec.definitions import AgentDefinition, Side, ToolEntry
 
 CREATED = "The subagent was initiated successfully. Reference: {id}"
 SUCCESS = "Subagent (reference: {id}) has returned the following result:\n\n{result}"
@@ -45,7 +45,7 @@ async def create(
     *,
     agent: str,
     agent_type: str,
-    owner_side: str,
+    owner_side: Side,
     title: str | None,
     description: str | None,
     resumable: bool,
@@ -71,7 +71,7 @@ async def create(
         user_id=parent.user_id,
         name=name,
         tags=[f"name:{name}"] if name else [],
-        status="idle",
+        status=threads.Status.IDLE,
         session_number=0,
         title=title,
         description=description,
@@ -119,16 +119,16 @@ def status_of(child: tables.Thread) -> str:
         return "terminated"
     if child.status_text:
         return child.status_text
-    if child.status in ("running", "queued"):
+    if child.status in (threads.Status.RUNNING, threads.Status.QUEUED):
         return "running"
-    if child.status == "waiting":
+    if child.status == threads.Status.WAITING:
         return "waiting"
-    if child.session_status == "failure":
+    if child.session_status == threads.SessionStatus.FAILURE:
         return "failed"
     return "idle"
 
 
-def entry(child: tables.Thread) -> dict[str, Any]:
+def entry(child: tables.Thread) -> events.SubagentEntry:
     """The spec's `SubagentRegistryEntry` (snake_case)."""
     return {
         "reference": str(child.id),
@@ -178,7 +178,7 @@ async def result_of(session: AsyncSession, child: tables.Thread) -> tuple[bool, 
     if child.session_reason in ("session_stop", "session_fail"):
         paths = [p for p in result.get("attachments") or [] if isinstance(p, str)]
         return child.session_reason == "session_stop", str(result.get("content") or ""), paths
-    if child.terminal or child.session_status == "failure":
+    if child.terminal or child.session_status == threads.SessionStatus.FAILURE:
         return False, STOPPED_EARLY.format(reason=child.session_reason or "unknown"), []
     rows = await messages.history(session, child.id, session_number=child.session_number)
     last = next((r for r in reversed(rows) if r.role != "tool" and r.content and r.depth == 0), None)
@@ -211,8 +211,8 @@ async def report(session: AsyncSession, child: tables.Thread, *, failure: str | 
         child.parent_call_name = None
         if parent.terminated_at is None:
             await queue.enqueue(session, parent.id, queue.Kind.CHILD_RESULT, payload)
-            if parent.status == "waiting":
-                await threads.set_status(session, parent, "queued")
+            if parent.status == threads.Status.WAITING:
+                await threads.set_status(session, parent, threads.Status.QUEUED)
     elif child.parent_communication != "explicit" and parent.terminated_at is None:
         body = (SUCCESS if ok else FAILURE).format(id=child.id, result=text)
         if refs:
@@ -224,7 +224,7 @@ async def report(session: AsyncSession, child: tables.Thread, *, failure: str | 
     if not child.resumable and child.terminated_at is None and failure is None:  # one session, then it ends
         child.terminated_at = datetime.now(UTC)
         await events.append(session, child.id, "thread_terminated", {})
-        await threads.set_status(session, child, "terminated")
+        await threads.set_status(session, child, threads.Status.TERMINATED)
     await announce(session, child)
 
 
@@ -261,7 +261,7 @@ class Creation:
 
     agent: str
     entry: ToolEntry
-    side: str
+    side: Side
     content: str
     blocking: bool
     paths: list[str] = field(default_factory=list)

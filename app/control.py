@@ -14,6 +14,7 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import children, effects, environment, errors, events, messages, queue, tables, threads
+from app.spec.definitions import Side
 
 CONTROL_CHANNEL = "agents_control"
 # Thread rows are locked FOR NO KEY UPDATE: a child's transaction that updates its own row twice checks its
@@ -35,8 +36,8 @@ async def close_open_work(session: AsyncSession, thread: tables.Thread, reason: 
     rows = await messages.history(session, thread.id, session_number=thread.session_number)
     answered = {r.tool_call_id for r in rows if r.role == "tool"}
     for row in rows:
-        if row.status == "pending":
-            await messages.save(session, row, status="failed")
+        if row.status == messages.Status.PENDING:
+            await messages.save(session, row, status=messages.Status.FAILED)
         elif row.role != "tool" and row.tool_calls:
             for call in row.tool_calls:
                 if call["id"] in answered:
@@ -65,31 +66,31 @@ async def stop(session: AsyncSession, thread: tables.Thread) -> None:
     for child in await children.of_parent(session, thread.id):  # the blocking child it waits on (§11)
         if child.parent_call_id is not None and child.terminated_at is None:
             await (stop(session, child) if child.resumable else terminate(session, child))
-    if thread.session_status == "running":
-        await threads.end_session(session, thread, "failure", "stopped_by_user")
+    if thread.session_status == threads.SessionStatus.RUNNING:
+        await threads.end_session(session, thread, threads.SessionStatus.FAILURE, "stopped_by_user")
         await children.report(session, thread)
     thread.stopped = True
     thread.side = None
     await _revoke(session, thread)
     await events.append(session, thread.id, "stopped_by_user", {})
-    await threads.set_status(session, thread, "stopped")
+    await threads.set_status(session, thread, threads.Status.STOPPED)
 
 
-async def resume(session: AsyncSession, thread: tables.Thread, side: str) -> None:
+async def resume(session: AsyncSession, thread: tables.Thread, side: Side) -> None:
     """Clear a stop and make `side` act (the HTTP `continue`)."""
     if thread.terminated_at is not None:
         raise errors.ThreadTerminated()
     thread.stopped = False
     await queue.enqueue(session, thread.id, queue.Kind.CONTINUE, {"side": side})
-    if thread.status in ("idle", "stopped"):
-        await threads.set_status(session, thread, "queued")
+    if thread.status in (threads.Status.IDLE, threads.Status.STOPPED):
+        await threads.set_status(session, thread, threads.Status.QUEUED)
 
 
 async def unpark(session: AsyncSession, thread: tables.Thread) -> None:
     """A human message ends a stop: the queued input runs again."""
     if thread.stopped:
         thread.stopped = False
-        await threads.set_status(session, thread, "queued")
+        await threads.set_status(session, thread, threads.Status.QUEUED)
 
 
 async def terminate(session: AsyncSession, thread: tables.Thread) -> list[uuid.UUID]:
@@ -101,9 +102,9 @@ async def terminate(session: AsyncSession, thread: tables.Thread) -> list[uuid.U
         if row is None or row.terminated_at is not None:
             continue
         await close_open_work(session, row, "Thread terminated")
-        running = row.session_status == "running"
+        running = row.session_status == threads.SessionStatus.RUNNING
         if running:
-            await threads.end_session(session, row, "failure", "terminated")
+            await threads.end_session(session, row, threads.SessionStatus.FAILURE, "terminated")
         if running or row.parent_call_id is not None:  # a waiting parent gets the failure, never silence
             await children.report(session, row, failure=children.STOPPED_EARLY.format(reason="terminated"))
         await queue.clear(session, row.id)
@@ -113,7 +114,7 @@ async def terminate(session: AsyncSession, thread: tables.Thread) -> list[uuid.U
         row.side = None
         await _revoke(session, row)
         await events.append(session, row.id, "thread_terminated", {})
-        await threads.set_status(session, row, "terminated")
+        await threads.set_status(session, row, threads.Status.TERMINATED)
         done.append(row.id)
     return done
 

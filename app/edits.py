@@ -34,7 +34,7 @@ async def edit(
     """Replace a message's content, through the `before_update_message` / `after_update_message` hooks of the acting
     side's prompt (run outside the execution: `state.execution` is `None`); announced as `message_data`."""
     row = await _editable(session, thread, message_id)
-    runner = await hooks.prepare(catalog, fernet, session, thread, "b" if thread.side == "b" else "a", outside=True)
+    runner = await hooks.prepare(catalog, fernet, session, thread, thread.side or "a", outside=True)
     current: dict[str, Any] = {"metadata_": row.metadata_, "silent": row.silent}
     updates = await runner.before_update_message(row, {"content": content, **current})
     fields = {k: v for k, v in updates.items() if k == "content" or v != current.get(k)}
@@ -86,7 +86,7 @@ async def _editable(session: AsyncSession, thread: tables.Thread, message_id: uu
         if await waits.queued(session, thread.id, message_id) is not None:
             raise errors.MessageBusy(f"Message {message_id} is queued input, not delivered yet.") from None
         raise
-    if row.status == "pending":
+    if row.status == messages.Status.PENDING:
         raise errors.MessageBusy(f"Message {message_id} is still being written (`pending`).")
     return row
 

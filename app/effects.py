@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime, timedelta
+from enum import StrEnum
 from typing import Any
 
 from sqlalchemy import func, insert, select, text, update
@@ -27,8 +28,8 @@ from app import errors, queue, tables
 MAX_ATTEMPTS = 3  # starts of one effect (crashed workers included) before it is failed instead of run again
 
 
-class Status:
-    """Effect statuses (see the module docstring)."""
+class Status(StrEnum):
+    """Effect statuses (what each means: the module docstring)."""
 
     SCHEDULED = "scheduled"
     QUEUED = "queued"
@@ -152,9 +153,9 @@ async def claim_due(session: AsyncSession, limit: int) -> int:
 async def start(session: AsyncSession, item: tables.Inbox) -> tables.Effect | None:
     """Begin the effect an inbox row carries: count the start and mark it `running`, or return None (consuming the
     inbox row) when it must not run — cancelled, gone, finished, or crashed `MAX_ATTEMPTS` times already."""
-    row = await session.get(
-        tables.Effect, uuid.UUID(item.payload["effect_id"]), with_for_update=True, populate_existing=True
-    )
+    effect = queue.read(item.kind, item.payload)
+    assert isinstance(effect, queue.EffectInput)  # `next_effect` reads effect rows only
+    row = await session.get(tables.Effect, effect.effect_id, with_for_update=True, populate_existing=True)
     if row is None or row.status not in (Status.QUEUED, Status.RUNNING):
         await queue.drop(session, item.id)
         return None

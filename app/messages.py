@@ -8,15 +8,26 @@ from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime
+from enum import StrEnum
 from typing import Any
 
 from sqlalchemy import Select, delete, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import db, errors, events, queue, tables, threads
+from app.spec.definitions import Side
 
 
-def side_of(role: str, tool_side: str | None = None) -> str | None:
+class Status(StrEnum):
+    """A message's `status` (`messages.status`)."""
+
+    PENDING = "pending"  # the model's answer being written (streamed into, replaced when the call ends); or, in a
+    # listing of queued input, input still waiting to be delivered
+    COMPLETED = "completed"  # written in full: the history the model sees is made of these
+    FAILED = "failed"  # its call failed or was interrupted (a stop); or queued input set aside (never delivered)
+
+
+def side_of(role: str, tool_side: Side | None = None) -> Side | None:
     """The derived side: A writes `assistant`, B writes `user`, tool results follow their call."""
     if role == "assistant":
         return "a"
@@ -27,7 +38,7 @@ def side_of(role: str, tool_side: str | None = None) -> str | None:
     return None
 
 
-def role_of(side: str) -> str:
+def role_of(side: Side) -> str:
     """The stored role of what a side writes: roles record authorship (§1)."""
     return "assistant" if side == "a" else "user"
 
@@ -251,8 +262,8 @@ async def enqueue(
         "queued_at": datetime.now(UTC).isoformat(),
     }
     await queue.enqueue(session, thread.id, queue.Kind.MESSAGE, payload)
-    if thread.status == "idle":
-        await threads.set_status(session, thread, "queued")
+    if thread.status == threads.Status.IDLE:
+        await threads.set_status(session, thread, threads.Status.QUEUED)
     return message_id
 
 

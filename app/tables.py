@@ -25,6 +25,8 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from app.spec.definitions import Side
+
 
 class Base(DeclarativeBase):
     """Declarative base of every table."""
@@ -51,12 +53,12 @@ class Thread(Base):
     type: Mapped[str] = mapped_column(String(20))
     parent_id: Mapped[uuid.UUID | None] = mapped_column(ForeignKey("threads.id", ondelete="CASCADE"))
     root_id: Mapped[uuid.UUID | None]
-    owner_side: Mapped[str | None] = mapped_column(String(1))
+    owner_side: Mapped[Side | None] = mapped_column(String(1))
     user_id: Mapped[str] = mapped_column(String(200))
     name: Mapped[str | None] = mapped_column(Text)
     tags: Mapped[list[str]] = mapped_column(ARRAY(Text), server_default="{}")
     status: Mapped[str] = mapped_column(String(20), server_default="idle")
-    side: Mapped[str | None] = mapped_column(String(1))
+    side: Mapped[Side | None] = mapped_column(String(1))
     session_number: Mapped[int] = mapped_column(Integer, server_default="0")
     session_turns: Mapped[int] = mapped_column(Integer, server_default="0")
     session_status: Mapped[str | None] = mapped_column(String(20))
@@ -119,7 +121,7 @@ class Message(Base):
     thread_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("threads.id", ondelete="CASCADE"))
     position: Mapped[int] = mapped_column(BigInteger, Identity(always=False))
     role: Mapped[str] = mapped_column(String(20))
-    side: Mapped[str | None] = mapped_column(String(1))
+    side: Mapped[Side | None] = mapped_column(String(1))
     content: Mapped[str | None] = mapped_column(Text)
     name: Mapped[str | None] = mapped_column(Text)
     tool_calls: Mapped[list[Any] | None]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime
+from enum import StrEnum
 from typing import Any
 
 from sqlalchemy import and_, func, or_, select, text, update
@@ -12,6 +13,25 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from app import cursors, db, errors, events, tables
 from app.keys import Principal
 from app.spec import AgentDefinition
+
+
+class Status(StrEnum):
+    """A thread's `status` (`threads.status`), as clients see it; each change emits `thread_status`."""
+
+    IDLE = "idle"  # nothing to do: the next input starts a turn
+    QUEUED = "queued"  # input waits for a worker to claim the thread
+    RUNNING = "running"  # a worker runs its turn
+    WAITING = "waiting"  # parked on a blocking subagent's session (holds no worker, never claimed)
+    STOPPED = "stopped"  # stopped by its user: never claimed until continued, or posted to
+    TERMINATED = "terminated"  # for good: it takes no input any more
+
+
+class SessionStatus(StrEnum):
+    """How a thread's current session stands (`threads.session_status`; None before its first session)."""
+
+    RUNNING = "running"  # a turn of it is under way, or input will start the next one
+    SUCCESS = "success"  # it ended well: a stop tool, stop on response, the turn cap of a `dual_ai`
+    FAILURE = "failure"  # it ended badly: a fail tool, an LLM error, a crash, a step cap, a stop by the user
 
 
 async def create(
@@ -32,7 +52,7 @@ async def create(
         name=name,
         tags=tags or [],
         root_id=thread_id,
-        status="idle",
+        status=Status.IDLE,
         session_number=0,
     )
     session.add(row)
@@ -151,7 +171,7 @@ async def count_removal(session: AsyncSession, thread_id: uuid.UUID) -> None:
     )
 
 
-async def set_status(session: AsyncSession, thread: tables.Thread, status: str) -> None:
+async def set_status(session: AsyncSession, thread: tables.Thread, status: Status) -> None:
     """Change the thread's status; a change emits `thread_status` in the same transaction."""
     if thread.status == status:
         return
@@ -163,7 +183,7 @@ async def set_status(session: AsyncSession, thread: tables.Thread, status: str) 
 async def end_session(
     session: AsyncSession,
     thread: tables.Thread,
-    status: str,
+    status: SessionStatus,
     reason: str,
     result: dict[str, Any] | None = None,
 ) -> None:
@@ -172,7 +192,7 @@ async def end_session(
     thread.session_reason = reason
     thread.session_result = result
     thread.side = None
-    data: dict[str, Any] = {"status": status, "reason": reason}
+    data = events.SessionEnded(status=status, reason=reason)
     if result is not None:
         data["result"] = result
     await events.append(session, thread.id, "session_ended", data)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import replace
 from datetime import UTC, datetime
+from enum import StrEnum
 
 from cryptography.fernet import Fernet
 from sqlalchemy import select
@@ -13,6 +14,13 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import children, environment, errors, tables
 from app.catalog import Catalog
+
+
+class Status(StrEnum):
+    """A variable request's `status` (`variable_requests.status`)."""
+
+    PENDING = "pending"  # waits for the caller to provide the missing values
+    SUCCESS = "success"  # fulfilled: the child started (`child_id`); a request is used once
 
 
 async def create(
@@ -65,7 +73,7 @@ async def fulfil(
     """Create the deferred child from the request's original payload with `values` as its scoped env (the child
     holding at most `most` values); the child reports like a non-blocking one. `MissingVariables` (what is still
     missing), or `Conflict` when used twice."""
-    if request.status != "pending":
+    if request.status != Status.PENDING:
         raise errors.RequestUsed("This variable request was already used")
     if parent.terminated_at is not None:
         raise errors.ThreadTerminated()
@@ -77,7 +85,7 @@ async def fulfil(
     scoped_env = {**creation.scoped_env, **values}
     deferred = replace(creation, blocking=False, scoped_env=scoped_env)
     child = await children.start(session, catalog, fernet, parent, deferred, most=most)
-    request.status = "success"
+    request.status = Status.SUCCESS
     request.child_id = child.id
     request.missing = []
     request.updated_at = datetime.now(UTC)

@@ -20,10 +20,10 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app import errors, events, keys, queue, tables
+from app import errors, events, keys, queue, tables, threads
 from app.hub import Batch, Hub, Live, Overflow, Subscription
 
-RESTING = frozenset({"idle", "stopped", "terminated"})
+RESTING = frozenset({threads.Status.IDLE, threads.Status.STOPPED, threads.Status.TERMINATED})
 PAGE = 500  # stored events read per query
 
 
@@ -55,9 +55,9 @@ class Turn:
             if self.delivered:
                 self.done = self.status in RESTING
             else:  # a stop parks it; the `queued` of a human message that ends the stop (its own) does not
-                self.parked = self.status in ("stopped", "terminated")
+                self.parked = self.status in (threads.Status.STOPPED, threads.Status.TERMINATED)
         elif type_ == "thread_terminated":  # ends its turn, or leaves it never delivered
-            self.status = "terminated"
+            self.status = threads.Status.TERMINATED
             self.done, self.parked = self.delivered, not self.delivered
         elif type_ == "error" and data.get("code") == "input_set_aside" and not self.delivered:
             self.check_aside = True

@@ -29,7 +29,7 @@ import httpx
 from app import db, events
 from bench.harness import ROOT, Stream, database, median, percentile, postgres_server, postgres_version, servers, setup
 
-PAYLOAD = {"event_type": "bench", "data": {"text": "x" * 200}}  # about the size of a step's events
+PAYLOAD: events.Custom = {"event_type": "bench", "data": {"text": "x" * 200}}  # about the size of a step's events
 
 
 async def run_once(server_url: str, args: argparse.Namespace) -> dict[str, float]:

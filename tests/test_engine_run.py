@@ -497,7 +497,7 @@ async def crashed_mid_session(session: AsyncSession, thread: tables.Thread, atte
     """The thread as workers that died at its running session's step left it: `attempt` claims that never ended."""
     thread.session_number, thread.session_status, thread.session_steps = 1, "running", 1
     thread.attempt = attempt - 1  # the claim adds one
-    await threads.set_status(session, thread, "running")
+    await threads.set_status(session, thread, threads.Status.RUNNING)
 
 
 async def test_a_step_that_crashed_its_workers_too_often_fails_the_session(drive: Drive) -> None:

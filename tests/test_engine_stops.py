@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from app import threads
 from app.engine import stops, tools
 from app.llm.base import LLMResponse, ToolCall
 from app.spec import ToolResult, define_agent
@@ -102,7 +103,9 @@ def test_session_fail_wins_over_session_stop_in_the_same_step() -> None:
 def test_session_stop_ends_the_session_with_its_payload() -> None:
     config = side(session_stop={"name": "done", "messageProperty": "m"})
     verdict = stops.evaluate(AI_HUMAN, config, LLMResponse(), [outcome("done", {"m": "finished"})], 1)
-    assert verdict == stops.Verdict("session", "session_stop", "success", {"content": "finished", "attachments": []})
+    assert verdict == stops.Verdict(
+        "session", "session_stop", threads.SessionStatus.SUCCESS, {"content": "finished", "attachments": []}
+    )
 
 
 def test_a_session_tool_call_that_failed_does_not_end_the_session() -> None:
@@ -147,7 +150,7 @@ def test_without_stop_on_response_an_answer_goes_on() -> None:
 
 def test_the_session_cap_ends_a_dual_ai_session_once_reached() -> None:
     assert stops.session_cap(DUAL, 3) == stops.GO_ON
-    assert stops.session_cap(DUAL, 4) == stops.Verdict("session", "max_session_turns", "success")
+    assert stops.session_cap(DUAL, 4) == stops.Verdict("session", "max_session_turns", threads.SessionStatus.SUCCESS)
 
 
 def test_a_subagent_owing_a_result_fails_at_the_cap() -> None:

@@ -12,6 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app import errors, events, keys, messages, tables, threads
 from app.spec import define_agent
+from app.spec.definitions import Side
 
 AGENT = define_agent(name="helper", side_a={"prompt": "p"})
 
@@ -35,7 +36,7 @@ def contents(rows: list[tables.Message]) -> list[str | None]:
     ("role", "tool_side", "side"),
     [("assistant", None, "a"), ("user", None, "b"), ("tool", "b", "b"), ("tool", None, None), ("system", "a", None)],
 )
-def test_the_side_follows_the_role_and_a_tool_result_its_call(role: str, tool_side: str | None, side: str) -> None:
+def test_the_side_follows_the_role_and_a_tool_result_its_call(role: str, tool_side: Side | None, side: str) -> None:
     assert messages.side_of(role, tool_side) == side
 
 
@@ -204,7 +205,7 @@ async def test_enqueue_queues_the_input_and_marks_an_idle_thread_queued(
 async def test_enqueue_leaves_a_running_thread_running(sessions: async_sessionmaker[AsyncSession]) -> None:
     async with sessions() as s, s.begin():
         thread = await new_thread(s)
-        await threads.set_status(s, thread, "running")
+        await threads.set_status(s, thread, threads.Status.RUNNING)
         first = await messages.enqueue(s, thread, "user", "one")
         second = await messages.enqueue(s, thread, "user", "two")
     assert first != second

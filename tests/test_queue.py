@@ -58,7 +58,7 @@ async def test_input_enqueued_alongside_rides_with_the_held_events(
     listener = await asyncpg.connect(plain_url(database_url))
     await listener.add_listener(queue.WAKEUP_CHANNEL, lambda *a: woken.append(a[-1]))
     try:
-        for tid, status in zip(ids, ("queued", None, None), strict=True):
+        for tid, status in zip(ids, (threads.Status.QUEUED, None, None), strict=True):
             async with sessions() as s, s.begin():
                 thread = await threads.get(s, tid, keys.OPEN, lock=True)
                 held = tid != ids[2]

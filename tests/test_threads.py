@@ -120,7 +120,7 @@ async def test_list_filters_by_agent_tag_status_and_parent(sessions: async_sessi
         tagged = await threads.create(s, AGENT, ALICE, tags=["red", "blue"])
         duo = await threads.create(s, DUAL, ALICE)
         child = await child_of(s, tagged)
-        await threads.set_status(s, duo, "queued")
+        await threads.set_status(s, duo, threads.Status.QUEUED)
     async with sessions() as s:
 
         async def ids(**filters: Any) -> set[uuid.UUID]:
@@ -187,10 +187,10 @@ async def test_set_status_announces_a_change_once(sessions: async_sessionmaker[A
     async with sessions() as s, s.begin():
         row = await threads.create(s, AGENT, ALICE)
         before = row.updated_at
-        await threads.set_status(s, row, "idle")  # no change: nothing written
-        await threads.set_status(s, row, "queued")
-        await threads.set_status(s, row, "queued")
-        await threads.set_status(s, row, "running")
+        await threads.set_status(s, row, threads.Status.IDLE)  # no change: nothing written
+        await threads.set_status(s, row, threads.Status.QUEUED)
+        await threads.set_status(s, row, threads.Status.QUEUED)
+        await threads.set_status(s, row, threads.Status.RUNNING)
     async with sessions() as s:
         stored = await s.get_one(tables.Thread, row.id)
         assert stored.status == "running" and stored.updated_at > before
@@ -205,8 +205,10 @@ async def test_end_session_records_how_it_ended(sessions: async_sessionmaker[Asy
         with_result = await threads.create(s, AGENT, ALICE)
         without = await threads.create(s, AGENT, ALICE)
         with_result.side, without.side = "b", "a"
-        await threads.end_session(s, with_result, "success", "session_stop", {"content": "done", "attachments": []})
-        await threads.end_session(s, without, "failure", "llm_error")
+        await threads.end_session(
+            s, with_result, threads.SessionStatus.SUCCESS, "session_stop", {"content": "done", "attachments": []}
+        )
+        await threads.end_session(s, without, threads.SessionStatus.FAILURE, "llm_error")
     async with sessions() as s:
         stored = await s.get_one(tables.Thread, with_result.id)
         assert (stored.session_status, stored.session_reason, stored.side) == ("success", "session_stop", None)

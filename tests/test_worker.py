@@ -175,7 +175,7 @@ async def test_poison_input_is_set_aside_once_and_the_thread_takes_new_input(app
         return [e for e in await _events(app, tid) if e["type"] == "error"]
 
     [error] = await wait_for(reported)
-    assert error["data"]["code"] == "input_set_aside" and "KeyError" in error["data"]["message"]
+    assert error["data"]["code"] == "input_set_aside" and "ValueError: id: Field required" in error["data"]["message"]
     await client.post(f"/threads/{tid}/messages", json={"content": "hi"})
     await settle(client, str(tid))
     await asyncio.sleep(0.5)  # long enough for a loop to show itself
@@ -186,7 +186,7 @@ async def test_poison_input_is_set_aside_once_and_the_thread_takes_new_input(app
         ("done", "completed"),
         ("poison", "failed"),
     ]
-    assert listed[2]["metadata"]["set_aside"] is True and "KeyError" in listed[2]["metadata"]["error"]
+    assert listed[2]["metadata"]["set_aside"] is True and "id: Field required" in listed[2]["metadata"]["error"]
     async with app.state.sessions() as session:
         row = (await session.execute(select(tables.Thread).where(tables.Thread.id == tid))).scalar_one()
     assert (row.runnable_since, row.lease_token) == (None, None)

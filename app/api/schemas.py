@@ -11,6 +11,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, StrictBool, Val
 from pydantic.config import JsonDict
 
 from app import db
+from app.spec import definitions
 from app.spec.state import StateLog
 
 
@@ -116,7 +117,7 @@ class Deleted(BaseModel):
 
 
 class ContinueIn(In):
-    side: Literal["a", "b"] = "a"
+    side: definitions.Side = "a"
 
 
 class Session(BaseModel):

@@ -22,7 +22,7 @@ from app.engine import subprompts
 from app.engine.context import Env, OfferedTool, parse_arguments
 from app.engine.tools import missing_attachments
 from app.llm.base import ToolCall
-from app.spec.definitions import AgentDefinition, PromptDefinition, ToolEntry
+from app.spec.definitions import AgentDefinition, PromptDefinition, Side, ToolEntry
 from app.spec.results import ToolResult
 
 CREATE = "subagent_create"
@@ -166,7 +166,7 @@ async def call(
     session: AsyncSession,
     catalog: Catalog,
     parent: tables.Thread,
-    side: str,
+    side: Side,
     prompt: PromptDefinition,
     tool: OfferedTool,
     call: ToolCall,
@@ -179,7 +179,7 @@ async def call(
     §7.4) answers at once whatever the entry says, and the child's result arrives later as a message."""
     waiting = None if nonblocking else await children.waiting_on(session, parent.id, call["id"])
     if waiting is not None:  # the call was made before a crash: keep waiting on the same child
-        await threads.set_status(session, parent, "waiting")
+        await threads.set_status(session, parent, threads.Status.WAITING)
         return Parked(waiting.id)
     try:
         arguments = parse_arguments(call["function"]["arguments"])
@@ -282,7 +282,7 @@ async def _wait_or_answer(
         return Answered(ToolResult(status="success", result=text), child.id)
     child.parent_call_id = call["id"]
     child.parent_call_name = tool.name
-    await threads.set_status(session, parent, "waiting")
+    await threads.set_status(session, parent, threads.Status.WAITING)
     await children.announce(session, child)
     return Parked(child.id)
 
@@ -329,7 +329,7 @@ async def spawn_immediate(
     catalog: Catalog,
     fernet: Fernet,
     parent: tables.Thread,
-    side: str,
+    side: Side,
     prompt: PromptDefinition,
     env: Env,
 ) -> int:

@@ -11,11 +11,11 @@ from typing import Any, Protocol, TypeVar
 from cryptography.fernet import Fernet
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import environment, tables
+from app import environment, messages, tables
 from app.catalog import Catalog
 from app.llm.base import LLMImage, LLMMessage, LLMRequest, LLMTool, ToolCall
 from app.spec.define import close_objects
-from app.spec.definitions import PromptDefinition, PromptEnvPart, PromptIncludePart, SideConfig, ToolEntry
+from app.spec.definitions import PromptDefinition, PromptEnvPart, PromptIncludePart, Side, SideConfig, ToolEntry
 
 
 class MissingVariable(LookupError):
@@ -231,7 +231,7 @@ class HistoryRow(Protocol):
     @property
     def role(self) -> str: ...
     @property
-    def side(self) -> str | None: ...
+    def side(self) -> Side | None: ...
     @property
     def status(self) -> str: ...
     @property
@@ -257,11 +257,11 @@ class HistoryRow(Protocol):
 Row = TypeVar("Row", bound=HistoryRow)
 
 
-def _visible(rows: Sequence[Row], side: str, prompt: PromptDefinition, turn_start: int) -> list[Row]:
+def _visible(rows: Sequence[Row], side: Side, prompt: PromptDefinition, turn_start: int) -> list[Row]:
     """The rows a side's prompt may see: completed ones of its chat window (§4)."""
     out = []
     for row in rows:
-        if row.status not in ("completed",) or row.depth != 0:
+        if row.status not in (messages.Status.COMPLETED,) or row.depth != 0:
             continue
         current = row.position >= turn_start
         if not current and not prompt.include_chat:
@@ -300,7 +300,7 @@ def _images(attachments: list[dict[str, Any]] | None) -> list[LLMImage]:
     ]
 
 
-def history(rows: Sequence[HistoryRow], side: str, prompt: PromptDefinition, turn_start: int) -> list[LLMMessage]:
+def history(rows: Sequence[HistoryRow], side: Side, prompt: PromptDefinition, turn_start: int) -> list[LLMMessage]:
     """The history in the acting side's perspective: its own messages as `assistant`, the other side's as
     `user`, the other side's tool traffic left out, and only complete call/result pairs. Attachments are named
     in the text; image attachments of `user` messages are also carried as images (see `build_request`)."""
@@ -337,7 +337,7 @@ def build_request(
     catalog: Catalog,
     prompt: PromptDefinition,
     side: SideConfig,
-    acting: str,
+    acting: Side,
     rows: Sequence[HistoryRow],
     turn_start: int,
     env: Env,

@@ -34,7 +34,7 @@ async def run_queued(
             effect = await effects.start(session, item)
             if effect is None:
                 continue
-            side = catalog.agent(thread.agent).side("b" if thread.side == "b" else "a")
+            side = catalog.agent(thread.agent).side(thread.side or "a")
             prompt = catalog.prompts[side.prompt] if side is not None else None
             env = await load_env(session, fernet, catalog, thread, prompt)
         context: dict[str, Any] = {"effect": {"id": str(effect.id), "name": effect.name, "attempt": effect.attempts}}

@@ -22,6 +22,7 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import messages, tables
+from app.spec.definitions import Side
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,7 +32,7 @@ class Seen:
     id: uuid.UUID
     position: int
     role: str
-    side: str | None
+    side: Side | None
     status: str
     depth: int
     content: str | None

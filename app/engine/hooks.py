@@ -20,7 +20,7 @@ from app.engine.context import Env, _visible, load_env, scrub
 from app.engine.state import RunState, Transaction
 from app.llm.base import LLMMessage, ToolCall
 from app.spec.define import HookDefinition
-from app.spec.definitions import AgentDefinition, PromptDefinition
+from app.spec.definitions import AgentDefinition, PromptDefinition, Side
 from app.spec.results import ToolResult
 from app.spec.state import ExecutionState, StateMessage
 
@@ -62,7 +62,7 @@ async def prepare(
     fernet: Fernet,
     session: AsyncSession,
     thread: tables.Thread,
-    side: str,
+    side: Side,
     *,
     env: Env | None = None,
     transaction: Transaction | None = None,
@@ -72,7 +72,7 @@ async def prepare(
     """The hooks of the side's prompt and the state they get; without `transaction` they join `session`'s.
     `outside`: run for a client (an HTTP edit), not inside the thread's execution: `state.execution` is `None`."""
     agent = catalog.agent(thread.agent)
-    config = agent.side("b" if side == "b" else "a")
+    config = agent.side(side)
     assert config is not None, f"agent {agent.name} has no side {side}"
     prompt = catalog.prompts[config.prompt]
     if not active(catalog, agent, prompt):
@@ -82,7 +82,7 @@ async def prepare(
     execution = None
     if not outside:
         execution = ExecutionState(
-            side="b" if side == "b" else "a",
+            side=side,
             step=thread.session_steps,
             session=thread.session_number,
             attempt=thread.attempt,
@@ -125,7 +125,7 @@ async def store_result(
     hook_runner: Hooks,
     call: ToolCall,
     result: ToolResult,
-    side: str,
+    side: Side,
     *,
     child: uuid.UUID | None,
     refs: list[dict[str, Any]] | None = None,
@@ -161,7 +161,7 @@ async def store_result(
         row = await messages.add(session, thread.id, "tool", **placed)
         await hook_runner.after_create_message(row)
     done = kept or result
-    data = {"tool": call["function"]["name"], "tool_call_id": call["id"], "status": done.status}
+    data = events.ToolCompleted(tool=call["function"]["name"], tool_call_id=call["id"], status=done.status)
     if tags.get("depth"):
         data["depth"] = tags["depth"]
     await events.append(session, thread.id, "tool_completed", data)
@@ -190,7 +190,7 @@ class Hooks:
         return hook in self._by_name
 
     async def filter_messages(
-        self, rows: list[tables.Message], side: str, prompt: PromptDefinition, turn_start: int
+        self, rows: list[tables.Message], side: Side, prompt: PromptDefinition, turn_start: int
     ) -> list[tables.Message]:
         """The rows to assemble: the visible ones as the `filter_messages` hooks leave them."""
         if "filter_messages" not in self._by_name:

@@ -19,7 +19,7 @@ from app.engine import child_tools, context, hooks
 from app.engine.state import deliver_tool
 from app.llm.base import ToolCall
 from app.metrics import Meter
-from app.spec.definitions import AgentDefinition
+from app.spec.definitions import AgentDefinition, Side
 from app.spec.results import ToolResult
 
 log = logging.getLogger(__name__)
@@ -46,45 +46,46 @@ async def deliver(
     fernet: Fernet,
     context_: dict[str, Any],
     meter: Meter,
-) -> str | None:
+) -> Side | None:
     """Move the inbox into history; between turns, return the side the input makes act (§2)."""
-    acting: str | None = None
+    acting: Side | None = None
     first: int | None = None
     hook_runner = await hooks.prepare(catalog, fernet, session, thread, thread.side or "a", context=context_)
     for row in await queue.take_inbox(session, thread.id):
         try:
-            if row.kind == queue.Kind.MESSAGE:
-                p = await hook_runner.before_delivery(row.payload)
+            item = queue.read(row.kind, row.payload)
+            if isinstance(item, queue.MessageInput):
+                p = await hook_runner.before_delivery(item.fields())  # edits `content`, `metadata`, `silent`
                 msg = await messages.add(
                     session,
                     thread.id,
-                    p["role"],
-                    id=uuid.UUID(p["id"]),
+                    item.role,
+                    id=item.id,
                     content=p.get("content"),
                     silent=bool(p.get("silent")),
                     metadata_=p.get("metadata") or {},
-                    attachments=p.get("attachments") or [],
+                    attachments=item.attachments or [],
                     subagent_id=_uuid((p.get("metadata") or {}).get("subagent_id")),
                     session_number=thread.session_number,
                 )
                 await hook_runner.after_create_message(msg)
                 first = msg.position if first is None else first
                 thread.last_message_at = msg.created_at
-                if p["role"] == "user":
+                if item.role == "user":
                     acting = "a"
-                elif p["role"] == "assistant":
+                elif item.role == "assistant":
                     acting = "b" if agent.type == "dual_ai" else None
-            elif row.kind == queue.Kind.CONTINUE:
-                acting = row.payload.get("side", "a")
-            elif row.kind == queue.Kind.SPAWN:  # a new thread's immediate subagents of side A (§6.6)
+            elif isinstance(item, queue.ContinueInput):
+                acting = item.side
+            elif isinstance(item, queue.SpawnInput):  # a new thread's immediate subagents of side A (§6.6)
                 side_a = catalog.prompts[agent.side_a.prompt]
                 env = await context.load_env(session, fernet, catalog, thread, side_a)
                 await child_tools.spawn_immediate(session, catalog, fernet, thread, "a", side_a, env)
-            elif row.kind == queue.Kind.CHILD_RESULT:  # a blocking subagent call is answered (§6.4)
-                if await _answer(session, thread, row.payload, hook_runner):
-                    meter.tool_calls.labels(row.payload.get("name") or "", row.payload["status"]).inc()
-            elif row.kind == queue.Kind.TOOL:  # `state.queue_tool` outside a tool call (§7.4)
-                msg = await deliver_tool(session, thread, row.payload)
+            elif isinstance(item, queue.ChildResultInput):  # a blocking subagent call is answered (§6.4)
+                if await _answer(session, thread, item, hook_runner):
+                    meter.tool_calls.labels(item.name or "", item.status).inc()
+            elif isinstance(item, queue.ToolInput):  # `state.queue_tool` outside a tool call (§7.4)
+                msg = await deliver_tool(session, thread, item.call)
                 first = msg.position if first is None else first
                 acting = msg.side
         except Exception as exc:  # poison input: set aside by the engine, never retried forever
@@ -114,29 +115,29 @@ def _uuid(value: Any) -> uuid.UUID | None:
 
 
 async def _answer(
-    session: AsyncSession, thread: tables.Thread, payload: dict[str, Any], hook_runner: hooks.Hooks
+    session: AsyncSession, thread: tables.Thread, payload: queue.ChildResultInput, hook_runner: hooks.Hooks
 ) -> bool:
     """Store a blocking subagent's result as the answer of the call it kept open (through the tool hooks, as any
     tool result), unless a stop answered it; whether it did."""
-    if await messages.answered(session, thread.id, payload["call_id"]):
+    if await messages.answered(session, thread.id, payload.call_id):
         return False
-    text, ok = payload["content"], payload["status"] == "success"
+    text, ok = payload.content, payload.status == "success"
     result = ToolResult(status="success", result=text) if ok else ToolResult(status="error", error=text)
     call = await _call(session, thread.id, payload, hook_runner)
-    child = uuid.UUID(payload["child_id"])
-    refs = payload.get("attachments") or []
+    child = payload.child_id
+    refs = payload.attachments or []
     _, row = await hooks.store_result(
         session, thread, hook_runner, call, result, thread.side or "a", child=child, refs=refs
     )
     # the call's log row, written when it is answered (its arguments are in the calling message)
     logged = logs.tool(
         thread.id,
-        name=payload.get("name") or "",
-        call_id=payload["call_id"],
-        status=payload["status"],
-        error=payload["content"] if payload["status"] == "error" else None,
+        name=payload.name or "",
+        call_id=payload.call_id,
+        status=payload.status,
+        error=payload.content if payload.status == "error" else None,
         message_id=row.id if row is not None else None,
-        subagent_id=payload["child_id"],
+        subagent_id=str(payload.child_id),
     )
     await logs.add(session, logged)
     return True
@@ -146,14 +147,14 @@ _TOOL_HOOKS = ("after_tool_call_success", "after_tool_call_failure", "before_sto
 
 
 async def _call(
-    session: AsyncSession, thread_id: uuid.UUID, payload: dict[str, Any], hook_runner: hooks.Hooks
+    session: AsyncSession, thread_id: uuid.UUID, payload: queue.ChildResultInput, hook_runner: hooks.Hooks
 ) -> ToolCall:
     """The tool call a child's result answers, with its arguments as the model made it when a tool hook is to
     see it (read from the message that made it)."""
     if any(hook_runner.runs(h) for h in _TOOL_HOOKS):
-        holder = await messages.holding(session, thread_id, payload["call_id"])
-        made = next((c for c in (holder.tool_calls or [] if holder else []) if c.get("id") == payload["call_id"]), None)
+        holder = await messages.holding(session, thread_id, payload.call_id)
+        made = next((c for c in (holder.tool_calls or [] if holder else []) if c.get("id") == payload.call_id), None)
         if made is not None:
             return cast(ToolCall, made)
-    name = str(payload.get("name") or "")
-    return {"id": payload["call_id"], "type": "function", "function": {"name": name, "arguments": "{}"}}
+    name = payload.name or ""
+    return {"id": payload.call_id, "type": "function", "function": {"name": name, "arguments": "{}"}}

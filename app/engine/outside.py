@@ -32,7 +32,7 @@ async def state(
 
     async with transaction() as (session, thread):
         agent = catalog.agent(thread.agent)
-        side = agent.side("b" if thread.side == "b" else "a")  # the acting side's prompt, as the engine resolves it
+        side = agent.side(thread.side or "a")  # the acting side's prompt, as the engine resolves it
         prompt = catalog.prompts[side.prompt] if side is not None else None
         env = await load_env(session, fernet, catalog, thread, prompt)
         registry = [SubagentEntry.model_validate(children.entry(c)) for c in await children.of(session, thread)]

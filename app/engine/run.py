@@ -39,7 +39,7 @@ from app.llm.base import (
 )
 from app.metrics import Meter
 from app.settings import Settings
-from app.spec.definitions import AgentDefinition, PromptDefinition, SideConfig
+from app.spec.definitions import AgentDefinition, PromptDefinition, Side, SideConfig
 from app.spec.results import ToolResult
 from app.spec.state import ExecutionState, SubagentEntry
 
@@ -199,17 +199,17 @@ class Engine:
         # as mid-turn input instead of starting a turn that would abandon it (`semantics.md` §2)
         in_turn = await turns.in_progress(session, thread)
         acting = await self._deliver(session, thread, agent, mid_turn=in_turn)
-        if acting is None and thread.status != "running" and not in_turn:
-            await threads.set_status(session, thread, "idle")
+        if acting is None and thread.status != threads.Status.RUNNING and not in_turn:
+            await threads.set_status(session, thread, threads.Status.IDLE)
             return False
         if acting is not None:
             turns.start(thread, acting)
-        await threads.set_status(session, thread, "running")
+        await threads.set_status(session, thread, threads.Status.RUNNING)
         return True
 
     async def _deliver(
         self, session: AsyncSession, thread: tables.Thread, agent: AgentDefinition, *, mid_turn: bool
-    ) -> str | None:
+    ) -> Side | None:
         return await inbox.deliver(
             session,
             thread,
@@ -223,8 +223,8 @@ class Engine:
 
     # -- one step ------------------------------------------------------------------------------------------
 
-    def _prompt_of(self, agent: AgentDefinition, side: str) -> tuple[SideConfig, PromptDefinition]:
-        config = agent.side(side)  # type: ignore[arg-type]
+    def _prompt_of(self, agent: AgentDefinition, side: Side) -> tuple[SideConfig, PromptDefinition]:
+        config = agent.side(side)
         assert config is not None, f"agent {agent.name} has no side {side}"
         return config, self._catalog.prompts[config.prompt]
 
@@ -367,13 +367,15 @@ class Engine:
             env = await context.load_env(session, self._fernet, self._catalog, thread, prompt)
         turn_start = thread.turn_start or 0
         last, missing = turns.open_work(held.since(turn_start), side, turn_start, thread.step_open)
-        if last is not None and last.status == "completed":
+        if last is not None and last.status == messages.Status.COMPLETED:
             # a crash between the model's answer and its tool results, or a subagent's result: run what is left
             response = LLMResponse(text=last.content or "", tool_calls=list(last.tool_calls or []))
             return Step(side, thread.session_steps, calls=missing, response=response, env=env, agent=agent)
         redo = last is not None  # a call a crash interrupted (still `pending`): the same step again
         if thread.session_steps >= self._settings.max_session_steps and not redo:
-            await turns.end_session(session, thread, stops.Verdict("session", "max_total_steps", "failure"))
+            await turns.end_session(
+                session, thread, stops.Verdict("session", "max_total_steps", threads.SessionStatus.FAILURE)
+            )
             return None
         if not redo:
             thread.turn_steps += 1
@@ -389,7 +391,9 @@ class Engine:
         try:
             request = context.build_request(self._catalog, prompt, side_config, side, assembled, turn_start, env)
         except context.MissingVariable as exc:
-            await turns.end_session(session, thread, stops.Verdict("session", "llm_error", "failure"))
+            await turns.end_session(
+                session, thread, stops.Verdict("session", "llm_error", threads.SessionStatus.FAILURE)
+            )
             await events.append(session, thread.id, "error", {"code": "missing_variable", "message": str(exc)})
             return None
         request.messages = await hook_runner.prefilter_llm_history(request.messages)
@@ -407,7 +411,7 @@ class Engine:
                 messages.role_of(side),
                 {
                     "side": side,
-                    "status": "pending",
+                    "status": messages.Status.PENDING,
                     "prompt": prompt.name,
                     "model": prompt.model,
                     "session_number": thread.session_number,
@@ -435,17 +439,19 @@ class Engine:
         )
         if isinstance(response, ProviderError):
             await messages.save(
-                session, message, **await hook_runner.before_update_message(message, {"status": "failed"})
+                session, message, **await hook_runner.before_update_message(message, {"status": messages.Status.FAILED})
             )
             await hook_runner.after_update_message(message)
             await events.append(session, thread.id, "error", {"code": "llm_error", "message": response.message})
             await events.append(
                 session, thread.id, "step_completed", {"step": step.number, "side": step.side, "stopped": True}
             )
-            await turns.end_session(session, thread, stops.Verdict("session", "llm_error", "failure"))
+            await turns.end_session(
+                session, thread, stops.Verdict("session", "llm_error", threads.SessionStatus.FAILURE)
+            )
             return None
         updates = {
-            "status": "completed",
+            "status": messages.Status.COMPLETED,
             "content": stops.stored_text(response, side),
             "tool_calls": list(response.tool_calls) or None,
             "reasoning_content": response.reasoning,
@@ -507,7 +513,7 @@ class Engine:
             session, thread.id, "tool_started", {"tool": call["function"]["name"], "tool_call_id": call["id"]}
         )
         execution = ExecutionState(
-            side="b" if step.side == "b" else "a",
+            side=step.side,
             step=step.number,
             session=thread.session_number,
             attempt=thread.attempt,
@@ -624,10 +630,10 @@ class Engine:
         log.error("thread %s: %s", thread.id, message)
         await control.close_open_work(session, thread, message)
         await events.append(session, thread.id, "error", {"code": "crashed", "message": message})
-        if thread.session_status == "running":
-            await turns.end_session(session, thread, stops.Verdict("session", "crashed", "failure"))
+        if thread.session_status == threads.SessionStatus.RUNNING:
+            await turns.end_session(session, thread, stops.Verdict("session", "crashed", threads.SessionStatus.FAILURE))
         else:
-            await threads.set_status(session, thread, "idle")
+            await threads.set_status(session, thread, threads.Status.IDLE)
 
     async def _fail(self, claim: queue.Claim, code: str, message: str) -> None:
         """End the session after an unexpected error, so no thread is left `running`."""
@@ -638,7 +644,9 @@ class Engine:
             text = context.scrub(message, known)
             await control.close_open_work(session, thread, f"The run failed: {text}")
             await events.append(session, thread.id, "error", {"code": code, "message": text})
-            if thread.session_status == "running":
-                await turns.end_session(session, thread, stops.Verdict("session", "crashed", "failure"))
+            if thread.session_status == threads.SessionStatus.RUNNING:
+                await turns.end_session(
+                    session, thread, stops.Verdict("session", "crashed", threads.SessionStatus.FAILURE)
+                )
             else:
-                await threads.set_status(session, thread, "idle")
+                await threads.set_status(session, thread, threads.Status.IDLE)

@@ -36,7 +36,7 @@ from app.engine.files import FileMethods
 from app.llm.base import ToolCall
 from app.settings import DEFAULT_TOOL_TIMEOUT
 from app.spec.define import EffectDefinition
-from app.spec.definitions import AgentDefinition, ModelDefinition, PromptDefinition, ToolEntry
+from app.spec.definitions import AgentDefinition, ModelDefinition, PromptDefinition, Side, ToolEntry
 from app.spec.results import ToolAttachment, ToolResult
 from app.spec.state import (
     AttachmentRef,
@@ -380,8 +380,8 @@ class RunState(FileMethods):
                 if thread.terminated_at is not None:
                     raise errors.ThreadTerminated()
                 await queue.enqueue(session, thread.id, queue.Kind.TOOL, {"call": call})
-                if thread.status == "idle":
-                    await threads.set_status(session, thread, "queued")
+                if thread.status == threads.Status.IDLE:
+                    await threads.set_status(session, thread, threads.Status.QUEUED)
                 return call["id"]
             # the call joins the running step, paired in history with the message that made the running call
             await messages.save(session, owner, tool_calls=[*(owner.tool_calls or []), call])
@@ -389,10 +389,10 @@ class RunState(FileMethods):
         self._queue_call(call)
         return call["id"]
 
-    def _check_offered(self, thread: tables.Thread, side: str, name: str) -> None:
+    def _check_offered(self, thread: tables.Thread, side: Side, name: str) -> None:
         """A queued call runs like the model's own, so it must name a tool the acting side is offered."""
         agent = self._catalog.agent(thread.agent)
-        config = agent.side(side)  # type: ignore[arg-type]
+        config = agent.side(side)
         offered = set()
         if config is not None:
             prompt = self._catalog.prompts[config.prompt]
@@ -427,7 +427,7 @@ class RunState(FileMethods):
             if thread.parent_id is None:
                 raise errors.Invalid("`state.set_status` is for subagents: this thread has no parent")
             thread.status_text = self._env.mask(text)
-            data = {"status": thread.status, "status_text": thread.status_text}
+            data = events.ThreadStatus(status=thread.status, status_text=thread.status_text)
             await events.append(session, thread.id, "thread_status", data)
             await children.announce(session, thread)
 
@@ -525,14 +525,14 @@ class RunState(FileMethods):
         )
 
 
-async def deliver_tool(session: AsyncSession, thread: tables.Thread, payload: dict[str, Any]) -> tables.Message:
+async def deliver_tool(session: AsyncSession, thread: tables.Thread, call: dict[str, Any]) -> tables.Message:
     """Store a queued tool call (`queue.Kind.TOOL`) as the acting side's own call; the step loop then runs it."""
     return await messages.add(
         session,
         thread.id,
         "assistant",
         side=thread.side or "a",
-        tool_calls=[payload["call"]],
+        tool_calls=[call],
         session_number=thread.session_number,
     )
 

@@ -11,7 +11,7 @@ from app import tables
 from app.engine import context, hooks
 from app.engine.state import RunState
 from app.llm.base import LLMResponse, ToolCall
-from app.spec.definitions import AgentDefinition, SideConfig
+from app.spec.definitions import AgentDefinition, Side, SideConfig
 
 
 class Released:
@@ -42,7 +42,7 @@ class Prepared:
 class Step:
     """What the opening transaction of a step decided."""
 
-    side: str
+    side: Side
     number: int
     message_id: uuid.UUID | None = None  # the pending assistant message an LLM call streams into
     request: Any = None

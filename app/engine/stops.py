@@ -6,6 +6,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from app import threads
 from app.engine.context import parse_arguments
 from app.engine.tools import Outcome
 from app.llm.base import LLMResponse
@@ -18,7 +19,7 @@ class Verdict:
 
     ends: Literal["nothing", "turn", "session"]
     reason: str | None = None
-    status: Literal["success", "failure"] | None = None
+    status: threads.SessionStatus | None = None
     result: dict[str, Any] | None = None
 
 
@@ -73,11 +74,15 @@ def evaluate(
     turn_steps: int,
 ) -> Verdict:
     """Session tools first, then the side's turn rules (stop tool, stop on response, max steps)."""
-    for which, status in (("fail", "failure"), ("stop", "success")):
-        binding = side.binding(which)  # type: ignore[arg-type]
+    bound: tuple[tuple[Literal["fail", "stop"], threads.SessionStatus], ...] = (
+        ("fail", threads.SessionStatus.FAILURE),
+        ("stop", threads.SessionStatus.SUCCESS),
+    )
+    for which, status in bound:
+        binding = side.binding(which)
         outcome = _successful(binding, outcomes)
         if binding is not None and outcome is not None:
-            return Verdict("session", f"session_{which}", status, payload(binding, outcome))  # type: ignore[arg-type]
+            return Verdict("session", f"session_{which}", status, payload(binding, outcome))
     called = {o.call["function"]["name"] for o in outcomes}
     if side.stop_tool is not None and side.stop_tool in called:
         return Verdict("turn", "stop_tool")
@@ -92,7 +97,8 @@ def session_cap(agent: AgentDefinition, session_turns: int, *, owes_result: bool
     """After a turn ends: `maxSessionTurns` counts both sides' turns together (`dual_ai` only). `owes_result`: a
     subagent whose agent has terminal session tools, for which reaching the cap without one is a failure (§5, §6.4)."""
     if agent.type == "dual_ai" and agent.max_session_turns is not None and session_turns >= agent.max_session_turns:
-        return Verdict("session", "max_session_turns", "failure" if owes_result else "success")
+        status = threads.SessionStatus.FAILURE if owes_result else threads.SessionStatus.SUCCESS
+        return Verdict("session", "max_session_turns", status)
     return GO_ON
 
 

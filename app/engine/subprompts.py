@@ -41,7 +41,7 @@ from app.catalog import Catalog
 from app.engine import calls, child_tools, context, hooks, tools
 from app.engine.state import RunState, Transaction
 from app.llm.base import LLMMessage, ProviderError, ToolCall
-from app.spec.definitions import PromptDefinition, SideConfig, ToolEntry
+from app.spec.definitions import PromptDefinition, Side, SideConfig, ToolEntry
 from app.spec.results import ToolResult
 
 MAX_DEPTH = 8  # subprompts calling subprompts: a prompt that offers itself must not recurse forever
@@ -147,7 +147,7 @@ class Runner:
                 first.images = context._images(refs)
             request.messages.append(first)
             await attachments.inline_images(session, thread.id, request.messages)
-            fields = {"side": side, "status": "pending", "prompt": name, "model": prompt.model, **tags}
+            fields = {"side": side, "status": messages.Status.PENDING, "prompt": name, "model": prompt.model, **tags}
             role = messages.role_of(side)
             pending = await messages.add(
                 session, thread.id, role, **hooks.tagged(await inside.before_create_message(role, fields), tags)
@@ -165,13 +165,15 @@ class Runner:
                 await messages.save(
                     session,
                     message,
-                    **hooks.tagged(await inside.before_update_message(message, {"status": "failed"}), tags),
+                    **hooks.tagged(
+                        await inside.before_update_message(message, {"status": messages.Status.FAILED}), tags
+                    ),
                 )
                 await inside.after_update_message(message)
                 detail = f": {response.message}" if entry.include_errors else ""
                 return _error(f"Subprompt `{name}` failed{detail}")
             updates = {
-                "status": "completed",
+                "status": messages.Status.COMPLETED,
                 "content": response.text or None,
                 "tool_calls": list(response.tool_calls) or None,
                 "reasoning_content": response.reasoning,
@@ -198,14 +200,14 @@ class Runner:
         prompt: PromptDefinition,
         offered: dict[str, context.OfferedTool],
         call: ToolCall,
-        side: str,
+        side: Side,
         tags: dict[str, Any],
     ) -> tools.Outcome:
         """Run one tool call of the subprompt's answer and store its result beside the answer, through the tool
         hooks (its events carry the depth, so streams that leave deeper messages out leave them out too). A
         subagent tool runs non-blocking (§7.4): the child's result arrives later as a message to the thread."""
         name = call["function"]["name"]
-        data = {"tool": name, "tool_call_id": call["id"], "depth": tags["depth"]}
+        data = events.ToolStarted(tool=name, tool_call_id=call["id"], depth=tags["depth"])
         tool = offered.get(name)
         if tool is not None and tool.kind in child_tools.KINDS:
             async with state._transaction() as (session, thread):

@@ -11,37 +11,37 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from app import children, events, messages, tables, threads
 from app.engine import stops, tools
 from app.llm.base import ToolCall
-from app.spec.definitions import AgentDefinition, SideConfig
+from app.spec.definitions import AgentDefinition, Side, SideConfig
 
 
-def start(thread: tables.Thread, acting: str) -> None:
+def start(thread: tables.Thread, acting: Side) -> None:
     """Begin the acting side's turn, and a new session if none is running."""
-    if thread.session_number == 0 or thread.session_status != "running":
+    if thread.session_number == 0 or thread.session_status != threads.SessionStatus.RUNNING:
         thread.session_number += 1
         thread.session_turns = 0
         thread.session_steps = 0
-        thread.session_status = "running"
+        thread.session_status = threads.SessionStatus.RUNNING
         thread.session_reason = None
         thread.session_result = None
     thread.side = acting
     thread.turn_steps = 0
 
 
-async def after(session: AsyncSession, thread: tables.Thread, agent: AgentDefinition, side: str) -> bool:
+async def after(session: AsyncSession, thread: tables.Thread, agent: AgentDefinition, side: Side) -> bool:
     """`ai_human`: wait for the human. `dual_ai`: the other side acts next, in this execution."""
     if agent.type == "dual_ai":
         start(thread, "b" if side == "a" else "a")
         thread.turn_start = await answered_position(session, thread.id, side)
         return True
     thread.side = None
-    await threads.set_status(session, thread, "idle")
+    await threads.set_status(session, thread, threads.Status.IDLE)
     return False
 
 
 async def end_session(session: AsyncSession, thread: tables.Thread, verdict: stops.Verdict) -> None:
     assert verdict.status is not None and verdict.reason is not None
     await threads.end_session(session, thread, verdict.status, verdict.reason, verdict.result)
-    await threads.set_status(session, thread, "idle")
+    await threads.set_status(session, thread, threads.Status.IDLE)
     await children.report(session, thread)  # a child hands its result to its parent in this transaction
 
 
@@ -62,7 +62,7 @@ async def report_status(
             await children.announce(session, thread)
 
 
-async def answered_position(session: AsyncSession, thread_id: uuid.UUID, side: str) -> int:
+async def answered_position(session: AsyncSession, thread_id: uuid.UUID, side: Side) -> int:
     """Where the next turn starts: the ending side's last message, the input the other side answers (§1)."""
     found = await messages.last_position(session, thread_id, side)
     return found if found is not None else await messages.next_position(session, thread_id)
@@ -71,7 +71,7 @@ async def answered_position(session: AsyncSession, thread_id: uuid.UUID, side: s
 async def in_progress(session: AsyncSession, thread: tables.Thread) -> bool:
     """Whether a turn was left unfinished: a step opened in it, or open work (a pending message, unanswered tool
     calls) waits in it. Read from what is stored, never from what delivering new input would change."""
-    if thread.session_status != "running" or thread.side is None:
+    if thread.session_status != threads.SessionStatus.RUNNING or thread.side is None:
         return False
     if thread.turn_steps > 0 or thread.step_open:
         return True
@@ -80,7 +80,7 @@ async def in_progress(session: AsyncSession, thread: tables.Thread) -> bool:
 
 
 def open_work(
-    rows: list[tables.Message], side: str, turn_start: int, step_open: bool
+    rows: list[tables.Message], side: Side, turn_start: int, step_open: bool
 ) -> tuple[tables.Message | None, list[ToolCall]]:
     """The acting side's unfinished step in this turn: a `pending` message (its call was interrupted), or a message
     whose tool calls are not all answered (with those calls), or — while the step's stops are not evaluated yet —
@@ -90,9 +90,9 @@ def open_work(
     for row in reversed(rows):
         if row.role == "tool" or row.side != side or row.depth != 0 or row.position < turn_start:
             continue
-        if row.status == "pending":
+        if row.status == messages.Status.PENDING:
             return row, []
-        if row.status == "completed" and row.tool_calls:
+        if row.status == messages.Status.COMPLETED and row.tool_calls:
             missing = [c for c in row.tool_calls if c["id"] not in answered]
             if missing:
                 return row, missing

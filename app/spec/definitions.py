@@ -12,6 +12,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
+Side = Literal["a", "b"]  # a thread's two sides: A (the agent, or the first AI of a `dual_ai`) and B (the other one)
+
 PACKAGING_FIELDS = ("packageName", "package_name", "version", "author", "license")
 
 
@@ -358,6 +360,6 @@ class AgentDefinition(Definition):
             raise ValueError("`expose_as_tool` needs `tool_description`")
         return self
 
-    def side(self, which: Literal["a", "b"]) -> SideConfig | None:
+    def side(self, which: Side) -> SideConfig | None:
         """The config of side `a` or `b`."""
         return self.side_a if which == "a" else self.side_b

@@ -9,7 +9,7 @@ from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel
 
-from app.spec.definitions import AgentDefinition, ModelDefinition, PromptDefinition
+from app.spec.definitions import AgentDefinition, ModelDefinition, PromptDefinition, Side
 from app.spec.results import ToolAttachment, ToolResult
 
 
@@ -17,7 +17,7 @@ from app.spec.results import ToolAttachment, ToolResult
 class ExecutionState:
     """Where the thread's execution is; tools use `tool_call_id` and `attempt` as idempotency keys."""
 
-    side: Literal["a", "b"]
+    side: Side
     step: int
     session: int
     attempt: int

@@ -52,8 +52,8 @@ async def enqueue_message(
     await queue.enqueue_alongside(session, thread.id, queue.Kind.MESSAGE, payload)  # with the events (`post_message`)
     if body.role != "system":
         await control.unpark(session, thread)
-    if thread.status == "idle":
-        await threads.set_status(session, thread, "queued")
+    if thread.status == threads.Status.IDLE:
+        await threads.set_status(session, thread, threads.Status.QUEUED)
     return message_id
 
 
@@ -305,7 +305,7 @@ def _queued(row: tables.Inbox) -> schemas.Message:
         tool_calls=None,
         tool_call_id=None,
         tool_status=None,
-        status="failed" if aside else "pending",
+        status=messages.Status.FAILED if aside else messages.Status.PENDING,
         silent=bool(p.get("silent")),
         depth=0,
         parent_id=None,
