@@ -19,7 +19,20 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm.attributes import set_committed_value
 
-from app import attachments, crypto, db, environment, errors, events, messages, queue, tables, threads
+from app import (
+    attachments,
+    crypto,
+    db,
+    environment,
+    errors,
+    event_types,
+    events,
+    inputs,
+    messages,
+    queue,
+    tables,
+    threads,
+)
 from app.catalog import Catalog
 from app.spec.definitions import AgentDefinition, Side, ToolEntry
 
@@ -128,7 +141,7 @@ def status_of(child: tables.Thread) -> str:
     return "idle"
 
 
-def entry(child: tables.Thread) -> events.SubagentEntry:
+def entry(child: tables.Thread) -> event_types.SubagentEntry:
     """The spec's `SubagentRegistryEntry` (snake_case)."""
     return {
         "reference": str(child.id),
@@ -210,7 +223,7 @@ async def report(session: AsyncSession, child: tables.Thread, *, failure: str | 
         child.parent_call_id = None
         child.parent_call_name = None
         if parent.terminated_at is None:
-            await queue.enqueue(session, parent.id, queue.Kind.CHILD_RESULT, payload)
+            await queue.enqueue(session, parent.id, inputs.Kind.CHILD_RESULT, payload)
             if parent.status == threads.Status.WAITING:
                 await threads.set_status(session, parent, threads.Status.QUEUED)
     elif child.parent_communication != "explicit" and parent.terminated_at is None:

@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import children, effects, environment, errors, events, messages, queue, tables, threads
+from app import children, effects, environment, errors, events, inputs, messages, queue, tables, threads
 from app.spec.definitions import Side
 
 CONTROL_CHANNEL = "agents_control"
@@ -81,7 +81,7 @@ async def resume(session: AsyncSession, thread: tables.Thread, side: Side) -> No
     if thread.terminated_at is not None:
         raise errors.ThreadTerminated()
     thread.stopped = False
-    await queue.enqueue(session, thread.id, queue.Kind.CONTINUE, {"side": side})
+    await queue.enqueue(session, thread.id, inputs.Kind.CONTINUE, {"side": side})
     if thread.status in (threads.Status.IDLE, threads.Status.STOPPED):
         await threads.set_status(session, thread, threads.Status.QUEUED)
 

@@ -23,7 +23,7 @@ from typing import Any
 from sqlalchemy import func, insert, select, text, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import errors, queue, tables
+from app import errors, inputs, queue, tables
 
 MAX_ATTEMPTS = 3  # starts of one effect (crashed workers included) before it is failed instead of run again
 
@@ -144,7 +144,7 @@ _CLAIM_DUE = text(
 
 async def claim_due(session: AsyncSession, limit: int) -> int:
     """Move up to `limit` due effects into their threads' inboxes; workers are woken at commit. Returns how many."""
-    count = int((await session.execute(_CLAIM_DUE, {"limit": limit, "kind": queue.Kind.EFFECT})).scalar_one())
+    count = int((await session.execute(_CLAIM_DUE, {"limit": limit, "kind": inputs.Kind.EFFECT})).scalar_one())
     if count:
         await session.execute(select(func.pg_notify(queue.WAKEUP_CHANNEL, "")))
     return count
@@ -153,8 +153,8 @@ async def claim_due(session: AsyncSession, limit: int) -> int:
 async def start(session: AsyncSession, item: tables.Inbox) -> tables.Effect | None:
     """Begin the effect an inbox row carries: count the start and mark it `running`, or return None (consuming the
     inbox row) when it must not run — cancelled, gone, finished, or crashed `MAX_ATTEMPTS` times already."""
-    effect = queue.read(item.kind, item.payload)
-    assert isinstance(effect, queue.EffectInput)  # `next_effect` reads effect rows only
+    effect = inputs.read(item.kind, item.payload)
+    assert isinstance(effect, inputs.EffectInput)  # `next_effect` reads effect rows only
     row = await session.get(tables.Effect, effect.effect_id, with_for_update=True, populate_existing=True)
     if row is None or row.status not in (Status.QUEUED, Status.RUNNING):
         await queue.drop(session, item.id)

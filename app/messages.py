@@ -14,7 +14,7 @@ from typing import Any
 from sqlalchemy import Select, delete, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import db, errors, events, queue, tables, threads
+from app import db, errors, events, inputs, queue, tables, threads
 from app.spec.definitions import Side
 
 
@@ -261,7 +261,7 @@ async def enqueue(
         "attachments": attachments or [],
         "queued_at": datetime.now(UTC).isoformat(),
     }
-    await queue.enqueue(session, thread.id, queue.Kind.MESSAGE, payload)
+    await queue.enqueue(session, thread.id, inputs.Kind.MESSAGE, payload)
     if thread.status == threads.Status.IDLE:
         await threads.set_status(session, thread, threads.Status.QUEUED)
     return message_id

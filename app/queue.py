@@ -4,8 +4,8 @@ Every query the queue runs is here, named and commented, and so is every write o
 kept in another module's statement so that it costs no statement of its own:
 
 - `effects.claim_due` (`effects._CLAIM_DUE`, the effects timer): for each due effect, an `effect` inbox row
-  (`Kind.EFFECT`, `{effect_id, name}`) and `runnable_since` set on its thread (kept if set), in the statement that
-  marks the effects `queued`, then a NOTIFY on `WAKEUP_CHANNEL`. One statement, so an effect is never `queued`
+  (`inputs.Kind.EFFECT`, `{effect_id, name}`) and `runnable_since` set on its thread (kept if set), in the statement
+  that marks the effects `queued`, then a NOTIFY on `WAKEUP_CHANNEL`. One statement, so an effect is never `queued`
   without its inbox row, nor its row there without the thread runnable. Those rows are read and removed here
   (`next_effect`, `drop`), never by `take_inbox`.
 - `events.releasing` (the engine's fenced transaction that ends a run): `RELEASE` without a refund, folded into the
@@ -28,32 +28,17 @@ import json
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import Any
 
 import asyncpg
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from sqlalchemy import delete, func, select, text, update
 from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm.attributes import set_committed_value
 
-from app import db, errors, events, tables
-from app.spec.definitions import Side
+from app import db, errors, event_types, events, inputs, tables
 
 WAKEUP_CHANNEL = "agents_wakeup"
-
-
-class Kind(StrEnum):
-    """An inbox row's `kind`: what its payload is and how delivery handles it (`engine/inbox.py`)."""
-
-    MESSAGE = "message"  # a posted message: `{id, role, content, ...}` added to the history
-    CONTINUE = "continue"  # `POST /continue`: `{side}` acts next
-    TOOL = "tool"  # `state.queue_tool` outside a tool call: `{call: ToolCall}`
-    SPAWN = "spawn"  # a new thread whose side A prompt has `immediate` subagents: start them (§6.6)
-    CHILD_RESULT = "child_result"  # a blocking child's session ended: `{call_id, name, child_id, status, content,
-    # attachments}` answers the parent's open tool call
-    EFFECT = "effect"  # a due effect (`app/effects.py`): `{effect_id, name}`; consumed when its handler finished
 
 
 @dataclass(frozen=True)
@@ -65,88 +50,10 @@ class Claim:
     attempt: int
 
 
-class _Payload(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-
-class MessageInput(_Payload):
-    """A posted message (`messages.enqueue`, `POST /messages`), added to the history as it is delivered."""
-
-    kind: Literal[Kind.MESSAGE]
-    id: uuid.UUID  # the id the message is stored with
-    role: str
-    content: str | None = None
-    silent: bool = False
-    metadata: dict[str, Any] | None = None
-    attachments: list[Any] | None = None
-    queued_at: str | None = None
-
-    def fields(self) -> dict[str, Any]:
-        """The payload as it was stored (what the `before_create_message` hooks see of it)."""
-        return self.model_dump(mode="json", exclude={"kind"}, exclude_unset=True)
-
-
-class ContinueInput(_Payload):
-    """`POST /continue`: the side that acts next."""
-
-    kind: Literal[Kind.CONTINUE]
-    side: Side = "a"
-
-
-class ToolInput(_Payload):
-    """`state.queue_tool` outside a tool call: the call, stored as the acting side's own."""
-
-    kind: Literal[Kind.TOOL]
-    call: dict[str, Any]  # a `ToolCall`, stored as it is
-
-
-class SpawnInput(_Payload):
-    """A new thread's `immediate` subagents of side A, to start."""
-
-    kind: Literal[Kind.SPAWN]
-
-
-class ChildResultInput(_Payload):
-    """A blocking child's session ended: its result answers the parent's open tool call."""
-
-    kind: Literal[Kind.CHILD_RESULT]
-    call_id: str
-    name: str | None = None  # the tool's name
-    child_id: uuid.UUID
-    status: Literal["success", "error"]
-    content: str
-    attachments: list[dict[str, Any]] | None = None  # the parent's copies of the files the child returned
-
-
-class EffectInput(_Payload):
-    """A due effect (`app/effects.py`), consumed when its handler finished."""
-
-    kind: Literal[Kind.EFFECT]
-    effect_id: uuid.UUID
-    name: str | None = None
-
-
-Payload = Annotated[
-    MessageInput | ContinueInput | ToolInput | SpawnInput | ChildResultInput | EffectInput,
-    Field(discriminator="kind"),
-]
-_PAYLOAD: TypeAdapter[Payload] = TypeAdapter(Payload)
-
-
-def read(kind: str, payload: dict[str, Any]) -> Payload:
-    """An inbox row's payload as the model of its kind; `ValueError`, saying what is wrong in one line, when it is
-    not one."""
-    try:
-        return _PAYLOAD.validate_python({**payload, "kind": kind})
-    except ValidationError as exc:
-        wrong = "; ".join(f"{'.'.join(map(str, e['loc'][1:])) or 'kind'}: {e['msg']}" for e in exc.errors())
-        raise ValueError(wrong) from None
-
-
 @dataclass(frozen=True, slots=True)
 class Input:
-    """One inbox row as delivery reads it; delivery validates its payload (`read`), so a malformed one is set aside
-    like any input whose delivery fails."""
+    """One inbox row as delivery reads it; delivery validates its payload (`inputs.read`), so a malformed one is set
+    aside like any input whose delivery fails."""
 
     id: int
     kind: str
@@ -214,7 +121,7 @@ _POST = """
            CASE WHEN next.queued THEN pg_notify($5, CAST($1 AS text) || ':' || next.event_seq || $6) END
     FROM next
 """
-_QUEUED = json.dumps(events.ThreadStatus(status="queued"))  # the `thread_status` event of a thread that was idle
+_QUEUED = json.dumps(event_types.ThreadStatus(status="queued"))  # the `thread_status` event of a thread that was idle
 
 
 async def post(driver: db.Driver, thread_id: uuid.UUID, user_id: str | None, payload: dict[str, Any]) -> bool:
@@ -225,7 +132,7 @@ async def post(driver: db.Driver, thread_id: uuid.UUID, user_id: str | None, pay
         _POST,
         thread_id,
         user_id,
-        Kind.MESSAGE,
+        inputs.Kind.MESSAGE,
         json.dumps(payload),
         events.CHANNEL,
         events.carried(["thread_status"], [_QUEUED]),
@@ -449,7 +356,7 @@ async def next_effect(session: AsyncSession, thread_id: uuid.UUID) -> tables.Inb
         select(tables.Inbox)
         .where(
             tables.Inbox.thread_id == thread_id,
-            tables.Inbox.kind == Kind.EFFECT,
+            tables.Inbox.kind == inputs.Kind.EFFECT,
             tables.Inbox.set_aside_at.is_(None),
         )
         .order_by(tables.Inbox.id)

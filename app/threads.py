@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy import and_, func, or_, select, text, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import cursors, db, errors, events, tables
+from app import cursors, db, errors, event_types, events, tables
 from app.keys import Principal
 from app.spec import AgentDefinition
 
@@ -192,7 +192,7 @@ async def end_session(
     thread.session_reason = reason
     thread.session_result = result
     thread.side = None
-    data = events.SessionEnded(status=status, reason=reason)
+    data = event_types.SessionEnded(status=status, reason=reason)
     if result is not None:
         data["result"] = result
     await events.append(session, thread.id, "session_ended", data)

@@ -20,7 +20,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app import errors, events, keys, queue, tables, threads
+from app import errors, events, inputs, keys, queue, tables, threads
 from app.hub import Batch, Hub, Live, Overflow, Subscription
 
 RESTING = frozenset({threads.Status.IDLE, threads.Status.STOPPED, threads.Status.TERMINATED})
@@ -71,7 +71,7 @@ class Turn:
 async def queued(session: AsyncSession, thread_id: uuid.UUID, message_id: uuid.UUID) -> tables.Inbox | None:
     """The input's inbox row while it is not delivered: waiting, or set aside (its delivery failed)."""
     for row in await queue.pending(session, thread_id):
-        if row.kind == queue.Kind.MESSAGE and str(row.payload.get("id")) == str(message_id):
+        if row.kind == inputs.Kind.MESSAGE and str(row.payload.get("id")) == str(message_id):
             return row
     return None
 

@@ -26,10 +26,10 @@ from collections import Counter
 
 import httpx
 
-from app import db, events
+from app import db, event_types, events
 from bench.harness import ROOT, Stream, database, median, percentile, postgres_server, postgres_version, servers, setup
 
-PAYLOAD: events.Custom = {"event_type": "bench", "data": {"text": "x" * 200}}  # about the size of a step's events
+PAYLOAD: event_types.Custom = {"event_type": "bench", "data": {"text": "x" * 200}}  # about the size of a step's events
 
 
 async def run_once(server_url: str, args: argparse.Namespace) -> dict[str, float]:

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from app import catalog, errors, events
+from app import catalog, errors, event_types
 from app.api.app import create_app
 from app.api.errors import HTTP_CODES
 from app.settings import Settings
@@ -375,8 +375,8 @@ def test_every_event_type_is_in_the_events_reference() -> None:
 
 def test_the_table_of_event_types_is_the_events_reference() -> None:
     page = _text(DOCS / "events.md")
-    assert set(events.THREAD_EVENTS) == table_names(section(page, "## Thread events"))
-    assert set(events.LIFECYCLE_EVENTS) == table_names(section(page, "## Lifecycle events"))
+    assert set(event_types.THREAD_EVENTS) == table_names(section(page, "## Thread events"))
+    assert set(event_types.LIFECYCLE_EVENTS) == table_names(section(page, "## Lifecycle events"))
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,7 @@ from pydantic import BaseModel
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app import db, environment, events, hub, keys, messages, metrics, queue, tables, threads
+from app import db, environment, events, hub, inputs, keys, messages, metrics, queue, tables, threads
 from app.catalog import Catalog
 from app.engine import inbox, run
 from app.llm.base import LLMRequest
@@ -533,7 +533,7 @@ async def test_input_that_cannot_be_delivered_is_set_aside_and_the_rest_runs(
     model = Model("answered")
 
     async def poison(session: AsyncSession, thread: tables.Thread) -> None:
-        await queue.enqueue(session, thread.id, queue.Kind.MESSAGE, {"role": "user", "content": "no id"})
+        await queue.enqueue(session, thread.id, inputs.Kind.MESSAGE, {"role": "user", "content": "no id"})
 
     result = await drive(catalog(model), "fine", prepare=poison)
     (error,) = result.of("error")

@@ -10,7 +10,7 @@ from typing import Any, cast
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app import catalog, db, events, keys, messages, tables, threads
+from app import catalog, db, event_types, events, keys, messages, tables, threads
 from app.spec import define_agent
 from tests.conftest import ROOT, client_for
 from tests.test_api import read_events
@@ -30,7 +30,7 @@ def test_append_takes_each_stored_type_with_its_payload_in_the_table() -> None:
     for variant in typing.get_overloads(events.append):
         hints = typing.get_type_hints(variant)
         taken |= dict.fromkeys(typing.get_args(hints["type_"]), hints["data"])
-    assert taken == events.STORED
+    assert taken == event_types.STORED
 
 
 async def test_events_missed_after_retention(app_factory: Any, serve: Any) -> None:
@@ -207,7 +207,7 @@ async def test_deferred_writes_ride_with_the_held_events_or_go_before_any_other_
         found = await (await db.driver(s)).fetchval("SELECT count(*) FROM logs WHERE thread_id = $1", tid)
         assert found == 3  # so does a plain statement
         await db.defer(s, *db.insert_statement(log(4)))
-        await events.append(s, tid, "llm_response", cast(events.LlmResponse, {"model": "m4"}))
+        await events.append(s, tid, "llm_response", cast(event_types.LlmResponse, {"model": "m4"}))
         thread.status = "running"
         await asyncio.sleep(0)  # query loggers are called soon after
         statements.clear()

@@ -10,7 +10,7 @@ from typing import Any, cast
 
 import pytest
 
-from app import catalog, db, events, hub, keys
+from app import catalog, db, event_types, events, hub, keys
 from app.hub import Batch, Live, Overflow, Stored, Subscription
 from app.settings import plain_url
 from tests.conftest import ROOT, client_for, wait_for
@@ -167,7 +167,9 @@ async def _flush_held(app: Any, thread_id: uuid.UUID, datas: list[dict[str, Any]
     async with app.state.sessions() as session, session.begin():
         events.hold(session, thread_id)
         for data in datas:
-            await events.append(session, thread_id, "event", cast(events.Custom, data))  # the hub carries any payload
+            await events.append(
+                session, thread_id, "event", cast(event_types.Custom, data)
+            )  # the hub carries any payload
         await events.flush(session)
 
 

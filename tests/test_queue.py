@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
-from app import db, errors, events, keys, queue, tables, threads
+from app import db, errors, events, inputs, keys, queue, tables, threads
 from app.heartbeat import Heartbeat
 from app.settings import plain_url
 from app.spec import define_agent
@@ -37,7 +37,7 @@ async def _runnable(sessions: async_sessionmaker[AsyncSession], n: int) -> list[
     async with sessions() as s, s.begin():
         for _ in range(n):
             row = await threads.create(s, AGENT, keys.OPEN)
-            await queue.enqueue(s, row.id, queue.Kind.MESSAGE, {"id": str(uuid.uuid4()), "role": "user"})
+            await queue.enqueue(s, row.id, inputs.Kind.MESSAGE, {"id": str(uuid.uuid4()), "role": "user"})
             ids.append(row.id)
     return ids
 
@@ -69,7 +69,7 @@ async def test_input_enqueued_alongside_rides_with_the_held_events(
                 conn.add_query_logger(logger := lambda r, into=statements: into.append(r.query))
                 await asyncio.sleep(0)
                 statements.clear()  # the lock's, logged late
-                await queue.enqueue_alongside(s, tid, queue.Kind.MESSAGE, {"id": str(uuid.uuid4()), "role": "user"})
+                await queue.enqueue_alongside(s, tid, inputs.Kind.MESSAGE, {"id": str(uuid.uuid4()), "role": "user"})
                 if status is not None:
                     await threads.set_status(s, thread, status)
                 await asyncio.sleep(0)  # query loggers are called soon after
@@ -85,7 +85,7 @@ async def test_input_enqueued_alongside_rides_with_the_held_events(
                 row = await s.get_one(tables.Thread, tid)
                 assert row.runnable_since is not None
                 inbox = await queue.pending(s, tid)
-                assert [i.kind for i in inbox] == [queue.Kind.MESSAGE]
+                assert [i.kind for i in inbox] == [inputs.Kind.MESSAGE]
             assert [r.type for r in await events.read(s, ids[0], 0)] == ["thread_status"]
         claimed = {c.thread_id for c in [await _claim(sessions) for _ in ids] if c is not None}
         assert claimed == set(ids)
@@ -141,7 +141,7 @@ async def test_release_clears_runnable_unless_input_waits(sessions: async_sessio
     claim2 = await _claim(sessions)
     assert claim2 is not None and claim2.thread_id == claim2_ids[0]
     async with sessions() as s, s.begin():
-        await queue.enqueue(s, claim2.thread_id, queue.Kind.MESSAGE, {"id": str(uuid.uuid4()), "role": "user"})
+        await queue.enqueue(s, claim2.thread_id, inputs.Kind.MESSAGE, {"id": str(uuid.uuid4()), "role": "user"})
     async with sessions() as s, s.begin():
         assert await queue.release(s, claim2) is True
     again = await _claim(sessions)
@@ -422,7 +422,7 @@ async def test_enqueue_notifies_listeners_at_commit(
     try:
         async with sessions() as s, s.begin():
             row = await threads.create(s, AGENT, keys.OPEN)
-            await queue.enqueue(s, row.id, queue.Kind.MESSAGE, {"id": str(uuid.uuid4()), "role": "user"})
+            await queue.enqueue(s, row.id, inputs.Kind.MESSAGE, {"id": str(uuid.uuid4()), "role": "user"})
             await asyncio.sleep(0.05)
             assert not got.is_set()  # nothing before commit
         await asyncio.wait_for(got.wait(), 5)
@@ -446,7 +446,7 @@ async def test_a_release_racing_an_enqueue_keeps_the_thread_runnable(
 
     async with sessions() as poster, poster.begin():  # as `POST /messages` does: row lock, inbox row, runnable
         await poster.execute(text("SELECT 1 FROM threads WHERE id = :id FOR NO KEY UPDATE"), {"id": tid})
-        await queue.enqueue(poster, tid, queue.Kind.MESSAGE, {"id": str(uuid.uuid4()), "role": "user"})
+        await queue.enqueue(poster, tid, inputs.Kind.MESSAGE, {"id": str(uuid.uuid4()), "role": "user"})
         releasing = asyncio.create_task(release())
         await asyncio.sleep(0.3)  # the release is now waiting for the row
         assert not releasing.done()

@@ -10,7 +10,7 @@ from typing import Any
 
 from sqlalchemy import func, select, text
 
-from app import catalog, files, metrics, queue, tables
+from app import catalog, files, inputs, metrics, queue, tables
 from app.catalog import Catalog
 from app.llm.base import LLMRequest
 from app.spec import define_agent, define_model, define_prompt
@@ -169,7 +169,7 @@ async def test_poison_input_is_set_aside_once_and_the_thread_takes_new_input(app
     client = client_for(app)
     tid = uuid.UUID((await client.post("/threads", json={"agent": "agent"})).json()["id"])
     async with app.state.sessions() as session, session.begin():  # a message row without its id: delivery raises
-        await queue.enqueue(session, tid, queue.Kind.MESSAGE, {"role": "user", "content": "poison"})
+        await queue.enqueue(session, tid, inputs.Kind.MESSAGE, {"role": "user", "content": "poison"})
 
     async def reported() -> list[dict[str, Any]]:
         return [e for e in await _events(app, tid) if e["type"] == "error"]

@@ -14,7 +14,7 @@ from cryptography.fernet import Fernet
 from sqlalchemy import inspect
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import attachments, events, logs, messages, tables
+from app import attachments, event_types, events, logs, messages, tables
 from app.catalog import Catalog
 from app.engine.context import Env, _visible, load_env, scrub
 from app.engine.state import RunState, Transaction
@@ -161,7 +161,7 @@ async def store_result(
         row = await messages.add(session, thread.id, "tool", **placed)
         await hook_runner.after_create_message(row)
     done = kept or result
-    data = events.ToolCompleted(tool=call["function"]["name"], tool_call_id=call["id"], status=done.status)
+    data = event_types.ToolCompleted(tool=call["function"]["name"], tool_call_id=call["id"], status=done.status)
     if tags.get("depth"):
         data["depth"] = tags["depth"]
     await events.append(session, thread.id, "tool_completed", data)

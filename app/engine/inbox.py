@@ -13,7 +13,7 @@ from typing import Any, cast
 from cryptography.fernet import Fernet
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import errors, events, logs, messages, queue, tables
+from app import errors, events, inputs, logs, messages, queue, tables
 from app.catalog import Catalog
 from app.engine import child_tools, context, hooks
 from app.engine.state import deliver_tool
@@ -53,8 +53,8 @@ async def deliver(
     hook_runner = await hooks.prepare(catalog, fernet, session, thread, thread.side or "a", context=context_)
     for row in await queue.take_inbox(session, thread.id):
         try:
-            item = queue.read(row.kind, row.payload)
-            if isinstance(item, queue.MessageInput):
+            item = inputs.read(row.kind, row.payload)
+            if isinstance(item, inputs.MessageInput):
                 p = await hook_runner.before_delivery(item.fields())  # edits `content`, `metadata`, `silent`
                 msg = await messages.add(
                     session,
@@ -75,16 +75,16 @@ async def deliver(
                     acting = "a"
                 elif item.role == "assistant":
                     acting = "b" if agent.type == "dual_ai" else None
-            elif isinstance(item, queue.ContinueInput):
+            elif isinstance(item, inputs.ContinueInput):
                 acting = item.side
-            elif isinstance(item, queue.SpawnInput):  # a new thread's immediate subagents of side A (§6.6)
+            elif isinstance(item, inputs.SpawnInput):  # a new thread's immediate subagents of side A (§6.6)
                 side_a = catalog.prompts[agent.side_a.prompt]
                 env = await context.load_env(session, fernet, catalog, thread, side_a)
                 await child_tools.spawn_immediate(session, catalog, fernet, thread, "a", side_a, env)
-            elif isinstance(item, queue.ChildResultInput):  # a blocking subagent call is answered (§6.4)
+            elif isinstance(item, inputs.ChildResultInput):  # a blocking subagent call is answered (§6.4)
                 if await _answer(session, thread, item, hook_runner):
                     meter.tool_calls.labels(item.name or "", item.status).inc()
-            elif isinstance(item, queue.ToolInput):  # `state.queue_tool` outside a tool call (§7.4)
+            elif isinstance(item, inputs.ToolInput):  # `state.queue_tool` outside a tool call (§7.4)
                 msg = await deliver_tool(session, thread, item.call)
                 first = msg.position if first is None else first
                 acting = msg.side
@@ -115,7 +115,7 @@ def _uuid(value: Any) -> uuid.UUID | None:
 
 
 async def _answer(
-    session: AsyncSession, thread: tables.Thread, payload: queue.ChildResultInput, hook_runner: hooks.Hooks
+    session: AsyncSession, thread: tables.Thread, payload: inputs.ChildResultInput, hook_runner: hooks.Hooks
 ) -> bool:
     """Store a blocking subagent's result as the answer of the call it kept open (through the tool hooks, as any
     tool result), unless a stop answered it; whether it did."""
@@ -147,7 +147,7 @@ _TOOL_HOOKS = ("after_tool_call_success", "after_tool_call_failure", "before_sto
 
 
 async def _call(
-    session: AsyncSession, thread_id: uuid.UUID, payload: queue.ChildResultInput, hook_runner: hooks.Hooks
+    session: AsyncSession, thread_id: uuid.UUID, payload: inputs.ChildResultInput, hook_runner: hooks.Hooks
 ) -> ToolCall:
     """The tool call a child's result answers, with its arguments as the model made it when a tool hook is to
     see it (read from the message that made it)."""

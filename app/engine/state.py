@@ -21,8 +21,10 @@ from app import (
     effects,
     environment,
     errors,
+    event_types,
     events,
     files,
+    inputs,
     logs,
     messages,
     queue,
@@ -379,7 +381,7 @@ class RunState(FileMethods):
             if owner is None:  # not inside a tool call: a queued call the engine delivers as the side's own (§7.4)
                 if thread.terminated_at is not None:
                     raise errors.ThreadTerminated()
-                await queue.enqueue(session, thread.id, queue.Kind.TOOL, {"call": call})
+                await queue.enqueue(session, thread.id, inputs.Kind.TOOL, {"call": call})
                 if thread.status == threads.Status.IDLE:
                     await threads.set_status(session, thread, threads.Status.QUEUED)
                 return call["id"]
@@ -427,7 +429,7 @@ class RunState(FileMethods):
             if thread.parent_id is None:
                 raise errors.Invalid("`state.set_status` is for subagents: this thread has no parent")
             thread.status_text = self._env.mask(text)
-            data = events.ThreadStatus(status=thread.status, status_text=thread.status_text)
+            data = event_types.ThreadStatus(status=thread.status, status_text=thread.status_text)
             await events.append(session, thread.id, "thread_status", data)
             await children.announce(session, thread)
 
@@ -526,7 +528,7 @@ class RunState(FileMethods):
 
 
 async def deliver_tool(session: AsyncSession, thread: tables.Thread, call: dict[str, Any]) -> tables.Message:
-    """Store a queued tool call (`queue.Kind.TOOL`) as the acting side's own call; the step loop then runs it."""
+    """Store a queued tool call (`inputs.Kind.TOOL`) as the acting side's own call; the step loop then runs it."""
     return await messages.add(
         session,
         thread.id,

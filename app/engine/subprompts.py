@@ -36,7 +36,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import attachments, errors, events, files, logs, messages, tables
+from app import attachments, errors, event_types, events, files, logs, messages, tables
 from app.catalog import Catalog
 from app.engine import calls, child_tools, context, hooks, tools
 from app.engine.state import RunState, Transaction
@@ -207,7 +207,7 @@ class Runner:
         hooks (its events carry the depth, so streams that leave deeper messages out leave them out too). A
         subagent tool runs non-blocking (§7.4): the child's result arrives later as a message to the thread."""
         name = call["function"]["name"]
-        data = events.ToolStarted(tool=name, tool_call_id=call["id"], depth=tags["depth"])
+        data = event_types.ToolStarted(tool=name, tool_call_id=call["id"], depth=tags["depth"])
         tool = offered.get(name)
         if tool is not None and tool.kind in child_tools.KINDS:
             async with state._transaction() as (session, thread):

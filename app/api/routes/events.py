@@ -22,7 +22,7 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 from sse_starlette.sse import SendTimeoutError
 from starlette.types import Message, Receive, Scope, Send
 
-from app import events, messages, threads, tokens
+from app import event_types, events, messages, threads, tokens
 from app.api import bodies, schemas
 from app.api.deps import CurrentUser, SessionDep, StreamReader, sessions
 from app.hub import Batch, Hub, Live, Overflow, Subscription
@@ -211,7 +211,7 @@ def _response(
             async with factory() as session:
                 oldest = await missed(session, position)
             if oldest is not None:  # retention removed part of what was asked for: say so, then go on
-                yield ServerSentEvent(event="events_missed", data=json.dumps(events.Missed(oldest_seq=oldest)))
+                yield ServerSentEvent(event="events_missed", data=json.dumps(event_types.Missed(oldest_seq=oldest)))
             while True:
                 # shielded: a client hanging up mid-query must not cost the pool its connection
                 rows = await asyncio.shield(backlog(position))

@@ -15,7 +15,21 @@ from pydantic import ValidationError
 from sqlalchemy.ext.asyncio import AsyncSession
 from starlette.datastructures import FormData, UploadFile
 
-from app import attachments, children, control, db, edits, errors, events, messages, queue, tables, threads, waits
+from app import (
+    attachments,
+    children,
+    control,
+    db,
+    edits,
+    errors,
+    events,
+    inputs,
+    messages,
+    queue,
+    tables,
+    threads,
+    waits,
+)
 from app.api import bodies, forms, schemas
 from app.api.deps import CatalogDep, CurrentUser, SessionDep, SettingsDep, sessions
 from app.keys import Principal
@@ -49,7 +63,7 @@ async def enqueue_message(
         name = upload.filename or "file"
         refs.append(await attachments.store(session, thread.id, name, _chunks(upload), upload.content_type, limit))
     message_id, payload = _payload(body, refs)
-    await queue.enqueue_alongside(session, thread.id, queue.Kind.MESSAGE, payload)  # with the events (`post_message`)
+    await queue.enqueue_alongside(session, thread.id, inputs.Kind.MESSAGE, payload)  # with the events (`post_message`)
     if body.role != "system":
         await control.unpark(session, thread)
     if thread.status == threads.Status.IDLE:
@@ -350,7 +364,7 @@ async def list_messages(
         delivered = {m.id for m in out}  # delivered since it was read as queued: shown once, as delivered
         queued = [
             q
-            for q in (_queued(r) for r in waiting if r.kind == queue.Kind.MESSAGE)
+            for q in (_queued(r) for r in waiting if r.kind == inputs.Kind.MESSAGE)
             if q.id not in delivered and (include_silent or not q.silent)
         ]
         out = out + queued if order == "asc" else queued[::-1] + out

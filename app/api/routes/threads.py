@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Query, Request
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import control, environment, errors, events, queue, tables, threads
+from app import control, environment, errors, events, inputs, queue, tables, threads
 from app.api import bodies, schemas
 from app.api.deps import CatalogDep, CurrentUser, EnvLimits, SessionDep, SettingsDep
 from app.api.routes.messages import enqueue_message
@@ -86,7 +86,7 @@ async def create_thread(
         session, request.app.state.fernet, row.id, body.env, set(body.secrets) | catalog.secret_names(agent.name)
     )
     if any(e.immediate for e in catalog.prompts[agent.side_a.prompt].tool_entries()):
-        await queue.enqueue(session, row.id, queue.Kind.SPAWN, {})  # immediate subagents start at once (§6.6)
+        await queue.enqueue(session, row.id, inputs.Kind.SPAWN, {})  # immediate subagents start at once (§6.6)
     for message in body.messages:
         await enqueue_message(session, row, message, settings.max_file_bytes)
     await events.append_lifecycle(session, row, "thread_created")
