@@ -56,7 +56,7 @@ async def client(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
 
 
 async def _key(app: FastAPI, user: str, admin: bool = False) -> str:
-    async with app.state.sessions() as s, s.begin():
+    async with app.state.runtime.sessions() as s, s.begin():
         _, key = await keys.create(s, user, admin)
     return key
 
@@ -91,7 +91,7 @@ async def test_health_ready_openapi(client: httpx.AsyncClient) -> None:
 
 
 async def test_ready_is_503_when_migrations_are_behind(client: httpx.AsyncClient, app: FastAPI) -> None:
-    async with app.state.engine.begin() as conn:
+    async with app.state.runtime.db.begin() as conn:
         await conn.exec_driver_sql("UPDATE alembic_version SET version_num = 'old'")
     assert_error(await client.get("/ready"), 503, "not_ready")
 
@@ -138,7 +138,7 @@ async def test_create_thread_with_env_masks_secrets(client: httpx.AsyncClient) -
 async def test_secrets_are_encrypted_at_rest(client: httpx.AsyncClient, app: FastAPI) -> None:
     body = {"agent": "assistant", "env": {"TOKEN": "plain-secret-value"}, "secrets": ["TOKEN"]}
     assert (await client.post("/threads", json=body)).status_code == 201
-    async with app.state.engine.connect() as conn:
+    async with app.state.runtime.db.connect() as conn:
         stored = (await conn.exec_driver_sql("SELECT value FROM env_values")).scalar_one()
     assert "plain-secret-value" not in stored
 
@@ -209,7 +209,7 @@ async def test_post_and_list_messages(client: httpx.AsyncClient) -> None:
 
 async def test_posting_to_a_terminated_thread_conflicts(client: httpx.AsyncClient, app: FastAPI) -> None:
     tid = (await client.post("/threads", json={"agent": "assistant"})).json()["id"]
-    async with app.state.engine.begin() as conn:
+    async with app.state.runtime.db.begin() as conn:
         await conn.exec_driver_sql(f"UPDATE threads SET terminated_at = now() WHERE id = '{tid}'")
     assert_error(await client.post(f"/threads/{tid}/messages", json={"content": "x"}), 409, "thread_terminated")
 
@@ -256,7 +256,7 @@ async def test_a_keyed_message_takes_one_connection_per_request(app_factory: Any
 
 async def test_revoked_key_is_refused(app: FastAPI) -> None:
     key = await _key(app, "carol")
-    async with app.state.sessions() as s, s.begin():
+    async with app.state.runtime.sessions() as s, s.begin():
         assert await keys.revoke(s, key[:10]) == 1
     async with client_for(app, key) as c:
         assert_error(await c.get("/threads"), 401, "unauthorized")
@@ -281,7 +281,7 @@ async def test_open_mode_counts_keys_once_per_change(app: FastAPI, monkeypatch: 
             return (await anon.get("/threads")).status_code == 401
 
         await wait_for(refused)
-        async with app.state.sessions() as s, s.begin():
+        async with app.state.runtime.sessions() as s, s.begin():
             assert await keys.revoke(s, key[:10]) == 1
 
         async def open_again() -> bool:
