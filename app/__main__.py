@@ -14,6 +14,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 
 import httpx
 import uvicorn
@@ -22,8 +23,12 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import catalog, crypto, db, environment, errors, jsonlog, keys, liveness, llm, migrations, postgres, tokens
 from app.catalog import Catalog
-from app.hub import Publisher
-from app.settings import MAKE_A_KEY, Settings, plain_url
+from app.settings import MAKE_A_KEY, Settings
+
+if TYPE_CHECKING:  # imported by the commands that serve (`_serve`, `_worker`): the others start without them
+    from fastapi import FastAPI
+
+    from app.runtime import Runtime
 
 log = logging.getLogger("app")
 
@@ -168,7 +173,7 @@ def _serve(settings: Settings, with_worker: bool, migrate: bool) -> None:
         )
         logging.getLogger("uvicorn.access").addFilter(tokens.Masked())  # after the Config: it sets the logger up
         _settle()
-        _Server(config, app.state.stopping).run(sockets=[sock])
+        _Server(config, app).run(sockets=[sock])
 
 
 def _settle() -> None:
@@ -181,12 +186,12 @@ def _settle() -> None:
 
 class _Server(uvicorn.Server):
     """uvicorn, but a SIGTERM/SIGINT ends `run()` normally so the embedded Postgres is stopped after it; the socket
-    bound beforehand (`_listen`) is announced as uvicorn announces its own; and the app is told at once
-    (`app.state.stopping`) so that requests still waiting (`?wait=`) answer within the grace period."""
+    bound beforehand (`_listen`) is announced as uvicorn announces its own; and the app's runtime is told at once
+    (`Runtime.stopping`) so that requests still waiting (`?wait=`) answer within the grace period."""
 
-    def __init__(self, config: uvicorn.Config, stopping: asyncio.Event) -> None:
+    def __init__(self, config: uvicorn.Config, app: FastAPI) -> None:
         super().__init__(config)
-        self._stopping = stopping
+        self._app = app
         self._loop: asyncio.AbstractEventLoop | None = None
 
     async def serve(self, sockets: list[socket.socket] | None = None) -> None:
@@ -196,7 +201,12 @@ class _Server(uvicorn.Server):
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         super().handle_exit(sig, frame)
         if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._stopping.set)  # from a signal handler: through the loop
+            self._loop.call_soon_threadsafe(self._tell_stopping)  # from a signal handler: through the loop
+
+    def _tell_stopping(self) -> None:
+        runtime: Runtime | None = getattr(self._app.state, "runtime", None)  # None until the lifespan has opened it
+        if runtime is not None:
+            runtime.stopping.set()
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
@@ -214,28 +224,16 @@ class _Server(uvicorn.Server):
 
 
 async def _worker(settings: Settings) -> None:
-    from app.engine.run import Engine, llm_http
-    from app.metrics import Meter
-    from app.worker import Worker
+    from app.runtime import Runtime
 
     catalog = load_catalog(settings)
     await _warn_missing_keys(settings, catalog)
-    assert settings.database_url
-    engine = db.create_engine(settings.database_url, *db.worker_pool(settings.worker_concurrency))
-    publisher = Publisher(plain_url(settings.database_url))
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    sessions = db.sessionmaker(engine)
-    runner = Engine(settings, sessions, catalog, publisher, crypto.server_key(settings), llm_http(), Meter())
-    _settle()
-    try:
-        await Worker(settings, engine, sessions, runner).run(stop)
-    finally:
-        await runner.http.aclose()
-        await publisher.close()
-        await engine.dispose()
+    async with Runtime.open(settings, catalog, api=False, worker=True) as runtime:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, runtime.stopping.set)
+        _settle()
+        await runtime.until_stopped()
 
 
 async def _keys(settings: Settings, args: argparse.Namespace) -> None:

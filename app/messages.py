@@ -237,6 +237,27 @@ async def forget_runs(session: AsyncSession, thread_id: uuid.UUID, call_id: str,
     return bool(found)
 
 
+def payload(
+    role: str,
+    content: str | None,
+    *,
+    silent: bool = False,
+    metadata: dict[str, Any] | None = None,
+    attachments: list[dict[str, Any]] | None = None,
+) -> tuple[uuid.UUID, dict[str, Any]]:
+    """A new message's id, and the inbox payload that queues it (`enqueue`, or `queue.post` in one statement)."""
+    message_id = uuid.uuid4()
+    return message_id, {
+        "id": str(message_id),
+        "role": role,
+        "content": content,
+        "silent": silent,
+        "metadata": metadata or {},
+        "attachments": attachments or [],
+        "queued_at": datetime.now(UTC).isoformat(),
+    }
+
+
 async def enqueue(
     session: AsyncSession,
     thread: tables.Thread,
@@ -246,22 +267,23 @@ async def enqueue(
     silent: bool = False,
     metadata: dict[str, Any] | None = None,
     attachments: list[dict[str, Any]] | None = None,
+    posted: bool = False,
 ) -> uuid.UUID:
     """Queue a message for delivery (§2) and return the id it will be stored with; the thread row is locked.
-    A `metadata.subagent_id` is kept on the stored message (the child it speaks for)."""
+    A `metadata.subagent_id` is kept on the stored message (the child it speaks for). `posted`: a client's message
+    (the API), which ends a stop unless it is a `system` one, and whose inbox row goes with the events the
+    transaction holds (`queue.enqueue_alongside`)."""
+    from app import control  # it builds on this module
+
     if thread.terminated_at is not None:
         raise errors.ThreadTerminated()
-    message_id = uuid.uuid4()
-    payload = {
-        "id": str(message_id),
-        "role": role,
-        "content": content,
-        "silent": silent,
-        "metadata": metadata or {},
-        "attachments": attachments or [],
-        "queued_at": datetime.now(UTC).isoformat(),
-    }
-    await queue.enqueue(session, thread.id, inputs.Kind.MESSAGE, payload)
+    message_id, queued = payload(role, content, silent=silent, metadata=metadata, attachments=attachments)
+    if not posted:
+        await queue.enqueue(session, thread.id, inputs.Kind.MESSAGE, queued)
+    else:
+        await queue.enqueue_alongside(session, thread.id, inputs.Kind.MESSAGE, queued)
+        if role != "system":
+            await control.unpark(session, thread)
     if thread.status == threads.Status.IDLE:
         await threads.set_status(session, thread, threads.Status.QUEUED)
     return message_id

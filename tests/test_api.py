@@ -57,7 +57,7 @@ async def client(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
 
 
 async def _key(app: FastAPI, user: str, admin: bool = False) -> str:
-    async with app.state.sessions() as s, s.begin():
+    async with app.state.runtime.sessions() as s, s.begin():
         _, key = await keys.create(s, user, admin)
     return key
 
@@ -92,7 +92,7 @@ async def test_health_ready_openapi(client: httpx.AsyncClient) -> None:
 
 
 async def test_ready_is_503_when_migrations_are_behind(client: httpx.AsyncClient, app: FastAPI) -> None:
-    async with app.state.engine.begin() as conn:
+    async with app.state.runtime.db.begin() as conn:
         await conn.exec_driver_sql("UPDATE alembic_version SET version_num = 'old'")
     assert_error(await client.get("/ready"), 503, "not_ready")
 
@@ -139,7 +139,7 @@ async def test_create_thread_with_env_masks_secrets(client: httpx.AsyncClient) -
 async def test_secrets_are_encrypted_at_rest(client: httpx.AsyncClient, app: FastAPI) -> None:
     body = {"agent": "assistant", "env": {"TOKEN": "plain-secret-value"}, "secrets": ["TOKEN"]}
     assert (await client.post("/threads", json=body)).status_code == 201
-    async with app.state.engine.connect() as conn:
+    async with app.state.runtime.db.connect() as conn:
         stored = (await conn.exec_driver_sql("SELECT value FROM env_values")).scalar_one()
     assert "plain-secret-value" not in stored
 
@@ -177,7 +177,7 @@ async def test_a_listing_reads_every_listed_threads_extras_at_once(app: FastAPI,
     """`GET /threads` reads each thread's extras (children counts, env types) for the whole page in one query each:
     a longer page costs no more statements."""
     statements: list[str] = []
-    engine = app.state.engine.sync_engine
+    engine = app.state.runtime.db.sync_engine
 
     def logged(record: Any) -> None:  # plain SQL (`db.driver`)
         statements.append(record.query)
@@ -204,7 +204,7 @@ async def test_a_listing_reads_every_listed_threads_extras_at_once(app: FastAPI,
     for i in range(4):
         body = {"agent": "assistant", "env": {f"V{i}": "x"}, "secrets": [f"V{i}"]}
         assert (await client.post("/threads", json=body)).status_code == 201
-    async with app.state.engine.begin() as conn:  # children, as a subagent call would make them
+    async with app.state.runtime.db.begin() as conn:  # children, as a subagent call would make them
         await conn.exec_driver_sql(f"UPDATE threads SET parent_id = '{first}' WHERE id <> '{first}'")
     listed = (await client.get("/threads")).json()["threads"]
     assert len(listed) == 5 and {t["children_count"] for t in listed if t["id"] == first} == {4}
@@ -248,7 +248,7 @@ async def test_post_and_list_messages(client: httpx.AsyncClient) -> None:
 
 async def test_posting_to_a_terminated_thread_conflicts(client: httpx.AsyncClient, app: FastAPI) -> None:
     tid = (await client.post("/threads", json={"agent": "assistant"})).json()["id"]
-    async with app.state.engine.begin() as conn:
+    async with app.state.runtime.db.begin() as conn:
         await conn.exec_driver_sql(f"UPDATE threads SET terminated_at = now() WHERE id = '{tid}'")
     assert_error(await client.post(f"/threads/{tid}/messages", json={"content": "x"}), 409, "thread_terminated")
 
@@ -295,7 +295,7 @@ async def test_a_keyed_message_takes_one_connection_per_request(app_factory: Any
 
 async def test_revoked_key_is_refused(app: FastAPI) -> None:
     key = await _key(app, "carol")
-    async with app.state.sessions() as s, s.begin():
+    async with app.state.runtime.sessions() as s, s.begin():
         assert await keys.revoke(s, key[:10]) == 1
     async with client_for(app, key) as c:
         assert_error(await c.get("/threads"), 401, "unauthorized")
@@ -320,7 +320,7 @@ async def test_open_mode_counts_keys_once_per_change(app: FastAPI, monkeypatch: 
             return (await anon.get("/threads")).status_code == 401
 
         await wait_for(refused)
-        async with app.state.sessions() as s, s.begin():
+        async with app.state.runtime.sessions() as s, s.begin():
             assert await keys.revoke(s, key[:10]) == 1
 
         async def open_again() -> bool:

@@ -191,7 +191,7 @@ async def test_identical_uploads_are_stored_once(app_factory: Any) -> None:
     await settle(client, tid)
     paths = [m["attachments"][0]["path"] for m in await history(client, tid) if m["role"] == "user"]
     assert len(set(paths)) == 2  # two entries …
-    async with app.state.sessions() as session:
+    async with app.state.runtime.sessions() as session:
         blobs = (await session.execute(select(func.count()).select_from(tables.Blob))).scalar_one()
     assert blobs == 1  # … one blob
 
@@ -298,7 +298,7 @@ async def test_copy_between_threads_shares_the_blob_and_rewrites_the_path(app_fa
     put = await client.put(f"/threads/{source}/fs/out/chart final.png", content=image,
                            headers={"content-type": "image/png"})  # fmt: skip
     assert put.status_code == 201
-    async with app.state.sessions() as session, session.begin():
+    async with app.state.runtime.sessions() as session, session.begin():
         ref = await attachments.copy(session, uuid.UUID(source), "/out/chart final.png", uuid.UUID(destination))
         with pytest.raises(errors.FileNotFound, match=r"/out/missing\.png"):
             await attachments.copy(session, uuid.UUID(source), "/out/missing.png", uuid.UUID(destination))
@@ -306,7 +306,7 @@ async def test_copy_between_threads_shares_the_blob_and_rewrites_the_path(app_fa
     assert (ref["name"], ref["size"], ref["width"], ref["height"]) == ("chart final.png", len(image), 10, 20)
     got = await client.get(f"/threads/{destination}/fs{ref['path']}")
     assert got.content == image and got.headers["etag"] == f'"{put.json()["etag"]}"'
-    async with app.state.sessions() as session:
+    async with app.state.runtime.sessions() as session:
         assert (await session.execute(select(func.count()).select_from(tables.Blob))).scalar_one() == 1
         copied = await files.stat(session, uuid.UUID(destination), ref["path"])
     assert copied.sha256 == put.json()["etag"]

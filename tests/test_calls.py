@@ -43,7 +43,7 @@ async def run(app_factory: Any, cat: Catalog, **settings: Any) -> tuple[httpx.As
 async def log_rows(client: httpx.AsyncClient, tid: str) -> list[tables.Log]:
     """The thread's LLM request log rows (tool calls have rows of their own), oldest first."""
     app: Any = client._transport.app  # type: ignore[attr-defined]
-    async with app.state.sessions() as session:
+    async with app.state.runtime.sessions() as session:
         query = (
             select(tables.Log)
             .where(tables.Log.thread_id == uuid.UUID(tid), tables.Log.kind == "llm")
@@ -265,7 +265,7 @@ async def test_a_call_redone_after_a_lost_lease_takes_the_same_script_entry(
     tid = (await client.post("/threads", json={"agent": "agent"})).json()["id"]
     await client.post(f"/threads/{tid}/messages", json={"content": "hi"})
     await wait_for(lambda: _ready(bool(stolen)))
-    async with app.state.sessions() as session:
+    async with app.state.runtime.sessions() as session:
         logged = select(func.count()).select_from(tables.Log).where(tables.Log.thread_id == uuid.UUID(tid))
         assert await session.scalar(logged) == 0  # nothing of the call was committed
     conn = await asyncpg.connect(plain_url(database_url))

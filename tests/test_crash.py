@@ -24,9 +24,7 @@ import asyncpg
 import httpx
 import pytest
 
-from app import catalog, crypto, db, environment, keys, threads
-from app.api import schemas
-from app.api.routes.messages import enqueue_message
+from app import catalog, crypto, db, environment, keys, messages, threads
 from app.settings import Settings, plain_url
 from tests.conftest import ROOT
 from tests.processes import free_port, start, stop, until_ready
@@ -249,7 +247,7 @@ async def create_threads(database_url: str, crash_dir: Path, contents: list[str]
             for content in contents:
                 thread = await threads.create(session, agent, keys.OPEN)
                 await environment.set_thread(session, fernet, thread.id, {"CRASH_DIR": str(crash_dir)}, set())
-                await enqueue_message(session, thread, schemas.MessageIn(content=content), limit=1024)
+                await messages.enqueue(session, thread, "user", content, posted=True)
                 ids.append(str(thread.id))
     finally:
         await engine.dispose()

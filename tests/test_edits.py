@@ -188,7 +188,7 @@ async def test_edit_and_delete_errors(app_factory: Any) -> None:
     async with client_for(app, alice) as a, client_for(app, bob) as b:
         tid = (await a.post("/threads", json={"agent": "agent"})).json()["id"]
         other = (await a.post("/threads", json={"agent": "agent"})).json()["id"]
-        async with app.state.sessions() as session, session.begin():
+        async with app.state.runtime.sessions() as session, session.begin():
             row = await messages.add(session, (await threads.lock(session, uuid.UUID(tid))).id, "user", content="hi")
         mid = str(row.id)
         url = f"/threads/{tid}/messages/{mid}"

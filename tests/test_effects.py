@@ -167,7 +167,7 @@ async def test_an_effect_on_an_idle_thread_starts_no_turn_by_itself(app_factory:
     thread = (await client.get(f"/threads/{tid}")).json()
     assert (thread["status"], thread["session"]["number"]) == ("idle", 0)
     assert await stored(client, tid) == []
-    async with app.state.sessions() as session:  # the inbox row went with the handler's end
+    async with app.state.runtime.sessions() as session:  # the inbox row went with the handler's end
         count = select(func.count()).where(tables.Inbox.thread_id == uuid.UUID(tid))
         assert (await session.execute(count)).scalar_one() == 0
 
@@ -184,21 +184,21 @@ async def test_each_due_effect_is_queued_by_exactly_one_timer(app_factory: Any) 
     app = await app_factory(catalog())  # no worker: the timers are the four sessions below
     client = client_for(app)
     tids = [uuid.UUID((await client.post("/threads", json={"agent": "agent"})).json()["id"]) for _ in range(5)]
-    async with app.state.sessions() as session, session.begin():
+    async with app.state.runtime.sessions() as session, session.begin():
         for i in range(40):
             await effects.schedule(session, tids[i % 5], "probe", {}, 0)
 
     async def timer() -> int:
         total = 0
         while True:
-            async with app.state.sessions() as session, session.begin():
+            async with app.state.runtime.sessions() as session, session.begin():
                 count = await effects.claim_due(session, 3)
             total += count
             if count == 0:
                 return total
 
     assert sum(await asyncio.gather(*(timer() for _ in range(4)))) == 40
-    async with app.state.sessions() as session:
+    async with app.state.runtime.sessions() as session:
         rows = list((await session.execute(select(tables.Inbox).where(tables.Inbox.kind == "effect"))).scalars())
         threads = list((await session.execute(select(tables.Thread))).scalars())
     assert len({r.payload["effect_id"] for r in rows}) == len(rows) == 40
@@ -283,7 +283,7 @@ async def test_a_handler_error_never_shows_a_secret(app_factory: Any) -> None:
 
 async def test_a_crashed_handler_runs_again_and_at_most_three_times(app_factory: Any) -> None:
     app, client, tid = await started(app_factory, poll_interval=0.1)
-    async with app.state.sessions() as session, session.begin():  # a worker died while running it, twice
+    async with app.state.runtime.sessions() as session, session.begin():  # a worker died while running it, twice
         row = await effects.schedule(session, uuid.UUID(tid), "probe", {}, 60_000)
         row.status, row.attempts = effects.Status.RUNNING, 2
         session.add(tables.Inbox(thread_id=row.thread_id, kind="effect", payload={"effect_id": str(row.id)}))
@@ -327,7 +327,7 @@ async def test_terminating_a_thread_cancels_its_effects(app_factory: Any) -> Non
 
 async def test_another_users_effects_are_not_found(app_factory: Any) -> None:
     app = await app_factory(catalog())
-    async with app.state.sessions() as s, s.begin():
+    async with app.state.runtime.sessions() as s, s.begin():
         _, alice = await keys.create(s, "alice", False)
         _, bob = await keys.create(s, "bob", False)
     async with client_for(app, alice) as a, client_for(app, bob) as b:

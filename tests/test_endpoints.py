@@ -465,7 +465,7 @@ async def test_a_failing_endpoint_is_a_500_without_its_details(
 
 async def test_auth_and_another_users_thread(app_factory: Any, tmp_path: Path) -> None:
     app = await start(app_factory, tmp_path)
-    async with app.state.sessions() as s, s.begin():
+    async with app.state.runtime.sessions() as s, s.begin():
         _, alice = await keys.create(s, "alice", False)
         _, bob = await keys.create(s, "bob", False)
     async with client_for(app, alice) as a, client_for(app, bob) as b, client_for(app) as anonymous:

@@ -89,7 +89,7 @@ async def stored(client: httpx.AsyncClient, thread_id: str) -> list[dict[str, An
 async def event_types(client: httpx.AsyncClient, thread_id: str) -> list[tuple[str, dict[str, Any]]]:
     """The thread's stored events (the SSE route streams these; `test_api.py` covers the stream)."""
     app: Any = client._transport.app  # type: ignore[attr-defined]
-    async with app.state.sessions() as session:
+    async with app.state.runtime.sessions() as session:
         rows = await events.read(session, uuid.UUID(thread_id), 0)
     return [(r.type, r.data) for r in rows]
 
@@ -302,7 +302,7 @@ async def test_a_turn_of_replies_takes_the_script_in_order(app_factory: Any) -> 
     assert [m["content"] for m in await stored(client, tid) if m["role"] == "assistant"] == ["one", "two", "three"]
     assert ("turn_ended", {"side": "a", "reason": "max_steps"}) in await event_types(client, tid)
     app: Any = client._transport.app  # type: ignore[attr-defined]
-    async with app.state.sessions() as session:
+    async with app.state.runtime.sessions() as session:
         logged = (await session.execute(sql("SELECT count(*) FROM logs WHERE thread_id = :t"), {"t": tid})).scalar()
     assert logged == 3
 

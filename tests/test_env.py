@@ -79,7 +79,7 @@ def catalog(
 
 
 async def key(app: FastAPI, user: str, admin: bool = False) -> str:
-    async with app.state.sessions() as s, s.begin():
+    async with app.state.runtime.sessions() as s, s.begin():
         _, plain = await keys.create(s, user, admin)
     return plain
 
@@ -158,7 +158,7 @@ async def test_a_secret_is_never_rendered_into_a_prompt(app_factory: Any) -> Non
         await client.post(f"/threads/{created['id']}/messages", json={"content": "go"})
         thread = await settle(client, created["id"])
     assert thread["session"]["reason"] == "llm_error"
-    async with app.state.sessions() as session:
+    async with app.state.runtime.sessions() as session:
         found = [r.data for r in await events.read(session, uuid.UUID(created["id"]), 0) if r.type == "error"]
     assert found[0]["code"] == "missing_variable" and "`X` is secret" in found[0]["message"]
 
@@ -397,10 +397,10 @@ BAD_NAMES = ("bad name!", "", "1X", "A-B", "é", "N" * 129, "N" * 300)
 
 async def pending_request(app: FastAPI, tid: str) -> str:
     """A variable request of the thread, as a subagent creation waiting for values stores one (§6.7)."""
-    async with app.state.sessions() as s, s.begin():
+    async with app.state.runtime.sessions() as s, s.begin():
         parent = await threads.lock(s, uuid.UUID(tid))
         creation = children.Creation("agent", ToolEntry(name="agent"), "a", "hi", blocking=False)
-        row = await variable_requests.create(s, app.state.fernet, parent, "agent", [], [], creation)
+        row = await variable_requests.create(s, app.state.runtime.fernet, parent, "agent", [], [], creation)
     return str(row.id)
 
 
@@ -418,14 +418,14 @@ async def test_a_waiting_creation_keeps_its_secret_scoped_values_encrypted(app_f
         scoped_env={"TOKEN": "s3cret-value", "REGION": "eu"},
         scoped_secret=["TOKEN"],
     )
-    async with app.state.sessions() as s, s.begin():
+    async with app.state.runtime.sessions() as s, s.begin():
         parent = await threads.lock(s, uuid.UUID(tid))
-        row = await variable_requests.create(s, app.state.fernet, parent, "agent", [], [], creation)
-    async with app.state.sessions() as s:
+        row = await variable_requests.create(s, app.state.runtime.fernet, parent, "agent", [], [], creation)
+    async with app.state.runtime.sessions() as s:
         stored = await s.execute(select(tables.VariableRequest.payload).where(tables.VariableRequest.id == row.id))
         payload = stored.scalar_one()
     assert "s3cret-value" not in json.dumps(payload) and payload["scoped_env"]["REGION"] == "eu"
-    assert children.Creation.of(payload, app.state.fernet) == creation
+    assert children.Creation.of(payload, app.state.runtime.fernet) == creation
 
 
 async def test_a_bad_variable_name_is_refused_alike_wherever_names_enter(app_factory: Any) -> None:
@@ -546,7 +546,7 @@ async def test_secrets_of_every_level_never_appear(app_factory: Any, caplog: pyt
         ]
         logged = (await client.get(f"/threads/{tid}/logs")).json()["logs"]
         assert any("***" in (log["error"] or "") for log in logged)
-    async with app.state.sessions() as session:
+    async with app.state.runtime.sessions() as session:
         stored = [r.data for r in await events.read(session, uuid.UUID(tid), 0)]
         values = list((await session.execute(select(tables.EnvValue.value))).scalars())
         messages = [(m.content, m.tool_calls) for m in (await session.execute(select(tables.Message))).scalars()]

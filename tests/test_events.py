@@ -20,7 +20,7 @@ WEEK = 7 * 86_400
 
 
 async def _key(app: Any, user: str, admin: bool = False) -> str:
-    async with app.state.sessions() as s, s.begin():
+    async with app.state.runtime.sessions() as s, s.begin():
         _, key = await keys.create(s, user, admin)
     return key
 
@@ -39,7 +39,7 @@ async def test_events_missed_after_retention(app_factory: Any, serve: Any) -> No
     tid = (await client.post("/threads", json={"agent": "assistant"})).json()["id"]
     await client.post(f"/threads/{tid}/messages", json={"content": "what is 2 + 2?"})
     await settle(client, tid)
-    async with app.state.sessions() as session, session.begin():
+    async with app.state.runtime.sessions() as session, session.begin():
         await session.execute(
             text("UPDATE events SET created_at = now() - interval '8 days' WHERE thread_id = :id AND seq <= 3"),
             {"id": uuid.UUID(tid)},
@@ -63,7 +63,7 @@ async def test_every_event_expired_still_says_where_the_log_goes_on(app_factory:
     client = client_for(app)
     tid = (await client.post("/threads", json={"agent": "assistant"})).json()["id"]
     await client.post(f"/threads/{tid}/messages", json={"content": "hello"})  # thread_status: queued (seq 1)
-    async with app.state.sessions() as session, session.begin():
+    async with app.state.runtime.sessions() as session, session.begin():
         await session.execute(text("UPDATE events SET created_at = now() - interval '8 days'"))
         await events.expire(session, WEEK)
     base = await serve(app)
@@ -121,7 +121,7 @@ async def test_patch_and_delete_threads(app_factory: Any) -> None:
     assert (await client.patch(f"/threads/{tid}", json={"colour": "red"})).status_code == 422
 
     child = uuid.uuid4()
-    async with app.state.sessions() as session, session.begin():
+    async with app.state.runtime.sessions() as session, session.begin():
         await session.execute(
             text(
                 "INSERT INTO threads (id, agent, type, user_id, parent_id, root_id) "
@@ -132,7 +132,7 @@ async def test_patch_and_delete_threads(app_factory: Any) -> None:
     response = await client.delete(f"/threads/{tid}")
     assert response.json() == {"deleted": [str(child), tid]}  # children first
     assert (await client.get(f"/threads/{child}")).status_code == 404
-    async with app.state.sessions() as session:
+    async with app.state.runtime.sessions() as session:
         left = (
             await session.execute(text("SELECT count(*) FROM env_values WHERE owner = :o"), {"o": tid})
         ).scalar_one()

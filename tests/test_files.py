@@ -21,7 +21,7 @@ async def _thread(app: Any) -> uuid.UUID:
 
 
 async def _count(app: Any, table: Any) -> int:
-    async with app.state.sessions() as session:
+    async with app.state.runtime.sessions() as session:
         return int((await session.execute(select(func.count()).select_from(table))).scalar_one())
 
 
@@ -40,7 +40,7 @@ async def test_bad_paths_are_refused_and_nothing_is_stored(app_factory: Any, pat
     app = await app_factory(catalog.load(ROOT / "agents"))
     thread_id = await _thread(app)
     with pytest.raises(errors.BadPath):
-        async with app.state.sessions() as session, session.begin():
+        async with app.state.runtime.sessions() as session, session.begin():
             await files.write_bytes(session, thread_id, path, b"secret")
     assert await _count(app, tables.File) == 0
     assert await _count(app, tables.Blob) == 0
@@ -49,11 +49,11 @@ async def test_bad_paths_are_refused_and_nothing_is_stored(app_factory: Any, pat
 async def test_write_read_stat_list_and_parents(app_factory: Any) -> None:
     app = await app_factory(catalog.load(ROOT / "agents"))
     thread_id = await _thread(app)
-    async with app.state.sessions() as session, session.begin():
+    async with app.state.runtime.sessions() as session, session.begin():
         entry = await files.write_bytes(session, thread_id, "/reports/2026/q4.md", b"# Q4\n")
         await files.write_bytes(session, thread_id, "/notes.txt", b"hello")
     assert (entry.path, entry.size, entry.mime_type) == ("/reports/2026/q4.md", 5, "text/markdown")
-    async with app.state.sessions() as session:
+    async with app.state.runtime.sessions() as session:
         assert await files.read_bytes(session, thread_id, "reports/2026/q4.md") == b"# Q4\n"
         assert (await files.stat(session, thread_id, "/reports")).is_dir
         assert [e.name for e in await files.readdir(session, thread_id, "/")] == ["notes.txt", "reports"]
@@ -69,7 +69,7 @@ async def test_write_read_stat_list_and_parents(app_factory: Any) -> None:
 async def test_conflicts_between_files_and_directories(app_factory: Any) -> None:
     app = await app_factory(catalog.load(ROOT / "agents"))
     thread_id = await _thread(app)
-    async with app.state.sessions() as session, session.begin():
+    async with app.state.runtime.sessions() as session, session.begin():
         await files.write_bytes(session, thread_id, "/a.txt", b"x")
         await files.mkdir(session, thread_id, "/dir/sub")
     for attempt in (
@@ -80,9 +80,9 @@ async def test_conflicts_between_files_and_directories(app_factory: Any) -> None
         lambda s: files.unlink(s, thread_id, "/dir/sub"),  # a directory
     ):
         with pytest.raises(errors.FileConflict):
-            async with app.state.sessions() as session, session.begin():
+            async with app.state.runtime.sessions() as session, session.begin():
                 await attempt(session)
-    async with app.state.sessions() as session, session.begin():
+    async with app.state.runtime.sessions() as session, session.begin():
         await files.rmdir(session, thread_id, "/dir/sub")
         await files.rmdir(session, thread_id, "/dir")
         await files.unlink(session, thread_id, "/a.txt")
@@ -93,15 +93,15 @@ async def test_identical_content_is_stored_once_and_collected_when_unreferenced(
     app = await app_factory(catalog.load(ROOT / "agents"))
     one, two = await _thread(app), await _thread(app)
     data = bytes(range(256)) * 10_000  # 2.5 MB: three chunks
-    async with app.state.sessions() as session, session.begin():
+    async with app.state.runtime.sessions() as session, session.begin():
         a = await files.write_bytes(session, one, "/data.bin", data)
         b = await files.write_bytes(session, two, "/copy/data.bin", data)
     assert a.sha256 == b.sha256
     assert await _count(app, tables.Blob) == 1
     assert await _count(app, tables.BlobChunk) == 3
-    async with app.state.sessions() as session:
+    async with app.state.runtime.sessions() as session:
         assert await files.read_bytes(session, two, "/copy/data.bin") == data
-    async with app.state.sessions() as session, session.begin():
+    async with app.state.runtime.sessions() as session, session.begin():
         await files.unlink(session, one, "/data.bin")
         assert await blobs.collect(session, 0) == 0  # the other thread still points at it
         await files.unlink(session, two, "/copy/data.bin")
@@ -123,7 +123,7 @@ async def test_the_size_limit_is_enforced_while_streaming(app_factory: Any) -> N
             yield b"x" * 65_536
 
     with pytest.raises(errors.TooLarge):
-        async with app.state.sessions() as session, session.begin():
+        async with app.state.runtime.sessions() as session, session.begin():
             await files.write(session, thread_id, "/big.bin", endless(), limit=1_000_000)
     assert pulled == 16  # refused at the first piece past the limit, not after reading everything
     assert await _count(app, tables.File) == 0
@@ -133,12 +133,12 @@ async def test_the_size_limit_is_enforced_while_streaming(app_factory: Any) -> N
 async def test_grep_and_find(app_factory: Any) -> None:
     app = await app_factory(catalog.load(ROOT / "agents"))
     thread_id = await _thread(app)
-    async with app.state.sessions() as session, session.begin():
+    async with app.state.runtime.sessions() as session, session.begin():
         await files.write_bytes(session, thread_id, "/notes/todo.md", b"buy milk\nTODO: call Ann\ndone\n")
         await files.write_bytes(session, thread_id, "/notes/old.txt", b"nothing here\nTODO later")
         await files.write_bytes(session, thread_id, "/bin/blob.dat", b"TODO\x00\x01binary")
         await files.write_bytes(session, thread_id, "/latin1.txt", "TODO café".encode("latin-1"))
-    async with app.state.sessions() as session:
+    async with app.state.runtime.sessions() as session:
         found = await files.grep(session, thread_id, r"TODO\b")
         assert [(m.path, m.line, m.text) for m in found] == [
             ("/notes/old.txt", 2, "TODO later"),
@@ -163,7 +163,7 @@ async def test_grep_and_find(app_factory: Any) -> None:
 async def test_pathological_patterns_answer_at_once(app_factory: Any) -> None:
     app = await app_factory(catalog.load(ROOT / "agents"))
     thread_id = await _thread(app)
-    async with app.state.sessions() as session, session.begin():
+    async with app.state.runtime.sessions() as session, session.begin():
         await files.write_bytes(session, thread_id, "/" + "a" * 250 + "/" + "a" * 148, b"a" * 25 + b"!\n")
     client = client_for(app)
     started = time.monotonic()
@@ -192,21 +192,21 @@ async def test_patterns_linear_matching_cannot_take_are_refused(app_factory: Any
 async def test_grep_reads_a_bounded_number_of_bytes(app_factory: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     app = await app_factory(catalog.load(ROOT / "agents"))
     thread_id = await _thread(app)
-    async with app.state.sessions() as session, session.begin():
+    async with app.state.runtime.sessions() as session, session.begin():
         for name in ("a", "b", "c"):
             await files.write_bytes(session, thread_id, f"/{name}.txt", f"TODO {name}\n".encode())  # 7 bytes
     monkeypatch.setattr(files, "GREP_MAX_BYTES", 14)
-    async with app.state.sessions() as session:
+    async with app.state.runtime.sessions() as session:
         assert [m.path for m in await files.grep(session, thread_id, "TODO")] == ["/a.txt", "/b.txt"]
     monkeypatch.setattr(files, "GREP_MAX_FILE", 6)
-    async with app.state.sessions() as session:
+    async with app.state.runtime.sessions() as session:
         assert await files.grep(session, thread_id, "TODO") == []
 
 
 async def test_searches_past_their_time_budget_are_refused(app_factory: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     app = await app_factory(catalog.load(ROOT / "agents"))
     thread_id = await _thread(app)
-    async with app.state.sessions() as session, session.begin():
+    async with app.state.runtime.sessions() as session, session.begin():
         await files.write_bytes(session, thread_id, "/a.txt", b"TODO\n")
     monkeypatch.setattr(files, "SEARCH_SECONDS", 0.0)
     client = client_for(app)
@@ -218,7 +218,7 @@ async def test_searches_past_their_time_budget_are_refused(app_factory: Any, mon
 async def test_searches_run_off_the_event_loop(app_factory: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     app = await app_factory(catalog.load(ROOT / "agents"))
     thread_id = await _thread(app)
-    async with app.state.sessions() as session, session.begin():
+    async with app.state.runtime.sessions() as session, session.begin():
         await files.write_bytes(session, thread_id, "/a.txt", b"TODO\n")
 
     def slow(*args: Any, **kwargs: Any) -> list[Any]:
@@ -237,7 +237,7 @@ async def test_searches_run_off_the_event_loop(app_factory: Any, monkeypatch: py
                 ticks += 1
 
         ticker = asyncio.create_task(tick())
-        async with app.state.sessions() as session:
+        async with app.state.runtime.sessions() as session:
             assert await search(session, thread_id, "TODO") == []
         ticker.cancel()
         assert ticks >= 10, search

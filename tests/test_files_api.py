@@ -22,7 +22,7 @@ async def _setup(app_factory: Any, **overrides: Any) -> tuple[Any, Any, str]:
 
 
 async def _stored(app: Any) -> tuple[int, int]:
-    async with app.state.sessions() as session:
+    async with app.state.runtime.sessions() as session:
         count = select(func.count())
         return (
             int((await session.execute(count.select_from(tables.File))).scalar_one()),
@@ -184,7 +184,7 @@ async def test_delete_files_and_empty_directories(app_factory: Any) -> None:
 
 async def test_another_users_files_are_not_found(app_factory: Any) -> None:
     app = await app_factory(catalog.load(ROOT / "agents"))
-    async with app.state.sessions() as s, s.begin():
+    async with app.state.runtime.sessions() as s, s.begin():
         _, alice = await keys.create(s, "alice", False)
         _, bob = await keys.create(s, "bob", False)
     async with client_for(app, alice) as a, client_for(app, bob) as b:

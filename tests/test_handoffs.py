@@ -84,7 +84,7 @@ async def say(client: httpx.AsyncClient, tid: str, content: str, replies: int) -
 
 
 async def stored_events(app: FastAPI, tid: str) -> list[tuple[str, dict[str, Any]]]:
-    async with app.state.sessions() as session:
+    async with app.state.runtime.sessions() as session:
         rows = await events.read(session, uuid.UUID(tid), 0)
     return [(r.type, r.data) for r in rows]
 
@@ -185,6 +185,6 @@ async def test_run_agent_hands_the_thread_over_from_a_tool(app_factory: Any) -> 
         {"from_agent": "scheduler", "to_agent": "billing"},
     ]
     # outside the thread's own execution (a custom endpoint, a handle on another thread) it is refused
-    handle = await outside.state(app.state.sessions, cat, app.state.fernet, uuid.UUID(tid))
+    handle = await outside.state(app.state.runtime.sessions, cat, app.state.runtime.fernet, uuid.UUID(tid))
     with pytest.raises(errors.OutsideExecution):
         await handle.run_agent("onboarding")

@@ -368,7 +368,7 @@ async def test_a_failing_hook_is_logged_and_changes_nothing(app_factory: Any) ->
     assert model.seen(0) == [("system", "sys"), ("user", "hi")]
     assert (await stored(client, tid))[-1]["content"] == "reply!"
     app: Any = client._transport.app
-    async with app.state.sessions() as session:
+    async with app.state.runtime.sessions() as session:
         query = select(tables.Log).where(tables.Log.thread_id == uuid.UUID(tid), tables.Log.kind == "hook")
         logs = list((await session.execute(query.order_by(tables.Log.created_at))).scalars())
     assert [(log.status, log.request) for log in logs] == [

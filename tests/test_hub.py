@@ -25,7 +25,7 @@ async def _thread(app: Any) -> uuid.UUID:
 async def _append(app: Any, thread_id: uuid.UUID, n: int) -> list[int]:
     seqs = []
     for i in range(n):  # one transaction each, as the engine's steps do
-        async with app.state.sessions() as session, session.begin():
+        async with app.state.runtime.sessions() as session, session.begin():
             seq = await events.append(session, thread_id, "event", {"event_type": "t", "data": {"i": i}})
         assert seq is not None  # not held: stored at once
         seqs.append(seq)
@@ -76,7 +76,7 @@ async def test_many_subscribers_share_one_read_per_event(app_factory: Any, monke
     app = await app_factory(catalog.load(ROOT / "agents"))
     thread_id = await _thread(app)
     reads = _counting_reads(monkeypatch)
-    subs = [app.state.hub.subscribe(thread_id) for _ in range(50)]
+    subs = [app.state.runtime.hub.subscribe(thread_id) for _ in range(50)]
     seqs = await _append(app, thread_id, 5)
 
     async def everyone_has_all() -> bool:
@@ -91,8 +91,8 @@ async def test_many_subscribers_share_one_read_per_event(app_factory: Any, monke
     for sub in subs[1:]:  # the very same entries: read and serialised once
         assert all(a.entry is b.entry for a, b in zip(first, delivered_stored(sub), strict=True))
     for sub in subs:
-        app.state.hub.unsubscribe(sub)
-    assert app.state.hub.subscribers == 0
+        app.state.runtime.hub.unsubscribe(sub)
+    assert app.state.runtime.hub.subscribers == 0
 
 
 async def test_announcements_of_many_threads_are_read_together(
@@ -100,9 +100,9 @@ async def test_announcements_of_many_threads_are_read_together(
 ) -> None:
     app = await app_factory(catalog.load(ROOT / "agents"))
     threads = [await _thread(app) for _ in range(20)]
-    subs = {t: app.state.hub.subscribe(t) for t in threads}
+    subs = {t: app.state.runtime.hub.subscribe(t) for t in threads}
     reads = _counting_reads(monkeypatch)
-    async with app.state.sessions() as session, session.begin():  # one commit announces all twenty
+    async with app.state.runtime.sessions() as session, session.begin():  # one commit announces all twenty
         seqs = {t: await events.append(session, t, "event", {"event_type": "t", "data": {}}) for t in threads}
 
     async def everyone_has_theirs() -> bool:
@@ -113,7 +113,7 @@ async def test_announcements_of_many_threads_are_read_together(
     for thread_id, sub in subs.items():
         [item] = delivered(sub)
         assert isinstance(item, Stored) and item.seq == seqs[thread_id] and item.entry is not None
-        app.state.hub.unsubscribe(sub)
+        app.state.runtime.hub.unsubscribe(sub)
 
 
 async def test_a_delta_waits_for_the_events_announced_before_it(
@@ -122,9 +122,9 @@ async def test_a_delta_waits_for_the_events_announced_before_it(
     app = await app_factory(catalog.load(ROOT / "agents"))
     thread_id = await _thread(app)
     gate, _ = _gated_reads(monkeypatch)
-    sub: Subscription = app.state.hub.subscribe(thread_id)
+    sub: Subscription = app.state.runtime.hub.subscribe(thread_id)
     [seq] = await _append(app, thread_id, 1)
-    publisher = hub.Publisher(plain_url(app.state.settings.database_url))
+    publisher = hub.Publisher(plain_url(app.state.runtime.settings.database_url))
     try:
         publisher.publish(thread_id, "message_chunk", {"message_id": "m", "chunk": "hi", "offset": 0})
         await asyncio.sleep(0.3)
@@ -136,7 +136,7 @@ async def test_a_delta_waits_for_the_events_announced_before_it(
         assert isinstance(live, Live) and live.data["chunk"] == "hi"
     finally:
         await publisher.close()
-        app.state.hub.unsubscribe(sub)
+        app.state.runtime.hub.unsubscribe(sub)
 
 
 async def test_when_the_hub_cannot_read_streams_fall_back_to_the_log(
@@ -149,22 +149,22 @@ async def test_when_the_hub_cannot_read_streams_fall_back_to_the_log(
         raise OSError("connection refused")
 
     monkeypatch.setattr(hub.Hub, "_fetch", broken)
-    sub: Subscription = app.state.hub.subscribe(thread_id)
+    sub: Subscription = app.state.runtime.hub.subscribe(thread_id)
     base = await serve(app)
     reader = asyncio.create_task(read_events(base, f"/threads/{thread_id}/events", "turn_ended"))
     await asyncio.sleep(0.3)
     seqs = await _append(app, thread_id, 3)
-    async with app.state.sessions() as session, session.begin():
+    async with app.state.runtime.sessions() as session, session.begin():
         last = await events.append(session, thread_id, "turn_ended", {"side": "a", "reason": "stop_on_response"})
     frames = await asyncio.wait_for(reader, 10)
     assert [int(f["id"]) for f in frames] == [*seqs, last]  # every event, from the log
     assert all(isinstance(i, Stored) and i.entry is None for i in delivered(sub))  # "read it yourself"
-    app.state.hub.unsubscribe(sub)
+    app.state.runtime.hub.unsubscribe(sub)
 
 
 async def _flush_held(app: Any, thread_id: uuid.UUID, datas: list[dict[str, Any]]) -> None:
     """One engine-like transaction: the thread's events held, then written (and announced) in one statement."""
-    async with app.state.sessions() as session, session.begin():
+    async with app.state.runtime.sessions() as session, session.begin():
         events.hold(session, thread_id)
         for data in datas:
             await events.append(
@@ -179,7 +179,7 @@ async def test_a_held_batch_comes_with_its_announcement_and_is_not_read_back(
     app = await app_factory(catalog.load(ROOT / "agents"))
     thread_id = await _thread(app)
     reads = _counting_reads(monkeypatch)
-    sub: Subscription = app.state.hub.subscribe(thread_id)
+    sub: Subscription = app.state.runtime.hub.subscribe(thread_id)
     await _flush_held(app, thread_id, [{"i": 0, "text": "héllo ✓"}, {"i": 1}])
     await _flush_held(app, thread_id, [{"i": 2}])
     await wait_for(lambda: asyncio.sleep(0, len(delivered(sub)) == 3))
@@ -191,7 +191,7 @@ async def test_a_held_batch_comes_with_its_announcement_and_is_not_read_back(
         {"i": 1},
         {"i": 2},
     ]
-    app.state.hub.unsubscribe(sub)
+    app.state.runtime.hub.unsubscribe(sub)
 
 
 async def test_a_batch_too_large_to_carry_is_read_from_the_log(
@@ -200,20 +200,20 @@ async def test_a_batch_too_large_to_carry_is_read_from_the_log(
     app = await app_factory(catalog.load(ROOT / "agents"))
     thread_id = await _thread(app)
     reads = _counting_reads(monkeypatch)
-    sub: Subscription = app.state.hub.subscribe(thread_id)
+    sub: Subscription = app.state.runtime.hub.subscribe(thread_id)
     big = "é" * 3000  # stored as `\u00e9`: 18,000 bytes each, over a NOTIFY payload
     await _flush_held(app, thread_id, [{"text": big}, {"text": big}])
     await wait_for(lambda: asyncio.sleep(0, len(delivered(sub)) == 2))
     assert reads == [1]
     assert [i.entry.data["text"] == big for i in delivered(sub) if isinstance(i, Stored) and i.entry] == [True, True]
-    app.state.hub.unsubscribe(sub)
+    app.state.runtime.hub.unsubscribe(sub)
 
 
 async def test_a_carried_batch_waits_for_a_read_under_way(app_factory: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     app = await app_factory(catalog.load(ROOT / "agents"))
     thread_id = await _thread(app)
     gate, reads = _gated_reads(monkeypatch)
-    sub: Subscription = app.state.hub.subscribe(thread_id)
+    sub: Subscription = app.state.runtime.hub.subscribe(thread_id)
     [first] = await _append(app, thread_id, 1)  # announced without its event: read, and the read is held back
     await _flush_held(app, thread_id, [{"i": 1}])  # comes with its event, but must not pass the one before it
     await asyncio.sleep(0.3)
@@ -221,7 +221,7 @@ async def test_a_carried_batch_waits_for_a_read_under_way(app_factory: Any, monk
     gate.set()
     await wait_for(lambda: asyncio.sleep(0, len(delivered(sub)) == 2))
     assert [i.seq for i in delivered_stored(sub)] == [first, first + 1]
-    app.state.hub.unsubscribe(sub)
+    app.state.runtime.hub.unsubscribe(sub)
 
 
 async def test_a_carried_batch_behind_a_read_is_read_to_its_end_across_pages(
@@ -231,14 +231,14 @@ async def test_a_carried_batch_behind_a_read_is_read_to_its_end_across_pages(
     thread_id = await _thread(app)
     gate, _ = _gated_reads(monkeypatch)
     monkeypatch.setattr(hub, "PAGE", 2)  # the first read ends inside the carried batch
-    sub: Subscription = app.state.hub.subscribe(thread_id)
+    sub: Subscription = app.state.runtime.hub.subscribe(thread_id)
     [first] = await _append(app, thread_id, 1)
     await _flush_held(app, thread_id, [{"i": 1}, {"i": 2}, {"i": 3}])
     await asyncio.sleep(0.1)
     gate.set()
     await wait_for(lambda: asyncio.sleep(0, len(delivered(sub)) == 4))
     assert [i.seq for i in delivered_stored(sub)] == [first, first + 1, first + 2, first + 3]
-    app.state.hub.unsubscribe(sub)
+    app.state.runtime.hub.unsubscribe(sub)
 
 
 async def test_a_key_revoked_before_its_stream_subscribed_is_caught_by_the_next_check(
@@ -249,13 +249,13 @@ async def test_a_key_revoked_before_its_stream_subscribed_is_caught_by_the_next_
     monkeypatch.setattr(hub, "KEY_CHECK", 0.2)
     app = await app_factory(catalog.load(ROOT / "agents"))
     thread_id = await _thread(app)
-    async with app.state.sessions() as session, session.begin():
+    async with app.state.runtime.sessions() as session, session.begin():
         (gone, key), (kept, _) = await keys.create(session, "gina"), await keys.create(session, "hal")
         assert (await keys.verify(session, key)).key_id == gone.id
-    async with app.state.sessions() as session, session.begin():
+    async with app.state.runtime.sessions() as session, session.begin():
         assert await keys.revoke(session, str(gone.id)) == 1
     await asyncio.sleep(0.3)  # the announcement came and went: no stream held the key
-    the_hub = app.state.hub
+    the_hub = app.state.runtime.hub
     revoked = the_hub.subscribe(thread_id, gone.id)
     other = the_hub.subscribe(thread_id, kept.id)
     opened_open = the_hub.subscribe(thread_id)  # as in open mode, which the keys have ended

@@ -96,14 +96,14 @@ async def test_adopting_gives_open_mode_threads_events_and_variables_to_a_user(
         made = (await anon.post("/threads", json={"agent": "assistant", "env": {"T": "thread"}})).json()["id"]
         assert (await anon.put(f"/threads/{made}/fs/notes.txt", content=b"hi")).status_code < 300
     fernet = crypto.server_key(settings)
-    async with app.state.sessions() as s, s.begin():
+    async with app.state.runtime.sessions() as s, s.begin():
         await environment.put(s, fernet, "user", keys.OPEN.user_id, {"REGION": "eu", "TEAM": "x"}, set())
         await environment.put(s, fernet, "user", "alice", {"TEAM": "alices"}, set())
         assert await keys.open_threads(s) == 1
         _, key = await keys.create(s, "alice")
     async with client_for(app, key) as alice:
         assert (await alice.get("/threads")).json()["threads"] == []  # hidden from her key
-    async with app.state.sessions() as s, s.begin():
+    async with app.state.runtime.sessions() as s, s.begin():
         adopted = await keys.adopt_open(s, "alice")
         assert adopted == keys.Adopted(threads=1, variables=1, kept=["TEAM"])
         assert await keys.open_threads(s) == 0

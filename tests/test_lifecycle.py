@@ -180,7 +180,7 @@ async def test_a_real_deadlock_is_recognised_as_contention(app_factory: Any) -> 
 
     async def take(mine: str, other: str, locked: asyncio.Event, wait: asyncio.Event) -> None:
         try:
-            async with app.state.sessions() as session, session.begin():
+            async with app.state.runtime.sessions() as session, session.begin():
                 await session.execute(lock, {"id": mine})
                 locked.set()
                 await wait.wait()

@@ -103,10 +103,10 @@ async def test_a_turn_that_calls_tools_is_counted(app_factory: Any) -> None:
         assert value(unflushed, "agents_threads_runnable") == 0
         assert value(unflushed, "agents_inbox_depth") == 0
         assert value(unflushed, "agents_executions_in_flight") == 0
-        meter: metrics.Meter = app.state.meter
-        await meter.flush(app.state.sessions)
+        meter: metrics.Meter = app.state.runtime.meter
+        await meter.flush(app.state.runtime.sessions)
         assert_turn(await scrape(client))  # flushed: read from the database, and not counted twice
-        async with app.state.sessions() as session:
+        async with app.state.runtime.sessions() as session:
             stored = (await session.execute(sql("SELECT value FROM metrics WHERE sample = 'agents_steps_total'"))).all()
         assert stored == [(3.0,)]
 
@@ -138,8 +138,8 @@ async def test_the_totals_are_the_sum_of_every_worker(app_factory: Any) -> None:
         other.steps.labels("agent").inc(10 * (n + 1))
         other.tool_calls.labels("add", "error").inc()
         other.llm_seconds.labels("m").observe(3.0)
-        await other.flush(app.state.sessions)
-        await other.flush(app.state.sessions)  # nothing new: nothing added
+        await other.flush(app.state.runtime.sessions)
+        await other.flush(app.state.runtime.sessions)  # nothing new: nothing added
     async with client_for(app) as client:
         tid = (await client.post("/threads", json={"agent": "agent"})).json()["id"]
         await client.post(f"/threads/{tid}/messages", json={"content": "2+3?"})

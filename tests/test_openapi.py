@@ -87,7 +87,7 @@ async def test_schemathesis_finds_no_server_error_and_no_conformance_failure(
 ) -> None:
     """Bounded (a fixed seed, a few examples per operation), every check; the streams are left out (they never
     end). NUL is not generated: Postgres cannot store it, and the schema cannot say so for free-form JSON."""
-    async with app.state.sessions() as session:
+    async with app.state.runtime.sessions() as session:
         _, key = await keys.create(session, "schemathesis")
         await session.commit()
     base = await serve(app)

@@ -91,7 +91,7 @@ async def test_the_page_holds_no_data_and_weakens_no_check(app_factory: Any) -> 
             refused = await c.get(path, headers={"host": "evil.example.com"})
             assert refused.status_code == 403 and refused.json()["error"]["code"] == "host_not_allowed"
         assert (await c.get("/", headers={"host": "localhost:8000"})).status_code == 200
-        async with app.state.sessions() as s, s.begin():
+        async with app.state.runtime.sessions() as s, s.begin():
             await keys.create(s, "alice")
         assert (await c.get("/")).status_code == 200
         await wait_for(lambda: _status(c, "/agents", 401))  # keys exist (the server hears of it within moments)

@@ -316,7 +316,7 @@ def results(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 async def stored_events(app: FastAPI, tid: str) -> list[tuple[str, dict[str, Any]]]:
-    async with app.state.sessions() as session:
+    async with app.state.runtime.sessions() as session:
         rows = await events.read(session, uuid.UUID(tid), 0)
     return [(r.type, r.data) for r in rows]
 
@@ -326,13 +326,14 @@ async def outside(app: FastAPI, tid: str) -> RunState:
 
     @asynccontextmanager
     async def transaction() -> AsyncIterator[tuple[AsyncSession, tables.Thread]]:
-        async with app.state.sessions() as session, session.begin():
+        async with app.state.runtime.sessions() as session, session.begin():
             query = select(tables.Thread).where(tables.Thread.id == uuid.UUID(tid)).with_for_update(key_share=True)
             yield session, (await session.execute(query)).scalar_one()
 
     async with transaction() as (_, thread):
         pass
-    return RunState(thread, Env({}, {}, {}), transaction, None, {}, catalog=app.state.catalog, fernet=app.state.fernet)
+    runtime = app.state.runtime
+    return RunState(thread, Env({}, {}, {}), transaction, None, {}, catalog=runtime.catalog, fernet=runtime.fernet)
 
 
 # -- identity, definitions, reads ---------------------------------------------------------------------------
@@ -365,7 +366,7 @@ async def test_reads_messages_and_logs(app_factory: Any) -> None:
     recorder = Recorder("hello", {"tool_calls": [{"name": "history"}, {"name": "logs"}]})
     app, client, tid = await start(app_factory, catalog(recorder))
     await say(client, tid, "one")
-    async with app.state.sessions() as session, session.begin():  # a silent message the default read leaves out
+    async with app.state.runtime.sessions() as session, session.begin():  # a silent message the default read leaves out
         await session.execute(
             text("INSERT INTO messages (id, thread_id, role, content, silent) VALUES (:id, :t, 'system', 's', true)"),
             {"id": uuid.uuid4(), "t": uuid.UUID(tid)},
@@ -493,12 +494,12 @@ async def test_queue_message_from_outside_starts_a_run(app_factory: Any) -> None
         await state.queue_message("system", "no")  # type: ignore[arg-type]
     with pytest.raises(errors.Invalid):
         await state.queue_message("user", "nul \x00")
-    async with app.state.sessions() as session, session.begin():
+    async with app.state.runtime.sessions() as session, session.begin():
         await session.execute(text("UPDATE threads SET terminated_at = now() WHERE id = :id"), {"id": uuid.UUID(tid)})
     with pytest.raises(errors.ThreadTerminated):
         await state.queue_message("user", "too late")
     terminated = (await outside(app, tid)).terminated
-    async with app.state.sessions() as session:
+    async with app.state.runtime.sessions() as session:
         row = await session.get(tables.Thread, uuid.UUID(tid))
     assert row is not None and row.terminated_at is not None
     assert terminated == row.terminated_at  # when it was terminated (the spec's timestamp), not a flag
@@ -588,12 +589,12 @@ async def test_set_env_is_stored_and_seen_at_once(app_factory: Any) -> None:
     thread = (await client.get(f"/threads/{tid}")).json()
     assert thread["env"] == {"GREETING": "hello", "TOKEN": None, "KEY": None}
     assert thread["env_types"] == {"GREETING": "text", "TOKEN": "secret", "KEY": "secret"}
-    async with app.state.sessions() as session:
+    async with app.state.runtime.sessions() as session:
         rows = await session.execute(select(tables.EnvValue.name, tables.EnvValue.value))
         values = {r.name: r.value for r in rows}
     assert values["GREETING"] == "hello"
     for name, plain in (("TOKEN", "t0ken"), ("KEY", "k2")):  # stored encrypted
-        assert values[name] != plain and crypto.decrypt(app.state.fernet, values[name]) == plain
+        assert values[name] != plain and crypto.decrypt(app.state.runtime.fernet, values[name]) == plain
 
 
 # -- tools ----------------------------------------------------------------------------------------------------

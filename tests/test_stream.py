@@ -144,14 +144,14 @@ def stored_frames(frames: list[Frame]) -> list[tuple[int, str, Any]]:
 
 async def log_of(app: FastAPI, tid: str) -> list[tuple[int, str, Any]]:
     """The thread's stored event log."""
-    async with app.state.sessions() as session:
+    async with app.state.runtime.sessions() as session:
         rows = await events.read(session, uuid.UUID(tid), 0, limit=100_000)
     return [(r.seq, r.type, r.data) for r in rows]
 
 
 async def mark(app: FastAPI, tid: str, **data: Any) -> int:
     """Commit one more stored event (a client-visible `event`), so a reader knows where the log ends; its seq."""
-    async with app.state.sessions() as session, session.begin():
+    async with app.state.runtime.sessions() as session, session.begin():
         seq = await events.append(session, uuid.UUID(tid), "event", {"event_type": "marker", "data": data})
     assert seq is not None  # not held: stored at once
     return seq
@@ -372,13 +372,13 @@ async def test_a_delta_of_a_message_the_stream_showed_finished_is_dropped(app_fa
     base = await serve(app)
     async with httpx.AsyncClient(base_url=base, timeout=20) as client:
         tid = (await client.post("/threads", json={"agent": "agent"})).json()["id"]
-        async with app.state.sessions() as session, session.begin():
+        async with app.state.runtime.sessions() as session, session.begin():
             done = await messages.add(session, uuid.UUID(tid), "assistant", content="Finished text.")
             streaming = await messages.add(session, uuid.UUID(tid), "assistant", content="", status="pending")
         out: list[Frame] = []
         reader = asyncio.create_task(follow(client, f"/threads/{tid}/events", out, marked))
         await wait_for(lambda: asyncio.sleep(0, len(out) == 2))  # both messages replayed from the log
-        async with app.state.sessions() as session, session.begin():
+        async with app.state.runtime.sessions() as session, session.begin():
             for message_id, chunk in ((done.id, "stale"), (streaming.id, "live")):
                 body = {"message_id": str(message_id), "depth": 0, "offset": 0, "chunk": chunk, "attempt": 1}
                 notice = {"thread_id": tid, "type": "message_chunk", "data": body}
@@ -481,14 +481,14 @@ async def test_a_client_that_stops_reading_is_dropped(app_factory: Any, serve: S
         reader = asyncio.create_task(follow(client, path, reading, until_id(count)))
         stalled, connection = await lagging_stream(base, path)  # never read until it was dropped
         await asyncio.sleep(1.5)  # longer than the timeout: a stream with nothing to send waits for nobody
-        assert app.state.hub.subscribers == 2
+        assert app.state.runtime.hub.subscribers == 2
         for i in range(count):  # ~320 kB, far more than the stalled stream's buffers (~70 kB): its sends block
             await mark(app, tid, i=i, pad=pad)
             await asyncio.sleep(0.01)
         assert await asyncio.wait_for(reader, 20)  # a client that reads is never dropped
         assert [int(f["id"]) for f in reading] == list(range(1, count + 1))
         # the stalled stream is dropped with its subscription (its 1,000 slots never ran over), though nothing read it
-        await wait_for(lambda: asyncio.sleep(0, app.state.hub.subscribers == 0))
+        await wait_for(lambda: asyncio.sleep(0, app.state.runtime.hub.subscribers == 0))
         dropped = await asyncio.wait_for(read_cut_off(stalled), 10)
         connection.close()
         await connection.wait_closed()
@@ -505,7 +505,7 @@ async def test_filters_silent_depth_reasoning_and_unnumbered_chunks(app_factory:
     base = await serve(app)
     async with httpx.AsyncClient(base_url=base, timeout=20) as client:
         tid = (await client.post("/threads", json={"agent": "agent"})).json()["id"]
-        async with app.state.sessions() as session, session.begin():
+        async with app.state.runtime.sessions() as session, session.begin():
             whisper = await messages.add(session, uuid.UUID(tid), "user", content="whisper", silent=True)
             deep = await messages.add(session, uuid.UUID(tid), "assistant", content="deep", depth=1)
         hidden = {str(whisper.id), str(deep.id)}
@@ -572,7 +572,7 @@ async def revoke_with_cli(database_url: str, prefix: str) -> None:
 @pytest.mark.slow  # revokes with `agents keys revoke`, a real process
 async def test_a_revoked_key_ends_its_streams(app_factory: Any, serve: Serve, database_url: str) -> None:
     app = await app_factory(catalog([]))
-    async with app.state.sessions() as session, session.begin():
+    async with app.state.runtime.sessions() as session, session.begin():
         _, erin = await keys.create(session, "erin")
         _, frank = await keys.create(session, "frank")
     base = await serve(app)
@@ -611,7 +611,7 @@ async def test_streams_of_open_mode_end_when_the_first_key_is_created(app_factor
         stream = asyncio.create_task(follow(client, f"/threads/{tid}/events", frames, lambda _: False))
         await mark(app, tid)
         await wait_for(lambda: asyncio.sleep(0, bool(frames)))  # live
-        async with app.state.sessions() as session, session.begin():
+        async with app.state.runtime.sessions() as session, session.begin():
             await keys.create(session, "first")
         assert await asyncio.wait_for(stream, 5) is False  # the server ended it
         assert (await client.get(f"/threads/{tid}/events")).status_code == 401
@@ -622,7 +622,7 @@ async def test_a_stream_token_opens_its_own_stream_only_while_young_and_its_key_
 ) -> None:
     """`EventSource` cannot send `Authorization`: a token minted with the key opens one stream from the URL."""
     app = await app_factory(catalog([]), stream_token_seconds=2)
-    async with app.state.sessions() as session, session.begin():
+    async with app.state.runtime.sessions() as session, session.begin():
         row, key = await keys.create(session, "ivy")
         _, other_key = await keys.create(session, "jo")
     base = await serve(app)
@@ -655,7 +655,7 @@ async def test_a_stream_token_opens_its_own_stream_only_while_young_and_its_key_
         await asyncio.sleep(2.2)
         assert (await client.get(fresh)).status_code == 401  # expired: it opens nothing more
         assert not reading.done()  # a stream it opened goes on
-        async with app.state.sessions() as session, session.begin():
+        async with app.state.runtime.sessions() as session, session.begin():
             await keys.revoke(session, str(row.id))
         assert await asyncio.wait_for(reading, 10) is False  # until its key is revoked
         late = (await client.post("/stream-tokens", json={"thread_id": tid}, headers=auth)).status_code

@@ -180,7 +180,7 @@ async def test_blocking_child_parks_the_parent_without_a_lease_and_answers_the_c
     await client.post(f"/threads/{tid}/messages", json={"content": "go"})
 
     async def parked() -> bool:
-        async with app.state.sessions() as session:
+        async with app.state.runtime.sessions() as session:
             row = await session.get(tables.Thread, uuid.UUID(tid))
             return bool(row and row.status == "waiting" and row.lease_token is None and row.runnable_since is None)
 
@@ -625,7 +625,7 @@ async def test_terminating_or_deleting_a_parent_takes_its_children(app_factory: 
     assert (await client.get(f"/threads/{cid}")).json()["status"] == "terminated"
     hold.set()
     assert (await client.delete(f"/threads/{tid}")).json()["deleted"] == [cid, tid]
-    async with app.state.sessions() as session:
+    async with app.state.runtime.sessions() as session:
         left = (await session.execute(select(tables.Thread.id))).scalars().all()
     assert left == []
 

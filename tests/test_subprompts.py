@@ -208,7 +208,7 @@ async def test_result_shaping(app_factory: Any, flags: dict[str, bool], expected
     app, client, tid = await start(app_factory, catalog(main, sub, {"name": "helper", **flags}))
     await say(client, tid, "go")
     assert result_of(await listed(client, tid))["content"] == expected
-    async with app.state.sessions() as session:
+    async with app.state.runtime.sessions() as session:
         stream = [(r.type, r.data) for r in await events.read(session, uuid.UUID(tid), 0)]
     started = [(d["tool"], d.get("depth", 0)) for t, d in stream if t == "tool_started"]
     assert started == [("helper", 0), ("add", 1), ("explode", 1)]  # deeper events are hidden at depth=0
@@ -348,7 +348,7 @@ async def test_a_rerun_after_a_crash_replaces_the_interrupted_run(app_factory: A
     app, client, tid = await start(app_factory, catalog(main, sub))
     await say(client, tid, "go")
     call_id = (await listed(client, tid))[1]["tool_calls"][0]["id"]
-    async with app.state.sessions() as session, session.begin():  # what a worker killed there leaves behind
+    async with app.state.runtime.sessions() as session, session.begin():  # what a worker killed there leaves behind
         message = tables.Message
         later = select(message).where((message.tool_call_id == call_id) | (message.content == "ok"))
         for row in (await session.execute(later)).scalars():
@@ -370,7 +370,7 @@ async def test_a_rerun_after_a_crash_replaces_the_interrupted_run(app_factory: A
     deeper = [m for m in rows if m["depth"] == 1]
     assert [(m["role"], m["content"]) for m in deeper] == [("user", "go"), ("assistant", "second")]
     assert [m["content"] for m in rows if m["role"] == "tool"] == ["second"]
-    async with app.state.sessions() as session:
+    async with app.state.runtime.sessions() as session:
         thread = await session.get(tables.Thread, uuid.UUID(tid))
         assert thread is not None
         # three steps before the crash (call, the subprompt's, answer), then the answer again: the rerun of the

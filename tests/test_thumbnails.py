@@ -70,7 +70,7 @@ async def test_concurrent_requests_make_one_thumbnail_and_store_it(
     await client.put(f"/threads/{tid}/fs/same.png", content=_png(3000, 2000), headers={"content-type": "image/png"})
     assert (await client.get(f"/threads/{tid}/fs/same.png", params={"thumbnail": 1})).content == answers[0].content
     assert made == 1  # once per content, whatever the path
-    async with app.state.sessions() as session:
+    async with app.state.runtime.sessions() as session:
         assert (await session.execute(select(func.count()).select_from(tables.Thumbnail))).scalar_one() == 1
 
 
@@ -111,7 +111,7 @@ async def test_a_waiter_makes_the_thumbnail_when_its_maker_is_cancelled(
         return original(data, size)
 
     monkeypatch.setattr(images, "thumbnail", slow)
-    async with app.state.sessions() as one, app.state.sessions() as two:
+    async with app.state.runtime.sessions() as one, app.state.runtime.sessions() as two:
         entry = await files.stat(one, uuid.UUID(tid), "/a.png")
         maker = asyncio.create_task(thumbnails.get(one, entry))
         await asyncio.sleep(0.05)

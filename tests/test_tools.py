@@ -135,7 +135,7 @@ async def test_a_lost_lease_inside_a_tool_is_not_swallowed_by_its_guard(app_fact
     tid = (await client.post("/threads", json={"agent": "agent"})).json()["id"]
 
     async def steal() -> None:
-        async with app.state.sessions() as session, session.begin():
+        async with app.state.runtime.sessions() as session, session.begin():
             thief = {"t": uuid.uuid4(), "id": uuid.UUID(tid)}
             await session.execute(text("UPDATE threads SET lease_token = :t WHERE id = :id"), thief)
             await session.execute(text("UPDATE leases SET token = :t WHERE thread_id = :id"), thief)

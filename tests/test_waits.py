@@ -225,14 +225,14 @@ async def test_a_two_sided_session_is_waited_for_to_its_end(app_factory: Any) ->
 async def test_a_client_that_hangs_up_leaves_nothing_behind(app_factory: Any, serve: Any) -> None:
     api = await app_factory(catalog.load(ROOT / "agents"))  # no worker: the wait would last its whole time
     base = await serve(api)
-    hub = api.state.hub
+    hub = api.state.runtime.hub
     async with httpx.AsyncClient(base_url=base) as client:
         tid = await thread(client, "assistant")
         before = hub.subscribers
         request = asyncio.create_task(client.post(f"/threads/{tid}/messages?wait=60", json={"content": "hi"}))
         await wait_for(lambda: asyncio.sleep(0, hub.subscribers == before + 1))
         await asyncio.sleep(0.2)
-        assert api.state.engine.pool.checkedout() == 0  # waiting holds no connection
+        assert api.state.runtime.db.pool.checkedout() == 0  # waiting holds no connection
         request.cancel()  # the connection closes
         with pytest.raises(asyncio.CancelledError):
             await request
@@ -247,11 +247,11 @@ async def test_input_set_aside_ends_the_wait(app_factory: Any) -> None:
         waiting = asyncio.create_task(client.post(f"/threads/{tid}/messages?wait=20", json={"content": "hi"}))
 
         async def queued() -> list[tables.Inbox]:
-            async with api.state.sessions() as session:
+            async with api.state.runtime.sessions() as session:
                 return await queue.pending(session, uuid.UUID(tid))
 
         [row] = await wait_for(queued)
-        async with api.state.sessions() as session, session.begin():
+        async with api.state.runtime.sessions() as session, session.begin():
             await queue.set_aside(session, row.id, "input message could not be delivered: KeyError: 'id'")
             await events.append(session, uuid.UUID(tid), "error", {"code": "input_set_aside", "message": "..."})
         turn = (await waiting).json()
@@ -269,14 +269,14 @@ async def test_input_set_aside_ends_the_wait(app_factory: Any) -> None:
 
 async def test_a_revoked_key_ends_the_wait(app_factory: Any) -> None:
     api = await app_factory(catalog.load(ROOT / "agents"))
-    async with api.state.sessions() as session:
+    async with api.state.runtime.sessions() as session:
         row, key = await keys.create(session, "alice")
         await session.commit()
     async with client_for(api, key) as client:
         tid = await thread(client, "assistant")
         waiting = asyncio.create_task(client.post(f"/threads/{tid}/messages?wait=60", json={"content": "hi"}))
-        await wait_for(lambda: asyncio.sleep(0, api.state.hub.subscribers == 1))
-        async with api.state.sessions() as session:
+        await wait_for(lambda: asyncio.sleep(0, api.state.runtime.hub.subscribers == 1))
+        async with api.state.runtime.sessions() as session:
             assert await keys.revoke(session, str(row.id)) == 1
             await session.commit()
         response = await asyncio.wait_for(waiting, 10)

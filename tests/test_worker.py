@@ -60,7 +60,7 @@ async def test_a_lost_lease_cancels_the_execution_and_writes_nothing(app_factory
         return record["calls"] == 1
 
     await wait_for(calling)
-    async with app.state.sessions() as session, session.begin():  # someone else now holds the lease
+    async with app.state.runtime.sessions() as session, session.begin():  # someone else now holds the lease
         thief = {"t": uuid.uuid4(), "id": tid}
         await session.execute(text("UPDATE threads SET lease_token = :t WHERE id = :id"), thief)
         await session.execute(text("UPDATE leases SET token = :t WHERE thread_id = :id"), thief)
@@ -72,7 +72,7 @@ async def test_a_lost_lease_cancels_the_execution_and_writes_nothing(app_factory
     await asyncio.sleep(0.3)
     rows = await stored(client, str(tid))
     assert [(r["role"], r["status"]) for r in rows] == [("user", "completed"), ("assistant", "pending")]
-    async with app.state.sessions() as session:
+    async with app.state.runtime.sessions() as session:
         logs = (await session.execute(select(func.count()).where(tables.Log.thread_id == tid))).scalar_one()
     assert logs == 0
 
@@ -96,7 +96,7 @@ async def test_shutdown_hands_the_lease_back_without_spending_the_attempt(app_fa
     await wait_for(calling)
     await lifespan.__aexit__(None, None, None)  # SIGTERM path: stop claiming, cancel, release
     assert record["cancelled"] == 1
-    async with app.state.sessions() as session:
+    async with app.state.runtime.sessions() as session:
         row = (await session.execute(select(tables.Thread).where(tables.Thread.id == tid))).scalar_one()
         assert (row.lease_token, row.attempt) == (None, 0)
         assert row.runnable_since is not None
@@ -119,7 +119,8 @@ async def test_three_crashed_attempts_at_one_step_fail_the_session(app_factory: 
     thread = (await client.post("/threads", json={"agent": "agent"})).json()
     tid = uuid.UUID(thread["id"])
     await client.post(f"/threads/{tid}/messages", json={"content": "hi"})
-    async with api.state.sessions() as session, session.begin():  # three claims of this step died with their worker
+    # three claims of this step died with their worker
+    async with api.state.runtime.sessions() as session, session.begin():
         await session.execute(text("UPDATE threads SET attempt = 3 WHERE id = :id"), {"id": tid})
 
     await app_factory(cat, with_worker=True)
@@ -137,7 +138,7 @@ async def test_three_crashed_attempts_at_one_step_fail_the_session(app_factory: 
 
 
 async def _events(app: Any, tid: uuid.UUID) -> list[dict[str, Any]]:
-    async with app.state.sessions() as session:
+    async with app.state.runtime.sessions() as session:
         rows = (await session.execute(select(tables.Event).where(tables.Event.thread_id == tid))).scalars()
         return [{"type": r.type, "data": r.data} for r in rows]
 
@@ -146,13 +147,13 @@ async def test_the_janitor_collects_file_content_nothing_points_at(app_factory: 
     app = await app_factory(catalog.load(ROOT / "agents"), with_worker=True, cleanup_interval=0.2, blob_grace_seconds=0)
     client = client_for(app)
     tid = uuid.UUID((await client.post("/threads", json={"agent": "assistant"})).json()["id"])
-    async with app.state.sessions() as session, session.begin():
+    async with app.state.runtime.sessions() as session, session.begin():
         await files.write_bytes(session, tid, "/keep.txt", b"kept")
         await files.write_bytes(session, tid, "/drop.txt", b"dropped")
         await files.unlink(session, tid, "/drop.txt")
 
     async def blobs() -> list[int]:
-        async with app.state.sessions() as session:
+        async with app.state.runtime.sessions() as session:
             return list((await session.execute(text("SELECT size FROM blobs ORDER BY size"))).scalars())
 
     await wait_for(lambda: _equals(blobs, [4]))
@@ -168,7 +169,8 @@ async def test_poison_input_is_set_aside_once_and_the_thread_takes_new_input(app
     app = await app_factory(slow_catalog(0, record), with_worker=True)
     client = client_for(app)
     tid = uuid.UUID((await client.post("/threads", json={"agent": "agent"})).json()["id"])
-    async with app.state.sessions() as session, session.begin():  # a message row without its id: delivery raises
+    # a message row without its id: delivery raises
+    async with app.state.runtime.sessions() as session, session.begin():
         await queue.enqueue(session, tid, inputs.Kind.MESSAGE, {"role": "user", "content": "poison"})
 
     async def reported() -> list[dict[str, Any]]:
@@ -187,7 +189,7 @@ async def test_poison_input_is_set_aside_once_and_the_thread_takes_new_input(app
         ("poison", "failed"),
     ]
     assert listed[2]["metadata"]["set_aside"] is True and "id: Field required" in listed[2]["metadata"]["error"]
-    async with app.state.sessions() as session:
+    async with app.state.runtime.sessions() as session:
         row = (await session.execute(select(tables.Thread).where(tables.Thread.id == tid))).scalar_one()
     assert (row.runnable_since, row.lease_token) == (None, None)
 
@@ -201,7 +203,7 @@ async def test_input_waiting_through_repeated_crashes_is_set_aside(app_factory: 
     client = client_for(api)
     tid = uuid.UUID((await client.post("/threads", json={"agent": "agent"})).json()["id"])
     await client.post(f"/threads/{tid}/messages", json={"content": "deadly"})
-    async with api.state.sessions() as session, session.begin():
+    async with api.state.runtime.sessions() as session, session.begin():
         await session.execute(text("UPDATE threads SET attempt = 4 WHERE id = :id"), {"id": tid})
     await app_factory(cat, with_worker=True)
 

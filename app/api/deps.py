@@ -1,5 +1,5 @@
-"""Dependencies routes declare: a session (the route commits), the caller, the catalog, the settings, the env
-limits."""
+"""Dependencies routes declare: a session (the route commits), the caller, and the parts of the process's `Runtime`
+(`app/runtime.py`) they use — routes read none of them from the app themselves."""
 
 from __future__ import annotations
 
@@ -7,35 +7,47 @@ import re
 from collections.abc import AsyncIterator
 from typing import Annotated
 
+from cryptography.fernet import Fernet
 from fastapi import Depends, Query, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app import environment, errors, keys, tokens
 from app.catalog import Catalog
+from app.hub import Hub
 from app.keys import Principal
+from app.metrics import Meter
+from app.runtime import Runtime
 from app.settings import Settings, is_loopback
 
 
-def sessions(request: Request) -> async_sessionmaker[AsyncSession]:
-    factory: async_sessionmaker[AsyncSession] = request.app.state.sessions
-    return factory
+async def runtime(request: Request) -> Runtime:  # async: FastAPI runs a plain `def` dependency on a thread
+    """The runtime the app's lifespan opened."""
+    value: Runtime = request.app.state.runtime
+    return value
 
 
-async def session(request: Request) -> AsyncIterator[AsyncSession]:
-    async with sessions(request)() as s:
+RuntimeDep = Annotated[Runtime, Depends(runtime)]
+
+
+async def sessions(rt: RuntimeDep) -> async_sessionmaker[AsyncSession]:
+    return rt.sessions
+
+
+async def session(rt: RuntimeDep) -> AsyncIterator[AsyncSession]:
+    async with rt.sessions() as s:
         yield s
 
 
-async def _identify(s: AsyncSession, request: Request, authorization: str | None) -> Principal:
+async def _identify(s: AsyncSession, rt: Runtime, request: Request, authorization: str | None) -> Principal:
     """The caller: a valid Bearer key, or anyone in open mode (loopback bind and no key configured)."""
     if authorization:
         scheme, _, key = authorization.partition(" ")
         if scheme.lower() != "bearer" or not key.strip():
             raise errors.Unauthorized("Send the key as `Authorization: Bearer <key>`.")
         return await keys.verify(s, key.strip())
-    if await _open(s, request):
-        _local(request)
+    if await _open(s, rt):
+        _local(rt, request)
         return keys.OPEN
     raise errors.Unauthorized()
 
@@ -51,13 +63,18 @@ def _host(header: str) -> str | None:
     return match["name"].strip("[]").rstrip(".")
 
 
-async def _open(s: AsyncSession, request: Request) -> bool:
+def _hub(rt: Runtime) -> Hub:
+    assert rt.hub is not None  # the app's runtime is opened with the API
+    return rt.hub
+
+
+async def _open(s: AsyncSession, rt: Runtime) -> bool:
     """Whether the server is open: bound to loopback and no key exists."""
-    hub = request.app.state.hub
-    return bool(request.app.state.open_mode and await hub.keyless.none(s, listening=hub.listening))
+    hub = _hub(rt)
+    return bool(rt.open_mode and await hub.keyless.none(s, listening=hub.listening))
 
 
-def _local(request: Request) -> None:
+def _local(rt: Runtime, request: Request) -> None:
     """Open mode serves only requests addressed to this machine: a web page that rebinds its own name to 127.0.0.1
     still sends that name as `Host` (read from the header itself: Starlette's URL falls back to the socket's
     address when the header does not parse). No `Host` at all is not a browser."""
@@ -65,7 +82,7 @@ def _local(request: Request) -> None:
     if header is None:
         return
     host = _host(header)
-    allowed: list[str] = request.app.state.settings.allowed_hosts
+    allowed = rt.settings.allowed_hosts
     if host is not None and (is_loopback(host) or host.endswith(".localhost") or host in allowed):
         return
     raise errors.HostNotAllowed(
@@ -74,12 +91,12 @@ def _local(request: Request) -> None:
     )
 
 
-async def local_in_open_mode(request: Request) -> None:
+async def local_in_open_mode(request: Request, rt: RuntimeDep) -> None:
     """A route that needs no key (the playground's static files) still refuses, in open mode, a `Host` that is not
     this machine's, as every API route does."""
-    async with sessions(request)() as s:
-        if await _open(s, request):
-            _local(request)
+    async with rt.sessions() as s:
+        if await _open(s, rt):
+            _local(rt, request)
 
 
 # Documents the scheme in OpenAPI; the header itself is read by `_identify`, which says what is wrong with it.
@@ -87,62 +104,73 @@ _bearer = HTTPBearer(auto_error=False, description="An API key (`agents keys cre
 Bearer = Annotated[HTTPAuthorizationCredentials | None, Security(_bearer)]
 
 
-async def principal(request: Request, s: Annotated[AsyncSession, Depends(session)], _: Bearer) -> Principal:
+async def principal(
+    request: Request, rt: RuntimeDep, s: Annotated[AsyncSession, Depends(session)], _: Bearer
+) -> Principal:
     """The caller, checked on the request's own session (one connection per request)."""
-    return await _identify(s, request, request.headers.get("authorization"))
+    return await _identify(s, rt, request, request.headers.get("authorization"))
 
 
-async def stream_principal(request: Request, _: Bearer = None) -> Principal:
+async def stream_principal(request: Request, rt: RuntimeDep, _: Bearer = None) -> Principal:
     """The caller of a stream, checked on a short session of its own: a stream holds no request-scoped session."""
-    async with sessions(request)() as s:
-        return await _identify(s, request, request.headers.get("authorization"))
+    async with rt.sessions() as s:
+        return await _identify(s, rt, request, request.headers.get("authorization"))
 
 
 async def stream_reader(
-    request: Request, _: Bearer, token: Annotated[str | None, Query(description="a stream token, for browsers")] = None
+    request: Request,
+    rt: RuntimeDep,
+    _: Bearer,
+    token: Annotated[str | None, Query(description="a stream token, for browsers")] = None,
 ) -> Principal:
     """The caller of a stream route: as `stream_principal`, or a stream token (`POST /stream-tokens`) in the URL,
     for this stream, whose key is still valid (or, minted in open mode, while the server is still open)."""
     if token is None:
-        return await stream_principal(request)
+        return await stream_principal(request, rt)
     thread_id = request.path_params.get("thread_id")
-    who = tokens.read(request.app.state.tokens, token, str(thread_id) if thread_id else tokens.EVENTS, _ttl(request))
-    async with sessions(request)() as s:
+    scope = str(thread_id) if thread_id else tokens.EVENTS
+    who = tokens.read(rt.tokens, token, scope, rt.settings.stream_token_seconds)
+    async with rt.sessions() as s:
         if who.key_id is not None and await keys.revoked(s, {who.key_id}):
             raise errors.Unauthorized("The key this stream token was minted with has been revoked.")
-        hub = request.app.state.hub
-        if who.key_id is None and not (
-            request.app.state.open_mode and await hub.keyless.none(s, listening=hub.listening)
-        ):
+        if who.key_id is None and not await _open(s, rt):
             raise errors.Unauthorized("This stream token was minted in open mode, which has ended.")
     return who
 
 
-def _ttl(request: Request) -> float:
-    seconds: float = request.app.state.settings.stream_token_seconds
-    return seconds
+async def catalog(rt: RuntimeDep) -> Catalog:
+    return rt.catalog
 
 
-async def catalog(request: Request) -> Catalog:  # async: FastAPI runs a plain `def` dependency on a thread
-    value: Catalog = request.app.state.catalog
-    return value
+async def settings(rt: RuntimeDep) -> Settings:
+    return rt.settings
 
 
-async def settings(request: Request) -> Settings:
-    value: Settings = request.app.state.settings
-    return value
+async def fernet(rt: RuntimeDep) -> Fernet:
+    return rt.fernet
 
 
-async def env_limits(request: Request) -> environment.Limits:
+async def hub(rt: RuntimeDep) -> Hub:
+    return _hub(rt)
+
+
+async def meter(rt: RuntimeDep) -> Meter:
+    return rt.meter
+
+
+async def env_limits(rt: RuntimeDep) -> environment.Limits:
     """How much env one thread, user or the instance may hold (`Settings.env_max_*`)."""
-    value: Settings = request.app.state.settings
-    return environment.Limits(value.env_max_variables, value.env_max_value_bytes)
+    return environment.Limits(rt.settings.env_max_variables, rt.settings.env_max_value_bytes)
 
 
+SessionsDep = Annotated[async_sessionmaker[AsyncSession], Depends(sessions)]
 SessionDep = Annotated[AsyncSession, Depends(session)]
 CurrentUser = Annotated[Principal, Depends(principal)]
 StreamUser = Annotated[Principal, Depends(stream_principal)]
 StreamReader = Annotated[Principal, Depends(stream_reader)]
 CatalogDep = Annotated[Catalog, Depends(catalog)]
 SettingsDep = Annotated[Settings, Depends(settings)]
+FernetDep = Annotated[Fernet, Depends(fernet)]
+HubDep = Annotated[Hub, Depends(hub)]
+MeterDep = Annotated[Meter, Depends(meter)]
 EnvLimits = Annotated[environment.Limits, Depends(env_limits)]

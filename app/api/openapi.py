@@ -14,6 +14,8 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
+from app.catalog import Catalog
+
 ERROR = {"$ref": "#/components/schemas/Error"}
 NO_CONTROLS = "^[^\\u0000-\\u001f\\u007f-\\u009f]*$"
 _FASTAPI_ERRORS = ("HTTPValidationError", "ValidationError")
@@ -31,13 +33,13 @@ _COMMON: dict[str, str] = {
 }
 
 
-def install(app: FastAPI) -> None:
+def install(app: FastAPI, catalog: Catalog) -> None:
     """Serve the amended document at `/openapi.json` (built once, on first request)."""
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
             schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
-            amend(schema, sorted(app.state.catalog.agents))
+            amend(schema, sorted(catalog.agents))
             app.openapi_schema = schema
         return app.openapi_schema
 

@@ -17,10 +17,9 @@ from pydantic_core import PydanticSerializationError, to_jsonable_python
 from starlette.convertors import Convertor, register_url_convertor
 from starlette.exceptions import HTTPException
 
-from app import errors, routing, threads
+from app import engine, errors, routing, threads
 from app.api import bodies
-from app.api.deps import CatalogDep, StreamUser, sessions
-from app.engine import outside
+from app.api.deps import CatalogDep, FernetDep, SessionsDep, StreamUser
 
 router = APIRouter(tags=["endpoints"], route_class=bodies.Route)
 log = logging.getLogger(__name__)
@@ -45,17 +44,24 @@ ROOT_METHODS = [m for m in routing.METHODS if m not in routing.THREAD_METHODS]  
 # The caller is checked on a short session of its own: no session is held while the handler runs.
 @router.api_route("/threads/{thread_id}", methods=ROOT_METHODS, include_in_schema=False)
 @router.api_route("/threads/{thread_id}/{path:endpoint}", methods=list(routing.METHODS), include_in_schema=False)
-async def dispatch(thread_id: uuid.UUID, request: Request, who: StreamUser, catalog: CatalogDep) -> Response:
+async def dispatch(
+    thread_id: uuid.UUID,
+    request: Request,
+    who: StreamUser,
+    sessions: SessionsDep,
+    catalog: CatalogDep,
+    fernet: FernetDep,
+) -> Response:
     """Run the endpoint the path resolves to, with a `ThreadState` outside the thread's execution."""
     path = str(request.path_params.get("path", ""))
-    async with sessions(request)() as session:
+    async with sessions() as session:
         thread = await threads.get(session, thread_id, who)
     match = catalog.endpoints.match(request.method, path)
     if match is None or match.route is None or match.endpoint is None:
         allow = set(match.allow if match else ())
         _refuse(allow | (routing.THREAD_METHODS if not routing.split(path) else set()))
         raise errors.EndpointNotFound(f"No endpoint of this thread answers `{request.method} /{path.strip('/')}`.")
-    state = await outside.state(sessions(request), catalog, request.app.state.fernet, thread.id)
+    state = await engine.thread_state(sessions, catalog, fernet, thread.id)
     try:
         result: Any = await match.endpoint.fn(request, state, match.params)
     except (errors.AgentsError, HTTPException):  # meant for the client: the error table answers them

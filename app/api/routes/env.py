@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Path, Request
+from fastapi import APIRouter, Path
 
 from app import environment, errors
 from app.api import bodies, schemas
-from app.api.deps import CurrentUser, EnvLimits, SessionDep
+from app.api.deps import CurrentUser, EnvLimits, FernetDep, SessionDep
 from app.keys import Principal
 
 router = APIRouter(tags=["env"], route_class=bodies.Route)
@@ -58,18 +58,16 @@ async def put_env(
     scope: Scope,
     name: Name,
     body: schemas.EnvIn,
-    request: Request,
     session: SessionDep,
     who: CurrentUser,
+    fernet: FernetDep,
     limits: EnvLimits,
 ) -> schemas.EnvVariable:
     """Set a value; `type: "secret"` stores it encrypted and it is never returned. 413 past the env limits."""
     owner = _owner(scope, who)
     environment.check({name: body.value}, limits)
     secret = {name} if body.type == "secret" else set()
-    await environment.put(
-        session, request.app.state.fernet, scope, owner, {name: body.value}, secret, most=limits.variables
-    )
+    await environment.put(session, fernet, scope, owner, {name: body.value}, secret, most=limits.variables)
     await session.commit()
     return schemas.EnvVariable(name=name, type=body.type, value=None if body.type == "secret" else body.value)
 

@@ -16,17 +16,18 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Annotated, Any, Protocol
 
-from fastapi import APIRouter, Header, Query, Request
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from fastapi import APIRouter, Header, Query
+from sqlalchemy.ext.asyncio import AsyncSession
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from sse_starlette.sse import SendTimeoutError
 from starlette.types import Message, Receive, Scope, Send
 
 from app import event_types, events, messages, threads, tokens
 from app.api import bodies, schemas
-from app.api.deps import CurrentUser, SessionDep, StreamReader, sessions
+from app.api.deps import CurrentUser, HubDep, RuntimeDep, SessionDep, StreamReader
 from app.hub import Batch, Hub, Live, Overflow, Subscription
 from app.keys import Principal
+from app.runtime import Runtime
 
 log = logging.getLogger(__name__)
 router = APIRouter(tags=["events"], route_class=bodies.Route)
@@ -182,7 +183,8 @@ def _take(
 
 
 def _response(
-    request: Request,
+    rt: Runtime,
+    hub: Hub,
     who: Principal,
     key: uuid.UUID,
     after: int,
@@ -193,10 +195,9 @@ def _response(
 ) -> EventSourceResponse:
     """Replay the log after `after`, then follow the hub until `who`'s key is revoked; `owner` keeps only that user's
     entries (lifecycle)."""
-    factory: async_sessionmaker[AsyncSession] = sessions(request)
-    hub: Hub = request.app.state.hub
+    factory = rt.sessions
     contiguous = key != events.LIFECYCLE  # a thread's seqs have no holes: a hole means "read the log"
-    streams = request.app.state.meter.streams.labels("thread" if contiguous else "lifecycle")
+    streams = rt.meter.streams.labels("thread" if contiguous else "lifecycle")
 
     async def backlog(position: int) -> Sequence[Row]:
         async with factory() as session:
@@ -239,13 +240,14 @@ def _response(
             streams.dec()
             hub.unsubscribe(sub)
 
-    return _EventStream(generate(), request.app.state.settings.sse_send_timeout)
+    return _EventStream(generate(), rt.settings.sse_send_timeout)
 
 
 @router.get("/threads/{thread_id}/events", response_class=EventSourceResponse, responses=RESPONSES)
 async def stream(
     thread_id: uuid.UUID,
-    request: Request,
+    rt: RuntimeDep,
+    hub: HubDep,
     who: StreamReader,
     since: Annotated[int | None, Query(ge=0, le=2**62)] = None,
     include_silent: bool = False,
@@ -254,7 +256,7 @@ async def stream(
     last_event_id: Annotated[str | None, Header()] = None,
 ) -> EventSourceResponse:
     """Stored events of the thread after `Last-Event-ID` (or `since`), then live ones."""
-    async with sessions(request)() as session:
+    async with rt.sessions() as session:
         await threads.get(session, thread_id, who)
 
     async def read(session: AsyncSession, after: int, limit: int) -> Sequence[Row]:
@@ -264,12 +266,13 @@ async def stream(
         return await events.missed(session, thread_id, after)
 
     visible = _visible(include_silent, depth, reasoning)
-    return _response(request, who, thread_id, _start(since, last_event_id), read, missed, visible)
+    return _response(rt, hub, who, thread_id, _start(since, last_event_id), read, missed, visible)
 
 
 @router.get("/events", response_class=EventSourceResponse, responses=RESPONSES)
 async def lifecycle(
-    request: Request,
+    rt: RuntimeDep,
+    hub: HubDep,
     who: StreamReader,
     since: Annotated[int | None, Query(ge=0, le=2**62)] = None,
     last_event_id: Annotated[str | None, Header()] = None,
@@ -281,7 +284,8 @@ async def lifecycle(
         return await events.read_lifecycle(session, user, after, limit)
 
     return _response(
-        request,
+        rt,
+        hub,
         who,
         events.LIFECYCLE,
         _start(since, last_event_id),
@@ -294,14 +298,14 @@ async def lifecycle(
 
 @router.post("/stream-tokens", status_code=201, responses={404: {"model": schemas.Error}})
 async def stream_token(
-    body: schemas.StreamTokenIn, request: Request, session: SessionDep, who: CurrentUser
+    body: schemas.StreamTokenIn, session: SessionDep, who: CurrentUser, rt: RuntimeDep
 ) -> schemas.StreamToken:
     """A short-lived token that opens one stream (a thread's, or `/events`) as the caller, given in the URL as
     `?token=` (browsers' `EventSource` cannot send `Authorization`); it stops working when its key is revoked."""
     if body.thread_id is not None:
         await threads.get(session, body.thread_id, who)
     scope = str(body.thread_id) if body.thread_id else tokens.EVENTS
-    token = tokens.mint(request.app.state.tokens, who, scope)
+    token = tokens.mint(rt.tokens, who, scope)
     path = f"/threads/{body.thread_id}/events" if body.thread_id else "/events"
-    seconds: float = request.app.state.settings.stream_token_seconds
+    seconds = rt.settings.stream_token_seconds
     return schemas.StreamToken(token=token, expires_in=seconds, url=f"{path}?token={token}")

@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from app import blobs, files, threads, thumbnails
 from app.api import bodies, schemas
-from app.api.deps import CurrentUser, SessionDep, SettingsDep, sessions
+from app.api.deps import CurrentUser, SessionDep, SessionsDep, SettingsDep
 
 router = APIRouter(tags=["files"], route_class=bodies.Route)
 
@@ -101,8 +101,8 @@ DOWNLOAD: dict[int | str, dict[str, Any]] = {  # a file's own type, a JPEG thumb
 async def download(
     thread_id: uuid.UUID,
     path: str,
-    request: Request,
     session: SessionDep,
+    sessions: SessionsDep,
     who: CurrentUser,
     if_none_match: Annotated[str | None, Header()] = None,
     thumbnail: bool = False,
@@ -130,7 +130,7 @@ async def download(
         "Content-Disposition": f"{disposition}; filename*=UTF-8''{urllib.parse.quote(entry.name)}",
         **SANDBOX,
     }
-    return StreamingResponse(blobs.stream(sessions(request), entry.sha256), media_type=mime, headers=headers)
+    return StreamingResponse(blobs.stream(sessions, entry.sha256), media_type=mime, headers=headers)
 
 
 @router.put("/threads/{thread_id}/fs/{path:path}", status_code=201, responses={**ERRORS, 413: {"model": schemas.Error}})

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
 from app import migrations
 from app.api import bodies, schemas
+from app.api.deps import RuntimeDep
 from app.api.errors import envelope
 
 router = APIRouter(tags=["service"], route_class=bodies.Route)
@@ -21,10 +22,10 @@ async def health() -> schemas.Status:
 
 @router.head("/ready", include_in_schema=False)
 @router.get("/ready", response_model=schemas.Status, responses={503: {"model": schemas.Error}})
-async def ready(request: Request) -> JSONResponse:
+async def ready(rt: RuntimeDep) -> JSONResponse:
     """The database answers and its migrations are current."""
     try:
-        current = await migrations.is_current(request.app.state.engine)
+        current = await migrations.is_current(rt.db)
     except Exception:
         return envelope(503, "not_ready", "The database does not answer.")
     if not current:

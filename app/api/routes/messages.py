@@ -5,20 +5,18 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from starlette.datastructures import FormData, UploadFile
 
 from app import (
     attachments,
     children,
-    control,
     db,
     edits,
     errors,
@@ -31,9 +29,10 @@ from app import (
     waits,
 )
 from app.api import bodies, forms, schemas
-from app.api.deps import CatalogDep, CurrentUser, SessionDep, SettingsDep, sessions
+from app.api.deps import CatalogDep, CurrentUser, FernetDep, HubDep, RuntimeDep, SessionDep
+from app.hub import Hub
 from app.keys import Principal
-from app.settings import Settings
+from app.runtime import Runtime
 
 router = APIRouter(tags=["messages"], route_class=bodies.Route)
 
@@ -44,17 +43,17 @@ MAX_UPLOADS = 20  # files in one multipart message
 MAX_WAIT = 300  # seconds `?wait=` may ask for
 
 
-async def enqueue_message(
+async def _enqueue(
     session: AsyncSession,
     thread: tables.Thread,
     body: schemas.MessageIn,
     limit: int,
     uploads: list[UploadFile] | None = None,
 ) -> uuid.UUID:
-    """Store the message's attachments under `/attachments/` and queue it for delivery; the thread runs it when a
-    worker claims it (§2)."""
+    """Store the message's attachments under `/attachments/` and queue it for delivery, with the events the
+    transaction holds; the thread runs it when a worker claims it (§2)."""
     if thread.terminated_at is not None:
-        raise errors.ThreadTerminated()
+        raise errors.ThreadTerminated()  # before any file is stored
     refs: list[dict[str, Any]] = [
         await attachments.store(session, thread.id, a.name, attachments.decode(a.data, a.name), a.mime_type, limit)
         for a in body.attachments
@@ -62,17 +61,24 @@ async def enqueue_message(
     for upload in uploads or []:
         name = upload.filename or "file"
         refs.append(await attachments.store(session, thread.id, name, _chunks(upload), upload.content_type, limit))
-    message_id, payload = _payload(body, refs)
-    await queue.enqueue_alongside(session, thread.id, inputs.Kind.MESSAGE, payload)  # with the events (`post_message`)
-    if body.role != "system":
-        await control.unpark(session, thread)
-    if thread.status == threads.Status.IDLE:
-        await threads.set_status(session, thread, threads.Status.QUEUED)
-    return message_id
+    return await messages.enqueue(
+        session,
+        thread,
+        body.role,
+        body.content,
+        silent=body.silent,
+        metadata=body.metadata,
+        attachments=refs,
+        posted=True,
+    )
 
 
 async def _posted(
-    request: Request, session: AsyncSession, thread_id: uuid.UUID, who: Principal, payload: dict[str, Any]
+    sessions: async_sessionmaker[AsyncSession],
+    session: AsyncSession,
+    thread_id: uuid.UUID,
+    who: Principal,
+    payload: dict[str, Any],
 ) -> bool:
     """The usual message (no attachments to store) in one statement (`queue.post`): with no transaction around it,
     or, when the caller's key was just looked up, in that transaction (one connection per request: a second one
@@ -83,23 +89,8 @@ async def _posted(
             return False
         await session.commit()
         return True
-    async with db.autocommit(sessions(request)) as auto:
+    async with db.autocommit(sessions) as auto:
         return await queue.post(await db.driver(auto), thread_id, user_id, payload)
-
-
-def _payload(body: schemas.MessageIn, refs: list[dict[str, Any]]) -> tuple[uuid.UUID, dict[str, Any]]:
-    """A new message's id, and its inbox payload."""
-    message_id = uuid.uuid4()
-    payload = {
-        "id": str(message_id),
-        "role": body.role,
-        "content": body.content,
-        "silent": body.silent,
-        "metadata": body.metadata,
-        "attachments": refs,
-        "queued_at": datetime.now(UTC).isoformat(),
-    }
-    return message_id, payload
 
 
 async def _chunks(upload: UploadFile) -> AsyncIterator[bytes]:
@@ -184,9 +175,10 @@ _BODY = {
 async def post_message(
     thread_id: uuid.UUID,
     request: Request,
+    rt: RuntimeDep,
+    hub: HubDep,
     session: SessionDep,
     who: CurrentUser,
-    settings: SettingsDep,
     wait: Annotated[
         float | None,
         Query(
@@ -209,27 +201,27 @@ async def post_message(
             raise RequestValidationError(exc.errors()) from None
     # with `wait`, where the log stood before the input was queued: its turn's events all come after
     after = None if wait is None else (await threads.get(session, thread_id, who)).event_seq
-    message_id, parked = await _post(request, session, thread_id, who, settings, media, body)
+    message_id, parked = await _post(request, rt, session, thread_id, who, media, body)
     if wait is None or after is None:
         return schemas.Queued(message_id=message_id)
     turn = waits.Turn(message_id, parked=parked)
-    return await _waited(request, who, thread_id, after, wait, turn)
+    return await _waited(request, rt, hub, who, thread_id, after, wait, turn)
 
 
 async def _post(
     request: Request,
+    rt: Runtime,
     session: AsyncSession,
     thread_id: uuid.UUID,
     who: Principal,
-    settings: Settings,
     media: str,
     body: schemas.MessageIn | None,
 ) -> tuple[uuid.UUID, bool]:
     """Queue the message; its id, and whether the thread stays parked (a stopped thread a `system` message does not
     wake)."""
     if body is not None and not body.attachments:  # the usual message
-        message_id, payload = _payload(body, [])
-        if await _posted(request, session, thread_id, who, payload):
+        message_id, payload = messages.payload(body.role, body.content, silent=body.silent, metadata=body.metadata)
+        if await _posted(rt.sessions, session, thread_id, who, payload):
             return message_id, False
     # attachments to store, or a thread that is not found, terminated or stopped: in a transaction
     thread = await threads.get(session, thread_id, who, lock=True)
@@ -237,9 +229,9 @@ async def _post(
     if body is None:
         async with forms.multipart(request, max_files=MAX_UPLOADS + 1, max_fields=50) as form:
             body, uploads = _from_form(form)
-            message_id = await enqueue_message(session, thread, body, settings.max_file_bytes, uploads)
+            message_id = await _enqueue(session, thread, body, rt.settings.max_file_bytes, uploads)
     else:
-        message_id = await enqueue_message(session, thread, body, settings.max_file_bytes)
+        message_id = await _enqueue(session, thread, body, rt.settings.max_file_bytes)
     await events.flush(session, thread)
     await db.write(session)
     await session.commit()
@@ -247,17 +239,22 @@ async def _post(
 
 
 async def _waited(
-    request: Request, who: Principal, thread_id: uuid.UUID, after: int, seconds: float, turn: waits.Turn
+    request: Request,
+    rt: Runtime,
+    hub: Hub,
+    who: Principal,
+    thread_id: uuid.UUID,
+    after: int,
+    seconds: float,
+    turn: waits.Turn,
 ) -> JSONResponse:
     """Follow the input's turn for at most `seconds`, until the client hangs up (then nothing is read more) or
     the server begins to stop, holding no connection meanwhile; then the turn as it stands."""
-    factory = sessions(request)
+    factory = rt.sessions
     if not turn.over:
-        following = asyncio.ensure_future(
-            waits.follow(request.app.state.hub, factory, thread_id, who.key_id, after, turn)
-        )
+        following = asyncio.ensure_future(waits.follow(hub, factory, thread_id, who.key_id, after, turn))
         gone = asyncio.ensure_future(_hung_up(request))
-        stopping = asyncio.ensure_future(request.app.state.stopping.wait())  # a deploy: answer what there is
+        stopping = asyncio.ensure_future(rt.stopping.wait())  # a deploy: answer what there is
         try:
             await asyncio.wait({following, gone, stopping}, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -386,16 +383,16 @@ async def edit_message(
     thread_id: uuid.UUID,
     message_id: uuid.UUID,
     body: schemas.MessageEdit,
-    request: Request,
     session: SessionDep,
     who: CurrentUser,
     catalog: CatalogDep,
+    fernet: FernetDep,
 ) -> schemas.Message:
     """Replace a stored message's content through the update hooks (`before_update_message`,
     `after_update_message`); announced as `message_data`, seen by the thread's next step. 409 `message_busy` while
     the message is still being written (`pending`, or queued input)."""
     thread = await threads.get(session, thread_id, who, lock=True)
-    row = await edits.edit(session, catalog, request.app.state.fernet, thread, message_id, body.content)
+    row = await edits.edit(session, catalog, fernet, thread, message_id, body.content)
     [message] = await _projected(session, [row])
     await session.commit()
     return message

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Response
 
 from app import errors, metrics
 from app.api import bodies, schemas
-from app.api.deps import CurrentUser, SessionDep
+from app.api.deps import CurrentUser, MeterDep, SessionDep
 
 router = APIRouter(tags=["service"], route_class=bodies.Route)
 
@@ -20,9 +20,9 @@ RESPONSES: dict[int | str, dict[str, Any]] = {
 
 
 @router.get("/metrics", response_class=Response, responses=RESPONSES)
-async def scrape(request: Request, session: SessionDep, who: CurrentUser) -> Response:
+async def scrape(session: SessionDep, who: CurrentUser, meter: MeterDep) -> Response:
     """Work done by every worker (totals kept in the database), the queue's state, this process's streams."""
     if not who.admin:
         raise errors.Forbidden("Metrics need an admin key (`agents keys create --admin`).")
-    body = await metrics.exposition(session, request.app.state.meter)
+    body = await metrics.exposition(session, meter)
     return Response(body, media_type=metrics.CONTENT_TYPE)

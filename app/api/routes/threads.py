@@ -6,13 +6,12 @@ import uuid
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Query
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import control, environment, errors, events, inputs, queue, tables, threads
+from app import attachments, control, environment, errors, events, inputs, messages, queue, tables, threads
 from app.api import bodies, schemas
-from app.api.deps import CatalogDep, CurrentUser, EnvLimits, SessionDep, SettingsDep
-from app.api.routes.messages import enqueue_message
+from app.api.deps import CatalogDep, CurrentUser, EnvLimits, FernetDep, SessionDep, SettingsDep
 
 router = APIRouter(tags=["threads"], route_class=bodies.Route)
 
@@ -64,11 +63,11 @@ def _thread(
 )
 async def create_thread(
     body: schemas.ThreadIn,
-    request: Request,
     session: SessionDep,
     who: CurrentUser,
     catalog: CatalogDep,
     settings: SettingsDep,
+    fernet: FernetDep,
     limits: EnvLimits,
 ) -> schemas.Thread:
     """Create a thread of an agent; `messages` are queued in order. 413 past the env limits."""
@@ -83,12 +82,26 @@ async def create_thread(
         raise environment.missing(missing)
     row = await threads.create(session, agent, who, name=body.name, tags=body.tags)
     await environment.set_thread(
-        session, request.app.state.fernet, row.id, body.env, set(body.secrets) | catalog.secret_names(agent.name)
+        session, fernet, row.id, body.env, set(body.secrets) | catalog.secret_names(agent.name)
     )
     if any(e.immediate for e in catalog.prompts[agent.side_a.prompt].tool_entries()):
         await queue.enqueue(session, row.id, inputs.Kind.SPAWN, {})  # immediate subagents start at once (§6.6)
-    for message in body.messages:
-        await enqueue_message(session, row, message, settings.max_file_bytes)
+    limit = settings.max_file_bytes
+    for message in body.messages:  # as `POST /messages` queues them: attachments stored under `/attachments/`
+        refs = [
+            await attachments.store(session, row.id, a.name, attachments.decode(a.data, a.name), a.mime_type, limit)
+            for a in message.attachments
+        ]
+        await messages.enqueue(
+            session,
+            row,
+            message.role,
+            message.content,
+            silent=message.silent,
+            metadata=message.metadata,
+            attachments=refs,
+            posted=True,
+        )
     await events.append_lifecycle(session, row, "thread_created")
     result = await view(session, row, 0)
     await session.commit()
@@ -177,10 +190,10 @@ async def terminate_thread(thread_id: uuid.UUID, session: SessionDep, who: Curre
 async def update_thread(
     thread_id: uuid.UUID,
     body: schemas.ThreadPatch,
-    request: Request,
     session: SessionDep,
     who: CurrentUser,
     catalog: CatalogDep,
+    fernet: FernetDep,
     limits: EnvLimits,
 ) -> schemas.Thread:
     """Change the thread's name, tags or env (secrets stay secret; `env_delete` removes values, before `env` is
@@ -200,7 +213,6 @@ async def update_thread(
         await environment.delete_thread(session, thread.id, body.env_delete)
     if body.env:
         secret = set(body.secrets) | stored_secret | catalog.secret_names(thread.agent)
-        fernet = request.app.state.fernet
         await environment.set_thread(session, fernet, thread.id, body.env, secret, most=limits.variables)
     thread.updated_at = datetime.now(UTC)
     await events.append_lifecycle(session, thread, "thread_updated")

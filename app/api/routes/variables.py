@@ -5,11 +5,11 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter
 
 from app import environment, threads, variable_requests
 from app.api import bodies, schemas
-from app.api.deps import CatalogDep, CurrentUser, EnvLimits, SessionDep
+from app.api.deps import CatalogDep, CurrentUser, EnvLimits, FernetDep, SessionDep
 
 router = APIRouter(tags=["subagents"], route_class=bodies.Route)
 
@@ -42,10 +42,10 @@ async def provide(
     thread_id: uuid.UUID,
     request_id: uuid.UUID,
     body: schemas.VariablesIn,
-    request: Request,
     session: SessionDep,
     who: CurrentUser,
     catalog: CatalogDep,
+    fernet: FernetDep,
     limits: EnvLimits,
 ) -> schemas.VariablesDone:
     """Provide the missing values: the deferred subagent is created from the original payload and starts; it
@@ -54,7 +54,6 @@ async def provide(
     thread = await threads.get(session, thread_id, who, lock=True)
     environment.check(body.env, limits)
     row = await variable_requests.get(session, thread.id, request_id)
-    fernet = request.app.state.fernet
     child = await variable_requests.fulfil(session, catalog, fernet, thread, row, body.env, limits.variables)
     await session.commit()
     return schemas.VariablesDone(request_id=row.id, child_thread_id=child.id, status="success")
