@@ -18,7 +18,7 @@ from app import (
     attachments,
     children,
     db,
-    edits,
+    engine,
     errors,
     events,
     inputs,
@@ -392,7 +392,7 @@ async def edit_message(
     `after_update_message`); announced as `message_data`, seen by the thread's next step. 409 `message_busy` while
     the message is still being written (`pending`, or queued input)."""
     thread = await threads.get(session, thread_id, who, lock=True)
-    row = await edits.edit(session, catalog, fernet, thread, message_id, body.content)
+    row = await engine.edit_message(session, catalog, fernet, thread, message_id, body.content)
     [message] = await _projected(session, [row])
     await session.commit()
     return message
@@ -409,5 +409,5 @@ async def delete_message(thread_id: uuid.UUID, message_id: uuid.UUID, session: S
     announced as `message_deleted`. 409 `tool_result_alone` for a tool result whose call is still there,
     `message_busy` while the thread's step still writes or uses the message."""
     thread = await threads.get(session, thread_id, who, lock=True)
-    await edits.delete(session, thread, message_id)
+    await engine.delete_message(session, thread, message_id)
     await session.commit()
