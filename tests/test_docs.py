@@ -27,7 +27,10 @@ from app.spec.state import ExecutionState, ThreadState
 from tests.conftest import ROOT
 
 DOCS = ROOT / "docs"
-PAGES = sorted([ROOT / "README.md", ROOT / "SECURITY.md", ROOT / "bench" / "README.md", *DOCS.glob("*.md")])
+ARCHITECTURE = ROOT / "ARCHITECTURE.md"
+PAGES = sorted(
+    [ROOT / "README.md", ROOT / "SECURITY.md", ARCHITECTURE, ROOT / "bench" / "README.md", *DOCS.glob("*.md")]
+)
 # links that consciously leave the repository (a provider's or a library's own documentation)
 EXTERNAL = frozenset({"https://github.com/google/re2/wiki/Syntax"})
 
@@ -152,6 +155,32 @@ def test_the_documents_exist_and_link_to_each_other() -> None:
     for target in ("http-api.md", "events.md", "authoring.md", "deployment.md", "../SECURITY.md", "../bench/README.md"):
         assert target in index, target
     assert "docs/README.md" in links(_text(ROOT / "README.md"))
+
+
+def _module_file(name: str) -> Path | None:
+    """The file a module name of ARCHITECTURE.md stands for (`queue.py`, `engine/run.py`, `app/api/`), if any."""
+    for base in (ROOT, ROOT / "app"):
+        if (base / name).exists():
+            return base / name
+    return None
+
+
+def test_architecture_names_only_modules_that_exist() -> None:
+    """Every path ARCHITECTURE.md names in code (`app/…`, `engine/…`, `queue.py`, …) is a file or folder here."""
+    names = {m.group(2) for m in CODE_SPAN.finditer(_text(ARCHITECTURE))}
+    paths = {n.split(" ")[0] for n in names if re.fullmatch(r"\w[\w/.]*(\.py|/)", n.split(" ")[0])}
+    assert len(paths) > 30, "ARCHITECTURE.md names the modules it walks through"
+    assert sorted(p for p in paths if _module_file(p) is None) == []
+
+
+def test_architecture_gives_every_table_an_owner() -> None:
+    """Each table of `app/tables.py` has its row in ARCHITECTURE.md's table of where its SQL lives."""
+    from app import tables
+
+    owners = section(_text(ARCHITECTURE), "## Where each table's SQL lives")
+    named = {w for cell in first_cells(owners) for w in re.findall(r"`(\w+)`", cell)}
+    declared = {t.name for t in tables.Base.metadata.sorted_tables}
+    assert sorted(declared - named) == []
 
 
 @pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(ROOT)) for p in PAGES])
