@@ -19,7 +19,7 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import errors, files
-from app.llm.base import LLMMessage
+from app.spec.messages import LLMMessage
 from app.spec.results import ToolAttachment
 
 log = logging.getLogger(__name__)

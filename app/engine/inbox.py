@@ -18,9 +18,9 @@ from app import db, errors, events, messages, queue, tables
 from app.catalog import Catalog
 from app.engine import context, hooks, subagents, tools, turns
 from app.engine.state import deliver_tool
-from app.llm.base import ToolCall
 from app.metrics import Meter
 from app.spec.definitions import AgentDefinition
+from app.spec.messages import ToolCall
 from app.spec.results import ToolResult
 
 log = logging.getLogger(__name__)

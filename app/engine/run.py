@@ -32,15 +32,11 @@ from app.engine.state import RunState
 from app.engine.step import OPEN_APART, RELEASED, OpenApart, Prepared, Released, Step
 from app.hub import Publisher
 from app.llm import retry
-from app.llm.base import (
-    LLMMessage,
-    LLMResponse,
-    ProviderError,
-    ToolCall,
-)
+from app.llm.base import LLMResponse, ProviderError
 from app.metrics import Meter
 from app.settings import Settings
 from app.spec.definitions import AgentDefinition, PromptDefinition, SideConfig
+from app.spec.messages import LLMMessage, ToolCall
 from app.spec.results import ToolResult
 from app.spec.state import ExecutionState, SubagentEntry
 

@@ -23,10 +23,10 @@ from app.catalog import Catalog
 from app.engine import handoffs, tools
 from app.engine.context import Env, offered_tools
 from app.engine.files import FileMethods
-from app.llm.base import ToolCall
 from app.settings import DEFAULT_TOOL_TIMEOUT
 from app.spec.define import EffectDefinition
 from app.spec.definitions import AgentDefinition, ModelDefinition, PromptDefinition, ToolEntry
+from app.spec.messages import ToolCall
 from app.spec.results import ToolAttachment, ToolResult
 from app.spec.state import (
     AttachmentRef,

@@ -41,8 +41,9 @@ from app import attachments, db, errors, events, files, messages, tables
 from app.catalog import Catalog
 from app.engine import calls, context, hooks, subagents, tools
 from app.engine.state import RunState, Transaction
-from app.llm.base import LLMMessage, ProviderError, ToolCall
+from app.llm.base import ProviderError
 from app.spec.definitions import PromptDefinition, SideConfig, ToolEntry
+from app.spec.messages import LLMMessage, ToolCall
 from app.spec.results import ToolResult
 
 MAX_DEPTH = 8  # subprompts calling subprompts: a prompt that offers itself must not recurse forever

@@ -15,9 +15,9 @@ from app import tables
 from app.catalog import Catalog
 from app.engine.context import OfferedTool, parse_arguments, scrub
 from app.errors import AgentsError
-from app.llm.base import ToolCall
 from app.spec.define import ToolDefinition
 from app.spec.definitions import SideConfig
+from app.spec.messages import ToolCall
 from app.spec.results import ToolResult
 
 if TYPE_CHECKING:  # state.py runs tools itself (`invoke_tool`)

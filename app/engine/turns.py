@@ -12,8 +12,8 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from app import events, messages, tables, threads
 from app import subagents as child_registry
 from app.engine import stops, tools
-from app.llm.base import ToolCall
 from app.spec.definitions import AgentDefinition, SideConfig
+from app.spec.messages import ToolCall
 
 
 def start(thread: tables.Thread, acting: str) -> None:

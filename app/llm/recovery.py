@@ -13,7 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from app.llm.base import LLMResponse, LLMTool, ToolCall
+from app.llm.base import LLMResponse, LLMTool
+from app.spec.messages import ToolCall
 
 _SMART_QUOTES = str.maketrans({"“": '"', "”": '"', "‘": "'", "’": "'"})  # one char each: offsets stay valid
 _FUNCTION = re.compile(r"<function=([^\s>{<]+)>?\s*")

@@ -8,9 +8,10 @@ from typing import Any
 
 import pytest
 
-from app.llm.base import LLMResponse, LLMTool, ToolCall, Usage
+from app.llm.base import LLMResponse, LLMTool, Usage
 from app.llm.recovery import recover, recover_failed_generation
 from app.spec import define_model
+from app.spec.messages import ToolCall
 
 TOOLS = [
     LLMTool("get_weather", "Weather of a city", {"type": "object", "properties": {"city": {"type": "string"}}}),
