@@ -1,4 +1,5 @@
-"""The LLM call of a step: the model's fallback chain, retries, stream timeouts, chunks, logs and events.
+"""The LLM call of a step: the model's fallback chain, retries, stream timeouts, chunks, logs and events, and the
+thread's images the request refers to, read into it.
 
 Every request (each attempt at each model) is one `logs` row and one `llm_request` event; a switch to the next
 model is a `fallback_triggered` event. Streamed deltas go out live as `message_chunk` / `reasoning_chunk` with the
@@ -8,6 +9,7 @@ attempt they belong to (a retry starts again at offset 0). No transaction is hel
 from __future__ import annotations
 
 import asyncio
+import base64
 import dataclasses
 import logging
 import time
@@ -20,7 +22,7 @@ import httpx
 from sqlalchemy import update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import db, events, llm, tables
+from app import db, errors, events, files, llm, tables
 from app.catalog import Catalog
 from app.engine.context import Env, MissingVariable, scrub, scrub_data
 from app.hub import Publisher
@@ -37,6 +39,7 @@ from app.llm.base import (
 )
 from app.metrics import Meter
 from app.spec.definitions import ModelDefinition, PromptDefinition
+from app.spec.messages import LLMMessage
 from app.spec.results import ToolResult
 
 Transaction = Callable[[], AbstractAsyncContextManager[tuple[AsyncSession, tables.Thread]]]
@@ -269,6 +272,20 @@ class Caller:
             return result(exc)
         await self._publisher.sent()
         return result(ProviderError("the stream ended without a final response", kind="stream", retriable=True))
+
+
+async def inline_images(session: AsyncSession, thread_id: uuid.UUID, messages: list[LLMMessage]) -> None:
+    """Read the images a request refers to by path into base64 `data`; a file deleted since is left out."""
+    for message in messages:
+        kept = []
+        for image in message.images:
+            if image.path is not None and image.data is None and image.url is None:
+                try:
+                    image.data = base64.b64encode(await files.read_bytes(session, thread_id, image.path)).decode()
+                except (errors.FileNotFound, errors.FileConflict, errors.BadPath):
+                    continue
+            kept.append(image)
+        message.images = kept
 
 
 async def _flush(tx: Transaction, message_id: uuid.UUID, partial: str) -> None:

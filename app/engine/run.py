@@ -393,7 +393,7 @@ class Engine:
         registry = child_registry.registry_message(await child_registry.children_of(session, thread))
         if registry is not None:  # after the history, so the model sees its children's current state
             request.messages.append(LLMMessage("system", registry))
-        await attachments.inline_images(session, thread.id, request.messages)
+        await calls.inline_images(session, thread.id, request.messages)
         if last is not None:  # redo an interrupted call into the same row
             if last not in session:  # held from an earlier transaction of this execution
                 last = await messages.get(session, thread.id, last.id)

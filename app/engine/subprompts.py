@@ -147,7 +147,7 @@ class Runner:
             if self._catalog.models[prompt.model].capabilities.supports_images:
                 first.images = context._images(refs)
             request.messages.append(first)
-            await attachments.inline_images(session, thread.id, request.messages)
+            await calls.inline_images(session, thread.id, request.messages)
             fields = {"side": side, "status": "pending", "prompt": name, "model": prompt.model, **tags}
             role = messages.role_of(side)
             pending = await messages.add(
