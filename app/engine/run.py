@@ -413,7 +413,7 @@ class Engine:
             message = await messages.add(session, thread.id, messages.role_of(side), **fields)
             await hook_runner.after_create_message(message)
         await events.append(session, thread.id, "step_started", {"step": thread.session_steps, "side": side})
-        made = await calls.announce(session, thread.id, retry.chain(self._catalog, prompt.model)[0], 1)
+        made = await calls.announce(session, thread.id, self._catalog.models[prompt.model], 1)
         return Step(side, thread.session_steps, message.id, request, env=env, agent=agent, made=made, message=message)
 
     # -- the model -----------------------------------------------------------------------------------------

@@ -123,3 +123,11 @@ class Model(Protocol):
     def stream(self, request: LLMRequest, ctx: CallContext) -> AsyncIterator[StreamEvent]:
         """Answer `request`, yielding deltas and finally one `Done`."""
         ...
+
+
+async def aclose(stream: AsyncIterator[StreamEvent]) -> None:
+    """Close a stream left early: an async generator's `finally` (an open HTTP response) runs now, not when the
+    garbage collector finds it."""
+    close = getattr(stream, "aclose", None)
+    if close is not None:
+        await close()
