@@ -1,4 +1,5 @@
-"""LLM providers behind one `Model` contract; the engine never branches on the provider."""
+"""LLM providers behind one `Model` contract, and models that wrap any of them (`retry`, `recovery`); the engine
+never branches on the provider."""
 
 from __future__ import annotations
 

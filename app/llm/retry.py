@@ -57,6 +57,7 @@ def chain(models: Mapping[str, ModelDefinition], primary: str) -> list[ModelDefi
 
 
 def empty(response: LLMResponse) -> bool:
+    """An answer with neither text nor tool calls."""
     return not response.text.strip() and not response.tool_calls
 
 
