@@ -409,8 +409,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         read = Settings()
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'])).upper()}: {e['msg']}" for e in exc.errors())
-        raise SystemExit(f"error: invalid setting: {problems}") from None
+        raise SystemExit(f"error: invalid setting: {errors.problems(exc.errors(), spell=str.upper)}") from None
     logging.basicConfig(level=read.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if read.log_format == "json":
         for handler in logging.getLogger().handlers:

@@ -19,7 +19,6 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import errors, files
-from app.llm.base import LLMMessage
 from app.spec.results import ToolAttachment
 
 log = logging.getLogger(__name__)
@@ -108,20 +107,6 @@ async def copy(
         raise errors.FileNotFound(f"Attachment not found: {path}", path=path) from None
     copied = await files.link(session, destination_thread, path_for(entry.name), entry)
     return reference(copied, entry.name)
-
-
-async def inline_images(session: AsyncSession, thread_id: uuid.UUID, messages: list[LLMMessage]) -> None:
-    """Read the images a request refers to by path into base64 `data`; a file deleted since is left out."""
-    for message in messages:
-        kept = []
-        for image in message.images:
-            if image.path is not None and image.data is None and image.url is None:
-                try:
-                    image.data = base64.b64encode(await files.read_bytes(session, thread_id, image.path)).decode()
-                except (errors.FileNotFound, errors.FileConflict, errors.BadPath):
-                    continue
-            kept.append(image)
-        message.images = kept
 
 
 async def _once(data: bytes) -> AsyncIterator[bytes]:

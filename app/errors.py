@@ -1,10 +1,12 @@
 """The domain error tree: no HTTP here; `api/errors.py` maps classes to statuses.
 
-Each class's docstring is its default message; `code` is the machine-readable name clients see.
+Each class's docstring is its default message; `code` is the machine-readable name clients see. `problems` is how
+every message that reports pydantic's validation errors spells them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Container, Iterable, Mapping
 from typing import Any, ClassVar
 
 
@@ -317,3 +319,20 @@ class Unavailable(Aborted):
             return True
         code = str(getattr(orig, "pgcode", None) or getattr(orig, "sqlstate", None) or "")
         return code.startswith(("08", "57P"))
+
+
+def field(loc: Iterable[int | str], *, skip: Container[int | str] = ()) -> str:
+    """Where a pydantic error is, as a dotted path (`items.0.name`), without the parts in `skip`."""
+    return ".".join(str(part) for part in loc if part not in skip)
+
+
+def problems(
+    found: Iterable[Mapping[str, Any]],
+    *,
+    whole: str = "",
+    skip: Container[int | str] = (),
+    spell: Callable[[str], str] = str,
+) -> str:
+    """Pydantic's errors on one line: `field: message` each, `; `-joined; `whole` names the value itself (an error
+    with no field), `spell` writes a field's name."""
+    return "; ".join(f"{spell(field(e['loc'], skip=skip) or whole)}: {e['msg']}" for e in found)

@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from app import errors
 from app.spec.definitions import Side
 
 
@@ -99,5 +100,5 @@ def read(kind: str, payload: dict[str, Any]) -> Payload:
     try:
         return _PAYLOAD.validate_python({**payload, "kind": kind})
     except ValidationError as exc:
-        wrong = "; ".join(f"{'.'.join(map(str, e['loc'][1:])) or 'kind'}: {e['msg']}" for e in exc.errors())
+        wrong = errors.problems(({**e, "loc": e["loc"][1:]} for e in exc.errors()), whole="kind")  # [0]: the kind
         raise ValueError(wrong) from None

@@ -17,6 +17,7 @@ from app import environment, tables
 from app.catalog import Catalog
 from app.engine import calls, context
 from app.engine.context import Env
+from app.llm import retry
 from app.llm.base import LLMRequest, LLMResponse, Usage
 from app.settings import plain_url
 from app.spec import ToolResult, define_agent, define_model, define_prompt
@@ -332,4 +333,4 @@ def test_scrub_result_masks_every_text_field_and_the_error_data() -> None:
     ],
 )
 def test_an_answer_without_text_or_tool_calls_is_empty(response: LLMResponse, is_empty: bool) -> None:
-    assert calls.empty(response) is is_empty
+    assert retry.empty(response) is is_empty

@@ -17,9 +17,9 @@ from app import environment, keys, threads
 from app.catalog import Catalog
 from app.engine import context
 from app.engine.history import Seen
-from app.llm.base import ToolCall
 from app.spec import ThreadState, define_agent, define_model, define_prompt, define_tool
 from app.spec.definitions import PromptDefinition, SideConfig
+from app.spec.messages import ToolCall
 
 
 def text(value: str) -> environment.Value:

@@ -9,9 +9,10 @@ import pytest
 
 from app import threads
 from app.engine import stops, tools
-from app.llm.base import LLMResponse, ToolCall
+from app.llm.base import LLMResponse
 from app.spec import ToolResult, define_agent
 from app.spec.definitions import SessionToolConfig, SideConfig
+from app.spec.messages import ToolCall
 
 
 def call(name: str, arguments: Any = None, call_id: str = "c1") -> ToolCall:

@@ -19,9 +19,9 @@ from app import files, keys, logs, tables, threads
 from app.catalog import Catalog
 from app.engine import context, hooks, tools
 from app.engine.state import RunState
-from app.llm.base import ToolCall
 from app.spec import ThreadState, ToolResult, define_agent, define_model, define_prompt, define_tool
 from app.spec.definitions import SideConfig, ToolEntry
+from app.spec.messages import ToolCall
 from app.spec.state import ExecutionState
 
 # -- tools under test ---------------------------------------------------------------------------------------

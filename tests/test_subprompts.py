@@ -17,7 +17,7 @@ from sqlalchemy import select
 from app import events, queue, tables
 from app.catalog import Catalog
 from app.engine import subprompts, tools
-from app.llm.base import LLMRequest, ToolCall
+from app.llm.base import LLMRequest
 from app.spec import (
     StateMessage,
     ThreadState,
@@ -30,6 +30,7 @@ from app.spec import (
     define_prompt,
     define_tool,
 )
+from app.spec.messages import ToolCall
 from tests import test_subagents
 from tests.conftest import client_for, wait_for
 

@@ -45,6 +45,7 @@ HTTP_CODES = {
     415: "unsupported_media_type",
     422: "invalid_request",
 }
+BODY = ("body",)  # where FastAPI locates the request body: no part of a field's name
 
 
 def envelope(status: int, code: str, message: str, details: dict[str, Any] | None = None) -> JSONResponse:
@@ -72,13 +73,11 @@ async def _domain(_: Request, exc: Exception) -> JSONResponse:
 
 async def _validation(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    problems = [
-        {"field": ".".join(str(p) for p in e["loc"] if p != "body"), "message": e["msg"], "type": e["type"]}
-        for e in exc.errors()
-    ]
+    found = exc.errors()
+    problems = [{"field": errors.field(e["loc"], skip=BODY), "message": e["msg"], "type": e["type"]} for e in found]
     if any(p["type"] == "json_invalid" for p in problems):
         return envelope(400, "malformed_json", "The request body is not valid JSON.", {"problems": problems})
-    summary = "; ".join(f"{p['field'] or 'body'}: {p['message']}" for p in problems)
+    summary = errors.problems(found, whole="body", skip=BODY)
     return envelope(422, "invalid_request", f"Invalid request: {summary}", {"problems": problems})
 
 

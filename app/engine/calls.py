@@ -1,4 +1,7 @@
-"""The LLM call of a step: the model's fallback chain, retries, stream timeouts, chunks, logs and events.
+"""The LLM call of a step as the engine records it, and the thread's images a request refers to, read into it.
+
+Which requests a call makes (retries, stream timeouts, the fallback chain) is `retry.FallbackModel`'s; what each
+leaves behind is this module's (`_Recorder`).
 
 Every request (each attempt at each model) is one `logs` row and one `llm_request` event; a switch to the next
 model is a `fallback_triggered` event. Streamed deltas go out live as `message_chunk` / `reasoning_chunk` with the
@@ -7,7 +10,8 @@ attempt they belong to (a retry starts again at offset 0). No transaction is hel
 
 from __future__ import annotations
 
-import asyncio
+import base64
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -20,14 +24,13 @@ from dataclasses import dataclass
 import httpx
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import events, llm, logs, messages, tables
+from app import errors, events, files, llm, logs, messages, tables
 from app.catalog import Catalog
 from app.engine.context import Env, MissingVariable, scrub, scrub_data
 from app.hub import Publisher
 from app.llm import recovery, retry
 from app.llm.base import (
     CallContext,
-    Done,
     LLMRequest,
     LLMResponse,
     Model,
@@ -37,6 +40,7 @@ from app.llm.base import (
 )
 from app.metrics import Meter
 from app.spec.definitions import ModelDefinition, PromptDefinition
+from app.spec.messages import LLMMessage
 from app.spec.results import ToolResult
 
 Transaction = Callable[[], AbstractAsyncContextManager[tuple[AsyncSession, tables.Thread]]]
@@ -55,14 +59,6 @@ class Result:
     latency_ms: float = 0.0
     ttft_ms: float | None = None
     record: tables.Log | None = None  # the request's log row, until it is written (`write`)
-
-
-@dataclass
-class _Attempt:
-    model: ModelDefinition
-    number: int
-    retry_of: uuid.UUID | None = None
-    fallback_of: uuid.UUID | None = None
 
 
 def api_key(definition: ModelDefinition, env: Env, process_env: Mapping[str, str]) -> str | None:
@@ -90,10 +86,6 @@ def scrub_result(result: ToolResult, secrets: list[str]) -> ToolResult:
     return result.model_copy(update=changes)
 
 
-def empty(response: LLMResponse) -> bool:
-    return not response.text.strip() and not response.tool_calls
-
-
 class Caller:
     """Makes the LLM calls of steps for one engine; one `Model` per definition, sharing one HTTP client."""
 
@@ -108,10 +100,10 @@ class Caller:
     ) -> None:
         self._catalog = catalog
         self.meter = meter
-        self._publisher = publisher
+        self.publisher = publisher
         self._http = http
         self._policy = policy
-        self._process_env = process_env
+        self.process_env = process_env
         self._models: dict[str, Model] = {}
 
     def _model(self, definition: ModelDefinition) -> Model:
@@ -132,143 +124,155 @@ class Caller:
         opened: int | None = None,
         defer: bool = False,
     ) -> Result:
-        """Try the prompt's model and its fallbacks until one answers; an empty answer is asked again once.
+        """Ask the prompt's model through its retries and fallbacks (`retry.FallbackModel`), recording each request.
 
         `depth` is the message's (a subprompt's message is deeper than 0), for its chunk events. `opened`: the
         caller's transaction already announced the first request (`announce`) and counted the requests made before
         it. `defer`: the last request's record (its log row and `llm_response`) is left in `Result.record` for the
         caller to write with the message it answers, instead of in a transaction of its own. A record not deferred is
         written in the next transaction the call makes anyway (the next attempt's, or a fallback's)."""
-        chain = retry.chain(self._catalog, prompt.model)
-        last: Result | None = None
-        previous: uuid.UUID | None = None
-        asked_again = False
-        for index, definition in enumerate(chain):
-            if index > 0 and last is not None:
-                error = last.response.message if isinstance(last.response, ProviderError) else "no answer"
-                async with tx() as (session, thread):
-                    await write(session, last)
-                    await events.append(
-                        session,
-                        thread.id,
-                        "fallback_triggered",
-                        {"from": chain[index - 1].name, "to": definition.name, "error": error},
-                    )
-            attempt = _Attempt(definition, 1, fallback_of=previous if index > 0 else None)
-            while attempt.number <= self._policy.attempts:
-                made = opened if last is None else None
-                last, previous = await self._attempt(
-                    tx, thread_id, message_id, prompt, request, env, attempt, depth, last, made
-                )
-                response = last.response
-                if isinstance(response, LLMResponse):
-                    if not empty(response) or asked_again:
-                        return await self._finish(tx, last, defer)
-                    asked_again = True  # an empty answer is asked again once, outside the retry budget
-                    attempt = _Attempt(definition, attempt.number, retry_of=previous)
-                    continue
-                if not response.retriable or attempt.number == self._policy.attempts:
-                    break
-                await asyncio.sleep(self._policy.delay(response, attempt.number))
-                attempt = _Attempt(definition, attempt.number + 1, retry_of=previous)
-        assert last is not None
-        return await self._finish(tx, last, defer)
-
-    @staticmethod
-    async def _finish(tx: Transaction, result: Result, defer: bool) -> Result:
+        recorder = _Recorder(self, tx, thread_id, message_id, prompt, env, depth, opened)
+        prefix = f"recovered_{message_id.hex[:12]}"  # recovered tool call ids must be unique within the thread
+        chain = [
+            (definition, recovery.RecoveringModel(self._model(definition), prefix, text=definition.text_tool_calls))
+            for definition in retry.chain(self._catalog.models, prompt.model)
+        ]
+        model = retry.FallbackModel(chain, self._policy, recorder)
+        # each request's script position and key are given by the recorder (`_Recorder.open`)
+        with contextlib.suppress(ProviderError):  # every model failed: the last error is the last record's
+            async for event in model.stream(request, CallContext(str(thread_id), 0)):
+                if isinstance(event, TextDelta | ReasoningDelta):
+                    await recorder.delta(event)
+        assert recorder.last is not None
         if not defer:
             async with tx() as (session, _):
-                await write(session, result)
-        return result
+                await write(session, recorder.last)
+        return recorder.last
 
-    async def _attempt(
+
+@dataclass
+class _InFlight:
+    """The request being made: what was sent, the secrets masked in what it leaves behind, its timing and text."""
+
+    attempt: retry.Attempt
+    request: LLMRequest
+    secrets: list[str]
+    started: float = dataclasses.field(default_factory=time.monotonic)
+    ttft: float | None = None
+    offsets: dict[str, int] = dataclasses.field(default_factory=lambda: {"message_chunk": 0, "reasoning_chunk": 0})
+    text: list[str] = dataclasses.field(default_factory=list)
+    flushed: float = dataclasses.field(default_factory=time.monotonic)
+
+
+class _Recorder:
+    """What the engine makes of each request of a call (`retry.Attempts`): its `llm_request` event before it, its
+    deltas live, its log row and metrics after it, and a `fallback_triggered` event between models."""
+
+    def __init__(
         self,
+        caller: Caller,
         tx: Transaction,
         thread_id: uuid.UUID,
         message_id: uuid.UUID,
         prompt: PromptDefinition,
-        request: LLMRequest,
         env: Env,
-        attempt: _Attempt,
         depth: int,
-        before: Result | None,
-        made: int | None,
-    ) -> tuple[Result, uuid.UUID]:
-        """One request; `before` is the previous attempt, whose record this one's opening transaction writes, and
-        `made` the requests already counted when the caller announced this one."""
+        opened: int | None,
+    ) -> None:
+        self._caller = caller
+        self._tx = tx
+        self._thread_id = thread_id
+        self._message_id = message_id
+        self._prompt = prompt
+        self._env = env
+        self._depth = depth
+        self._opened = opened
+        self._current: _InFlight | None = None
+        self.last: Result | None = None  # the latest request's outcome; its record is written by a later transaction
+        self._log_id: uuid.UUID | None = None  # the latest request's log row, which the next request follows
+
+    async def open(
+        self, attempt: retry.Attempt, request: LLMRequest, ctx: CallContext
+    ) -> tuple[LLMRequest, CallContext]:
+        """Write the request before it and announce this one (unless the caller did: `opened`); the request as the
+        attempt's model is sent it, with its key."""
         definition = attempt.model
+        made = self._opened if self.last is None else None
         if made is None:
-            async with tx() as (session, _):
-                if before is not None:
-                    await write(session, before)
-                made = await announce(session, thread_id, definition, attempt.number)
-        key = api_key(definition, env, self._process_env)
-        secrets = [*env.secrets(), *([key] if key else [])]
-        request = dataclasses.replace(
+            async with self._tx() as (session, _):
+                if self.last is not None:
+                    await write(session, self.last)
+                made = await announce(session, self._thread_id, definition, attempt.number)
+        key = api_key(definition, self._env, self._caller.process_env)
+        sent = dataclasses.replace(
             request,
             model=definition.model or definition.name,
-            provider_options={**definition.provider_options, **prompt.provider_options},
+            provider_options={**definition.provider_options, **self._prompt.provider_options},
             max_tokens=definition.capabilities.max_output_tokens,
         )
-        context = CallContext(str(thread_id), made, key)
-        result = await self._stream(tx, thread_id, request, definition, context, message_id, attempt.number, depth)
-        result.response = _recovered(result.response, definition, request, f"recovered_{message_id.hex[:12]}")
-        if isinstance(result.response, ProviderError):
-            result.response.message = scrub(result.response.message, secrets)
-            failed = result.response
+        self._current = _InFlight(attempt, sent, [*self._env.secrets(), *([key] if key else [])])
+        return sent, dataclasses.replace(ctx, call_index=made, api_key=key)
+
+    async def delta(self, event: TextDelta | ReasoningDelta) -> None:
+        """Publish a delta live; the message's partial text reaches its row every `FLUSH_SECONDS`."""
+        current = self._current
+        assert current is not None
+        kind = "message_chunk" if isinstance(event, TextDelta) else "reasoning_chunk"
+        if current.ttft is None:
+            current.ttft = (time.monotonic() - current.started) * 1000
+        offset, attempt = current.offsets[kind], current.attempt.number
+        data = {"message_id": str(self._message_id), "depth": self._depth, "offset": offset, "chunk": event.text}
+        self._caller.publisher.publish(self._thread_id, kind, {**data, "attempt": attempt})
+        current.offsets[kind] += len(event.text)
+        if kind == "message_chunk":
+            current.text.append(event.text)
+            if time.monotonic() - current.flushed >= FLUSH_SECONDS:
+                await _flush(self._tx, self._message_id, "".join(current.text))
+                current.flushed = time.monotonic()
+
+    async def close(self, attempt: retry.Attempt, outcome: LLMResponse | ProviderError) -> None:
+        """The request's outcome, its error masked and logged, and its log row (written by the next transaction)."""
+        current = self._current
+        assert current is not None
+        await self._caller.publisher.sent()  # the deltas before the answer or the failure that ends them
+        result = Result(outcome, attempt.model, (time.monotonic() - current.started) * 1000, current.ttft)
+        if isinstance(outcome, ProviderError):
+            outcome.message = scrub(outcome.message, current.secrets)
             log.warning(
                 "thread %s: model %s (attempt %d) failed: %s: %s",
-                thread_id, definition.name, attempt.number, failed.kind, failed.message,
+                self._thread_id, attempt.model.name, attempt.number, outcome.kind, outcome.message,
             )  # fmt: skip
         log_id = uuid.uuid4()
-        result.record = _log_row(log_id, thread_id, message_id, attempt, result, request, secrets)
-        self.meter.llm_request(result.record)
-        return result, log_id
+        result.record = _log_row(log_id, self._thread_id, self._message_id, current, result, self._log_id)
+        self._caller.meter.llm_request(result.record)
+        self.last, self._log_id = result, log_id
 
-    async def _stream(
-        self,
-        tx: Transaction,
-        thread_id: uuid.UUID,
-        request: LLMRequest,
-        definition: ModelDefinition,
-        context: CallContext,
-        message_id: uuid.UUID,
-        attempt: int,
-        depth: int,
-    ) -> Result:
-        """One request, its deltas published live; a provider error or timeout comes back as the response."""
-        started = time.monotonic()
-        ttft: float | None = None
-        offsets = {"message_chunk": 0, "reasoning_chunk": 0}
-        text: list[str] = []
-        flushed = time.monotonic()
+    async def fall_back(self, failed: retry.Attempt, to: ModelDefinition) -> None:
+        """Write the failed model's last request and a `fallback_triggered` event naming its error."""
+        last = self.last
+        assert last is not None and isinstance(last.response, ProviderError)
+        async with self._tx() as (session, thread):
+            await write(session, last)
+            await events.append(
+                session,
+                thread.id,
+                "fallback_triggered",
+                {"from": failed.model.name, "to": to.name, "error": last.response.message},
+            )
 
-        def result(response: LLMResponse | ProviderError) -> Result:
-            return Result(response, definition, (time.monotonic() - started) * 1000, ttft)
 
-        stream = retry.guarded(self._model(definition).stream(request, context), self._policy, definition.timeout_s)
-        try:
-            async for event in stream:
-                if isinstance(event, Done):
-                    await self._publisher.sent()  # the deltas before the message that completes them
-                    return result(event.response)
-                assert isinstance(event, TextDelta | ReasoningDelta)
-                kind = "message_chunk" if isinstance(event, TextDelta) else "reasoning_chunk"
-                if ttft is None:
-                    ttft = (time.monotonic() - started) * 1000
-                data = {"message_id": str(message_id), "depth": depth, "offset": offsets[kind], "chunk": event.text}
-                self._publisher.publish(thread_id, kind, {**data, "attempt": attempt})
-                offsets[kind] += len(event.text)
-                if kind == "message_chunk":
-                    text.append(event.text)
-                    if time.monotonic() - flushed >= FLUSH_SECONDS:
-                        await _flush(tx, message_id, "".join(text))
-                        flushed = time.monotonic()
-        except ProviderError as exc:
-            await self._publisher.sent()  # the deltas before the failure that ends them
-            return result(exc)
-        await self._publisher.sent()
-        return result(ProviderError("the stream ended without a final response", kind="stream", retriable=True))
+async def inline_images(session: AsyncSession, thread_id: uuid.UUID, messages: list[LLMMessage]) -> None:
+    """Read the images a request refers to by path into base64 `data`; a file deleted since is left out."""
+    for message in messages:
+        kept = []
+        for image in message.images:
+            if image.path is not None and image.data is None and image.url is None:
+                try:
+                    image.data = base64.b64encode(await files.read_bytes(session, thread_id, image.path)).decode()
+                except (errors.FileNotFound, errors.FileConflict, errors.BadPath):
+                    continue
+            kept.append(image)
+        message.images = kept
 
 
 async def _flush(tx: Transaction, message_id: uuid.UUID, partial: str) -> None:
@@ -277,30 +281,17 @@ async def _flush(tx: Transaction, message_id: uuid.UUID, partial: str) -> None:
         await messages.write_partial(session, message_id, partial)
 
 
-def _recovered(
-    response: LLMResponse | ProviderError, definition: ModelDefinition, request: LLMRequest, prefix: str
-) -> LLMResponse | ProviderError:
-    """Tool calls a model wrote as text (`text_tool_calls` models), or that a provider refused as text."""
-    if isinstance(response, ProviderError):
-        if response.failed_generation is None:
-            return response
-        body = {"error": {"failed_generation": response.failed_generation}}
-        return recovery.recover_failed_generation(body, request.tools, prefix=prefix) or response
-    if definition.text_tool_calls:
-        return recovery.recover(response, request.tools, prefix=prefix)
-    return response
-
-
 def _log_row(
     log_id: uuid.UUID,
     thread_id: uuid.UUID,
     message_id: uuid.UUID,
-    attempt: _Attempt,
+    sent: _InFlight,
     result: Result,
-    request: LLMRequest,
-    secrets: list[str],
+    previous: uuid.UUID | None,
 ) -> tables.Log:
-    """One `logs` row per request (`logs.llm`): the request in brief and the answer's start, secrets masked."""
+    """One `logs` row per request (`logs.llm`): the request in brief and the answer's start, secrets masked;
+    `previous` is the log row of the request before it, which it retries or falls back from."""
+    attempt, request, secrets = sent.attempt, sent.request, sent.secrets
     definition = attempt.model
     last = next((m for m in reversed(request.messages) if m.content), None)
     row = functools.partial(
@@ -313,8 +304,8 @@ def _log_row(
         attempt=attempt.number,
         latency_ms=result.latency_ms,
         ttft_ms=result.ttft_ms,
-        retry_of=attempt.retry_of,
-        fallback_of=attempt.fallback_of,
+        retry_of=previous if attempt.follows == "retry" else None,
+        fallback_of=previous if attempt.follows == "fallback" else None,
         request={
             "model": request.model,
             "messages": len(request.messages),

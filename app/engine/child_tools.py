@@ -21,8 +21,8 @@ from app.catalog import Catalog
 from app.engine import subprompts
 from app.engine.context import Env, OfferedTool, parse_arguments
 from app.engine.tools import missing_attachments
-from app.llm.base import ToolCall
 from app.spec.definitions import AgentDefinition, PromptDefinition, Side, ToolEntry
+from app.spec.messages import ToolCall
 from app.spec.results import ToolResult
 
 CREATE = "subagent_create"

@@ -13,9 +13,10 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import environment, messages, tables
 from app.catalog import Catalog
-from app.llm.base import LLMImage, LLMMessage, LLMRequest, LLMTool, ToolCall
+from app.llm.base import LLMRequest, LLMTool
 from app.spec.define import close_objects
 from app.spec.definitions import PromptDefinition, PromptEnvPart, PromptIncludePart, Side, SideConfig, ToolEntry
+from app.spec.messages import LLMImage, LLMMessage, ToolCall
 
 
 class MissingVariable(LookupError):

@@ -18,9 +18,9 @@ from app import attachments, event_types, events, logs, messages, tables
 from app.catalog import Catalog
 from app.engine.context import Env, _visible, load_env, scrub
 from app.engine.state import RunState, Transaction
-from app.llm.base import LLMMessage, ToolCall
 from app.spec.define import HookDefinition
 from app.spec.definitions import AgentDefinition, PromptDefinition, Side
+from app.spec.messages import LLMMessage, ToolCall
 from app.spec.results import ToolResult
 from app.spec.state import ExecutionState, StateMessage
 

@@ -17,9 +17,9 @@ from app import errors, events, inputs, logs, messages, queue, tables
 from app.catalog import Catalog
 from app.engine import child_tools, context, hooks
 from app.engine.state import deliver_tool
-from app.llm.base import ToolCall
 from app.metrics import Meter
 from app.spec.definitions import AgentDefinition, Side
+from app.spec.messages import ToolCall
 from app.spec.results import ToolResult
 
 log = logging.getLogger(__name__)

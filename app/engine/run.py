@@ -31,15 +31,11 @@ from app.engine.state import RunState
 from app.engine.step import OPEN_APART, RELEASED, OpenApart, Prepared, Released, Step
 from app.hub import Publisher
 from app.llm import retry
-from app.llm.base import (
-    LLMMessage,
-    LLMResponse,
-    ProviderError,
-    ToolCall,
-)
+from app.llm.base import LLMResponse, ProviderError
 from app.metrics import Meter
 from app.settings import Settings
 from app.spec.definitions import AgentDefinition, PromptDefinition, Side, SideConfig
+from app.spec.messages import LLMMessage, ToolCall
 from app.spec.results import ToolResult
 from app.spec.state import ExecutionState, SubagentEntry
 
@@ -400,7 +396,7 @@ class Engine:
         registry = children.registry_message(await children.of(session, thread))
         if registry is not None:  # after the history, so the model sees its children's current state
             request.messages.append(LLMMessage("system", registry))
-        await attachments.inline_images(session, thread.id, request.messages)
+        await calls.inline_images(session, thread.id, request.messages)
         if last is not None:  # redo an interrupted call into the same row
             if last not in session:  # held from an earlier transaction of this execution
                 last = await messages.get(session, thread.id, last.id)
@@ -420,7 +416,7 @@ class Engine:
             message = await messages.add(session, thread.id, messages.role_of(side), **fields)
             await hook_runner.after_create_message(message)
         await events.append(session, thread.id, "step_started", {"step": thread.session_steps, "side": side})
-        made = await calls.announce(session, thread.id, retry.chain(self._catalog, prompt.model)[0], 1)
+        made = await calls.announce(session, thread.id, self._catalog.models[prompt.model], 1)
         return Step(side, thread.session_steps, message.id, request, env=env, agent=agent, made=made, message=message)
 
     # -- the model -----------------------------------------------------------------------------------------

@@ -33,10 +33,10 @@ from app.engine import handoffs, tools
 from app.engine.context import Env, offered_tools
 from app.engine.files import FileMethods
 from app.engine.messages import MessageMethods, as_uuid, check_page, refuse_nul
-from app.llm.base import ToolCall
 from app.settings import DEFAULT_TOOL_TIMEOUT
 from app.spec.define import EffectDefinition
 from app.spec.definitions import AgentDefinition, ModelDefinition, PromptDefinition, Side, ToolEntry
+from app.spec.messages import ToolCall
 from app.spec.results import ToolResult
 from app.spec.state import (
     ExecutionState,

@@ -10,8 +10,9 @@ from typing import Any
 from app import tables
 from app.engine import context, hooks
 from app.engine.state import RunState
-from app.llm.base import LLMResponse, ToolCall
+from app.llm.base import LLMResponse
 from app.spec.definitions import AgentDefinition, Side, SideConfig
+from app.spec.messages import ToolCall
 
 
 class Released:

@@ -40,8 +40,9 @@ from app import attachments, errors, event_types, events, files, logs, messages,
 from app.catalog import Catalog
 from app.engine import calls, child_tools, context, hooks, tools
 from app.engine.state import RunState, Transaction
-from app.llm.base import LLMMessage, ProviderError, ToolCall
+from app.llm.base import ProviderError
 from app.spec.definitions import PromptDefinition, Side, SideConfig, ToolEntry
+from app.spec.messages import LLMMessage, ToolCall
 from app.spec.results import ToolResult
 
 MAX_DEPTH = 8  # subprompts calling subprompts: a prompt that offers itself must not recurse forever
@@ -146,7 +147,7 @@ class Runner:
             if self._catalog.models[prompt.model].capabilities.supports_images:
                 first.images = context._images(refs)
             request.messages.append(first)
-            await attachments.inline_images(session, thread.id, request.messages)
+            await calls.inline_images(session, thread.id, request.messages)
             fields = {"side": side, "status": messages.Status.PENDING, "prompt": name, "model": prompt.model, **tags}
             role = messages.role_of(side)
             pending = await messages.add(

@@ -11,13 +11,12 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ValidationError
 
-from app import logs, tables
+from app import errors, logs, tables
 from app.catalog import Catalog
 from app.engine.context import OfferedTool, parse_arguments, scrub
-from app.errors import AgentsError
-from app.llm.base import ToolCall
 from app.spec.define import ToolDefinition
 from app.spec.definitions import SideConfig
+from app.spec.messages import ToolCall
 from app.spec.results import ToolResult
 
 if TYPE_CHECKING:  # state.py runs tools itself (`invoke_tool`)
@@ -80,7 +79,7 @@ def _error(text: str) -> ToolResult:
 def problems(exc: ValidationError) -> str:
     """What pydantic found wrong with a call's arguments, one `field`: message per problem (`arguments` for the
     whole)."""
-    return "; ".join(f"`{'.'.join(str(p) for p in e['loc']) or 'arguments'}`: {e['msg']}" for e in exc.errors())
+    return errors.problems(exc.errors(), whole="arguments", spell=lambda name: f"`{name}`")
 
 
 def _validation_text(name: str, exc: ValidationError) -> str:
@@ -163,7 +162,7 @@ async def check_attachments(side: SideConfig | None, outcome: Outcome, state: Ru
         for path in paths:
             try:
                 record = await state.stat_file(path)
-            except AgentsError:  # a malformed path names no file either
+            except errors.AgentsError:  # a malformed path names no file either
                 record = None
             if record is None or record.type != "file":
                 missing.append(path)

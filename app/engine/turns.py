@@ -10,8 +10,8 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import children, events, messages, tables, threads
 from app.engine import stops, tools
-from app.llm.base import ToolCall
 from app.spec.definitions import AgentDefinition, Side, SideConfig
+from app.spec.messages import ToolCall
 
 
 def start(thread: tables.Thread, acting: Side) -> None:

@@ -1,9 +1,10 @@
-"""LLM providers behind one `Model` contract; the engine never branches on the provider."""
+"""LLM providers behind one `Model` contract, and models that wrap any of them (`retry`, `recovery`); the engine
+never branches on the provider."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Collection, Mapping
+from typing import Protocol
 
 import httpx
 
@@ -12,10 +13,7 @@ from app.llm.anthropic import AnthropicModel
 from app.llm.base import Model
 from app.llm.openai import OpenAIModel
 from app.llm.test import TestModel
-from app.spec.definitions import ModelDefinition
-
-if TYPE_CHECKING:  # app.catalog imports app.spec, which imports app.llm
-    from app.catalog import Catalog
+from app.spec.definitions import AgentDefinition, ModelDefinition, PromptDefinition
 
 # provider name → factory(definition, shared HTTP client); adapters speak to their API over that client
 PROVIDERS: dict[str, Callable[[ModelDefinition, httpx.AsyncClient], Model]] = {
@@ -36,7 +34,20 @@ def build(definition: ModelDefinition, http: httpx.AsyncClient) -> Model:
     return PROVIDERS[definition.provider](definition, http)
 
 
-def missing_keys(catalog: Catalog, defined: Collection[str]) -> list[str]:
+class Configured(Protocol):
+    """What `missing_keys` reads of a catalog (`app.catalog.Catalog`): its models, agents and prompts."""
+
+    @property
+    def models(self) -> Mapping[str, ModelDefinition]: ...
+
+    @property
+    def agents(self) -> Mapping[str, AgentDefinition]: ...
+
+    @property
+    def prompts(self) -> Mapping[str, PromptDefinition]: ...
+
+
+def missing_keys(catalog: Configured, defined: Collection[str]) -> list[str]:
     """One warning per model of the catalog whose key variable is set nowhere a call would find it before the
     thread's and user's variables: not in `defined` (the process environment, the instance's variables) and not in
     any agent's or prompt's `env`. Such a model fails every call (`auth` error) unless a user or thread sets it."""

@@ -17,17 +17,16 @@ import httpx
 from app.llm.base import (
     CallContext,
     Done,
-    LLMMessage,
     LLMRequest,
     LLMResponse,
     ProviderError,
     ReasoningDelta,
     StreamEvent,
     TextDelta,
-    ToolCall,
     Usage,
 )
 from app.spec.definitions import ModelDefinition
+from app.spec.messages import LLMMessage, ToolCall
 
 DEFAULT_BASE_URL = "https://api.anthropic.com"
 API_VERSION = "2023-06-01"

@@ -31,17 +31,16 @@ import httpx
 from app.llm.base import (
     CallContext,
     Done,
-    LLMMessage,
     LLMRequest,
     LLMResponse,
     ProviderError,
     ReasoningDelta,
     StreamEvent,
     TextDelta,
-    ToolCall,
     Usage,
 )
 from app.spec.definitions import ModelDefinition
+from app.spec.messages import LLMMessage, ToolCall
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 DEFAULT_KEY_ENV = "OPENAI_API_KEY"

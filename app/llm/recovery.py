@@ -2,18 +2,30 @@
 
 For models flagged `text_tool_calls`. Strategies, in order, the first that finds a call of an offered tool wins:
 Llama-style `<function=name>{…}</function>`, `<tool_call>{…}</tool_call>` wrappers, Markdown ```json blocks, then
-raw JSON objects found by string-aware brace matching. Smart quotes are read as ASCII quotes.
+raw JSON objects found by string-aware brace matching. Smart quotes are read as ASCII quotes. `RecoveringModel`
+recovers them around any `Model`, and from the generation a provider refused as an error.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from app.llm.base import LLMResponse, LLMTool, ToolCall
+from app.llm.base import (
+    CallContext,
+    Done,
+    LLMRequest,
+    LLMResponse,
+    LLMTool,
+    Model,
+    ProviderError,
+    StreamEvent,
+    aclose,
+)
+from app.spec.messages import ToolCall
 
 _SMART_QUOTES = str.maketrans({"“": '"', "”": '"', "‘": "'", "’": "'"})  # one char each: offsets stay valid
 _FUNCTION = re.compile(r"<function=([^\s>{<]+)>?\s*")
@@ -236,3 +248,32 @@ def recover_failed_generation(
         return None
     response = recover(LLMResponse(text=text), tools, prefix=prefix)
     return response if response.tool_calls else None
+
+
+class RecoveringModel:
+    """`model` with the tool calls it wrote as text made real: in its answers if `text` (`text_tool_calls` models),
+    and in the generation a provider refused as an error (Groq `tool_use_failed`), whatever the model."""
+
+    def __init__(self, model: Model, prefix: str, *, text: bool) -> None:
+        self.provider = model.provider
+        self._model = model
+        self._prefix = prefix  # unique to the answer: recovered call ids must be unique within a thread
+        self._text = text
+
+    async def stream(self, request: LLMRequest, ctx: CallContext) -> AsyncIterator[StreamEvent]:
+        events = self._model.stream(request, ctx)
+        try:
+            async for event in events:
+                if isinstance(event, Done) and self._text:
+                    event = Done(recover(event.response, request.tools, prefix=self._prefix))
+                yield event
+        except ProviderError as exc:
+            if exc.failed_generation is None:
+                raise
+            body = {"error": {"failed_generation": exc.failed_generation}}
+            recovered = recover_failed_generation(body, request.tools, prefix=self._prefix)
+            if recovered is None:
+                raise
+            yield Done(recovered)
+        finally:
+            await aclose(events)

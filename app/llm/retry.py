@@ -1,19 +1,21 @@
 """Resilience around any `Model`: first-chunk and stall timeouts, retries with backoff, the fallback chain.
 
-Two attempts per model (a retriable error is tried again after an exponential backoff, or the provider's
-`Retry-After`), then each of the model's `fallbacks` in order. A final error (a bad request, a refused key) is not
-tried again on the same model, but the next model of the chain may still accept the request. A user stop cancels
-the task: `CancelledError` is never caught here, so a stop never walks the chain.
+`FallbackModel` is itself a `Model`. Two attempts per model (a retriable error is tried again after an exponential
+backoff, or the provider's `Retry-After`), then each of the model's `fallbacks` in order. A final error (a bad
+request, a refused key) is not tried again on the same model, but the next model of the chain may still accept the
+request. An empty answer is asked again once per call, outside the attempts. A user stop cancels the task:
+`CancelledError` is never caught here, so a stop never walks the chain. What each request sends and what it leaves
+behind (events, log rows) is the caller's, through `Attempts`.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Literal, Protocol
 
-from app.catalog import Catalog
-from app.llm.base import ProviderError, StreamEvent
+from app.llm.base import CallContext, Done, LLMRequest, LLMResponse, Model, ProviderError, StreamEvent, aclose
 from app.settings import Settings
 from app.spec.definitions import ModelDefinition
 
@@ -44,14 +46,96 @@ class Policy:
         return max(0.0, min(wait, self.max_delay))
 
 
-def chain(catalog: Catalog, primary: str) -> list[ModelDefinition]:
+def chain(models: Mapping[str, ModelDefinition], primary: str) -> list[ModelDefinition]:
     """The model and its fallbacks, in the order they are tried (each model once)."""
     out: list[ModelDefinition] = []
-    for name in [primary, *catalog.models[primary].fallbacks]:
-        definition = catalog.models.get(name)
+    for name in [primary, *models[primary].fallbacks]:
+        definition = models.get(name)
         if definition is not None and definition not in out:
             out.append(definition)
     return out
+
+
+def empty(response: LLMResponse) -> bool:
+    """An answer with neither text nor tool calls."""
+    return not response.text.strip() and not response.tool_calls
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One request of a call: the model of the chain it goes to, its attempt number there, and what it follows."""
+
+    model: ModelDefinition
+    number: int = 1
+    follows: Literal["retry", "fallback"] | None = None  # the request before it failed (or answered nothing)
+
+
+class Attempts(Protocol):
+    """The caller's part in each request a `FallbackModel` makes: what it sends, and what it records."""
+
+    async def open(self, attempt: Attempt, request: LLMRequest, ctx: CallContext) -> tuple[LLMRequest, CallContext]:
+        """Before a request: the request and the context `attempt.model` is sent."""
+        ...
+
+    async def close(self, attempt: Attempt, outcome: LLMResponse | ProviderError) -> None:
+        """After a request: how it ended, before the next one is decided."""
+        ...
+
+    async def fall_back(self, failed: Attempt, to: ModelDefinition) -> None:
+        """Between the last request to a model and the first to the next model of the chain."""
+        ...
+
+
+class FallbackModel:
+    """The models of a chain, each tried `policy.attempts` times, as one `Model`: it streams the deltas of every
+    request and ends with the first answer, or raises the last model's last error."""
+
+    provider = "fallback"
+
+    def __init__(self, models: Sequence[tuple[ModelDefinition, Model]], policy: Policy, attempts: Attempts) -> None:
+        self._models = models
+        self._policy = policy
+        self._attempts = attempts
+
+    async def stream(self, request: LLMRequest, ctx: CallContext) -> AsyncIterator[StreamEvent]:
+        asked_again = False
+        failed: Attempt | None = None
+        error: ProviderError | None = None
+        for definition, model in self._models:
+            if failed is not None:
+                await self._attempts.fall_back(failed, definition)
+            attempt = Attempt(definition, 1, None if failed is None else "fallback")
+            while True:
+                sent, context = await self._attempts.open(attempt, request, ctx)
+                outcome: LLMResponse | ProviderError
+                outcome = ProviderError("the stream ended without a final response", kind="stream", retriable=True)
+                events = guarded(model.stream(sent, context), self._policy, definition.timeout_s)
+                try:
+                    async for event in events:
+                        if isinstance(event, Done):
+                            outcome = event.response
+                            break
+                        yield event
+                except ProviderError as exc:
+                    outcome = exc
+                finally:
+                    await aclose(events)
+                await self._attempts.close(attempt, outcome)
+                if isinstance(outcome, LLMResponse):
+                    if not empty(outcome) or asked_again:
+                        yield Done(outcome)
+                        return
+                    asked_again = True  # an empty answer is asked again once, outside the attempts
+                    attempt = Attempt(definition, attempt.number, "retry")
+                    continue
+                error = outcome
+                if not outcome.retriable or attempt.number >= self._policy.attempts:
+                    break
+                await asyncio.sleep(self._policy.delay(outcome, attempt.number))
+                attempt = Attempt(definition, attempt.number + 1, "retry")
+            failed = attempt
+        assert error is not None, "a chain has at least its primary model"
+        raise error
 
 
 async def guarded(
@@ -76,6 +160,4 @@ async def guarded(
             first = False
             timeout = policy.stall_timeout
     finally:
-        close = getattr(iterator, "aclose", None)
-        if close is not None:
-            await close()
+        await aclose(iterator)

@@ -21,10 +21,10 @@ from app.llm.base import (
     ReasoningDelta,
     StreamEvent,
     TextDelta,
-    ToolCall,
     Usage,
 )
 from app.spec.definitions import ModelDefinition, TestReply
+from app.spec.messages import ToolCall
 
 RETRIABLE = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
 

@@ -1,6 +1,5 @@
 """The authoring surface: everything code under `agents/` imports from `app`."""
 
-from app.llm.base import LLMMessage
 from app.spec.define import (
     BlockingState,
     EffectDefinition,
@@ -24,6 +23,7 @@ from app.spec.definitions import (
     ToolEntry,
     VariableDefinition,
 )
+from app.spec.messages import LLMMessage
 from app.spec.results import ToolAttachment, ToolResult
 from app.spec.state import (
     AttachmentRef,

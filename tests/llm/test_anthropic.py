@@ -16,8 +16,6 @@ from app.llm.anthropic import AnthropicModel
 from app.llm.base import (
     CallContext,
     Done,
-    LLMImage,
-    LLMMessage,
     LLMRequest,
     LLMResponse,
     LLMTool,
@@ -28,6 +26,7 @@ from app.llm.base import (
 )
 from app.spec import define_model
 from app.spec.definitions import ModelDefinition
+from app.spec.messages import LLMImage, LLMMessage
 
 KEY = "sk-ant-secret-key-123"
 CTX = CallContext("thread", 0, api_key=KEY)

@@ -15,8 +15,6 @@ from app import llm
 from app.llm.base import (
     CallContext,
     Done,
-    LLMImage,
-    LLMMessage,
     LLMRequest,
     LLMResponse,
     LLMTool,
@@ -27,6 +25,7 @@ from app.llm.base import (
 )
 from app.llm.openai import OpenAIModel
 from app.spec import define_model
+from app.spec.messages import LLMImage, LLMMessage
 
 KEY = "sk-test-0123456789abcdef"
 Handler = Callable[[httpx.Request], httpx.Response]

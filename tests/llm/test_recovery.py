@@ -4,13 +4,25 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
-from app.llm.base import LLMResponse, LLMTool, ToolCall, Usage
-from app.llm.recovery import recover, recover_failed_generation
+from app.llm.base import (
+    CallContext,
+    Done,
+    LLMRequest,
+    LLMResponse,
+    LLMTool,
+    ProviderError,
+    StreamEvent,
+    TextDelta,
+    Usage,
+)
+from app.llm.recovery import RecoveringModel, recover, recover_failed_generation
 from app.spec import define_model
+from app.spec.messages import LLMMessage, ToolCall
 
 TOOLS = [
     LLMTool("get_weather", "Weather of a city", {"type": "object", "properties": {"city": {"type": "string"}}}),
@@ -234,3 +246,47 @@ def test_the_model_flag_in_both_spellings() -> None:
     assert define_model(name="m", provider="test", script=["x"]).text_tool_calls is False
     assert define_model(name="m", provider="test", script=["x"], textToolCalls=True).text_tool_calls is True
     assert define_model(name="m", provider="openai", model="llama-3.3-70b", text_tool_calls=True).text_tool_calls
+
+
+class Scripted:
+    """A model that streams `text` and answers with it, or fails with `error`."""
+
+    provider = "scripted"
+
+    def __init__(self, text: str = "", error: ProviderError | None = None) -> None:
+        self.text, self.error = text, error
+
+    async def stream(self, request: LLMRequest, ctx: CallContext) -> AsyncIterator[StreamEvent]:
+        if self.error is not None:
+            raise self.error
+        yield TextDelta(self.text)
+        yield Done(LLMResponse(text=self.text))
+
+
+async def answered(model: RecoveringModel) -> tuple[list[StreamEvent], LLMResponse]:
+    request = LLMRequest(model="m", messages=[LLMMessage("user", "weather?")], tools=TOOLS)
+    events = [e async for e in model.stream(request, CallContext("t", 0))]
+    assert isinstance(events[-1], Done)
+    return events[:-1], events[-1].response
+
+
+async def test_a_recovering_model_recovers_text_calls_only_for_text_tool_call_models() -> None:
+    text = '<function=get_weather>{"city": "Paris"}</function>'
+    deltas, response = await answered(RecoveringModel(Scripted(text), "recovered_m1", text=True))
+    assert deltas == [TextDelta(text)]  # the deltas went out as the model wrote them
+    assert calls(response) == [("get_weather", {"city": "Paris"})]
+    assert response.tool_calls[0]["id"] == "recovered_m1_0"
+    _, untouched = await answered(RecoveringModel(Scripted(text), "recovered_m1", text=False))
+    assert (untouched.text, untouched.tool_calls) == (text, [])
+
+
+async def test_a_recovering_model_answers_with_a_refused_generation_that_holds_a_call() -> None:
+    refused = ProviderError("tool_use_failed", status=400, kind="bad_request")
+    refused.failed_generation = '<function=search>{"q": "rain"}</function>'
+    _, response = await answered(RecoveringModel(Scripted(error=refused), "r", text=False))
+    assert calls(response) == [("search", {"q": "rain"})]
+    refused.failed_generation = "I cannot call tools."
+    with pytest.raises(ProviderError, match="tool_use_failed"):
+        await answered(RecoveringModel(Scripted(error=refused), "r", text=False))
+    with pytest.raises(ProviderError, match="down"):
+        await answered(RecoveringModel(Scripted(error=ProviderError("down", status=503)), "r", text=True))

@@ -8,18 +8,10 @@ from typing import Any
 
 import pytest
 
-from app.llm.base import (
-    CallContext,
-    Done,
-    LLMMessage,
-    LLMRequest,
-    LLMResponse,
-    ProviderError,
-    ReasoningDelta,
-    TextDelta,
-)
+from app.llm.base import CallContext, Done, LLMRequest, LLMResponse, ProviderError, ReasoningDelta, TextDelta
 from app.llm.test import TestModel
 from app.spec import define_model
+from app.spec.messages import LLMMessage
 
 REQUEST = LLMRequest(model="m", messages=[LLMMessage("system", "sys"), LLMMessage("user", "hello")])
 
