@@ -25,7 +25,8 @@ from app.spec import (
 from tests.conftest import client_for
 from tests.test_api import _key, assert_error
 from tests.test_engine import event_types, stored
-from tests.test_hooks import CALL_ADD, Model, add, catalog, run, settle_after
+from tests.test_hooks import CALL_ADD, Model, catalog, run, settle_after
+from tests.tools import add
 
 
 class Gated:

@@ -23,18 +23,9 @@ from app.engine import inbox, run
 from app.llm.base import LLMRequest
 from app.settings import Settings, plain_url
 from app.spec import ThreadState, define_agent, define_model, define_prompt, define_tool, definitions
+from tests.tools import add
 
 FERNET = Fernet(Fernet.generate_key())
-
-
-class AddArgs(BaseModel):
-    a: int
-    b: int
-
-
-@define_tool(description="Add two integers.")
-async def add(state: ThreadState, args: AddArgs) -> str:
-    return str(args.a + args.b)
 
 
 @define_tool(description="Always fails.")

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pydantic import BaseModel
 from sqlalchemy import select
 
 from app import tables
@@ -29,16 +28,7 @@ from app.spec import (
 )
 from tests.conftest import client_for, wait_for
 from tests.test_engine import stored
-
-
-class AddArgs(BaseModel):
-    a: int
-    b: int
-
-
-@define_tool(description="Add two integers.")
-async def add(state: ThreadState, args: AddArgs) -> str:
-    return str(args.a + args.b)
+from tests.tools import add
 
 
 @define_tool(description="Always fails.")

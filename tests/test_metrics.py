@@ -11,30 +11,20 @@ from typing import Any
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from pydantic import BaseModel
 from sqlalchemy import text as sql
 
 from app import db, keys, metrics, queue
 from app.api.app import create_app
 from app.catalog import Catalog
 from app.settings import Settings, plain_url
-from app.spec import ThreadState, define_agent, define_model, define_prompt, define_tool
+from app.spec import define_agent, define_model, define_prompt
 from tests.conftest import ROOT, client_for, wait_for
 from tests.processes import free_port, start, stop, until_ready
 from tests.test_api import assert_error, read_events
 from tests.test_engine import settle
+from tests.tools import add
 
 Series = dict[tuple[str, frozenset[tuple[str, str]]], float]
-
-
-class AddArgs(BaseModel):
-    a: int
-    b: int
-
-
-@define_tool(description="Add two integers.")
-async def add(state: ThreadState, args: AddArgs) -> str:
-    return str(args.a + args.b)
 
 
 USAGE = {"input_tokens": 1000, "output_tokens": 200, "cached_tokens": 400}

@@ -11,24 +11,14 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from pydantic import BaseModel
 
 from app.catalog import Catalog
-from app.spec import ThreadState, define_agent, define_model, define_prompt, define_tool
+from app.spec import define_agent, define_model, define_prompt
 from tests.conftest import client_for, wait_for
 from tests.test_api import read_events
 from tests.test_calls import log_rows
 from tests.test_engine import event_types, settle, stored
-
-
-class AddArgs(BaseModel):
-    a: int
-    b: int
-
-
-@define_tool(description="Add two integers.")
-async def add(state: ThreadState, args: AddArgs) -> str:
-    return str(args.a + args.b)
+from tests.tools import add
 
 
 def catalog(*extra: Any, fallbacks: list[str] | None = None, use: str = "gpt") -> Catalog:

@@ -34,13 +34,9 @@ from app.spec import (
     define_tool,
 )
 from tests.conftest import client_for, wait_for
+from tests.tools import add
 
 # -- tools --------------------------------------------------------------------------------------------------
-
-
-class AddArgs(BaseModel):
-    a: int
-    b: int
 
 
 class TextArgs(BaseModel):
@@ -54,11 +50,6 @@ class VarArgs(BaseModel):
 
 class QueueArgs(BaseModel):
     name: str
-
-
-@define_tool(description="Add two integers.")
-async def add(state: ThreadState, args: AddArgs) -> str:
-    return str(args.a + args.b)
 
 
 @define_tool(description="Identity, definitions and names.")

@@ -23,30 +23,20 @@ import httpx
 import pytest
 import uvicorn
 from fastapi import FastAPI
-from pydantic import BaseModel
 from sqlalchemy import func, select
 
 from app import events, keys, messages, tokens
 from app.api import schemas
 from app.catalog import Catalog
 from app.settings import plain_url
-from app.spec import ThreadState, define_agent, define_model, define_prompt, define_tool
+from app.spec import define_agent, define_model, define_prompt
 from tests.conftest import ROOT, wait_for
 from tests.processes import free_port, start, stop, until_ready
 from tests.test_engine import settle
+from tests.tools import add
 
 Frame = dict[str, Any]
 Serve = Callable[..., Awaitable[str]]
-
-
-class AddArgs(BaseModel):
-    a: int
-    b: int
-
-
-@define_tool(description="Add two integers.")
-async def add(state: ThreadState, args: AddArgs) -> str:
-    return str(args.a + args.b)
 
 
 def call(a: int, b: int) -> dict[str, Any]:

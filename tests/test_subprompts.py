@@ -33,16 +33,7 @@ from app.spec import (
 from app.spec.messages import ToolCall
 from tests import test_subagents
 from tests.conftest import client_for, wait_for
-
-
-class AddArgs(BaseModel):
-    a: int
-    b: int
-
-
-@define_tool(description="Add two integers.")
-async def add(state: ThreadState, args: AddArgs) -> str:
-    return str(args.a + args.b)
+from tests.tools import add
 
 
 @define_tool(description="Always fails.")
