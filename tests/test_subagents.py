@@ -150,7 +150,7 @@ async def start(app_factory: Any, cat: Catalog) -> tuple[FastAPI, httpx.AsyncCli
     return app, client, created.json()["id"]
 
 
-async def until(client: httpx.AsyncClient, tid: str, check: Any, timeout: float = 15) -> list[dict[str, Any]]:
+async def until(client: httpx.AsyncClient, tid: str, check: Any, timeout: float = 60) -> list[dict[str, Any]]:
     async def ready() -> list[dict[str, Any]] | None:
         rows = await stored(client, tid)
         return rows if check(rows) else None
