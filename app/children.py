@@ -22,7 +22,6 @@ from sqlalchemy.orm.attributes import set_committed_value
 from app import (
     attachments,
     crypto,
-    db,
     environment,
     errors,
     event_types,
@@ -30,6 +29,7 @@ from app import (
     inputs,
     messages,
     queue,
+    statements,
     tables,
     threads,
 )
@@ -163,8 +163,8 @@ _CHILDREN = "SELECT * FROM threads WHERE parent_id = $1 ORDER BY created_at"
 
 async def of_parent(session: AsyncSession, parent_id: uuid.UUID) -> list[tables.Thread]:
     """The parent's children, oldest first."""
-    found = await (await db.driver(session)).fetch(_CHILDREN, parent_id)
-    return [db.attach(session, tables.Thread, row) for row in found]
+    found = await (await statements.driver(session)).fetch(_CHILDREN, parent_id)
+    return [statements.attach(session, tables.Thread, row) for row in found]
 
 
 async def of(session: AsyncSession, parent: tables.Thread) -> list[tables.Thread]:

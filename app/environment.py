@@ -13,7 +13,7 @@ from cryptography.fernet import Fernet
 from sqlalchemy import delete, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import crypto, db, errors, queue, tables
+from app import crypto, errors, queue, statements, tables
 
 if TYPE_CHECKING:  # the catalog holds the graph; this module only reads it
     from app.catalog import Catalog
@@ -138,7 +138,7 @@ async def put(
     stored = [
         crypto.encrypt(fernet, values[n]) if k == "secret" else values[n] for n, k in zip(names, kinds, strict=True)
     ]
-    held = await (await db.driver(session)).fetchval(_PUT, scope, owner, names, kinds, stored, most)
+    held = await (await statements.driver(session)).fetchval(_PUT, scope, owner, names, kinds, stored, most)
     if most is not None and held > most:
         raise _too_many(held, most)
 
@@ -196,7 +196,7 @@ async def layers(session: AsyncSession, fernet: Fernet, thread_id: uuid.UUID, us
     if version is not None and kept is not None and kept[0] == version:
         _KEPT.move_to_end(key)
         return _copy(kept[1])
-    rows = await (await db.driver(session)).fetch(_LAYERS, str(thread_id), user_id, INSTANCE)
+    rows = await (await statements.driver(session)).fetch(_LAYERS, str(thread_id), user_id, INSTANCE)
     found = Layers({}, {}, {})
     for r in rows:
         value = Value(crypto.decrypt(fernet, r["value"]) if r["type"] == "secret" else r["value"], r["type"])
@@ -282,7 +282,9 @@ async def copy_thread(
 ) -> None:
     """Give a child a copy of its parent's thread values, leaving out `exclude` (scoped names) and, for the names
     in `instances`, the name and every `NAME__k` (§6.6, §6.7)."""
-    await (await db.driver(session)).execute(_COPY, str(source), str(destination), list(exclude), list(instances))
+    await (await statements.driver(session)).execute(
+        _COPY, str(source), str(destination), list(exclude), list(instances)
+    )
 
 
 # PROPAGATE: a thread's value of $2 (as it is stored, still encrypted) into every live descendant ($1 the thread's
@@ -306,7 +308,7 @@ DO UPDATE SET type = excluded.type, value = excluded.value, updated_at = now()
 async def propagate(session: AsyncSession, thread_id: uuid.UUID, name: str, scoped_in: Collection[str]) -> None:
     """Copy the thread's value of `name` to its live (not terminated) descendants, except into the subtrees of
     children running an agent in `scoped_in` (their graph declares `name` scoped) (§8)."""
-    await (await db.driver(session)).execute(_PROPAGATE, str(thread_id), name, list(scoped_in))
+    await (await statements.driver(session)).execute(_PROPAGATE, str(thread_id), name, list(scoped_in))
 
 
 async def delete_all(session: AsyncSession, thread_id: uuid.UUID) -> None:

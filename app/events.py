@@ -21,7 +21,7 @@ from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm.attributes import set_committed_value
 
-from app import db, errors, tables
+from app import errors, statements, tables
 from app.event_types import (
     AgentHandoff,
     Custom,
@@ -123,7 +123,7 @@ RELEASED = ("lease_token", "lease_owner", "attempt", "runnable_since")  # the co
 
 
 # RUNNABLE: keep (or set) `runnable_since` and wake a worker on `$2` at commit: `_APPEND_MANY`'s wake-up without
-# events (after the deferred writes, `db.defer`), and `queue.mark_runnable`.
+# events (after the deferred writes, `statements.defer`), and `queue.mark_runnable`.
 RUNNABLE = (
     "UPDATE threads SET runnable_since = coalesce(runnable_since, now()) WHERE id = $1 RETURNING pg_notify($2, '')"
 )
@@ -150,16 +150,16 @@ def hold(session: AsyncSession, thread_id: uuid.UUID) -> None:
 async def flush(session: AsyncSession, thread: tables.Thread | None = None) -> None:
     """Write the events held on `session` (before its commit, and before a savepoint); with the held thread's row,
     its changed columns go in the same statement (the events' UPDATE of that row), and so do the deferred writes
-    (`db.defer`)."""
+    (`statements.defer`)."""
     held: _Held | None = session.info.get(_BATCH)
     if held is None:
         return
     # a release goes with the thread's row (the transaction's last flush); one without it writes only the events
     release = held.release if thread is not None and thread.id == held.thread_id else None
-    writes = db.deferred(session)
+    writes = statements.deferred(session)
     if not (held.items or writes or held.wake or release):
         return
-    driver = await db.driver(session, flush=False, carries=True)
+    driver = await statements.driver(session, flush=False, carries=True)
     types, datas = [t for t, _ in held.items], [d for _, d in held.items]
     extra, wake = [a for _, args in writes for a in args], held.wake
     held.items, held.wake = [], None
@@ -170,18 +170,18 @@ async def flush(session: AsyncSession, thread: tables.Thread | None = None) -> N
         return
     if not types:
         if wake is not None:
-            prefix = f"WITH {db.ctes(writes, 3)} " if writes else ""
+            prefix = f"WITH {statements.ctes(writes, 3)} " if writes else ""
             await driver.execute(prefix + RUNNABLE, held.thread_id, wake, *extra)
         elif writes:
-            await driver.execute(f"WITH {db.ctes(writes, 1)} SELECT 1", *extra)
+            await driver.execute(f"WITH {statements.ctes(writes, 1)} SELECT 1", *extra)
         return
-    changes = db.changes(thread, first=7) if thread is not None and thread.id == held.thread_id else None
+    changes = statements.changes(thread, first=7) if thread is not None and thread.id == held.thread_id else None
     if wake is not None and changes is not None and "runnable_since" in changes.keys:
         raise ValueError("runnable_since is set by the statement itself when it wakes a worker")
     sets, params = ("", []) if changes is None else (changes.sets, changes.params)
     sql = _append_many_with(sets, wake) if sets or wake is not None else _APPEND_MANY
     if writes:  # before the statement's own CTEs, which start it
-        sql = sql.replace("WITH ", f"WITH {db.ctes(writes, 7 + len(params))}, ", 1)
+        sql = sql.replace("WITH ", f"WITH {statements.ctes(writes, 7 + len(params))}, ", 1)
     suffix = carried(types, datas)
     await driver.execute(sql, held.thread_id, len(types), types, datas, CHANNEL, suffix, *params, *extra)
     if changes is not None:
@@ -190,7 +190,7 @@ async def flush(session: AsyncSession, thread: tables.Thread | None = None) -> N
 
 async def _flush_releasing(
     session: AsyncSession,
-    driver: db.Driver,
+    driver: statements.Driver,
     thread: tables.Thread,
     types: list[str],
     datas: list[str],
@@ -199,11 +199,11 @@ async def _flush_releasing(
 ) -> None:
     token, channel = release
     keys = tuple(sorted(k for k in sa_inspect(thread).committed_state if k not in RELEASED))
-    changes = db.changes(thread, keys, first=7) if keys else None
+    changes = statements.changes(thread, keys, first=7) if keys else None
     sets, params = ("", []) if changes is None else (changes.sets, changes.params)
     sql = _append_many_releasing(sets, 7 + len(params), channel)
     if writes:
-        sql = sql.replace("WITH ", f"WITH {db.ctes(writes, 8 + len(params))}, ", 1)
+        sql = sql.replace("WITH ", f"WITH {statements.ctes(writes, 8 + len(params))}, ", 1)
     extra = [a for _, args in writes for a in args]
     suffix = carried(types, datas)
     found = await driver.fetchrow(sql, thread.id, len(types), types, datas, CHANNEL, suffix, *params, token, *extra)
@@ -214,7 +214,7 @@ async def _flush_releasing(
     released = {"lease_token": None, "lease_owner": None, "attempt": found["attempt"]}
     for key, value in {**released, "runnable_since": found["runnable_since"]}.items():
         set_committed_value(thread, key, value)
-    db.settle(session, thread)
+    statements.settle(session, thread)
 
 
 def releasing(session: AsyncSession, thread: tables.Thread, token: uuid.UUID, channel: str) -> bool:
@@ -223,7 +223,12 @@ def releasing(session: AsyncSession, thread: tables.Thread, token: uuid.UUID, ch
     when it does not, or when deferred input would escape the release's look at the inbox (the caller releases it).
     The transaction must hold the row lock (the engine's fence), and mark nothing runnable after this."""
     held: _Held | None = session.info.get(_BATCH)
-    if held is None or held.thread_id != thread.id or held.wake is not None or "inbox" in db.deferred_tables(session):
+    if (
+        held is None
+        or held.thread_id != thread.id
+        or held.wake is not None
+        or "inbox" in statements.deferred_tables(session)
+    ):
         return False
     held.release = (token, channel)
     return True
@@ -246,7 +251,7 @@ def runnable(session: AsyncSession, thread_id: uuid.UUID, channel: str) -> bool:
 async def written_at_once(session: AsyncSession) -> AsyncIterator[None]:
     """Events appended inside are written at once (a savepoint that may roll back must take its events with it)."""
     await flush(session)
-    await db.send_deferred(session)
+    await statements.send_deferred(session)
     held = session.info.pop(_BATCH, None)
     try:
         yield
@@ -330,7 +335,7 @@ async def append(session: AsyncSession, thread_id: uuid.UUID, type_: str, data: 
     if held is not None and held.thread_id == thread_id:
         held.items.append((type_, payload))
         return None
-    driver = await db.driver(session, flush=False)
+    driver = await statements.driver(session, flush=False)
     seq: int = await driver.fetchval(_APPEND, thread_id, type_, payload, CHANNEL)
     return seq
 

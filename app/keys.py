@@ -13,7 +13,7 @@ from sqlalchemy import func, select, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import db, errors, tables
+from app import errors, statements, tables
 
 PREFIX = "sa_"
 SHOWN = 10  # characters of a key stored and shown (`sa_` and 7 more): enough to tell keys apart, never to use one
@@ -91,7 +91,9 @@ class Keyless:
 
 async def active_count(session: AsyncSession) -> int:
     """Keys not revoked (open mode ends with the first), in plain SQL."""
-    return int(await (await db.driver(session)).fetchval("SELECT count(*) FROM api_keys WHERE revoked_at IS NULL"))
+    return int(
+        await (await statements.driver(session)).fetchval("SELECT count(*) FROM api_keys WHERE revoked_at IS NULL")
+    )
 
 
 async def list_all(session: AsyncSession) -> list[tables.ApiKey]:

@@ -12,7 +12,7 @@ from typing import Any
 from sqlalchemy import and_, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import cursors, db, tables
+from app import cursors, statements, tables
 
 NAME_WIDTH = 200  # `logs.tool`'s width: a model may make up a longer name
 ARGUMENTS_KEPT = 2000  # characters of a call's arguments a row keeps (after masking)
@@ -114,9 +114,9 @@ def hook_error(thread_id: uuid.UUID, *, hook: str, name: str, text: str) -> tabl
 
 
 async def add(session: AsyncSession, row: tables.Log) -> None:
-    """Write a row with the transaction's next statement (`db.defer`: it rides with the events, no round trip of its
-    own; nothing reads it back in the transaction that writes it)."""
-    await db.defer(session, *db.insert_statement(row))
+    """Write a row with the transaction's next statement (`statements.defer`: it rides with the events, no round trip
+    of its own; nothing reads it back in the transaction that writes it)."""
+    await statements.defer(session, *statements.insert_statement(row))
 
 
 async def page(
@@ -159,4 +159,4 @@ _REQUESTS_MADE = "SELECT count(*) FROM logs WHERE thread_id = $1 AND kind = 'llm
 
 async def requests_made(session: AsyncSession, thread_id: uuid.UUID, model: str) -> int:
     """Requests a thread has made to a model: the `test` provider's durable script position."""
-    return int(await (await db.driver(session, flush=False)).fetchval(_REQUESTS_MADE, thread_id, model))
+    return int(await (await statements.driver(session, flush=False)).fetchval(_REQUESTS_MADE, thread_id, model))

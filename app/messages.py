@@ -14,7 +14,7 @@ from typing import Any
 from sqlalchemy import Select, delete, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import db, errors, events, inputs, queue, tables, threads
+from app import errors, events, inputs, queue, statements, tables, threads
 from app.spec.definitions import Side
 
 
@@ -102,17 +102,18 @@ async def add(session: AsyncSession, thread_id: uuid.UUID, role: str, **fields: 
         side=fields.pop("side", side_of(role)),
         **fields,
     )
-    await db.insert(session, row)
+    await statements.insert(session, row)
     await announce(session, row)
     return row
 
 
 async def save(session: AsyncSession, row: tables.Message, *, later: bool = False, **fields: Any) -> tables.Message:
-    """Update a message and announce it; `later`: the UPDATE goes with the transaction's next statement (`db.defer`)."""
+    """Update a message and announce it; `later`: the UPDATE goes with the transaction's next statement
+    (`statements.defer`)."""
     for key, value in fields.items():
         setattr(row, key, value)
     row.updated_at = datetime.now(UTC)
-    await db.update(session, row, (*sorted(fields), "updated_at"), later=later)
+    await statements.update(session, row, (*sorted(fields), "updated_at"), later=later)
     await announce(session, row)
     return row
 
@@ -355,8 +356,8 @@ _CHANGED = "SELECT * FROM messages WHERE thread_id = $1 AND rev > $2 ORDER BY po
 async def changed(session: AsyncSession, thread_id: uuid.UUID, since: int) -> list[tuple[tables.Message, int]]:
     """The thread's messages written after revision `since`, in order, each with its current revision (read at every
     step: in plain SQL; rows the session holds are refreshed, as `populate_existing` would)."""
-    found = await (await db.driver(session)).fetch(_CHANGED, thread_id, since)
-    return [(db.attach(session, tables.Message, row), row["rev"]) for row in found]
+    found = await (await statements.driver(session)).fetch(_CHANGED, thread_id, since)
+    return [(statements.attach(session, tables.Message, row), row["rev"]) for row in found]
 
 
 async def page(

@@ -21,7 +21,7 @@ from prometheus_client.metrics_core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app import db, queue, tables
+from app import queue, statements, tables
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # the Prometheus text format
 LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0)  # LLM requests take seconds
@@ -134,7 +134,7 @@ class Meter:
                 return
             keys = sorted(pending)  # every worker locks the rows in one order: no deadlock between flushes
             async with sessions() as session, session.begin():
-                await (await db.driver(session)).execute(
+                await (await statements.driver(session)).execute(
                     _ADD,
                     [pending[k][0] for k in keys],
                     [k[0] for k in keys],
@@ -186,7 +186,7 @@ class _Snapshot(Collector):
 async def exposition(session: AsyncSession, meter: Meter) -> bytes:
     """Every series in the Prometheus text format: the database's totals of work plus this process's unflushed
     counts, the queue's state, this process's streams."""
-    driver = await db.driver(session, flush=False)
+    driver = await statements.driver(session, flush=False)
     async with meter.lock:
         rows = await driver.fetch(_TOTALS)
         unflushed = meter.unflushed()

@@ -36,7 +36,7 @@ from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm.attributes import set_committed_value
 
-from app import db, errors, event_types, events, inputs, tables
+from app import errors, event_types, events, inputs, statements, tables
 
 WAKEUP_CHANNEL = "agents_wakeup"
 
@@ -74,7 +74,7 @@ _ENQUEUE = """
 
 async def enqueue(session: AsyncSession, thread_id: uuid.UUID, kind: str, payload: dict[str, Any]) -> int:
     """Add input to a thread's inbox and mark it runnable; workers are woken at commit."""
-    driver = await db.driver(session)
+    driver = await statements.driver(session)
     inbox_id: int = await driver.fetchval(_ENQUEUE, thread_id, kind, json.dumps(payload), WAKEUP_CHANNEL)
     return inbox_id
 
@@ -85,11 +85,11 @@ _INBOX_ADD = "INSERT INTO inbox (thread_id, kind, payload) VALUES ($1, $2, CAST(
 
 async def enqueue_alongside(session: AsyncSession, thread_id: uuid.UUID, kind: str, payload: dict[str, Any]) -> None:
     """`enqueue` in a transaction that holds the thread's events (`POST /messages`): the row, the runnable mark and
-    the wake-up go in the statement that writes the events (`db.defer`)."""
+    the wake-up go in the statement that writes the events (`statements.defer`)."""
     if not events.runnable(session, thread_id, WAKEUP_CHANNEL):
         await enqueue(session, thread_id, kind, payload)
         return
-    await db.defer(session, _INBOX_ADD, [thread_id, kind, json.dumps(payload)])
+    await statements.defer(session, _INBOX_ADD, [thread_id, kind, json.dumps(payload)])
 
 
 # POST: `POST /messages` in one statement outside any transaction (no BEGIN, no COMMIT): the thread row locked if it
@@ -124,7 +124,7 @@ _POST = """
 _QUEUED = json.dumps(event_types.ThreadStatus(status="queued"))  # the `thread_status` event of a thread that was idle
 
 
-async def post(driver: db.Driver, thread_id: uuid.UUID, user_id: str | None, payload: dict[str, Any]) -> bool:
+async def post(driver: statements.Driver, thread_id: uuid.UUID, user_id: str | None, payload: dict[str, Any]) -> bool:
     """Queue a message for a thread its caller may post to (`user_id`; None for an admin), in one atomic statement
     (`driver` in autocommit); False, with nothing written, when the thread is not found, not the caller's,
     terminated or stopped (the caller's general path says which, or resumes the stop)."""
@@ -148,7 +148,7 @@ _MARK_RUNNABLE = events.RUNNABLE
 
 async def mark_runnable(session: AsyncSession, thread_id: uuid.UUID) -> None:
     """Keep (or set) `runnable_since` and wake a worker when the transaction commits."""
-    await (await db.driver(session)).execute(_MARK_RUNNABLE, thread_id, WAKEUP_CHANNEL)
+    await (await statements.driver(session)).execute(_MARK_RUNNABLE, thread_id, WAKEUP_CHANNEL)
 
 
 # CLAIM: the oldest runnable thread whose lease is absent or expired, skipping thread rows locked by another claimer
@@ -181,7 +181,7 @@ _CLAIM = """
 
 
 async def claim_many(
-    conn: db.Fetcher, owner: str, lease_seconds: float, running: Sequence[uuid.UUID], limit: int
+    conn: statements.Fetcher, owner: str, lease_seconds: float, running: Sequence[uuid.UUID], limit: int
 ) -> list[Claim]:
     """Take the leases of up to `limit` runnable threads other than those in `running`, oldest first, each with a
     token of its own. One atomic statement: run it outside a transaction (the worker's own connection, or a `Driver`
@@ -190,7 +190,9 @@ async def claim_many(
     return [Claim(thread_id=r["id"], token=r["token"], attempt=r["attempt"]) for r in rows]
 
 
-async def claim(conn: db.Fetcher, owner: str, lease_seconds: float, running: Sequence[uuid.UUID] = ()) -> Claim | None:
+async def claim(
+    conn: statements.Fetcher, owner: str, lease_seconds: float, running: Sequence[uuid.UUID] = ()
+) -> Claim | None:
     """`claim_many` of one thread: its claim, or None when nothing is runnable."""
     found = await claim_many(conn, owner, lease_seconds, running, 1)
     return found[0] if found else None
@@ -210,10 +212,10 @@ _FENCE = """
 async def fence(session: AsyncSession, claim: Claim) -> tables.Thread:
     """Lock the thread row if, and only if, this claim still holds its lease; else `LeaseLost`. The session's first
     statement: the row comes back as its ORM object."""
-    found = await (await db.driver(session)).fetchrow(_FENCE, claim.thread_id, claim.token)
+    found = await (await statements.driver(session)).fetchrow(_FENCE, claim.thread_id, claim.token)
     if found is None:
         raise errors.LeaseLost()
-    thread: tables.Thread = db.attach(session, tables.Thread, found)
+    thread: tables.Thread = statements.attach(session, tables.Thread, found)
     return thread
 
 
@@ -282,10 +284,10 @@ ENV_VERSION = "queue.env_version"  # `session.info` key: the env values' version
 async def waiting(session: AsyncSession, thread_id: uuid.UUID) -> tuple[bool, bool]:
     """Whether input, and whether effects, wait in the thread's inbox (set-aside rows do not count); the env values'
     version goes into `session.info` for `env.layers` (the engine asks at every step's opening). Deferred writes
-    (`db.defer`: a tool call's log row) ride with it, unless they write what it reads."""
-    writes = [] if db.deferred_tables(session) & {"inbox", "counters"} else db.deferred(session)
-    prefix = f"WITH {db.ctes(writes, 2)} " if writes else ""
-    driver = await db.driver(session, flush=False, carries=bool(writes))
+    (`statements.defer`: a tool call's log row) ride with it, unless they write what it reads."""
+    writes = [] if statements.deferred_tables(session) & {"inbox", "counters"} else statements.deferred(session)
+    prefix = f"WITH {statements.ctes(writes, 2)} " if writes else ""
+    driver = await statements.driver(session, flush=False, carries=bool(writes))
     row = await driver.fetchrow(prefix + _WAITING, thread_id, *[a for _, args in writes for a in args])
     assert row is not None
     session.info[ENV_VERSION] = row["env_version"]
@@ -328,7 +330,7 @@ _TAKE_INBOX = """
 
 async def take_inbox(session: AsyncSession, thread_id: uuid.UUID) -> list[Input]:
     """Remove and return the thread's pending input in order (the caller holds the fenced row lock)."""
-    rows = await (await db.driver(session, flush=False)).fetch(_TAKE_INBOX, thread_id)
+    rows = await (await statements.driver(session, flush=False)).fetch(_TAKE_INBOX, thread_id)
     return sorted((Input(r["id"], r["kind"], r["payload"]) for r in rows), key=lambda r: r.id)
 
 
@@ -409,7 +411,7 @@ async def release(
 
     Returns whether the thread is still runnable (a worker is woken at commit if so).
     """
-    driver = await db.driver(session, flush=row is None)
+    driver = await statements.driver(session, flush=row is None)
     if not fenced and await driver.fetchrow(_LOCK_HELD, claim.thread_id, claim.token) is None:
         raise errors.LeaseLost()
     changes, attempt = None, None
@@ -417,7 +419,7 @@ async def release(
         pending = sa_inspect(row).committed_state
         attempt = row.attempt if "attempt" in pending else None
         keys = tuple(sorted(k for k in pending if k not in _RELEASED))
-        changes = db.changes(row, keys, first=7) if keys else None
+        changes = statements.changes(row, keys, first=7) if keys else None
     sql = _RELEASE.format(sets=f", {changes.sets}" if changes is not None else "")
     params = changes.params if changes is not None else []
     found = await driver.fetchrow(
@@ -431,7 +433,7 @@ async def release(
         released = {"lease_token": None, "lease_owner": None, **{k: found[k] for k in ("attempt", "runnable_since")}}
         for key, value in released.items():
             set_committed_value(row, key, value)
-        db.settle(session, row)
+        statements.settle(session, row)
     return found["runnable_since"] is not None
 
 
@@ -460,7 +462,7 @@ _STATE = """
 """
 
 
-async def state(conn: db.Driver) -> dict[str, float]:
+async def state(conn: statements.Driver) -> dict[str, float]:
     """Runnable threads, the oldest one's wait in seconds, executions in flight, inbox rows waiting and set aside."""
     found = await conn.fetchrow(_STATE)
     assert found is not None

@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy import and_, func, or_, select, text, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import cursors, db, errors, event_types, events, tables
+from app import cursors, errors, event_types, events, statements, tables
 from app.keys import Principal
 from app.spec import AgentDefinition
 
@@ -64,10 +64,10 @@ async def create(
 async def get(session: AsyncSession, thread_id: uuid.UUID, who: Principal, *, lock: bool = False) -> tables.Thread:
     """A thread the caller may see (another user's thread is not found)."""
     sql = _GET[(who.admin, lock)]
-    found = await (await db.driver(session)).fetchrow(sql, thread_id, *(() if who.admin else (who.user_id,)))
+    found = await (await statements.driver(session)).fetchrow(sql, thread_id, *(() if who.admin else (who.user_id,)))
     if found is None:
         raise errors.ThreadNotFound(f"Thread {thread_id} not found")
-    row: tables.Thread = db.attach(session, tables.Thread, found)
+    row: tables.Thread = statements.attach(session, tables.Thread, found)
     return row
 
 

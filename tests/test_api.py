@@ -175,21 +175,21 @@ async def test_list_threads_paginates_newest_first(client: httpx.AsyncClient) ->
 
 async def test_a_listing_reads_every_listed_threads_extras_at_once(app: FastAPI, client: httpx.AsyncClient) -> None:
     """`GET /threads` reads each thread's extras (children counts, env types) for the whole page in one query each:
-    a longer page costs no more statements."""
-    statements: list[str] = []
+    a longer page costs no more sent."""
+    sent: list[str] = []
     engine = app.state.runtime.db.sync_engine
 
-    def logged(record: Any) -> None:  # plain SQL (`db.driver`)
-        statements.append(record.query)
+    def logged(record: Any) -> None:  # plain SQL (`statements.driver`)
+        sent.append(record.query)
 
     def checkout(dbapi_connection: Any, *_: Any) -> None:
         dbapi_connection.driver_connection.add_query_logger(logged)  # a set: added once per connection
 
     def executed(conn: Any, cursor: Any, sql: str, *_: Any) -> None:  # SQLAlchemy's (prepared: asyncpg logs none)
-        statements.append(sql)
+        sent.append(sql)
 
     async def listing() -> int:
-        statements.clear()
+        sent.clear()
         event.listen(engine, "checkout", checkout)
         event.listen(engine, "before_cursor_execute", executed)
         try:
@@ -197,7 +197,7 @@ async def test_a_listing_reads_every_listed_threads_extras_at_once(app: FastAPI,
         finally:
             event.remove(engine, "checkout", checkout)
             event.remove(engine, "before_cursor_execute", executed)
-        return len(statements)
+        return len(sent)
 
     first = (await client.post("/threads", json={"agent": "assistant", "env": {"A": "1"}})).json()["id"]
     one = await listing()

@@ -1,4 +1,5 @@
-"""The hot path's plain-SQL helpers (`app/db.py`: `Driver`, `insert`, `update`, `attach`, `write`), on real Postgres."""
+"""`app/db.py` (connections, pools) and the hot path's plain SQL (`app/statements.py`: `Driver`, `insert`, `update`,
+`attach`, `write`), on real Postgres."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from sqlalchemy import select, text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app import db, errors, keys, messages, tables, threads
+from app import db, errors, keys, messages, statements, tables, threads
 from app.settings import plain_url
 from app.spec import define_agent
 
@@ -62,11 +63,11 @@ async def test_write_flushes_a_loaded_rows_changes_and_attach_reuses_what_the_se
         thread = await threads.get(s, tid, keys.OPEN, lock=True)
         assert sa_inspect(thread).persistent
         thread.name, thread.tags = "renamed", ["x"]
-        await db.write(s)
+        await statements.write(s)
         assert not sa_inspect(thread).committed_state and not s.dirty
         thread.name = "renamed"  # the same value: marked dirty, nothing to write
         assert s.dirty
-        await db.write(s)
+        await statements.write(s)
         assert not s.dirty
         again = await threads.get(s, tid, keys.OPEN)
         assert again is thread and again.name == "renamed"
@@ -135,11 +136,11 @@ async def test_a_connection_busy_with_another_operation_is_unavailable_not_an_in
         busy = asyncio.create_task(raw.fetch("SELECT pg_sleep(0.3)"))
         await asyncio.sleep(0.05)
         with pytest.raises(DBAPIError) as begin:
-            await db.driver(s)
+            await statements.driver(s)
         assert begin.value.connection_invalidated and errors.Unavailable.of(begin.value)
         assert connection.invalidated
         with pytest.raises(DBAPIError) as statement:
-            await db.Driver(raw).fetchval("SELECT 1")
+            await statements.Driver(raw).fetchval("SELECT 1")
         assert statement.value.connection_invalidated and errors.Unavailable.of(statement.value)
         busy.cancel()
         with contextlib.suppress(BaseException):

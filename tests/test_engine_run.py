@@ -17,7 +17,7 @@ from pydantic import BaseModel
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app import db, environment, events, hub, inputs, keys, messages, metrics, queue, tables, threads
+from app import db, environment, events, hub, inputs, keys, messages, metrics, queue, statements, tables, threads
 from app.catalog import Catalog
 from app.engine import inbox, run
 from app.llm.base import LLMRequest
@@ -144,7 +144,7 @@ async def drive(
             for text in inputs:
                 await messages.enqueue(s, thread, role, text)
         async with db.autocommit(sessions) as s:
-            claim = await queue.claim(await db.driver(s), "test", 30)
+            claim = await queue.claim(await statements.driver(s), "test", 30)
         assert claim is not None and claim.thread_id == thread.id
         await engine.execute(await between(claim) if between is not None else claim)
         return await outcome(sessions, thread.id)

@@ -19,7 +19,7 @@ from fastapi import FastAPI
 from sqlalchemy import event, select, text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app import children, db, environment, events, keys, queue, tables, threads, variable_requests
+from app import children, environment, events, keys, queue, statements, tables, threads, variable_requests
 from app.catalog import Catalog
 from app.llm.base import LLMRequest
 from app.spec import ThreadState, ToolEntry, VariableDefinition, define_agent, define_model, define_prompt, define_tool
@@ -499,13 +499,13 @@ async def test_writing_many_values_is_one_statement(sessions: async_sessionmaker
         tid = (await threads.create(s, define_agent(name="a", side_a={"prompt": "p"}), keys.OPEN)).id
     values = {f"V{i}": str(i) for i in range(150)}
     async with sessions() as s, s.begin():
-        statements: list[str] = []  # SQLAlchemy's, and those sent on the driver's connection directly
-        raw = await db.driver(s)
-        raw._conn.add_query_logger(lambda record: statements.append(record.query))
-        event.listen(s.sync_session.get_bind(), "before_cursor_execute", lambda *args: statements.append(args[2]))
+        sent: list[str] = []  # SQLAlchemy's, and those sent on the driver's connection directly
+        raw = await statements.driver(s)
+        raw._conn.add_query_logger(lambda record: sent.append(record.query))
+        event.listen(s.sync_session.get_bind(), "before_cursor_execute", lambda *args: sent.append(args[2]))
         await environment.set_thread(s, fernet, tid, values, {"V0"})
         await asyncio.sleep(0)  # query loggers are called soon after
-        assert len(statements) == 1, statements[:3]
+        assert len(sent) == 1, sent[:3]
     async with sessions() as s, s.begin():
         stored = (await environment.layers(s, fernet, tid, keys.OPEN.user_id)).thread
     assert (

@@ -10,7 +10,7 @@ from typing import Any, cast
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app import catalog, db, event_types, events, keys, messages, tables, threads
+from app import catalog, event_types, events, keys, messages, statements, tables, threads
 from app.spec import define_agent
 from tests.conftest import ROOT, client_for
 from tests.test_api import read_events
@@ -153,12 +153,12 @@ async def test_held_events_carry_the_thread_rows_changes_in_one_statement(
         await events.append(s, tid, "step_started", {"step": 1, "side": "a"})
         await events.append(s, tid, "llm_request", {"model": "m", "attempt": 1})
         thread.status, thread.session_result = "running", {"n": 1}
-        statements: list[str] = []
-        raw = await db.driver(s, flush=False)
-        raw._conn.add_query_logger(lambda record: statements.append(record.query))
+        sent: list[str] = []
+        raw = await statements.driver(s, flush=False)
+        raw._conn.add_query_logger(lambda record: sent.append(record.query))
         await events.flush(s, thread)
         await asyncio.sleep(0)  # query loggers are called soon after
-        assert len(statements) == 1 and not s.dirty  # written and settled: nothing left for the commit's flush
+        assert len(sent) == 1 and not s.dirty  # written and settled: nothing left for the commit's flush
     async with sessions() as s:
         stored = await s.get_one(tables.Thread, tid)
         assert (stored.status, stored.session_result, stored.event_seq) == ("running", {"n": 1}, 2)
@@ -168,9 +168,9 @@ async def test_held_events_carry_the_thread_rows_changes_in_one_statement(
 async def test_deferred_writes_ride_with_the_held_events_or_go_before_any_other_statement(
     sessions: async_sessionmaker[AsyncSession],
 ) -> None:
-    """`db.defer` writes (a request's log row, an answer) travel in the events' statement, their parameters numbered
-    after the thread row's changes; any other statement (plain or SQLAlchemy's), a flush or the commit sends them
-    first on their own; a savepoint writes them at once; a rollback drops them."""
+    """`statements.defer` writes (a request's log row, an answer) travel in the events' statement, their parameters
+    numbered after the thread row's changes; any other statement (plain or SQLAlchemy's), a flush or the commit sends
+    them first on their own; a savepoint writes them at once; a rollback drops them."""
     agent = define_agent(name="a", side_a={"prompt": "p"})
     async with sessions() as s, s.begin():
         tid = (await threads.create(s, agent, keys.OPEN)).id
@@ -193,49 +193,51 @@ async def test_deferred_writes_ride_with_the_held_events_or_go_before_any_other_
     async with sessions() as s, s.begin():
         thread = await threads.get(s, tid, keys.OPEN, lock=True)
         events.hold(s, tid)
-        statements: list[str] = []
-        raw = await db.driver(s, flush=False)
-        raw._conn.add_query_logger(lambda record: statements.append(record.query))
-        await db.defer(s, *db.insert_statement(log(1)))
-        await db.defer(s, *db.insert_statement(log(2)))
+        sent: list[str] = []
+        raw = await statements.driver(s, flush=False)
+        raw._conn.add_query_logger(lambda record: sent.append(record.query))
+        await statements.defer(s, *statements.insert_statement(log(1)))
+        await statements.defer(s, *statements.insert_statement(log(2)))
         await asyncio.sleep(0)
-        assert statements == []  # deferred
+        assert sent == []  # deferred
         assert await models(s) == ["m1", "m2"]  # a query sends them first
         await asyncio.sleep(0)
-        assert statements[0].startswith("WITH w0 AS (INSERT INTO logs")  # both, in one statement
-        await db.defer(s, *db.insert_statement(log(3)))
-        found = await (await db.driver(s)).fetchval("SELECT count(*) FROM logs WHERE thread_id = $1", tid)
+        assert sent[0].startswith("WITH w0 AS (INSERT INTO logs")  # both, in one statement
+        await statements.defer(s, *statements.insert_statement(log(3)))
+        found = await (await statements.driver(s)).fetchval("SELECT count(*) FROM logs WHERE thread_id = $1", tid)
         assert found == 3  # so does a plain statement
-        await db.defer(s, *db.insert_statement(log(4)))
+        await statements.defer(s, *statements.insert_statement(log(4)))
         await events.append(s, tid, "llm_response", cast(event_types.LlmResponse, {"model": "m4"}))
         thread.status = "running"
         await asyncio.sleep(0)  # query loggers are called soon after
-        statements.clear()
+        sent.clear()
         await events.flush(s, thread)
         await asyncio.sleep(0)
-        assert len(statements) == 1 and not s.dirty  # the events, the row's change and the log row: one statement
+        assert len(sent) == 1 and not s.dirty  # the events, the row's change and the log row: one statement
     async with sessions() as s, s.begin():
         assert await models(s) == ["m1", "m2", "m3", "m4"]
         assert (await s.get_one(tables.Thread, tid)).status == "running"
         assert [r.type for r in await events.read(s, tid, 0)] == ["llm_response"]
-        await db.defer(s, *db.insert_statement(log(5)))  # nothing held: the commit sends it
+        await statements.defer(s, *statements.insert_statement(log(5)))  # nothing held: the commit sends it
     async with sessions() as s:
         async with s.begin():
-            await db.defer(s, *db.insert_statement(log(6)))
+            await statements.defer(s, *statements.insert_statement(log(6)))
             await s.rollback()  # dropped with the transaction: not sent in the next one
         async with s.begin():
             assert await models(s) == ["m1", "m2", "m3", "m4", "m5"]
         async with s.begin():
             async with s.begin_nested() as savepoint:
-                await db.defer(s, *db.insert_statement(log(7)))  # inside a savepoint: written at once
+                await statements.defer(s, *statements.insert_statement(log(7)))  # inside a savepoint: written at once
                 await savepoint.rollback()
             assert await models(s) == ["m1", "m2", "m3", "m4", "m5"]
         async with s.begin():
-            await db.defer(s, *db.insert_statement(log(8)))  # before a hook's savepoint, which rolls back
+            await statements.defer(
+                s, *statements.insert_statement(log(8))
+            )  # before a hook's savepoint, which rolls back
             async with events.written_at_once(s), s.begin_nested() as savepoint:
-                await db.defer(s, *db.insert_statement(log(9)))
+                await statements.defer(s, *statements.insert_statement(log(9)))
                 await savepoint.rollback()
-            await db.defer(s, *db.insert_statement(log(10)))
+            await statements.defer(s, *statements.insert_statement(log(10)))
         async with s.begin():
             assert await models(s) == ["m1", "m10", "m2", "m3", "m4", "m5", "m8"]  # the savepoint took only its own
 
@@ -253,7 +255,7 @@ async def test_a_row_deferred_twice_keeps_its_last_write(sessions: async_session
         row = await messages.get(s, thread.id, row.id)
         await messages.save(s, row, later=True, content="first", status="completed")
         await messages.save(s, row, later=True, content="second")
-        await db.defer(s, "UPDATE threads SET name = $1 WHERE id = $2", ["renamed", thread.id])
+        await statements.defer(s, "UPDATE threads SET name = $1 WHERE id = $2", ["renamed", thread.id])
         thread.status = "running"
         await events.flush(s, thread)
     async with sessions() as s:

@@ -278,19 +278,19 @@ async def test_deltas_queued_meanwhile_go_out_together_in_order(database_url: st
     dsn = plain_url(database_url)
     listener, heard = await _listening(dsn)
     publisher = hub.Publisher(dsn)
-    statements: list[int] = []
+    sent: list[int] = []
     try:
         publisher.publish(uuid.uuid4(), "message_chunk", {"message_id": "warm", "chunk": "x", "offset": 0})
         await publisher.sent()
         assert publisher._conn is not None
         conn = publisher._conn
 
-        class Counted:  # the connection, its statements counted (asyncpg's own attributes are read-only)
+        class Counted:  # the connection, its sent counted (asyncpg's own attributes are read-only)
             def is_closed(self) -> bool:
                 return conn.is_closed()
 
             async def execute(self, *args: Any) -> Any:
-                statements.append(len(args[2]))
+                sent.append(len(args[2]))
                 return await conn.execute(*args)
 
             async def close(self) -> None:
@@ -303,7 +303,7 @@ async def test_deltas_queued_meanwhile_go_out_together_in_order(database_url: st
             publisher.publish(thread_id, "message_chunk", {"message_id": str(thread_id), "chunk": "ab", "offset": i})
         publisher.publish(threads[0], "message_chunk", {"message_id": "long", "chunk": "y" * 2500, "offset": 0})
         await publisher.sent()  # returns once all of it is out
-        assert statements == [63]  # one statement for everything queued while nothing was being sent
+        assert sent == [63]  # one statement for everything queued while nothing was being sent
         await wait_for(lambda: asyncio.sleep(0, len(heard) == 64))
         for thread_id in threads:
             mine = [h["data"]["offset"] for h in heard if h["data"]["message_id"] == str(thread_id)]

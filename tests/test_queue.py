@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
-from app import db, errors, events, inputs, keys, queue, tables, threads
+from app import db, errors, events, inputs, keys, queue, statements, tables, threads
 from app.heartbeat import Heartbeat
 from app.settings import plain_url
 from app.spec import define_agent
@@ -44,7 +44,7 @@ async def _runnable(sessions: async_sessionmaker[AsyncSession], n: int) -> list[
 
 async def _claim(sessions: async_sessionmaker[AsyncSession], owner: str = "w", lease: float = 30) -> queue.Claim | None:
     async with db.autocommit(sessions) as s:
-        return await queue.claim(await db.driver(s), owner, lease)
+        return await queue.claim(await statements.driver(s), owner, lease)
 
 
 async def test_input_enqueued_alongside_rides_with_the_held_events(
@@ -64,19 +64,19 @@ async def test_input_enqueued_alongside_rides_with_the_held_events(
                 held = tid != ids[2]
                 if held:
                     events.hold(s, tid)
-                statements: list[str] = []
-                conn = (await db.driver(s, flush=False))._conn
-                conn.add_query_logger(logger := lambda r, into=statements: into.append(r.query))
+                sent: list[str] = []
+                conn = (await statements.driver(s, flush=False))._conn
+                conn.add_query_logger(logger := lambda r, into=sent: into.append(r.query))
                 await asyncio.sleep(0)
-                statements.clear()  # the lock's, logged late
+                sent.clear()  # the lock's, logged late
                 await queue.enqueue_alongside(s, tid, inputs.Kind.MESSAGE, {"id": str(uuid.uuid4()), "role": "user"})
                 if status is not None:
                     await threads.set_status(s, thread, status)
                 await asyncio.sleep(0)  # query loggers are called soon after
-                assert len(statements) == (0 if held else 1)  # held back, or written at once
+                assert len(sent) == (0 if held else 1)  # held back, or written at once
                 await events.flush(s, thread)
                 await asyncio.sleep(0)
-                assert len(statements) == 1
+                assert len(sent) == 1
                 conn.remove_query_logger(logger)
         await asyncio.sleep(0.3)
         assert len(woken) == 3
@@ -110,8 +110,8 @@ async def test_one_claim_takes_as_many_threads_as_asked_each_with_its_own_token(
 ) -> None:
     ids = await _runnable(sessions, 3)
     async with db.autocommit(sessions) as s:
-        first = await queue.claim_many(await db.driver(s), "w", 30, [], 2)
-        rest = await queue.claim_many(await db.driver(s), "w", 30, [], 5)
+        first = await queue.claim_many(await statements.driver(s), "w", 30, [], 2)
+        rest = await queue.claim_many(await statements.driver(s), "w", 30, [], 5)
     assert [c.thread_id for c in first] == ids[:2] and [c.thread_id for c in rest] == ids[2:]
     claims = first + rest
     assert len({c.token for c in claims}) == 3
@@ -188,16 +188,16 @@ async def test_a_release_rides_with_the_held_events(
                 await queue.take_inbox(s, tid)
             thread.status, thread.attempt, thread.session_turns = "idle", 1, 4
             await events.append(s, tid, "turn_ended", {"side": "a", "reason": "stop_on_response"})
-            await db.defer(s, "UPDATE threads SET name = $1 WHERE id = $2", ["closed", tid])
-            statements: list[str] = []
-            conn = (await db.driver(s, flush=False))._conn
+            await statements.defer(s, "UPDATE threads SET name = $1 WHERE id = $2", ["closed", tid])
+            sent: list[str] = []
+            conn = (await statements.driver(s, flush=False))._conn
             await asyncio.sleep(0)
-            conn.add_query_logger(logger := lambda r, into=statements: into.append(r.query))
+            conn.add_query_logger(logger := lambda r, into=sent: into.append(r.query))
             await queue.release_with_events(s, claim, thread)
             await events.flush(s, thread)
             await asyncio.sleep(0)
             conn.remove_query_logger(logger)
-            assert len(statements) == 1 and not s.dirty
+            assert len(sent) == 1 and not s.dirty
             assert (thread.attempt, thread.lease_token, thread.lease_owner) == (0, None, None)
             assert (thread.runnable_since is not None) is input_waits
         async with sessions() as s:
@@ -272,14 +272,14 @@ async def test_a_posted_message_is_one_statement_or_nothing(
             (uuid.uuid4(), None, False),
         ):
             async with db.autocommit(sessions) as s:
-                driver = await db.driver(s)
-                statements: list[str] = []
-                driver._conn.add_query_logger(logger := lambda r, into=statements: into.append(r.query))
+                driver = await statements.driver(s)
+                sent: list[str] = []
+                driver._conn.add_query_logger(logger := lambda r, into=sent: into.append(r.query))
                 payload = {"id": str(uuid.uuid4()), "role": "user", "content": "hi"}
                 assert await queue.post(driver, tid, user, payload) is expected
                 await asyncio.sleep(0)
                 driver._conn.remove_query_logger(logger)
-                assert len(statements) == 1  # no BEGIN, no COMMIT
+                assert len(sent) == 1  # no BEGIN, no COMMIT
         await asyncio.sleep(0.2)
         assert len(woken) == 2  # idle (by ann, not by bob) and busy
         async with sessions() as s:
@@ -513,7 +513,7 @@ async def test_a_worker_never_claims_a_thread_it_still_runs(sessions: async_sess
     assert first is not None
     await asyncio.sleep(0.1)
     async with db.autocommit(sessions) as s:
-        assert await queue.claim(await db.driver(s), "w", 30, [tid]) is None
+        assert await queue.claim(await statements.driver(s), "w", 30, [tid]) is None
     with pytest.raises(errors.LeaseLost):
         async with sessions() as s, s.begin():
             await queue.fence(s, first)
@@ -531,20 +531,20 @@ async def test_the_inbox_look_carries_deferred_writes_unless_they_write_the_inbo
         log_id = uuid.uuid4()
         async with sessions() as s, s.begin():
             await queue.take_inbox(s, tid)
-            conn = (await db.driver(s, flush=False))._conn
+            conn = (await statements.driver(s, flush=False))._conn
             log = tables.Log(id=log_id, thread_id=tid, kind="tool", tool="t", status="success")
-            await db.defer(s, *db.insert_statement(log))
+            await statements.defer(s, *statements.insert_statement(log))
             if deferred_inbox:
                 inbox = "INSERT INTO inbox (thread_id, kind, payload) VALUES ($1, 'continue', '{}')"
-                await db.defer(s, inbox, [tid])
-            statements: list[str] = []
+                await statements.defer(s, inbox, [tid])
+            sent: list[str] = []
             await asyncio.sleep(0)
-            conn.add_query_logger(logger := lambda r, into=statements: into.append(r.query))
+            conn.add_query_logger(logger := lambda r, into=sent: into.append(r.query))
             found = await queue.waiting(s, tid)
             await asyncio.sleep(0)
             conn.remove_query_logger(logger)
-            assert len(statements) == (2 if deferred_inbox else 1)
+            assert len(sent) == (2 if deferred_inbox else 1)
             assert found == (deferred_inbox, False)
-            assert db.deferred(s) == []
+            assert statements.deferred(s) == []
         async with sessions() as s:
             assert (await s.get_one(tables.Log, log_id)).kind == "tool"

@@ -22,7 +22,7 @@ from cryptography.fernet import Fernet
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app import children, control, db, errors, events, messages, queue, tables, threads
+from app import children, control, errors, events, messages, queue, statements, tables, threads
 from app.catalog import Catalog
 from app.engine import calls, child_tools, context, effect_runs, handoffs, hooks, inbox, stops, subprompts, tools, turns
 from app.engine.history import Histories, History
@@ -80,7 +80,7 @@ class Engine(ToolPhase):
                 events.hold(session, thread.id)  # the row is locked: its events go in one statement at the end
                 yield session, thread
                 await events.flush(session, thread)  # with the thread row's changes, in one statement
-                await db.write(session)  # anything else (the thread row's changes when no event was held)
+                await statements.write(session)  # anything else (the thread row's changes when no event was held)
         except BaseException as exc:
             self._histories.drop(claim.thread_id)  # what it read may hold writes that were just rolled back
             if isinstance(exc, DBAPIError | OSError) and errors.Contention.of(exc):

@@ -24,6 +24,7 @@ from app import (
     inputs,
     messages,
     queue,
+    statements,
     tables,
     threads,
     waits,
@@ -85,12 +86,12 @@ async def _posted(
     taken while holding the first can wait forever on a full pool)."""
     user_id = None if who.admin else who.user_id
     if session.in_transaction():
-        if not await queue.post(await db.driver(session), thread_id, user_id, payload):
+        if not await queue.post(await statements.driver(session), thread_id, user_id, payload):
             return False
         await session.commit()
         return True
     async with db.autocommit(sessions) as auto:
-        return await queue.post(await db.driver(auto), thread_id, user_id, payload)
+        return await queue.post(await statements.driver(auto), thread_id, user_id, payload)
 
 
 async def _chunks(upload: UploadFile) -> AsyncIterator[bytes]:
@@ -233,7 +234,7 @@ async def _post(
     else:
         message_id = await _enqueue(session, thread, body, rt.settings.max_file_bytes)
     await events.flush(session, thread)
-    await db.write(session)
+    await statements.write(session)
     await session.commit()
     return message_id, thread.stopped
 

@@ -1,0 +1,400 @@
+"""The hot path's statements in plain SQL on a session's own asyncpg connection: the `Driver`, writes deferred to ride
+in the next statement, and ORM rows inserted, updated or attached without the ORM's own round trips."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import asyncpg
+from sqlalchemy import JSON, event, exc
+from sqlalchemy import inspect as sa_inspect
+from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import Session, make_transient_to_detached
+from sqlalchemy.orm.attributes import instance_state, set_committed_value
+from sqlalchemy.util import await_only
+
+
+class Fetcher(Protocol):
+    """What runs one statement and returns its rows: an asyncpg connection, or a `Driver`."""
+
+    async def fetch(self, sql: str, /, *args: Any) -> Any: ...
+
+
+class Driver:
+    """The asyncpg connection under a session's transaction, for the hot path's statements in plain SQL.
+
+    asyncpg prepares each statement once per connection and hands rows back as records; SQLAlchemy's compilation,
+    cache keys and result processing cost several times the round trip itself, on every statement of every step.
+    Errors come out as SQLAlchemy's `DBAPIError` (`orig` the driver's error), like any other statement's.
+    """
+
+    __slots__ = ("_conn",)
+
+    def __init__(self, conn: asyncpg.Connection) -> None:
+        self._conn = conn
+
+    async def fetch(self, sql: str, *args: Any) -> list[asyncpg.Record]:
+        try:
+            return await self._conn.fetch(sql, *args)
+        except _DRIVER_ERRORS as error:
+            raise _translated(sql, error) from error
+
+    async def fetchrow(self, sql: str, *args: Any) -> asyncpg.Record | None:
+        try:
+            return await self._conn.fetchrow(sql, *args)
+        except _DRIVER_ERRORS as error:
+            raise _translated(sql, error) from error
+
+    async def fetchval(self, sql: str, *args: Any) -> Any:
+        try:
+            return await self._conn.fetchval(sql, *args)
+        except _DRIVER_ERRORS as error:
+            raise _translated(sql, error) from error
+
+    async def execute(self, sql: str, *args: Any) -> None:
+        try:
+            await self._conn.execute(sql, *args)
+        except _DRIVER_ERRORS as error:
+            raise _translated(sql, error) from error
+
+
+# What a statement on a connection can raise: a database error, or a connection that is closed or in a state no
+# statement can be sent on (asyncpg's `InternalClientError`: seen on a pooled connection the database was shutting
+# down, "another operation is in progress"); those are the connection's end, not the statement's.
+_DRIVER_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.exceptions.InternalClientError, OSError)
+
+
+def _translated(sql: str, error: BaseException) -> exc.DBAPIError:
+    closed = not isinstance(error, asyncpg.PostgresError)
+    return exc.DBAPIError(sql, None, error, connection_invalidated=closed)
+
+
+async def driver(session: AsyncSession, *, flush: bool = True, carries: bool = False) -> Driver:
+    """The session's connection as a `Driver`, inside its transaction (begun here if no statement began it yet).
+    Pending ORM changes are flushed first, as SQLAlchemy's own statements would (unless in `no_autoflush`);
+    `flush=False` for a statement that neither reads nor writes what the ORM may hold back (an event, a new row).
+    Deferred writes (`defer`) are sent first, unless the statement `carries` them itself (`deferred`)."""
+    sync = session.sync_session
+    if flush and sync.autoflush:
+        await write(session)
+    if not carries and _DEFERRED in session.info:
+        writes = deferred(session)
+        carrier = await driver(session, flush=False, carries=True)
+        await carrier.execute(f"WITH {ctes(writes, 1)} SELECT 1", *[a for _, args in writes for a in args])
+        return carrier
+    held = session.info.get(_DRIVER)
+    if held is not None and held[0] is sync.get_transaction():  # the same transaction: the same connection
+        if sync.in_nested_transaction():
+            await session.connection()  # SQLAlchemy emits a savepoint lazily: before this statement, not after
+        found: Driver = held[1]
+        return found
+    connection = await session.connection()
+    adapted: Any = connection.sync_connection.connection.dbapi_connection  # type: ignore[union-attr]
+    if adapted._transaction is None and adapted.isolation_level != "autocommit":
+        try:
+            await adapted._start_transaction()  # what SQLAlchemy's first statement would do
+        except Exception as error:  # SQLAlchemy's translation, not wrapped as its statements' errors are
+            cause = error.__cause__
+            if not isinstance(cause, _DRIVER_ERRORS):
+                raise
+            translated = _translated("BEGIN", cause)
+            if translated.connection_invalidated:
+                await connection.invalidate()  # not back into the pool: the next checkout would fail the same way
+            raise translated from error
+    found = Driver(adapted._connection)
+    session.info[_DRIVER] = (sync.get_transaction(), found)
+    return found
+
+
+_DRIVER = "statements.driver"  # `session.info` key: (the transaction, its Driver)
+
+
+# -- deferred writes ---------------------------------------------------------------------------------------------
+# A write nothing reads back at once (a message's answer, a log row, an inbox row) can wait for the transaction's next
+# statement and ride in it as a data-modifying CTE: `events.flush` writes the engine's held events that way, so such
+# a write costs no round trip of its own. Any other statement sends what is deferred first, on its own: a plain one
+# through `driver`, SQLAlchemy's through the session events below (a query, a flush, the commit), so whatever
+# follows a deferred write sees it, and none is lost. All parts of one statement see one snapshot and a row can be
+# changed only once in it, so the thread row (which the events statement updates) is never deferred, and a second
+# write of a row already deferred sends the first one before it.
+
+_DEFERRED = "statements.deferred"  # `session.info` key: the writes deferred, in order, with the rows they target
+_TARGET = re.compile(r"^\s*(?:INSERT\s+INTO|UPDATE|DELETE\s+FROM)\s+(\w+)", re.IGNORECASE)
+
+
+async def defer(session: AsyncSession, sql: str, args: list[Any], row: Any = None) -> None:
+    """Send the write `sql` (it returns nothing) with the transaction's next statement; `row` names the row it
+    changes when it changes an existing one (an UPDATE's key). Inside a savepoint, and for the thread row, it is sent
+    at once (a savepoint's end must find it written, or rolled back)."""
+    carrier = await driver(session, flush=False, carries=True)  # the transaction is begun: never autocommit
+    table = _table(sql)
+    held: list[tuple[str, list[Any], tuple[str, Any] | None]] = session.info.get(_DEFERRED, [])
+    target = None if row is None else (table, row)
+    if (
+        session.in_nested_transaction()
+        or table == "threads"
+        or (target is not None and target in {t for *_, t in held})
+    ):
+        await driver(session, flush=False)  # what was deferred before goes first
+        await carrier.execute(sql, *args)
+        return
+    session.info.setdefault(_DEFERRED, []).append((sql, args, target))
+
+
+def _table(sql: str) -> str:
+    found = _TARGET.match(sql)
+    if found is None:
+        raise ValueError(f"not a single-table write: {sql[:60]!r}")
+    return found.group(1).lower()
+
+
+def deferred(session: AsyncSession | Session) -> list[tuple[str, list[Any]]]:
+    """Take the writes deferred on `session`, for a statement that carries them (`ctes`)."""
+    return [(sql, args) for sql, args, _ in session.info.pop(_DEFERRED, [])]
+
+
+def deferred_tables(session: AsyncSession) -> set[str]:
+    """The tables the writes deferred on `session` write."""
+    return {_table(sql) for sql, *_ in session.info.get(_DEFERRED, [])}
+
+
+async def send_deferred(session: AsyncSession) -> None:
+    """Send what is deferred now (before a savepoint: its rollback must not take them with it)."""
+    if _DEFERRED in session.info:
+        await driver(session, flush=False)
+
+
+_CTES: dict[tuple[tuple[str, ...], int], str] = {}
+_PARAMETER = re.compile(r"[$](\d+)")
+
+
+def ctes(writes: list[tuple[str, list[Any]]], first: int) -> str:
+    """`writes` as data-modifying CTEs (`w0 AS (...), w1 AS (...)`), their parameters numbered on from `first`;
+    cached, as asyncpg caches the prepared statement by its text."""
+    key = (tuple(w for w, _ in writes), first)
+    found = _CTES.get(key)
+    if found is None:
+        parts, at = [], first
+        for i, (write, args) in enumerate(writes):
+            parts.append(f"w{i} AS ({_renumbered(write, at - 1)})")
+            at += len(args)
+        found = _CTES[key] = ", ".join(parts)
+    return found
+
+
+def _renumbered(sql: str, shift: int) -> str:
+    return _PARAMETER.sub(lambda m: f"${int(m.group(1)) + shift}", sql)
+
+
+def _send_deferred(session: Session, *_: Any) -> None:
+    """Before SQLAlchemy runs a statement, flushes or commits: what is deferred goes first (in the session's
+    greenlet, so the connection is driven as SQLAlchemy drives it)."""
+    if _DEFERRED not in session.info:
+        return
+    writes = deferred(session)
+    raw: Any = session.connection().connection.dbapi_connection
+    sql = f"WITH {ctes(writes, 1)} SELECT 1"
+    try:
+        await_only(raw._connection.execute(sql, *[a for _, args in writes for a in args]))
+    except _DRIVER_ERRORS as error:
+        raise _translated(sql, error) from error
+
+
+def _on_execute(state: Any) -> None:
+    _send_deferred(state.session)
+
+
+event.listen(Session, "do_orm_execute", _on_execute)
+event.listen(Session, "before_flush", _send_deferred)
+event.listen(Session, "before_commit", _send_deferred)
+
+
+def _ended(session: Session, transaction: Any) -> None:
+    """The outermost transaction ended (a commit sent them; a rollback drops them): none is carried over into the
+    session's next transaction. A savepoint's end leaves the enclosing transaction's alone."""
+    if transaction.parent is None:
+        session.info.pop(_DEFERRED, None)
+
+
+event.listen(Session, "after_transaction_end", _ended)
+
+
+async def write(session: AsyncSession) -> None:
+    """Write the session's pending ORM changes. Changed columns of loaded rows (the thread row of every engine
+    transaction) go in one prepared UPDATE each, in primary key order as the unit of work would; anything else (new or
+    deleted objects) through the unit of work."""
+    sync = session.sync_session
+    if sync.new or sync.deleted:
+        await session.flush()
+        return
+    dirty = sync.dirty
+    if not dirty:
+        return
+    changed: list[tuple[Any, tuple[str, ...]]] = []
+    for row in dirty:
+        state = sa_inspect(row)
+        keys = tuple(sorted(state.committed_state))
+        if keys:
+            changed.append((row, keys))
+        else:  # set to what it was: nothing to write
+            _settled(session, state)
+    changed.sort(key=lambda item: (type(item[0]).__name__, str(sa_inspect(item[0]).identity)))
+    for row, keys in changed:
+        await update(session, row, keys)
+
+
+_INSERTS: dict[tuple[type, tuple[str, ...]], tuple[str, str, list[tuple[str, bool]], list[tuple[str, str]]]] = {}
+
+
+def _insert_of(cls: type, given: tuple[str, ...]) -> tuple[str, str, list[tuple[str, bool]], list[tuple[str, str]]]:
+    """The INSERT of a mapped class's `given` attributes, and its RETURNING clause of every other column (its server
+    defaults); with each given attribute and whether it is JSON (sent as text, as SQLAlchemy sends it), and what is
+    read back."""
+    mapper: Any = sa_inspect(cls)
+    columns = {a.key: a.columns[0] for a in mapper.column_attrs}
+    params = [(key, isinstance(columns[key].type, JSON)) for key in given]
+    back = [(key, column.name) for key, column in columns.items() if key not in given]
+    names = ", ".join(f'"{columns[key].name}"' for key in given)
+    values = ", ".join(f"CAST(${i} AS jsonb)" if is_json else f"${i}" for i, (_, is_json) in enumerate(params, 1))
+    returning = " RETURNING " + ", ".join(f'"{name}"' for _, name in back) if back else ""
+    sql = f"INSERT INTO {mapper.local_table.name} ({names}) VALUES ({values})"  # noqa: S608 -- names of the mapped table
+    return sql, returning, params, back
+
+
+def _shape(row: Any) -> tuple[str, str, list[tuple[str, bool]], list[tuple[str, str]]]:
+    cls = type(row)
+    given = tuple(sorted(key for key in row.__dict__ if not key.startswith("_")))
+    shape = _INSERTS.get((cls, given))
+    if shape is None:
+        shape = _INSERTS[(cls, given)] = _insert_of(cls, given)
+    return shape
+
+
+async def insert(session: AsyncSession, row: Any) -> None:
+    """Insert a new ORM object in one prepared statement and add it to `session` as persistent, its server defaults
+    read back: what `session.add` + `flush` does, without the unit of work (several times the round trip's cost)."""
+    sql, returning, params, back = _shape(row)
+    values = [json.dumps(row.__dict__[key]) if json_ else row.__dict__[key] for key, json_ in params]
+    found = await (await driver(session, flush=False)).fetchrow(sql + returning, *values)
+    for key, name in back:
+        assert found is not None
+        set_committed_value(row, key, found[name])
+    make_transient_to_detached(row)
+    session.add(row)
+
+
+def insert_statement(row: Any) -> tuple[str, list[Any]]:
+    """The INSERT of a new ORM object (nothing read back) and its parameters, for a caller that sends it with other
+    statements (`defer`); the object itself stays out of any session."""
+    sql, _, params, _ = _shape(row)
+    return sql, [json.dumps(row.__dict__[key]) if json_ else row.__dict__[key] for key, json_ in params]
+
+
+@dataclass(frozen=True)
+class Changes:
+    """Columns of a persistent ORM object to write: `sets` is the SET list (its values from `$first` on, in the
+    order of `params`), for an UPDATE of the caller's; `written` then records them as committed."""
+
+    row: Any
+    keys: tuple[str, ...]
+    values: list[Any]  # the attributes' values, as the row holds them
+    params: list[Any]  # the same, as sent (JSON as text)
+    sets: str
+
+    def written(self, session: AsyncSession) -> None:
+        for key, value in zip(self.keys, self.values, strict=True):
+            set_committed_value(self.row, key, value)
+        _settled(session, sa_inspect(self.row))
+
+
+_SETS: dict[tuple[type, tuple[str, ...], int], tuple[str, list[bool]]] = {}
+
+
+def _sets_of(cls: type, keys: tuple[str, ...], first: int) -> tuple[str, list[bool]]:
+    """The SET list of a mapped class's `keys` attributes, parameters numbered from `first`, and which are JSON."""
+    mapper: Any = sa_inspect(cls)
+    columns = {a.key: a.columns[0] for a in mapper.column_attrs}
+    json_ = [isinstance(columns[key].type, JSON) for key in keys]
+    sets = ", ".join(
+        f'"{columns[key].name}" = ' + (f"CAST(${i} AS jsonb)" if is_json else f"${i}")
+        for i, (key, is_json) in enumerate(zip(keys, json_, strict=True), first)
+    )
+    return sets, json_
+
+
+def changes(row: Any, keys: tuple[str, ...] | None = None, first: int = 2) -> Changes | None:
+    """The given columns of `row`, or all it changed since loaded (None if none), as a SET list from `$first`."""
+    if keys is None:
+        keys = tuple(sorted(sa_inspect(row).committed_state))
+        if not keys:
+            return None
+    shape = _SETS.get((type(row), keys, first))
+    if shape is None:
+        shape = _SETS[(type(row), keys, first)] = _sets_of(type(row), keys, first)
+    sets, json_ = shape
+    values = [getattr(row, key) for key in keys]
+    params = [json.dumps(v) if is_json else v for v, is_json in zip(values, json_, strict=True)]
+    return Changes(row, keys, values, params, sets)
+
+
+async def update(session: AsyncSession, row: Any, keys: tuple[str, ...], *, later: bool = False) -> None:
+    """Write the `keys` attributes of a persistent ORM object in one prepared statement, as committed values (the
+    unit of work will not write them again); `later`: with the transaction's next statement (`defer`)."""
+    found = changes(row, keys)
+    assert found is not None
+    mapper: Any = sa_inspect(type(row))
+    (primary,) = mapper.primary_key
+    sql = f'UPDATE {mapper.local_table.name} SET {found.sets} WHERE "{primary.name}" = $1'  # noqa: S608 -- mapped names
+    args = [sa_inspect(row).identity[0], *found.params]
+    if later:
+        await defer(session, sql, args, row=args[0])
+    else:
+        await (await driver(session, flush=False)).execute(sql, *args)
+    found.written(session)
+
+
+def settle(session: AsyncSession, row: Any) -> None:
+    """Mark `row` unmodified if every change it holds was written (its columns set as committed)."""
+    _settled(session, sa_inspect(row))
+
+
+def _settled(session: AsyncSession, state: Any) -> None:
+    """Mark a row whose changes are all written as unmodified: the unit of work would otherwise still visit it at
+    the next flush (every commit flushes) to find nothing to write. Not inside a savepoint: one that rolls back
+    expires the rows it modified, and this one must be among them (its values would outlive the rollback)."""
+    if state.modified and not state.committed_state and not session.in_nested_transaction():
+        state._commit_all(state.dict, session.sync_session.identity_map)
+
+
+_COLUMNS: dict[type, tuple[Any, list[tuple[str, str]], list[str]]] = {}
+
+
+def _columns_of(cls: type) -> tuple[Any, list[tuple[str, str]], list[str]]:
+    """A mapped class's mapper, its (attribute, column name) pairs and its primary key's column names."""
+    found = _COLUMNS.get(cls)
+    if found is None:
+        mapper: Any = sa_inspect(cls)
+        pairs = [(a.key, a.columns[0].name) for a in mapper.column_attrs]
+        found = _COLUMNS[cls] = (mapper, pairs, [c.name for c in mapper.primary_key])
+    return found
+
+
+def attach(session: AsyncSession, cls: type, record: Any) -> Any:
+    """A row read in plain SQL (a record of all its columns), as a persistent ORM object of `session`: what an ORM
+    query returns, without its result processing."""
+    mapper, pairs, primary = _columns_of(cls)
+    key = mapper.identity_key_from_primary_key([record[name] for name in primary])
+    held = session.sync_session.identity_map.get(key)
+    if held is not None:  # over what the session holds, as `populate_existing` would
+        for attr, name in pairs:
+            set_committed_value(held, attr, record[name])
+        _settled(session, instance_state(held))
+        return held
+    row = mapper.class_manager.new_instance()
+    instance_state(row).dict.update({attr: record[name] for attr, name in pairs})  # loaded as the ORM loads a row
+    make_transient_to_detached(row)
+    session.add(row)
+    return row
