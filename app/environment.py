@@ -13,7 +13,7 @@ from cryptography.fernet import Fernet
 from sqlalchemy import delete, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import crypto, errors, queue, statements, tables
+from app import crypto, db, errors, queue, statements, tables
 
 if TYPE_CHECKING:  # the catalog holds the graph; this module only reads it
     from app.catalog import Catalog
@@ -74,8 +74,8 @@ def check(values: Mapping[str, str], limits: Limits) -> None:
                 limit=limits.value_bytes,
                 bytes=size,
             )
-        if "\x00" in value:
-            raise errors.Invalid(f"the value of `{name}` contains a NUL character")
+        if db.has_nul(value):
+            raise errors.Invalid(f"the value of `{name}`: {db.NUL_REFUSED}")
 
 
 async def unresolved(

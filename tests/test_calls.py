@@ -13,7 +13,7 @@ import httpx
 import pytest
 from sqlalchemy import func, select
 
-from app import environment, tables
+from app import environment, masking, tables
 from app.catalog import Catalog
 from app.engine import calls, context
 from app.engine.context import Env
@@ -151,7 +151,7 @@ def test_keys_come_from_the_env_chain_then_the_process_env() -> None:
 
 
 def test_scrub_and_cost_without_prices() -> None:
-    assert context.scrub("key sk-123 leaked, sk-123 again", ["sk-123", ""]) == "key *** leaked, *** again"
+    assert masking.scrub("key sk-123 leaked, sk-123 again", ["sk-123", ""]) == "key *** leaked, *** again"
     model = define_model(name="m", provider="test", script=[])
     assert calls.cost(model, LLMResponse(usage=Usage(input_tokens=10))) is None
 

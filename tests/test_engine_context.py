@@ -13,7 +13,7 @@ from cryptography.fernet import Fernet
 from pydantic import BaseModel
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app import environment, keys, threads
+from app import environment, keys, masking, threads
 from app.catalog import Catalog
 from app.engine import context
 from app.engine.history import Seen
@@ -97,18 +97,18 @@ def test_mask_without_secrets_returns_the_value_itself() -> None:
 
 
 def test_scrub_replaces_every_occurrence_and_ignores_empty_secrets() -> None:
-    assert context.scrub("a-sk-1-b-sk-1", ["", "sk-1"]) == "a-***-b-***"
+    assert masking.scrub("a-sk-1-b-sk-1", ["", "sk-1"]) == "a-***-b-***"
 
 
 def test_scrub_in_the_order_given_leaves_a_longer_secret_half_masked() -> None:
     """Why `Env.secrets` sorts longest first."""
-    assert context.scrub("abcdef", ["abc", "abcdef"]) == "***def"
-    assert context.scrub("abcdef", ["abcdef", "abc"]) == "***"
+    assert masking.scrub("abcdef", ["abc", "abcdef"]) == "***def"
+    assert masking.scrub("abcdef", ["abcdef", "abc"]) == "***"
 
 
 def test_scrub_data_masks_keys_and_nested_values_and_keeps_other_scalars() -> None:
     data = {"tok": {"list": ("tok", None, 1.5, True)}, 3: "x tok"}
-    assert context.scrub_data(data, ["tok"]) == {"***": {"list": ["***", None, 1.5, True]}, 3: "x ***"}
+    assert masking.scrub_data(data, ["tok"]) == {"***": {"list": ["***", None, 1.5, True]}, 3: "x ***"}
 
 
 # -- prompts ----------------------------------------------------------------------------------------------

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 import httpx
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import errors, events, files, llm, logs, messages, tables
+from app import errors, events, files, llm, logs, masking, messages, tables
 from app.catalog import Catalog
-from app.engine.context import Env, MissingVariable, scrub, scrub_data
+from app.engine.context import Env, MissingVariable
 from app.hub import Publisher
 from app.llm import recovery, retry
 from app.llm.base import (
@@ -77,12 +77,12 @@ def scrub_result(result: ToolResult, secrets: list[str]) -> ToolResult:
     if not secrets:
         return result
     changes = {
-        key: scrub(value, secrets)
+        key: masking.scrub(value, secrets)
         for key in ("result", "error", "stack")
         if isinstance(value := getattr(result, key), str)
     }
     if result.error_data:
-        changes["error_data"] = scrub_data(result.error_data, secrets)
+        changes["error_data"] = masking.scrub_data(result.error_data, secrets)
     return result.model_copy(update=changes)
 
 
@@ -237,7 +237,7 @@ class _Recorder:
         await self._caller.publisher.sent()  # the deltas before the answer or the failure that ends them
         result = Result(outcome, attempt.model, (time.monotonic() - current.started) * 1000, current.ttft)
         if isinstance(outcome, ProviderError):
-            outcome.message = scrub(outcome.message, current.secrets)
+            outcome.message = masking.scrub(outcome.message, current.secrets)
             log.warning(
                 "thread %s: model %s (attempt %d) failed: %s: %s",
                 self._thread_id, attempt.model.name, attempt.number, outcome.kind, outcome.message,
@@ -310,7 +310,7 @@ def _log_row(
             "model": request.model,
             "messages": len(request.messages),
             "tools": [t.name for t in request.tools],
-            "last": scrub((last.content or "")[:300], secrets) if last else None,
+            "last": masking.scrub((last.content or "")[:300], secrets) if last else None,
         },
     )
     response = result.response
@@ -318,7 +318,7 @@ def _log_row(
         return row(response={"kind": response.kind, "status": response.status}, error=response.message)
     return row(
         response={
-            "text": scrub(response.text[:500], secrets),
+            "text": masking.scrub(response.text[:500], secrets),
             "tool_calls": [c["function"]["name"] for c in response.tool_calls],
         },
         finish_reason=response.finish_reason,

@@ -11,7 +11,7 @@ from typing import Any, Protocol, TypeVar
 from cryptography.fernet import Fernet
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import environment, messages, tables
+from app import environment, masking, messages, tables
 from app.catalog import Catalog
 from app.llm.base import LLMRequest, LLMTool
 from app.spec.define import close_objects
@@ -88,27 +88,7 @@ class Env:
     def mask(self, value: Any) -> Any:
         """`value` (text, or JSON-like data) with every known secret value replaced by `***`."""
         secrets = self.secrets()
-        return scrub_data(value, secrets) if secrets else value
-
-
-def scrub(text: str, secrets: list[str]) -> str:
-    """`text` with every known secret value replaced by `***` (give them longest first, as `Env.secrets` does, so
-    none is left half-masked)."""
-    for secret in secrets:
-        if secret:
-            text = text.replace(secret, "***")
-    return text
-
-
-def scrub_data(value: Any, secrets: list[str]) -> Any:
-    """JSON-like data with `scrub` applied to every string in it, keys too."""
-    if isinstance(value, str):
-        return scrub(value, secrets)
-    if isinstance(value, dict):
-        return {scrub_data(k, secrets): scrub_data(v, secrets) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [scrub_data(v, secrets) for v in value]
-    return value
+        return masking.scrub_data(value, secrets) if secrets else value
 
 
 async def load_env(

@@ -14,9 +14,9 @@ from cryptography.fernet import Fernet
 from sqlalchemy import inspect
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import attachments, event_types, events, logs, messages, tables
+from app import attachments, event_types, events, logs, masking, messages, tables
 from app.catalog import Catalog
-from app.engine.context import Env, _visible, load_env, scrub
+from app.engine.context import Env, _visible, load_env
 from app.engine.state import RunState, Transaction
 from app.spec.define import HookDefinition
 from app.spec.definitions import AgentDefinition, PromptDefinition, Side
@@ -295,7 +295,7 @@ class Hooks:
     async def _failed(self, hook: HookDefinition, exc: Exception) -> None:
         """Log a hook that raised: its input goes on unchanged."""
         text = f"{type(exc).__name__}: {exc}"
-        text = scrub(text, self._secrets)
+        text = masking.scrub(text, self._secrets)
         assert self._transaction is not None
         async with self._transaction() as (session, thread):
             log.warning(

@@ -22,7 +22,7 @@ from cryptography.fernet import Fernet
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app import children, control, errors, events, messages, queue, statements, tables, threads
+from app import children, control, errors, events, masking, messages, queue, statements, tables, threads
 from app.catalog import Catalog
 from app.engine import calls, child_tools, context, effect_runs, handoffs, hooks, inbox, stops, subprompts, tools, turns
 from app.engine.history import Histories, History
@@ -479,7 +479,7 @@ class Engine(ToolPhase):
             known: list[str] = []
             with contextlib.suppress(errors.AgentsError):  # e.g. a secret the current key cannot decrypt
                 known = (await context.load_env(session, self._fernet, self._catalog, thread, None)).secrets()
-            text = context.scrub(message, known)
+            text = masking.scrub(message, known)
             await control.close_open_work(session, thread, f"The run failed: {text}")
             await events.append(session, thread.id, "error", {"code": code, "message": text})
             if thread.session_status == threads.SessionStatus.RUNNING:

@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ValidationError
 
-from app import errors, logs, tables
+from app import errors, logs, masking, tables
 from app.catalog import Catalog
-from app.engine.context import OfferedTool, parse_arguments, scrub
+from app.engine.context import OfferedTool, parse_arguments
 from app.spec.define import ToolDefinition
 from app.spec.definitions import SideConfig
 from app.spec.messages import ToolCall
@@ -65,9 +65,9 @@ def log_row(
         name=call["function"]["name"],
         call_id=call["id"],
         status=result.status,
-        error=scrub(result.error, secrets) if result.status == "error" and result.error else None,
+        error=masking.scrub(result.error, secrets) if result.status == "error" and result.error else None,
         latency_ms=latency_ms,
-        arguments=(scrub(raw, json_secrets(secrets)), len(raw.encode())),
+        arguments=(masking.scrub(raw, json_secrets(secrets)), len(raw.encode())),
         error_code=result.error_code,
     )
 

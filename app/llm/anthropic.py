@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 
+from app import masking
 from app.llm.base import (
     CallContext,
     Done,
@@ -319,7 +320,7 @@ def _http_error(response: httpx.Response, key_env: str, key: str) -> ProviderErr
         message = str(response.json()["error"]["message"])
     except (ValueError, KeyError, TypeError):
         message = response.text[:500] or response.reason_phrase
-    message = message.replace(key, "[redacted]")  # in case the API ever echoes what it was sent
+    message = masking.scrub(message, [key])  # in case the API ever echoes what it was sent
     if status in (401, 403):
         return ProviderError(
             f"anthropic rejected the API key in `{key_env}` ({status}): {message}", status=status, kind="auth"

@@ -28,6 +28,7 @@ from typing import Any
 
 import httpx
 
+from app import masking
 from app.llm.base import (
     CallContext,
     Done,
@@ -146,11 +147,13 @@ class OpenAIModel:
                             yield event
         except httpx.TimeoutException as exc:
             raise ProviderError(
-                _scrub(f"timed out talking to {self.host} ({type(exc).__name__})", key), retriable=True, kind="timeout"
+                masking.scrub(f"timed out talking to {self.host} ({type(exc).__name__})", [key] if key else []),
+                retriable=True,
+                kind="timeout",
             ) from exc
         except httpx.TransportError as exc:
             raise ProviderError(
-                _scrub(f"could not talk to {self.host}: {exc or type(exc).__name__}", key),
+                masking.scrub(f"could not talk to {self.host}: {exc or type(exc).__name__}", [key] if key else []),
                 retriable=True,
                 kind="connection",
             ) from exc
@@ -176,7 +179,7 @@ class OpenAIModel:
             return ProviderError(
                 f"{self.host} refused the credentials (HTTP {status}): {hint}", status=status, kind="auth"
             )
-        detail = _scrub(_error_detail(response), key)
+        detail = masking.scrub(_error_detail(response), [key] if key else [])
         error = _classify(f"HTTP {status} from {self.host}: {detail}", status, _retry_after(response.headers))
         error.failed_generation = _failed_generation(response)
         return error
@@ -435,8 +438,3 @@ def _retry_after(headers: httpx.Headers) -> float | None:
     if when.tzinfo is None:
         when = when.replace(tzinfo=UTC)
     return max(0.0, (when - datetime.now(UTC)).total_seconds())
-
-
-def _scrub(text: str, key: str | None) -> str:
-    """`text` without the API key, should a server or library ever echo it."""
-    return text.replace(key, "***") if key else text
