@@ -4,6 +4,7 @@ database, and a fresh database per test cloned from it (fast, and isolated even 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import shutil
 import socket
@@ -15,17 +16,21 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+import fastapi.routing
 import httpx
 import pytest
 import uvicorn
 from fastapi import FastAPI
+from fastapi.routing import APIRoute
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from app import db
 from app.api.app import create_app
 from app.catalog import Catalog
+from app.engine.run import llm_http
 from app.settings import Settings, normalise_url, plain_url
+from tests import harness
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -264,15 +269,26 @@ def settings(database_url: str, tmp_path: Path) -> Settings:
     )
 
 
+@pytest.fixture(scope="session")
+async def llm_client() -> AsyncIterator[httpx.AsyncClient]:
+    """The workers' client for LLM providers (`llm_http`), made once: each new one loads the CA bundle for its TLS
+    context (~50 ms of CPU), and the tests' workers never reach a provider with it (`no_network`)."""
+    async with llm_http() as client:
+        yield client
+
+
 @pytest.fixture
-async def app_factory(settings: Settings) -> AsyncIterator[Any]:
-    """Start apps (with their lifespan) on the test database; stopped at teardown."""
+async def app_factory(settings: Settings, llm_client: httpx.AsyncClient) -> AsyncIterator[Any]:
+    """Start apps (with their lifespan) on the test database; stopped at teardown. A worker's LLM client is
+    `http` when given, else the suite's shared `llm_client`."""
     stacks: list[Any] = []
 
     async def start(
         catalog: Catalog, *, with_worker: bool = False, http: httpx.AsyncClient | None = None, **overrides: Any
     ) -> FastAPI:
-        app = create_app(settings.model_copy(update=overrides), catalog, with_worker=with_worker, http=http)
+        app = create_app(
+            settings.model_copy(update=overrides), catalog, with_worker=with_worker, http=http or llm_client
+        )
         ctx = app.router.lifespan_context(app)
         await ctx.__aenter__()
         stacks.append(ctx)
@@ -281,6 +297,18 @@ async def app_factory(settings: Settings) -> AsyncIterator[Any]:
     yield start
     for ctx in reversed(stacks):
         await ctx.__aexit__(None, None, None)
+
+
+@pytest.fixture
+def drive(llm_client: httpx.AsyncClient) -> Callable[[FastAPI], Awaitable[list[uuid.UUID]]]:
+    """Run what is runnable on an app started without a worker to its end, in the test's own task (`tests/harness.py`):
+    for a test that only needs a turn to have run; the threads run, in order."""
+
+    async def run(app: FastAPI) -> list[uuid.UUID]:
+        async with harness.harness(app, llm_client) as engine:
+            return await engine.drain()
+
+    return run
 
 
 def client_for(app: FastAPI, key: str | None = None) -> httpx.AsyncClient:
@@ -298,6 +326,33 @@ async def wait_for(predicate: Any, timeout: float = 10.0, interval: float = 0.05
         if asyncio.get_running_loop().time() > deadline:
             raise AssertionError("condition not reached in time")
         await asyncio.sleep(interval)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def routes_built_once() -> Iterator[None]:
+    """Every app shares the request handlers the first one built. FastAPI builds an included route's handler (its
+    dependencies, its response model's validator) again for every app, at the app's first request: ~0.1 s of CPU per
+    app, a fifth of the whole suite's, while every app here includes the same routers the same way. What differs
+    between apps is only where dependency overrides are looked up, and no app here has any (nor may it share then)."""
+    contexts: Any = getattr(fastapi.routing, "_EffectiveRouteContext", None)
+    if contexts is None:  # a FastAPI that builds its routes otherwise: nothing to share
+        yield
+        return
+    build = contexts.from_api_route.__func__
+    built: dict[tuple[int, str], Any] = {}
+
+    def shared(cls: type, *, original_route: APIRoute, include_context: Any) -> Any:
+        if getattr(include_context.dependency_overrides_provider, "dependency_overrides", None):
+            return build(cls, original_route=original_route, include_context=include_context)
+        key = (id(original_route), repr(dataclasses.replace(include_context, dependency_overrides_provider=None)))
+        found = built.get(key)
+        if found is None:
+            found = built[key] = build(cls, original_route=original_route, include_context=include_context)
+        return found
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(contexts, "from_api_route", classmethod(shared))
+        yield
 
 
 @pytest.fixture(autouse=True)
