@@ -35,6 +35,13 @@ from tests import harness
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """How many processes `-n auto` (pyproject's addopts) starts: two for the fast set, whose tests mostly wait (on
+    Postgres, on a worker), each process with its own databases; none (all in this one) once slow tests are in, which
+    time real processes and kill them on purpose, and must not compete for the two cores."""
+    return 2 if config.getoption("markexpr") == "not slow" else 0
+
+
 def _server_url(tmp: Path) -> Iterator[str]:
     if os.environ.get("DATABASE_URL"):
         yield normalise_url(os.environ["DATABASE_URL"])
