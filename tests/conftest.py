@@ -270,7 +270,7 @@ def settings(database_url: str, tmp_path: Path) -> Settings:
         data_dir=tmp_path / "data",
         secret_key="test-" + "k" * 40,
         lease_seconds=5,
-        poll_interval=0.2,
+        poll_interval=0.05,
         worker_concurrency=4,
         llm_backoff=0.01,
     )
