@@ -4,6 +4,7 @@ database, and a fresh database per test cloned from it (fast, and isolated even 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import shutil
 import socket
@@ -15,19 +16,30 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+import fastapi.routing
 import httpx
 import pytest
 import uvicorn
 from fastapi import FastAPI
+from fastapi.routing import APIRoute
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from app import db, migrations
 from app.api.app import create_app
 from app.catalog import Catalog
+from app.engine.run import llm_http
 from app.settings import Settings, normalise_url, plain_url
+from tests import harness
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """How many processes `-n auto` (pyproject's addopts) starts: two for the fast set, whose tests mostly wait (on
+    Postgres, on a worker), each process with its own databases; none (all in this one) once slow tests are in, which
+    time real processes and kill them on purpose, and must not compete for the two cores."""
+    return 2 if config.getoption("markexpr") == "not slow" else 0
 
 
 def _server_url(tmp: Path) -> Iterator[str]:
@@ -87,18 +99,159 @@ async def template_url(server_url: str) -> AsyncIterator[str]:
     await conn.close()
 
 
+def _database_name() -> str:
+    return f"agents_t_{uuid.uuid4().hex[:12]}"
+
+
+async def _clone(admin: asyncpg.Connection, template_url: str) -> str:
+    """A new database from the template; its commits do not wait for the disk (nothing here outlives the suite)."""
+    name = _database_name()
+    await admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{make_url(template_url).database}"')
+    await admin.execute(f'ALTER DATABASE "{name}" SET synchronous_commit = off')
+    return name
+
+
+_TABLES = "SELECT tablename FROM pg_tables WHERE schemaname = 'public' AND tablename <> 'alembic_version'"
+
+# Empties every table and sets every sequence back in one round trip, triggers and foreign keys off (`replica`) so
+# the order does not matter; the rows the migrations seeded go back as they were (`{seeds}`).
+_RESET = f"""
+DO $$
+DECLARE
+    r record;
+BEGIN
+    SET LOCAL session_replication_role = replica;
+    FOR r IN {_TABLES} LOOP
+        EXECUTE format('DELETE FROM %I', r.tablename);
+    END LOOP;
+    FOR r IN SELECT schemaname, sequencename, start_value FROM pg_sequences WHERE last_value IS NOT NULL LOOP
+        PERFORM setval(format('%I.%I', r.schemaname, r.sequencename), r.start_value, false);
+    END LOOP;
+    {{seeds}}
+END $$
+"""
+
+# What a test must have left alone for its database to be reused: the schema (tables, columns, functions, triggers)
+# and the migration it is at.
+_SCHEMA = """
+SELECT md5(string_agg(item, ',' ORDER BY item)) FROM (
+    SELECT c.relname || '.' || c.relkind::text || '.' || coalesce(a.attname || ':' || a.atttypid::text, '') AS item
+    FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+    LEFT JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+    WHERE n.nspname = 'public'
+    UNION ALL SELECT 'f:' || p.proname || ':' || md5(p.prosrc) FROM pg_proc p
+    JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = 'public'
+    UNION ALL SELECT 't:' || tgname || ':' || tgrelid::regclass::text FROM pg_trigger WHERE NOT tgisinternal
+    UNION ALL SELECT 'v:' || version_num FROM alembic_version
+) items
+"""
+
+_OTHERS = "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()"
+
+
+class Databases:
+    """The per-test databases of one pytest process. Each test gets a migrated database under a name of its own, as
+    if cloned for it; but a clone costs ~0.2 s (far more on a loaded machine), so a database a test is done with is
+    emptied (a few ms) and kept under a new name for the next test: the rename also locks out anything the test left
+    running, which still knows the old name. A test that changed the schema has its database dropped instead."""
+
+    def __init__(self, admin: asyncpg.Connection, template_url: str, reset: str, vacuum: str, schema: str) -> None:
+        self._admin = admin
+        self._template = template_url
+        self._reset = reset
+        self._vacuum = vacuum
+        self._schema = schema
+        self._free: list[str] = []
+
+    @classmethod
+    async def of(cls, server_url: str, template_url: str) -> Databases:
+        """Read the template's tables, the rows its migrations seeded, and its schema."""
+        conn = await _admin(template_url)
+        try:
+            tables = [r[0] for r in await conn.fetch(_TABLES)]
+            seeds = []
+            for table in tables:
+                rows = await conn.fetchval(f'SELECT json_agg(t)::text FROM "{table}" t')
+                if rows is not None:
+                    assert "$$" not in rows, f"a row seeded in {table} that the reset's quoting cannot carry"
+                    literal = rows.replace("'", "''")
+                    seeds.append(
+                        f"INSERT INTO {table} SELECT * FROM json_populate_recordset(NULL::{table}, '{literal}');"
+                    )
+            schema = await conn.fetchval(_SCHEMA)
+        finally:
+            await conn.close()
+        reset = _RESET.replace("{seeds}", "\n    ".join(seeds))
+        vacuum = "VACUUM " + ", ".join(tables)  # new rows go in from the first page again, in order, as in a new table
+        return cls(await _admin(server_url), template_url, reset, vacuum, schema)
+
+    async def take(self) -> str:
+        """A clean database's name."""
+        return self._free.pop() if self._free else await _clone(self._admin, self._template)
+
+    async def give_back(self, url: str) -> None:
+        """End every connection to the test's database, then empty it and keep it under a new name, or drop it."""
+        name = make_url(url).database
+        assert name is not None
+        for _ in range(10):  # something the test left running may connect again meanwhile: end it again
+            await self._admin.execute(_OTHERS, name)
+            if not await self._emptied(url):
+                break
+            renamed = _database_name()
+            try:
+                await self._admin.execute(f'ALTER DATABASE "{name}" RENAME TO "{renamed}"')
+            except asyncpg.ObjectInUseError:
+                continue
+            self._free.append(renamed)
+            return
+        await self._admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+    async def _emptied(self, url: str) -> bool:
+        """Empty the database if its schema is still the template's; whether it was."""
+        conn = await _admin(url)
+        try:
+            if await conn.fetchval(_SCHEMA) != self._schema:
+                return False
+            await conn.execute(self._reset)
+            await conn.execute(self._vacuum)
+        except asyncpg.PostgresError:  # e.g. a role that may not turn triggers off: the next test gets a clone
+            return False
+        finally:
+            await conn.close()
+        return True
+
+    async def close(self) -> None:
+        for name in self._free:
+            await self._admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await self._admin.close()
+
+
+@pytest.fixture(scope="session")
+async def databases(server_url: str, template_url: str) -> AsyncIterator[Databases]:
+    found = await Databases.of(server_url, template_url)
+    yield found
+    await found.close()
+
+
 @pytest.fixture
-async def database_url(server_url: str, template_url: str) -> AsyncIterator[str]:
-    """A fresh, migrated database for one test."""
-    name = f"agents_t_{uuid.uuid4().hex[:12]}"
-    template = make_url(template_url).database
-    conn = await _admin(server_url)
+async def database_url(server_url: str, databases: Databases) -> AsyncIterator[str]:
+    """A clean, migrated database of the test's own (the same one emptied and renamed after each test)."""
+    url = _with_database(server_url, await databases.take())
+    yield url
+    await databases.give_back(url)
+
+
+@pytest.fixture
+async def fresh_database_url(server_url: str, template_url: str) -> AsyncIterator[str]:
+    """A database cloned from the template for this test alone, dropped after it: for a test whose processes may
+    outlive it, or that must find the database exactly as the migrations left it."""
+    admin = await _admin(server_url)
     try:
-        await conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+        name = await _clone(admin, template_url)
         yield _with_database(server_url, name)
-        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     finally:
-        await conn.close()
+        await admin.close()
 
 
 @pytest.fixture
@@ -117,21 +270,32 @@ def settings(database_url: str, tmp_path: Path) -> Settings:
         data_dir=tmp_path / "data",
         secret_key="test-" + "k" * 40,
         lease_seconds=5,
-        poll_interval=0.2,
+        poll_interval=0.05,
         worker_concurrency=4,
         llm_backoff=0.01,
     )
 
 
+@pytest.fixture(scope="session")
+async def llm_client() -> AsyncIterator[httpx.AsyncClient]:
+    """The workers' client for LLM providers (`llm_http`), made once: each new one loads the CA bundle for its TLS
+    context (~50 ms of CPU), and the tests' workers never reach a provider with it (`no_network`)."""
+    async with llm_http() as client:
+        yield client
+
+
 @pytest.fixture
-async def app_factory(settings: Settings) -> AsyncIterator[Any]:
-    """Start apps (with their lifespan) on the test database; stopped at teardown."""
+async def app_factory(settings: Settings, llm_client: httpx.AsyncClient) -> AsyncIterator[Any]:
+    """Start apps (with their lifespan) on the test database; stopped at teardown. A worker's LLM client is
+    `http` when given, else the suite's shared `llm_client`."""
     stacks: list[Any] = []
 
     async def start(
         catalog: Catalog, *, with_worker: bool = False, http: httpx.AsyncClient | None = None, **overrides: Any
     ) -> FastAPI:
-        app = create_app(settings.model_copy(update=overrides), catalog, with_worker=with_worker, http=http)
+        app = create_app(
+            settings.model_copy(update=overrides), catalog, with_worker=with_worker, http=http or llm_client
+        )
         ctx = app.router.lifespan_context(app)
         await ctx.__aenter__()
         stacks.append(ctx)
@@ -140,6 +304,18 @@ async def app_factory(settings: Settings) -> AsyncIterator[Any]:
     yield start
     for ctx in reversed(stacks):
         await ctx.__aexit__(None, None, None)
+
+
+@pytest.fixture
+def drive(llm_client: httpx.AsyncClient) -> Callable[[FastAPI], Awaitable[list[uuid.UUID]]]:
+    """Run what is runnable on an app started without a worker to its end, in the test's own task (`tests/harness.py`):
+    for a test that only needs a turn to have run; the threads run, in order."""
+
+    async def run(app: FastAPI) -> list[uuid.UUID]:
+        async with harness.harness(app, llm_client) as engine:
+            return await engine.drain()
+
+    return run
 
 
 def client_for(app: FastAPI, key: str | None = None) -> httpx.AsyncClient:
@@ -157,6 +333,33 @@ async def wait_for(predicate: Any, timeout: float = 10.0, interval: float = 0.05
         if asyncio.get_running_loop().time() > deadline:
             raise AssertionError("condition not reached in time")
         await asyncio.sleep(interval)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def routes_built_once() -> Iterator[None]:
+    """Every app shares the request handlers the first one built. FastAPI builds an included route's handler (its
+    dependencies, its response model's validator) again for every app, at the app's first request: ~0.1 s of CPU per
+    app, a fifth of the whole suite's, while every app here includes the same routers the same way. What differs
+    between apps is only where dependency overrides are looked up, and no app here has any (nor may it share then)."""
+    contexts: Any = getattr(fastapi.routing, "_EffectiveRouteContext", None)
+    if contexts is None:  # a FastAPI that builds its routes otherwise: nothing to share
+        yield
+        return
+    build = contexts.from_api_route.__func__
+    built: dict[tuple[int, str], Any] = {}
+
+    def shared(cls: type, *, original_route: APIRoute, include_context: Any) -> Any:
+        if getattr(include_context.dependency_overrides_provider, "dependency_overrides", None):
+            return build(cls, original_route=original_route, include_context=include_context)
+        key = (id(original_route), repr(dataclasses.replace(include_context, dependency_overrides_provider=None)))
+        found = built.get(key)
+        if found is None:
+            found = built[key] = build(cls, original_route=original_route, include_context=include_context)
+        return found
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(contexts, "from_api_route", classmethod(shared))
+        yield
 
 
 @pytest.fixture(autouse=True)

@@ -205,6 +205,7 @@ async def test_unknown_ids_in_paths(client: httpx.AsyncClient) -> None:
     assert_error(since, 404, "message_not_found")
 
 
+@pytest.mark.slow  # a load test: ~20 s of decoding and parsing on purpose; its bounds hold on a quiet machine only
 async def test_the_worst_inputs_never_keep_health_waiting(app_factory: Any, serve: Any) -> None:
     """Fired together at a real server with its worker (as `agents serve` runs), the inputs that once froze or
     bloated it leave `/health` on the same process answering within a second throughout."""

@@ -110,15 +110,16 @@ ClusterFactory = Callable[..., Awaitable[Cluster]]
 
 
 @pytest.fixture
-async def cluster(database_url: str, tmp_path: Path) -> AsyncIterator[ClusterFactory]:
-    """Start `workers` × `agents worker` (and `agents api`) on the crash fixture agents; stopped at teardown."""
-    conn = await asyncpg.connect(plain_url(database_url))
+async def cluster(fresh_database_url: str, tmp_path: Path) -> AsyncIterator[ClusterFactory]:
+    """Start `workers` × `agents worker` (and `agents api`) on the crash fixture agents, on a database of their own
+    (processes that are killed mid-write); stopped at teardown."""
+    conn = await asyncpg.connect(plain_url(fresh_database_url))
     clusters: list[Cluster] = []
 
     async def make(workers: int, *, api: bool = True, **overrides: str) -> Cluster:
         env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "SECRET_KEY")}
         env.update(
-            DATABASE_URL=database_url,
+            DATABASE_URL=fresh_database_url,
             SECRET_KEY=SECRET_KEY,
             DATA_DIR=str(tmp_path / "data"),
             AGENTS_DIR=str(FIXTURE),
@@ -255,13 +256,13 @@ async def create_threads(database_url: str, crash_dir: Path, contents: list[str]
 
 
 async def test_racing_workers_run_each_thread_once_and_never_twice_at_once(
-    cluster: ClusterFactory, database_url: str
+    cluster: ClusterFactory, fresh_database_url: str
 ) -> None:
     count = 200
     # a long lease: this test is about the claim, not about a heartbeat starved on a busy machine
     c = await cluster(workers=3, api=False, LEASE_SECONDS="10")
     race_keys = [uuid.uuid4().hex for _ in range(count)]
-    ids = await create_threads(database_url, c.crash_dir, [f"race {k}" for k in race_keys])
+    ids = await create_threads(fresh_database_url, c.crash_dir, [f"race {k}" for k in race_keys])
     thread_of = dict(zip(race_keys, ids, strict=True))
 
     async def all_settled() -> bool:

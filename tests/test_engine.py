@@ -62,12 +62,14 @@ def catalog(script: list[Any], side: dict[str, Any] | None = None, **prompt: Any
     return Catalog(root=Path("."), models={"m": model}, prompts={"p": p}, agents={"agent": agent}, tools=tools)
 
 
-async def run(app_factory: Any, cat: Catalog, *messages: str) -> tuple[httpx.AsyncClient, str]:
-    app = await app_factory(cat, with_worker=True)
+async def run(app_factory: Any, drive: Any, cat: Catalog, *messages: str) -> tuple[httpx.AsyncClient, str]:
+    """Post `messages` to a new thread and run its turn to the end (no worker: `drive`)."""
+    app = await app_factory(cat)
     client = client_for(app)
     created = (await client.post("/threads", json={"agent": "agent"})).json()
     for text in messages:
         assert (await client.post(f"/threads/{created['id']}/messages", json={"content": text})).status_code == 202
+    await drive(app)
     await settle(client, created["id"])
     return client, created["id"]
 
@@ -94,9 +96,9 @@ async def event_types(client: httpx.AsyncClient, thread_id: str) -> list[tuple[s
     return [(r.type, r.data) for r in rows]
 
 
-async def test_tool_call_then_reply(app_factory: Any) -> None:
+async def test_tool_call_then_reply(app_factory: Any, drive: Any) -> None:
     cat = catalog([{"tool_calls": [{"name": "add", "arguments": {"a": 2, "b": 3}}]}, "It is 5."])
-    client, tid = await run(app_factory, cat, "2+3?")
+    client, tid = await run(app_factory, drive, cat, "2+3?")
     rows = await stored(client, tid)
     assert [(m["role"], m["side"], m["status"]) for m in rows] == [
         ("user", "b", "completed"),
@@ -124,7 +126,7 @@ async def test_tool_call_then_reply(app_factory: Any) -> None:
 
 
 async def test_bad_arguments_and_raising_tools_become_error_results(
-    app_factory: Any, caplog: pytest.LogCaptureFixture
+    app_factory: Any, drive: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING, logger="app.engine.tools")
     cat = catalog(
@@ -140,7 +142,7 @@ async def test_bad_arguments_and_raising_tools_become_error_results(
             "Sorry.",
         ]
     )
-    client, tid = await run(app_factory, cat, "go")
+    client, tid = await run(app_factory, drive, cat, "go")
     tools = [m for m in await stored(client, tid) if m["role"] == "tool"]
     assert [t["tool_status"] for t in tools] == ["error"] * 4
     assert "Invalid arguments for tool `add`" in tools[0]["content"] and "`a`" in tools[0]["content"]
@@ -153,7 +155,7 @@ async def test_bad_arguments_and_raising_tools_become_error_results(
 
 
 async def test_an_exception_escaping_a_step_is_logged_as_an_error_with_the_thread(
-    app_factory: Any, caplog: pytest.LogCaptureFixture
+    app_factory: Any, drive: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A bug in agent code the engine does not wrap (here a `respond` function) fails the session, says so in an
     `error` event, and is logged at ERROR with the thread id and the traceback."""
@@ -164,7 +166,7 @@ async def test_an_exception_escaping_a_step_is_logged_as_an_error_with_the_threa
     cat = catalog([])
     cat = dataclasses.replace(cat, models={"m": cat.models["m"].model_copy(update={"respond": respond})})
     caplog.set_level(logging.ERROR, logger="app.engine.run")
-    client, tid = await run(app_factory, cat, "hi")
+    client, tid = await run(app_factory, drive, cat, "hi")
     thread = (await client.get(f"/threads/{tid}")).json()
     assert (thread["session"]["status"], thread["session"]["reason"]) == ("failure", "crashed")
     error = {"code": "internal_error", "message": "LookupError: no such row"}
@@ -174,28 +176,28 @@ async def test_an_exception_escaping_a_step_is_logged_as_an_error_with_the_threa
     assert record.exc_info and isinstance(record.exc_info[1], LookupError)
 
 
-async def test_tools_see_env_and_identity(app_factory: Any) -> None:
+async def test_tools_see_env_and_identity(app_factory: Any, drive: Any) -> None:
     cat = catalog([{"tool_calls": [{"name": "whoami"}]}, "ok"])
-    client, tid = await run(app_factory, cat, "who?")
+    client, tid = await run(app_factory, drive, cat, "who?")
     tool = next(m for m in await stored(client, tid) if m["role"] == "tool")
     assert tool["content"] == f'{{"thread": "{tid}", "greeting": "hi"}}'
 
 
-async def test_stop_tool_ends_the_turn_with_its_response_property(app_factory: Any) -> None:
+async def test_stop_tool_ends_the_turn_with_its_response_property(app_factory: Any, drive: Any) -> None:
     cat = catalog(
         [{"text": "thinking", "tool_calls": [{"name": "add", "arguments": {"a": 1, "b": 1}}]}],
         side={"stop_tool": "add", "stop_tool_response_property": "a", "stop_on_response": False},
     )
-    client, tid = await run(app_factory, cat, "go")
+    client, tid = await run(app_factory, drive, cat, "go")
     rows = await stored(client, tid)
     assert [m["role"] for m in rows] == ["user", "assistant", "tool"]
     events = await event_types(client, tid)
     assert ("turn_ended", {"side": "a", "reason": "stop_tool"}) in events
 
 
-async def test_max_steps_ends_the_turn(app_factory: Any) -> None:
+async def test_max_steps_ends_the_turn(app_factory: Any, drive: Any) -> None:
     call = {"tool_calls": [{"name": "add", "arguments": {"a": 1, "b": 1}}]}
-    client, tid = await run(app_factory, catalog([call, call, call], side={"max_steps": 2}), "loop")
+    client, tid = await run(app_factory, drive, catalog([call, call, call], side={"max_steps": 2}), "loop")
     assert [m["role"] for m in await stored(client, tid)] == [
         "user",
         "assistant",
@@ -206,18 +208,18 @@ async def test_max_steps_ends_the_turn(app_factory: Any) -> None:
     assert ("turn_ended", {"side": "a", "reason": "max_steps"}) in await event_types(client, tid)
 
 
-async def test_session_stop_tool_ends_the_session_with_its_payload(app_factory: Any) -> None:
+async def test_session_stop_tool_ends_the_session_with_its_payload(app_factory: Any, drive: Any) -> None:
     done = {"tool_calls": [{"name": "finish", "arguments": {"summary": "all good"}}]}
     side = {"session_stop": {"name": "finish", "message_property": "summary"}, "stop_on_response": False}
-    client, tid = await run(app_factory, catalog([done], side=side), "do it")
+    client, tid = await run(app_factory, drive, catalog([done], side=side), "do it")
     thread = (await client.get(f"/threads/{tid}")).json()
     assert thread["session"]["status"] == "success"
     assert thread["session"]["reason"] == "session_stop"
     assert thread["session"]["result"] == {"content": "all good", "attachments": []}
 
 
-async def test_provider_error_fails_the_session_and_marks_the_message(app_factory: Any) -> None:
-    client, tid = await run(app_factory, catalog([{"error": "bad request", "status": 400}]), "hi")
+async def test_provider_error_fails_the_session_and_marks_the_message(app_factory: Any, drive: Any) -> None:
+    client, tid = await run(app_factory, drive, catalog([{"error": "bad request", "status": 400}]), "hi")
     rows = await stored(client, tid)
     assert rows[-1]["role"] == "assistant" and rows[-1]["status"] == "failed"
     thread = (await client.get(f"/threads/{tid}")).json()
@@ -225,29 +227,30 @@ async def test_provider_error_fails_the_session_and_marks_the_message(app_factor
     assert ("error", {"code": "llm_error", "message": "bad request"}) in await event_types(client, tid)
 
 
-async def test_empty_response_is_asked_again_once(app_factory: Any) -> None:
-    client, tid = await run(app_factory, catalog(["", "second try"]), "hi")
+async def test_empty_response_is_asked_again_once(app_factory: Any, drive: Any) -> None:
+    client, tid = await run(app_factory, drive, catalog(["", "second try"]), "hi")
     assert (await stored(client, tid))[-1]["content"] == "second try"
 
 
-async def test_twice_empty_response_ends_the_turn(app_factory: Any) -> None:
-    client, tid = await run(app_factory, catalog(["", ""]), "hi")
+async def test_twice_empty_response_ends_the_turn(app_factory: Any, drive: Any) -> None:
+    client, tid = await run(app_factory, drive, catalog(["", ""]), "hi")
     assert ("turn_ended", {"side": "a", "reason": "empty_response"}) in await event_types(client, tid)
 
 
-async def test_global_step_cap_fails_the_session(app_factory: Any, settings: Any) -> None:
+async def test_global_step_cap_fails_the_session(app_factory: Any, drive: Any) -> None:
     call = {"tool_calls": [{"name": "add", "arguments": {"a": 1, "b": 1}}]}
     cat = catalog([call] * 5, side={"stop_on_response": False})
-    app = await app_factory(cat, with_worker=True, max_session_steps=3)
+    app = await app_factory(cat, max_session_steps=3)
     client = client_for(app)
     tid = (await client.post("/threads", json={"agent": "agent"})).json()["id"]
     await client.post(f"/threads/{tid}/messages", json={"content": "go"})
+    await drive(app)
     thread = await settle(client, tid)
     assert thread["session"]["reason"] == "max_total_steps" and thread["session"]["status"] == "failure"
     assert len([m for m in await stored(client, tid) if m["role"] == "assistant"]) == 3
 
 
-async def test_the_model_sees_history_in_order(app_factory: Any) -> None:
+async def test_the_model_sees_history_in_order(app_factory: Any, drive: Any) -> None:
     seen: list[list[tuple[str, str | None]]] = []
 
     def respond(request: Any) -> str:
@@ -258,22 +261,20 @@ async def test_the_model_sees_history_in_order(app_factory: Any) -> None:
     prompt = define_prompt(name="p", tool_description="t", model="m", prompt="sys", include_chat=True)
     agent = define_agent(name="agent", side_a={"prompt": "p"})
     cat = Catalog(root=Path("."), models={"m": model}, prompts={"p": prompt}, agents={"agent": agent}, tools={})
-    app = await app_factory(cat, with_worker=True)
+    app = await app_factory(cat)
     client = client_for(app)
     tid = (await client.post("/threads", json={"agent": "agent"})).json()["id"]
     await client.post(f"/threads/{tid}/messages", json={"content": "one"})
+    await drive(app)
     await settle(client, tid)
     await client.post(f"/threads/{tid}/messages", json={"content": "two"})
-
-    async def two_replies() -> bool:
-        return len(seen) == 2 and (await client.get(f"/threads/{tid}")).json()["status"] == "idle"
-
-    await wait_for(two_replies)
+    await drive(app)
+    assert len(seen) == 2 and (await client.get(f"/threads/{tid}")).json()["status"] == "idle"
     assert seen[1] == [("system", "sys"), ("user", "one"), ("assistant", "reply 1"), ("user", "two")]
 
 
 @pytest.mark.parametrize("include_chat", [False])
-async def test_without_include_chat_a_turn_sees_only_itself(app_factory: Any, include_chat: bool) -> None:
+async def test_without_include_chat_a_turn_sees_only_itself(app_factory: Any, drive: Any, include_chat: bool) -> None:
     seen: list[list[str | None]] = []
 
     def respond(request: Any) -> str:
@@ -284,21 +285,18 @@ async def test_without_include_chat_a_turn_sees_only_itself(app_factory: Any, in
     prompt = define_prompt(name="p", tool_description="t", model="m", prompt="sys", include_chat=include_chat)
     agent = define_agent(name="agent", side_a={"prompt": "p"})
     cat = Catalog(root=Path("."), models={"m": model}, prompts={"p": prompt}, agents={"agent": agent}, tools={})
-    client, tid = await run(app_factory, cat, "one")
+    client, tid = await run(app_factory, drive, cat, "one")
     await client.post(f"/threads/{tid}/messages", json={"content": "two"})
-    await wait_for(lambda: _ready(len(seen) == 2))
+    await drive(client._transport.app)  # type: ignore[attr-defined]
+    assert len(seen) == 2
     assert seen[1] == ["sys", "two"]
 
 
-async def _ready(value: bool) -> bool:
-    return value
-
-
-async def test_a_turn_of_replies_takes_the_script_in_order(app_factory: Any) -> None:
+async def test_a_turn_of_replies_takes_the_script_in_order(app_factory: Any, drive: Any) -> None:
     # each step's log row goes with its closing transaction's events, and the next step opens in that transaction:
     # the script position counts the row before it is sent on its own
     cat = catalog(["one", "two", "three"], side={"stop_on_response": False, "max_steps": 3})
-    client, tid = await run(app_factory, cat, "go")
+    client, tid = await run(app_factory, drive, cat, "go")
     assert [m["content"] for m in await stored(client, tid) if m["role"] == "assistant"] == ["one", "two", "three"]
     assert ("turn_ended", {"side": "a", "reason": "max_steps"}) in await event_types(client, tid)
     app: Any = client._transport.app  # type: ignore[attr-defined]
@@ -307,9 +305,9 @@ async def test_a_turn_of_replies_takes_the_script_in_order(app_factory: Any) -> 
     assert logged == 3
 
 
-async def test_script_position_is_durable_across_workers(app_factory: Any) -> None:
+async def test_script_position_is_durable_across_workers(app_factory: Any, drive: Any) -> None:
     cat = catalog(["first", "second"])
-    client, tid = await run(app_factory, cat, "one")
+    client, tid = await run(app_factory, drive, cat, "one")
     # a new process (app + worker) picks the thread up again: the script continues, it does not restart
     app2 = await app_factory(cat, with_worker=True)
     client2 = client_for(app2)
@@ -324,7 +322,7 @@ async def test_script_position_is_durable_across_workers(app_factory: Any) -> No
     assert client is not None
 
 
-async def test_each_tool_call_writes_a_log_row_with_its_secrets_masked(app_factory: Any) -> None:
+async def test_each_tool_call_writes_a_log_row_with_its_secrets_masked(app_factory: Any, drive: Any) -> None:
     quoted = 'pa"ss\\wörd'  # a secret JSON escapes in the arguments' text
     calls = [
         {"name": "add", "arguments": {"a": 2, "b": 3}},
@@ -332,11 +330,12 @@ async def test_each_tool_call_writes_a_log_row_with_its_secrets_masked(app_facto
         {"name": "nope", "arguments": {}},
         {"name": "x" * 300, "arguments": {"pin": quoted}},  # a made-up name wider than `logs.tool`
     ]
-    app = await app_factory(catalog([{"tool_calls": calls}, "done"]), with_worker=True)
+    app = await app_factory(catalog([{"tool_calls": calls}, "done"]))
     client = client_for(app)
     body = {"agent": "agent", "env": {"TOKEN": "s3cr3t-val", "PIN": quoted}, "secrets": ["TOKEN", "PIN"]}
     tid = (await client.post("/threads", json=body)).json()["id"]
     await client.post(f"/threads/{tid}/messages", json={"content": "go"})
+    await drive(app)
     await settle(client, tid)
     response = await client.get(f"/threads/{tid}/logs", params={"kind": "tool"})
     assert response.status_code == 200, response.text

@@ -96,7 +96,7 @@ class Brain:
             return {"tool_calls": [{"name": "reject", "arguments": {"reason": "too vague"}}]}
         if self.reviewer == "status":  # reports progress (`sessionStatus`), then approves
             if last.role == "tool":
-                return {"tool_calls": [{"name": "approve", "arguments": {"summary": "looks good"}}]}
+                return {"tool_calls": [{"name": "approve", "arguments": {"summary": "looks good", "files": []}}]}
             return {"tool_calls": [{"name": "progress", "arguments": {"note": "reviewing page 2"}}]}
         return "keep going"  # never a terminal tool: the turn cap ends the session
 

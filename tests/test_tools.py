@@ -80,16 +80,16 @@ def catalog(script: list[Any]) -> Catalog:
     return Catalog(root=Path("."), models={"m": model}, prompts={"p": p}, agents={"agent": agent}, tools=TOOLS)
 
 
-async def test_a_plain_def_tool_runs_in_a_worker_thread_and_calls_state_methods(app_factory: Any) -> None:
-    client, tid = await run(app_factory, catalog([{"tool_calls": [{"name": "blocking_whoami"}]}, "ok"]), "who?")
+async def test_a_plain_def_tool_runs_in_a_worker_thread_and_calls_state_methods(app_factory: Any, drive: Any) -> None:
+    client, tid = await run(app_factory, drive, catalog([{"tool_calls": [{"name": "blocking_whoami"}]}, "ok"]), "who?")
     tool = next(m for m in await stored(client, tid) if m["role"] == "tool")
     assert (tool["tool_status"], tool["content"]) == ("success", f"{tid} says hi")
     assert LOOP_THREAD["tool"] != threading.get_ident()
 
 
-async def test_a_tool_past_its_time_limit_ends_with_an_error_result(app_factory: Any) -> None:
+async def test_a_tool_past_its_time_limit_ends_with_an_error_result(app_factory: Any, drive: Any) -> None:
     calls = [{"name": name, "arguments": {"seconds": 3}} for name in ("nap", "blocking_nap")]
-    client, tid = await run(app_factory, catalog([{"tool_calls": calls}, "ok"]), "sleep")
+    client, tid = await run(app_factory, drive, catalog([{"tool_calls": calls}, "ok"]), "sleep")
     logged = (await client.get(f"/threads/{tid}/logs", params={"kind": "tool"})).json()["logs"]
     ran = {row["tool"]: row["latency_ms"] for row in logged}  # how long each call ran, as the engine timed it
     assert ran.keys() == {"nap", "blocking_nap"} and all(ms < 2500 for ms in ran.values()), ran  # not their 3 s
@@ -100,8 +100,8 @@ async def test_a_tool_past_its_time_limit_ends_with_an_error_result(app_factory:
     ]
 
 
-async def test_a_plain_def_tool_left_running_after_its_time_limit_cannot_write(app_factory: Any) -> None:
-    client, tid = await run(app_factory, catalog([{"tool_calls": [{"name": "late_writer"}]}, "ok"]), "go")
+async def test_a_plain_def_tool_left_running_after_its_time_limit_cannot_write(app_factory: Any, drive: Any) -> None:
+    client, tid = await run(app_factory, drive, catalog([{"tool_calls": [{"name": "late_writer"}]}, "ok"]), "go")
     await asyncio.sleep(0.6)  # the thread wakes up and tries to write
     assert LATE["refused"] == "`state.set_status`: this call has ended (it ran past its time limit)"
     assert (await client.get(f"/threads/{tid}")).json()["session"]["status_text"] is None
@@ -153,7 +153,9 @@ async def test_a_lost_lease_inside_a_tool_is_not_swallowed_by_its_guard(app_fact
     assert (await client.get(f"/threads/{tid}")).json()["status"] == "running"  # left to whoever holds the lease
 
 
-async def test_a_lock_cycle_inside_a_tool_redoes_the_call_instead_of_becoming_its_result(app_factory: Any) -> None:
+async def test_a_lock_cycle_inside_a_tool_redoes_the_call_instead_of_becoming_its_result(
+    app_factory: Any, drive: Any
+) -> None:
     """A state call that hits a deadlock raises `Contention`; the tool's guard cannot store it as the result: the
     execution is handed back and the call is made again."""
     tries: list[str] = []
@@ -164,6 +166,6 @@ async def test_a_lock_cycle_inside_a_tool_redoes_the_call_instead_of_becoming_it
             raise errors.Contention()  # what a fenced transaction raises when Postgres breaks a lock cycle
 
     GUARD["before"] = deadlock_once
-    client, tid = await run(app_factory, catalog([{"tool_calls": [{"name": "guarded"}]}, "ok"]), "go")
+    client, tid = await run(app_factory, drive, catalog([{"tool_calls": [{"name": "guarded"}]}, "ok"]), "go")
     tools = [m["content"] for m in await stored(client, tid) if m["role"] == "tool"]
     assert (tools, len(tries)) == (["wrote"], 2)
