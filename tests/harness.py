@@ -10,9 +10,10 @@ from contextlib import asynccontextmanager
 import httpx
 from fastapi import FastAPI
 
-from app import db, queue
+from app import db, queue, statements
 from app.engine.run import Engine
 from app.hub import Publisher
+from app.runtime import Runtime
 from app.settings import plain_url
 
 LEASE_SECONDS = 300  # nothing renews a harness's leases: long enough for any execution a test awaits
@@ -23,14 +24,14 @@ class Harness:
 
     def __init__(self, engine: Engine, app: FastAPI) -> None:
         self.engine = engine
-        self._app = app
+        self._runtime: Runtime = app.state.runtime
         self.owner = f"harness:{uuid.uuid4().hex[:8]}"
 
     async def step(self) -> uuid.UUID | None:
         """Claim the oldest runnable thread and run it until it has nothing left to do; its id, or None when nothing
         was runnable."""
-        async with db.autocommit(self._app.state.sessions) as session:
-            claim = await queue.claim(await db.driver(session), self.owner, LEASE_SECONDS)
+        async with db.autocommit(self._runtime.sessions) as session:
+            claim = await queue.claim(await statements.driver(session), self.owner, LEASE_SECONDS)
         if claim is None:
             return None
         await self.engine.execute(claim)
@@ -48,12 +49,12 @@ class Harness:
 @asynccontextmanager
 async def harness(app: FastAPI, http: httpx.AsyncClient) -> AsyncIterator[Harness]:
     """A harness on a started app (`app_factory(catalog)`, no worker); `http` is its LLM client."""
-    state = app.state
-    url = state.settings.database_url
+    rt: Runtime = app.state.runtime
+    url = rt.settings.database_url
     assert url is not None
     publisher = Publisher(plain_url(url))
     try:
-        engine = Engine(state.settings, state.sessions, state.catalog, publisher, state.fernet, http, state.meter)
+        engine = Engine(rt.settings, rt.sessions, rt.catalog, publisher, rt.fernet, http, rt.meter)
         yield Harness(engine, app)
     finally:
         await publisher.close()
