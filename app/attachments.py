@@ -13,8 +13,8 @@ import mimetypes
 import posixpath
 import re
 import uuid
-from collections.abc import AsyncIterable, AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterable, AsyncIterator, Iterable
+from typing import Any, Protocol
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -80,6 +80,24 @@ async def store(
     mime = (mime_type or "").strip() or mimetypes.guess_type(name)[0] or "application/octet-stream"
     entry = await files.write(session, thread_id, path_for(name), body, mime, limit=limit)
     return reference(entry, name)
+
+
+class Encoded(Protocol):
+    """A new attachment in a request body: its name, base64 `data` and type."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def data(self) -> str: ...
+    @property
+    def mime_type(self) -> str | None: ...
+
+
+async def store_encoded(
+    session: AsyncSession, thread_id: uuid.UUID, items: Iterable[Encoded], limit: int
+) -> list[dict[str, Any]]:
+    """Store a request's base64 attachments under `/attachments/` (each at most `limit` bytes); their references."""
+    return [await store(session, thread_id, a.name, decode(a.data, a.name), a.mime_type, limit) for a in items]
 
 
 async def returned(session: AsyncSession, thread_id: uuid.UUID, items: list[ToolAttachment]) -> list[dict[str, Any]]:

@@ -55,10 +55,7 @@ async def _enqueue(
     transaction holds; the thread runs it when a worker claims it (§2)."""
     if thread.terminated_at is not None:
         raise errors.ThreadTerminated()  # before any file is stored
-    refs: list[dict[str, Any]] = [
-        await attachments.store(session, thread.id, a.name, attachments.decode(a.data, a.name), a.mime_type, limit)
-        for a in body.attachments
-    ]
+    refs = await attachments.store_encoded(session, thread.id, body.attachments, limit)
     for upload in uploads or []:
         name = upload.filename or "file"
         refs.append(await attachments.store(session, thread.id, name, _chunks(upload), upload.content_type, limit))

@@ -88,10 +88,7 @@ async def create_thread(
         await queue.enqueue(session, row.id, inputs.Kind.SPAWN, {})  # immediate subagents start at once (§6.6)
     limit = settings.max_file_bytes
     for message in body.messages:  # as `POST /messages` queues them: attachments stored under `/attachments/`
-        refs = [
-            await attachments.store(session, row.id, a.name, attachments.decode(a.data, a.name), a.mime_type, limit)
-            for a in message.attachments
-        ]
+        refs = await attachments.store_encoded(session, row.id, message.attachments, limit)
         await messages.enqueue(
             session,
             row,
