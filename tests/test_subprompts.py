@@ -370,10 +370,11 @@ async def test_a_rerun_after_a_crash_replaces_the_interrupted_run(app_factory: A
         assert thread.session_steps == 4
 
 
-async def test_subprompt_steps_count_toward_the_session_step_cap(app_factory: Any) -> None:
-    main = Recorder(call("helper", message="go"), "ok")
-    sub = Recorder("polished")
-    app: FastAPI = await app_factory(catalog(main, sub), with_worker=True, max_session_steps=2)
+async def _ended_session(
+    app_factory: Any, main: Recorder, sub: Recorder, max_session_steps: int
+) -> tuple[httpx.AsyncClient, str, dict[str, Any]]:
+    """Post "go" to a thread of `catalog(main, sub)` with the step cap given; the thread once its session ended."""
+    app: FastAPI = await app_factory(catalog(main, sub), with_worker=True, max_session_steps=max_session_steps)
     client = client_for(app)
     tid = (await client.post("/threads", json={"agent": "agent"})).json()["id"]
     await client.post(f"/threads/{tid}/messages", json={"content": "go"})
@@ -382,7 +383,13 @@ async def test_subprompt_steps_count_toward_the_session_step_cap(app_factory: An
         thread: dict[str, Any] = (await client.get(f"/threads/{tid}")).json()
         return thread if thread["status"] == "idle" and thread["session"]["status"] != "running" else None
 
-    thread = await wait_for(ended)
+    return client, tid, await wait_for(ended)
+
+
+async def test_subprompt_steps_count_toward_the_session_step_cap(app_factory: Any) -> None:
+    main = Recorder(call("helper", message="go"), "ok")
+    sub = Recorder("polished")
+    client, tid, thread = await _ended_session(app_factory, main, sub, 2)
     # the caller's step and the subprompt's step are the cap's two: the caller never gets a second one
     assert (thread["session"]["status"], thread["session"]["reason"]) == ("failure", "max_total_steps")
     assert len(main.requests) == 1 and len(sub.requests) == 1
@@ -392,16 +399,8 @@ async def test_subprompt_steps_count_toward_the_session_step_cap(app_factory: An
 async def test_a_subprompt_over_the_step_cap_is_not_run(app_factory: Any) -> None:
     main = Recorder(call("helper", message="go"), "ok")
     sub = Recorder("polished")
-    app: FastAPI = await app_factory(catalog(main, sub), with_worker=True, max_session_steps=1)
-    client = client_for(app)
-    tid = (await client.post("/threads", json={"agent": "agent"})).json()["id"]
-    await client.post(f"/threads/{tid}/messages", json={"content": "go"})
-
-    async def ended() -> dict[str, Any] | None:
-        thread: dict[str, Any] = (await client.get(f"/threads/{tid}")).json()
-        return thread if thread["status"] == "idle" and thread["session"]["status"] != "running" else None
-
-    assert (await wait_for(ended))["session"]["reason"] == "max_total_steps"
+    client, tid, thread = await _ended_session(app_factory, main, sub, 1)
+    assert thread["session"]["reason"] == "max_total_steps"
     assert sub.requests == []
     tool = result_of(await listed(client, tid))
     assert (tool["content"], tool["tool_status"]) == (
