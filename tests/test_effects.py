@@ -144,14 +144,16 @@ async def final(client: Any, tid: str, effect_id: str) -> dict[str, Any]:
 
 async def test_an_effect_fires_once_and_wakes_the_thread(app_factory: Any) -> None:
     app, client, tid = await started(app_factory)
-    await client.post(f"/threads/{tid}/messages", json={"content": "remind stretch in 500"})
-    [effect] = await wait_for(lambda: listed(client, tid))  # seen as soon as the tool's result is stored
+    await client.post(f"/threads/{tid}/messages", json={"content": f"remind stretch in {LATER_MS}"})
+    await settle(client, tid)
+    [effect] = await listed(client, tid)
     assert (effect["name"], effect["args"], effect["status"], effect["attempts"]) == (
         "ping",
         {"text": "stretch"},
         "scheduled",
         0,
     )
+    await due(app, tid)  # it falls due while the thread is idle
     done = await final(client, tid, effect["id"])
     assert (done["status"], done["attempts"], done["last_error"]) == ("done", 1, None)
 
