@@ -719,7 +719,7 @@ async def test_immediate_children_start_at_thread_creation_without_the_parent_ru
     assert "boss" not in brain.seen  # the parent's model was not called
 
 
-async def test_immediate_fan_out_gives_each_instance_its_own_scoped_values(app_factory: Any) -> None:
+async def test_immediate_fan_out_gives_each_instance_its_own_scoped_values(app_factory: Any, drive: Any) -> None:
     """Instance k gets its group's values under the plain names, a secret staying secret, and none of the other
     instances' values: no `NAME__k` and no plain `NAME` of instance 1 reach it from the parent (§6.6, §6.7)."""
     seen: dict[str, dict[str, str | None]] = {}
@@ -745,18 +745,14 @@ async def test_immediate_fan_out_gives_each_instance_its_own_scoped_values(app_f
     scoped = {"name": "REGION", "type": "text", "required": True, "scoped": True}
     cat = catalog(brain, entry, variables=[scoped])
     cat = dataclasses.replace(cat, tools={**cat.tools, "write_note": read_region})
-    app = await app_factory(cat, with_worker=True)
+    app = await app_factory(cat)
     client = client_for(app)
     env = {"REGION": "eu", "REGION_NAME": "europe", "TOKEN": "tok-eu", "REGION__2": "us", "REGION_NAME__2": "america",
            "REGION__3": "ap", "TOKEN__3": "tok-ap", "SHARED": "all"}  # fmt: skip
     body = {"agent": "boss", "env": env, "secrets": ["TOKEN", "TOKEN__3"]}
     tid = (await client.post("/threads", json=body)).json()["id"]
-
-    async def two() -> list[dict[str, Any]] | None:
-        entries = await registry(client, tid)
-        return entries if len(entries) == 2 and len(seen) == 2 else None
-
-    entries = await wait_for(two)
+    await drive(app)
+    entries = await registry(client, tid)
     assert sorted(e["thread_name"] for e in entries) == ["america", "europe"]  # capped at max_instances = 2
     assert entries[0]["spawn_group_id"] is not None and entries[0]["spawn_group_id"] == entries[1]["spawn_group_id"]
     by_name = {e["thread_name"]: e["reference"] for e in entries}
