@@ -22,7 +22,8 @@ release = asyncio.Event()  # set by a test: the slow call answers, the slow tool
 
 @pytest.fixture(autouse=True)
 def _hold() -> None:
-    release.clear()
+    global release
+    release = asyncio.Event()  # one per test: an event is bound to the loop that first waits on it
 
 
 @define_tool(description="Sleeps until released.")
