@@ -1,4 +1,4 @@
-"""The LLM call of a step through the worker: retries, the fallback chain, timeouts, log rows, events, keys."""
+"""The LLM call of a step, as a worker runs it: retries, the fallback chain, timeouts, log rows, events, keys."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from app.llm.base import LLMRequest, LLMResponse, Usage
 from app.settings import plain_url
 from app.spec import ToolResult, define_agent, define_model, define_prompt
 from tests.conftest import client_for, wait_for
+from tests.test_control import execution
 from tests.test_engine import event_types, settle, stored
 
 
@@ -32,11 +33,13 @@ def catalog(*models: Any) -> Catalog:
     return Catalog(root=Path("."), models=defined, prompts={"p": prompt}, agents={"agent": agent}, tools={})
 
 
-async def run(app_factory: Any, cat: Catalog, **settings: Any) -> tuple[httpx.AsyncClient, str]:
-    app = await app_factory(cat, with_worker=True, **settings)
+async def run(app_factory: Any, drive: Any, cat: Catalog, **settings: Any) -> tuple[httpx.AsyncClient, str]:
+    """Post `hi` to a new thread and run its turn to the end (no worker: `drive`)."""
+    app = await app_factory(cat, **settings)
     client = client_for(app)
     thread = (await client.post("/threads", json={"agent": "agent"})).json()
     await client.post(f"/threads/{thread['id']}/messages", json={"content": "hi"})
+    await drive(app)
     await settle(client, thread["id"])
     return client, thread["id"]
 
@@ -53,9 +56,9 @@ async def log_rows(client: httpx.AsyncClient, tid: str) -> list[tables.Log]:
         return list((await session.execute(query)).scalars())
 
 
-async def test_a_retriable_error_is_tried_again_on_the_same_model(app_factory: Any) -> None:
+async def test_a_retriable_error_is_tried_again_on_the_same_model(app_factory: Any, drive: Any) -> None:
     model = define_model(name="m", provider="test", script=[{"error": "overloaded", "status": 529}, "ok"])
-    client, tid = await run(app_factory, catalog(model))
+    client, tid = await run(app_factory, drive, catalog(model))
     assert [m["content"] for m in await stored(client, tid)] == ["hi", "ok"]
     first, second = await log_rows(client, tid)
     assert (first.status, first.attempt, first.error, first.response) == (
@@ -69,10 +72,10 @@ async def test_a_retriable_error_is_tried_again_on_the_same_model(app_factory: A
     assert requests == [{"model": "m", "attempt": 1}, {"model": "m", "attempt": 2}]
 
 
-async def test_a_final_error_skips_the_retry_and_walks_the_fallbacks(app_factory: Any) -> None:
+async def test_a_final_error_skips_the_retry_and_walks_the_fallbacks(app_factory: Any, drive: Any) -> None:
     primary = define_model(name="m", provider="test", fallbacks=["backup"], script=[{"error": "bad", "status": 400}])
     backup = define_model(name="backup", provider="test", script=["from backup"])
-    client, tid = await run(app_factory, catalog(primary, backup))
+    client, tid = await run(app_factory, drive, catalog(primary, backup))
     reply = (await stored(client, tid))[-1]
     assert (reply["content"], reply["model"], reply["status"]) == ("from backup", "backup", "completed")
     first, second = await log_rows(client, tid)
@@ -83,13 +86,13 @@ async def test_a_final_error_skips_the_retry_and_walks_the_fallbacks(app_factory
 
 
 async def test_when_every_model_fails_the_session_fails_and_the_thread_is_idle(
-    app_factory: Any, caplog: pytest.LogCaptureFixture
+    app_factory: Any, drive: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING, logger="app.engine.calls")
     failing = [{"error": "down", "status": 503}] * 2
     primary = define_model(name="m", provider="test", fallbacks=["backup"], script=failing)
     backup = define_model(name="backup", provider="test", script=failing)
-    client, tid = await run(app_factory, catalog(primary, backup))
+    client, tid = await run(app_factory, drive, catalog(primary, backup))
     thread = (await client.get(f"/threads/{tid}")).json()
     assert thread["status"] == "idle"
     assert (thread["session"]["status"], thread["session"]["reason"]) == ("failure", "llm_error")
@@ -109,17 +112,17 @@ async def test_when_every_model_fails_the_session_fails_and_the_thread_is_idle(
     assert len(warned) == 4
 
 
-async def test_a_model_that_sends_nothing_is_aborted_and_retried(app_factory: Any) -> None:
-    model = define_model(name="m", provider="test", script=["never", "never"], delay_ms=2000)
-    client, tid = await run(app_factory, catalog(model), llm_first_chunk_timeout=0.2)
+async def test_a_model_that_sends_nothing_is_aborted_and_retried(app_factory: Any, drive: Any) -> None:
+    model = define_model(name="m", provider="test", script=["never", "never"], delay_ms=60_000)
+    client, tid = await run(app_factory, drive, catalog(model), llm_first_chunk_timeout=0.05)
     rows = await log_rows(client, tid)
     assert [(r.attempt, r.status) for r in rows] == [(1, "error"), (2, "error")]
-    assert rows[0].error == "the model sent nothing for 0.2 s; the request was aborted"
+    assert rows[0].error == "the model sent nothing for 0.05 s; the request was aborted"
     assert rows[0].response == {"kind": "timeout", "status": None}
     assert (await client.get(f"/threads/{tid}")).json()["session"]["reason"] == "llm_error"
 
 
-async def test_usage_and_cost_are_logged(app_factory: Any) -> None:
+async def test_usage_and_cost_are_logged(app_factory: Any, drive: Any) -> None:
     usage = {"input_tokens": 1000, "output_tokens": 200, "cached_tokens": 400}
     model = define_model(
         name="m",
@@ -129,7 +132,7 @@ async def test_usage_and_cost_are_logged(app_factory: Any) -> None:
         cached_price=0.5,
         output_price=10.0,
     )
-    client, tid = await run(app_factory, catalog(model))
+    client, tid = await run(app_factory, drive, catalog(model))
     (row,) = await log_rows(client, tid)
     assert (row.input_tokens, row.output_tokens, row.cached_tokens) == (1000, 200, 400)
     assert row.cost == (600 * 2.0 + 400 * 0.5 + 200 * 10.0) / 1_000_000
@@ -157,7 +160,7 @@ def test_scrub_and_cost_without_prices() -> None:
 
 
 async def test_a_stop_during_the_call_never_walks_the_fallbacks(app_factory: Any) -> None:
-    primary = define_model(name="m", provider="test", fallbacks=["backup"], script=["slow"], delay_ms=1500)
+    primary = define_model(name="m", provider="test", fallbacks=["backup"], script=["slow"], delay_ms=60_000)
     backup = define_model(name="backup", provider="test", script=["from backup"])
     app = await app_factory(catalog(primary, backup), with_worker=True)
     client = client_for(app)
@@ -168,20 +171,22 @@ async def test_a_stop_during_the_call_never_walks_the_fallbacks(app_factory: Any
         return any(e == "llm_request" for e, _ in await event_types(client, tid))
 
     await wait_for(calling)
+    running = execution(tid)
     assert (await client.post(f"/threads/{tid}/stop")).status_code == 200
-    await asyncio.sleep(2)
+    await asyncio.wait({running}, timeout=10)  # the call still hangs: the stop ended the execution
+    assert running.done()
     names = [e for e, _ in await event_types(client, tid)]
     assert names.count("llm_request") == 1 and "fallback_triggered" not in names
     assert await log_rows(client, tid) == []
 
 
-async def test_logs_route_pages_through_a_threads_requests(app_factory: Any) -> None:
+async def test_logs_route_pages_through_a_threads_requests(app_factory: Any, drive: Any) -> None:
     model = define_model(
         name="m", provider="test", script=[{"error": "busy", "status": 429}, {"error": "busy", "status": 429}]
     )
     backup = define_model(name="backup", provider="test", script=["ok"])
     model.fallbacks.append("backup")
-    client, tid = await run(app_factory, catalog(model, backup))
+    client, tid = await run(app_factory, drive, catalog(model, backup))
     first = (await client.get(f"/threads/{tid}/logs", params={"limit": 2})).json()
     assert [(r["model"], r["attempt"], r["status"]) for r in first["logs"]] == [("m", 1, "error"), ("m", 2, "error")]
     assert first["logs"][1]["retry_of"] == first["logs"][0]["id"]
@@ -197,7 +202,9 @@ async def test_logs_route_pages_through_a_threads_requests(app_factory: Any) -> 
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "thread_not_found"
 
 
-async def test_reasoning_is_stored_and_replayed_only_to_the_prompt_that_produced_it(app_factory: Any) -> None:
+async def test_reasoning_is_stored_and_replayed_only_to_the_prompt_that_produced_it(
+    app_factory: Any, drive: Any
+) -> None:
     seen: list[list[tuple[str | None, str | None]]] = []
 
     def respond(request: LLMRequest) -> Any:
@@ -205,8 +212,9 @@ async def test_reasoning_is_stored_and_replayed_only_to_the_prompt_that_produced
         return {"text": f"answer {len(seen)}", "reasoning": f"thought {len(seen)}"}
 
     model = define_model(name="m", provider="test", respond=respond)
-    client, tid = await run(app_factory, catalog(model))
+    client, tid = await run(app_factory, drive, catalog(model))
     await client.post(f"/threads/{tid}/messages", json={"content": "again"})
+    await drive(client._transport.app)  # type: ignore[attr-defined]
     await settle(client, tid)
     assert seen[1] == [("thought 1", "answer 1")]
     assert (await stored(client, tid))[1]["reasoning_content"] == "thought 1"

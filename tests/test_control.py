@@ -1,4 +1,6 @@
-"""Stop, continue and terminate (§11) over HTTP, against a worker running a slow model or a slow tool."""
+"""Stop, continue and terminate (§11) over HTTP, against a worker running a slow model or a slow tool: both hang until
+the test releases them (`release`), so a test decides what is still running when it stops a thread, and never waits
+for a fixed time."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from app.catalog import Catalog
 from app.llm.base import LLMRequest
@@ -14,20 +17,26 @@ from app.spec import ThreadState, define_agent, define_model, define_prompt, def
 from tests.conftest import client_for, wait_for
 from tests.test_engine import event_types, settle, stored
 
-SLOW_S = 1.5
+release = asyncio.Event()  # set by a test: the slow call answers, the slow tool returns
 
 
-@define_tool(description="Sleeps a while.")
+@pytest.fixture(autouse=True)
+def _hold() -> None:
+    global release
+    release = asyncio.Event()  # one per test: an event is bound to the loop that first waits on it
+
+
+@define_tool(description="Sleeps until released.")
 async def nap(state: ThreadState) -> str:
-    await asyncio.sleep(SLOW_S)
+    await release.wait()
     return "rested"
 
 
 async def respond(request: LLMRequest) -> Any:
-    """`slow` makes the call hang, `nap` calls the slow tool, anything else is answered at once."""
+    """`slow` makes the call hang until released, `nap` calls the slow tool, anything else is answered at once."""
     last = request.messages[-1]
     if last.role == "user" and last.content == "slow":
-        await asyncio.sleep(SLOW_S)
+        await release.wait()
         return "too late"
     if last.role == "user" and last.content == "nap":
         return {"tool_calls": [{"name": "nap"}]}
@@ -61,15 +70,38 @@ async def until(client: httpx.AsyncClient, tid: str, check: Any) -> list[dict[st
     return result
 
 
+def execution(tid: str) -> asyncio.Task[Any]:
+    """The worker's task executing the thread (the worker runs in the test's event loop, and names it)."""
+    [task] = [t for t in asyncio.all_tasks() if t.get_name() == f"thread-{tid}" and not t.done()]
+    return task
+
+
+async def ended(task: asyncio.Task[Any]) -> None:
+    """Wait for an execution to end while its model call or tool still hangs: it was aborted, and whatever it had
+    left to do can no longer happen."""
+    await asyncio.wait({task}, timeout=10)
+    assert task.done(), "the execution went on after the thread was stopped"
+    release.set()  # had anything of it still been waiting, it would go on now
+
+
+async def worker_ran_since(client: httpx.AsyncClient) -> None:
+    """A new thread's message is answered: the worker has claimed runnable threads since this was called, and would
+    have claimed any other thread that was runnable by then."""
+    other = (await client.post("/threads", json={"agent": "agent"})).json()["id"]
+    await client.post(f"/threads/{other}/messages", json={"content": "ping"})
+    await settle(client, other)
+
+
 async def test_stop_aborts_a_slow_call_and_parks_the_thread(app_factory: Any) -> None:
     client, tid = await start(app_factory)
     await client.post(f"/threads/{tid}/messages", json={"content": "slow"})
     await until(client, tid, lambda rows: any(r["role"] == "assistant" and r["status"] == "pending" for r in rows))
+    running = execution(tid)
     response = await client.post(f"/threads/{tid}/stop")
     assert response.status_code == 200
     assert response.json()["status"] == "stopped"
     assert response.json()["session"]["reason"] == "stopped_by_user"
-    await asyncio.sleep(SLOW_S + 0.5)  # long enough for the aborted call to have answered, had it gone on
+    await ended(running)
     rows = await stored(client, tid)
     assert [(r["role"], r["status"], r["content"]) for r in rows] == [
         ("user", "completed", "slow"),
@@ -91,6 +123,7 @@ async def test_stop_answers_open_tool_calls_and_continue_runs_side_a(app_factory
     client, tid = await start(app_factory)
     await client.post(f"/threads/{tid}/messages", json={"content": "nap"})
     rows = await until(client, tid, lambda rows: any(r["role"] == "assistant" and r["tool_calls"] for r in rows))
+    running = execution(tid)
     assert (await client.post(f"/threads/{tid}/stop")).status_code == 200
     rows = await stored(client, tid)
     call_id = next(r for r in rows if r["tool_calls"])["tool_calls"][0]["id"]
@@ -100,13 +133,14 @@ async def test_stop_answers_open_tool_calls_and_continue_runs_side_a(app_factory
         "error",
         "Execution stopped by user",
     )
-    await asyncio.sleep(SLOW_S + 0.5)
+    await ended(running)
     assert [r["role"] for r in await stored(client, tid)].count("tool") == 1  # the aborted tool stored nothing
 
     # input that is not a human message waits while stopped
     await client.post(f"/threads/{tid}/messages", json={"content": "note", "role": "system"})
-    await asyncio.sleep(0.5)
+    await worker_ran_since(client)
     assert (await client.get(f"/threads/{tid}")).json()["status"] == "stopped"
+    assert "answer to system: note" not in [r["content"] for r in await stored(client, tid)]
 
     response = await client.post(f"/threads/{tid}/continue", json={})
     assert response.status_code == 202
@@ -127,6 +161,7 @@ async def test_terminate_aborts_and_refuses_later_input(app_factory: Any) -> Non
     client, tid = await start(app_factory)
     await client.post(f"/threads/{tid}/messages", json={"content": "slow"})
     await until(client, tid, lambda rows: any(r["role"] == "assistant" and r["status"] == "pending" for r in rows))
+    running = execution(tid)
     response = await client.post(f"/threads/{tid}/terminate")
     assert response.status_code == 200
     body = response.json()
@@ -137,7 +172,7 @@ async def test_terminate_aborts_and_refuses_later_input(app_factory: Any) -> Non
         assert denied.status_code == 409, path
         assert denied.json()["error"] == {"code": "thread_terminated", "message": "Thread is terminated"}
     assert (await client.post(f"/threads/{tid}/terminate")).status_code == 200
-    await asyncio.sleep(SLOW_S + 0.5)
+    await ended(running)
     rows = await stored(client, tid)
     assert [(r["role"], r["status"]) for r in rows] == [("user", "completed"), ("assistant", "failed")]
     assert "thread_terminated" in [e for e, _ in await event_types(client, tid)]
@@ -155,6 +190,7 @@ async def test_input_posted_during_a_step_is_delivered_before_the_next_call(app_
     await client.post(f"/threads/{tid}/messages", json={"content": "nap"})
     await until(client, tid, lambda rows: any(r["tool_calls"] for r in rows))
     await client.post(f"/threads/{tid}/messages", json={"content": "extra"})
+    release.set()  # the tool returns only once the input is stored
     thread = await settle(client, tid)
     rows = await stored(client, tid)
     assert [(r["role"], r["content"]) for r in rows][2:] == [
@@ -177,10 +213,15 @@ async def test_a_real_deadlock_is_recognised_as_contention(app_factory: Any) -> 
     lock = text("SELECT id FROM threads WHERE id = :id FOR UPDATE")
     first_locked, second_locked = asyncio.Event(), asyncio.Event()
     failures: list[BaseException] = []
+    async with app.state.runtime.sessions() as session:
+        # Postgres looks for a deadlock after `deadlock_timeout` (1 s by default); a superuser may look sooner
+        superuser = (await session.execute(text("SELECT current_setting('is_superuser')"))).scalar_one() == "on"
 
     async def take(mine: str, other: str, locked: asyncio.Event, wait: asyncio.Event) -> None:
         try:
             async with app.state.runtime.sessions() as session, session.begin():
+                if superuser:
+                    await session.execute(text("SET LOCAL deadlock_timeout = '100ms'"))
                 await session.execute(lock, {"id": mine})
                 locked.set()
                 await wait.wait()

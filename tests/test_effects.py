@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 from fastapi import FastAPI
 from pydantic import BaseModel
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 
 from app import effects, errors, keys, tables
 from app.api.app import create_app
@@ -61,10 +62,13 @@ async def later(state: ThreadState, args: LaterArgs) -> str:
     return await state.schedule_effect("ping", {"text": args.text}, args.delay_ms)
 
 
-@define_tool(description="Schedule `probe` now, then work long enough for the timer to queue it.")
+@define_tool(description="Schedule `probe` now, then work until the timer has queued it.")
 async def busy(state: ThreadState) -> str:
     await state.schedule_effect("probe")
-    await asyncio.sleep(1.2)  # six timer polls
+    for _ in range(200):  # the timer polls every 0.05 s
+        if [e.status for e in await state.get_scheduled_effects("probe")] == ["queued"]:
+            break
+        await asyncio.sleep(0.05)
     handled.append({"tool": "busy"})
     return "worked"
 
@@ -116,6 +120,19 @@ async def listed(client: Any, tid: str) -> list[dict[str, Any]]:
     return list(response.json()["effects"])
 
 
+LATER_MS = 60_000  # an effect's delay that no test waits out: `due` makes it due
+
+
+async def due(app: FastAPI, tid: str) -> None:
+    """Bring the thread's effects forward by `LATER_MS`, as if that time had passed (their order stays)."""
+    async with app.state.runtime.sessions() as session, session.begin():
+        await session.execute(
+            update(tables.Effect)
+            .where(tables.Effect.thread_id == uuid.UUID(tid))
+            .values(run_at=tables.Effect.run_at - timedelta(milliseconds=LATER_MS))
+        )
+
+
 async def final(client: Any, tid: str, effect_id: str) -> dict[str, Any]:
     async def finished() -> dict[str, Any] | None:
         row = next(e for e in await listed(client, tid) if e["id"] == effect_id)
@@ -126,8 +143,8 @@ async def final(client: Any, tid: str, effect_id: str) -> dict[str, Any]:
 
 
 async def test_an_effect_fires_once_and_wakes_the_thread(app_factory: Any) -> None:
-    _, client, tid = await started(app_factory)
-    await client.post(f"/threads/{tid}/messages", json={"content": "remind stretch in 1000"})
+    app, client, tid = await started(app_factory)
+    await client.post(f"/threads/{tid}/messages", json={"content": f"remind stretch in {LATER_MS}"})
     await settle(client, tid)
     [effect] = await listed(client, tid)
     assert (effect["name"], effect["args"], effect["status"], effect["attempts"]) == (
@@ -136,6 +153,7 @@ async def test_an_effect_fires_once_and_wakes_the_thread(app_factory: Any) -> No
         "scheduled",
         0,
     )
+    await due(app, tid)  # it falls due while the thread is idle
     done = await final(client, tid, effect["id"])
     assert (done["status"], done["attempts"], done["last_error"]) == ("done", 1, None)
 
@@ -148,9 +166,11 @@ async def test_an_effect_fires_once_and_wakes_the_thread(app_factory: Any) -> No
         ("user", "Reminder: stretch"),
         ("assistant", "noted: Reminder: stretch"),
     ]
-    await asyncio.sleep(0.6)  # a few more timer polls: nothing fires twice
+    # nothing fires twice: an effect due later has been queued by the timer and run by the thread since
+    marker = await (await outside(app, tid)).schedule_effect("probe")
+    assert (await final(client, tid, marker))["status"] == "done"
     ran = [r for r in handled if "effect" in r]
-    assert [r["effect"] for r in ran] == ["ping"]
+    assert [r["effect"] for r in ran] == ["ping", "probe"]
     assert ran[0]["execution"] is None
     assert ran[0]["context"] == {"effect": {"id": effect["id"], "name": "ping", "attempt": 1}}
     assert len(await stored(client, tid)) == len(rows)
@@ -211,9 +231,10 @@ async def test_a_scheduled_effect_survives_a_worker_restart(app_factory: Any, se
     await lifespan.__aenter__()
     client = client_for(first)
     tid = (await client.post("/threads", json={"agent": "agent"})).json()["id"]
-    effect_id = await (await outside(first, tid)).schedule_effect("ping", {"text": "water"}, 1500)
+    effect_id = await (await outside(first, tid)).schedule_effect("ping", {"text": "water"}, LATER_MS)
     await lifespan.__aexit__(None, None, None)  # the worker stops before the effect is due
     assert handled == []
+    await due(first, tid)  # it falls due while no worker runs
 
     restarted = await app_factory(catalog(), with_worker=True)
     other = client_for(restarted)
@@ -229,9 +250,9 @@ async def test_a_scheduled_effect_survives_a_worker_restart(app_factory: Any, se
 async def test_effects_can_be_cancelled_and_then_never_fire(app_factory: Any) -> None:
     app, client, tid = await started(app_factory)
     state = await outside(app, tid)
-    by_http = await state.schedule_effect("ping", {"text": "a"}, 800)
-    by_state = await state.schedule_effect("ping", {"text": "b"}, 800)
-    kept = await state.schedule_effect("probe", None, 800)
+    by_http = await state.schedule_effect("ping", {"text": "a"}, LATER_MS)
+    by_state = await state.schedule_effect("ping", {"text": "b"}, LATER_MS)
+    kept = await state.schedule_effect("probe", None, LATER_MS)
     assert [e.id for e in await state.get_scheduled_effects()] == [by_http, by_state, kept]
     assert [e.id for e in await state.get_scheduled_effects("probe")] == [kept]
 
@@ -244,8 +265,8 @@ async def test_effects_can_be_cancelled_and_then_never_fire(app_factory: Any) ->
     assert await state.remove_scheduled_effect(str(uuid.uuid4())) is False
     assert [e.id for e in await state.get_scheduled_effects()] == [kept]
 
+    await due(app, tid)  # all three fall due, the cancelled ones first: had they been queued, they would have run first
     assert (await final(client, tid, kept))["status"] == "done"
-    await asyncio.sleep(0.6)
     assert [r["effect"] for r in handled if "effect" in r] == ["probe"]
     statuses = {e["id"]: e["status"] for e in await listed(client, tid)}
     assert statuses == {by_http: "cancelled", by_state: "cancelled", kept: "done"}
@@ -264,11 +285,11 @@ async def test_a_handler_that_raises_is_failed_and_the_thread_goes_on(app_factor
     failed = await final(client, tid, failing)
     assert (failed["status"], failed["attempts"]) == ("failed", 1)
     assert failed["last_error"] == "RuntimeError: kaboom"
-    await asyncio.sleep(0.6)
-    assert [r["effect"] for r in handled if "effect" in r] == ["boom"]  # no retry
     await client.post(f"/threads/{tid}/messages", json={"content": "still there?"})
     await settle(client, tid)
     assert [r["content"] for r in await stored(client, tid)] == ["still there?", "noted: still there?"]
+    # no retry: an effect left to run again would have run in this later execution, before its LLM call
+    assert [r["effect"] for r in handled if "effect" in r] == ["boom"]
 
 
 async def test_a_handler_error_never_shows_a_secret(app_factory: Any) -> None:
@@ -315,11 +336,13 @@ async def test_schedule_refuses_unknown_names_and_bad_arguments(app_factory: Any
 
 async def test_terminating_a_thread_cancels_its_effects(app_factory: Any) -> None:
     app, client, tid = await started(app_factory)
-    effect_id = await (await outside(app, tid)).schedule_effect("ping", {"text": "x"}, 300)
+    effect_id = await (await outside(app, tid)).schedule_effect("ping", {"text": "x"}, LATER_MS)
     assert (await client.post(f"/threads/{tid}/terminate")).status_code == 200
     assert [e["status"] for e in await listed(client, tid)] == ["cancelled"]
-    await asyncio.sleep(0.8)
-    assert handled == []
+    await due(app, tid)
+    other = (await client.post("/threads", json={"agent": "agent"})).json()["id"]  # due after it: the timer passed it
+    assert (await final(client, other, await (await outside(app, other)).schedule_effect("probe")))["status"] == "done"
+    assert [r["effect"] for r in handled] == ["probe"]
     with pytest.raises(errors.ThreadTerminated):
         await (await outside(app, tid)).schedule_effect("ping", {"text": "x"})
     assert effect_id
@@ -346,7 +369,7 @@ async def test_the_example_assistant_sets_a_reminder(app_factory: Any) -> None:
     app = await app_factory(load(ROOT / "agents"), with_worker=True)
     client = client_for(app)
     tid = (await client.post("/threads", json={"agent": "assistant"})).json()["id"]
-    await client.post(f"/threads/{tid}/messages", json={"content": "Remind me in 1 second to stretch."})
+    await client.post(f"/threads/{tid}/messages", json={"content": "Remind me in 0.5 seconds to stretch."})
 
     async def reminded() -> list[dict[str, Any]] | None:
         rows = await stored(client, tid)
@@ -354,7 +377,7 @@ async def test_the_example_assistant_sets_a_reminder(app_factory: Any) -> None:
 
     rows = await wait_for(reminded)
     assert [(r["role"], r["content"]) for r in rows if r["role"] != "tool"] == [
-        ("user", "Remind me in 1 second to stretch."),
+        ("user", "Remind me in 0.5 seconds to stretch."),
         ("assistant", None),
         ("assistant", "Done: I will remind you."),
         ("user", "Reminder: stretch"),

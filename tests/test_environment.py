@@ -93,11 +93,13 @@ async def settle(client: httpx.AsyncClient, tid: str) -> dict[str, Any]:
     return result
 
 
-async def run(client: httpx.AsyncClient, **body: Any) -> tuple[str, list[dict[str, Any]]]:
+async def run(client: httpx.AsyncClient, drive: Any, **body: Any) -> tuple[str, list[dict[str, Any]]]:
+    """A new thread's turn on `go`, run to its end (no worker: `drive`); its id and messages."""
     created = await client.post("/threads", json={"agent": "agent", **body})
     assert created.status_code == 201, created.text
     tid = created.json()["id"]
     assert (await client.post(f"/threads/{tid}/messages", json={"content": "go"})).status_code == 202
+    await drive(client._transport.app)  # type: ignore[attr-defined]
     await settle(client, tid)
     rows = (await client.get(f"/threads/{tid}/messages", params={"include_silent": True})).json()["messages"]
     return tid, rows
@@ -107,7 +109,7 @@ async def run(client: httpx.AsyncClient, **body: Any) -> tuple[str, list[dict[st
 
 
 @pytest.mark.parametrize("level", LEVELS)
-async def test_each_level_beats_the_ones_below(app_factory: Any, level: str) -> None:
+async def test_each_level_beats_the_ones_below(app_factory: Any, drive: Any, level: str) -> None:
     """X is defined at `level` and at every lower level, each with its level's name: `level` wins."""
     defined = LEVELS[LEVELS.index(level) :]
 
@@ -120,42 +122,43 @@ async def test_each_level_beats_the_ones_below(app_factory: Any, level: str) -> 
         tool_env=at("tool"),
         prompt_env=at("prompt"),
     )
-    app = await app_factory(cat, with_worker=True)
+    app = await app_factory(cat)
     async with client_for(app) as client:  # open mode: the caller is the local admin
         for scope in ("user", "instance"):
             if scope in defined:
                 response = await client.put(f"/env/{scope}/X", json={"value": scope})
                 assert response.status_code == 200, response.text
-        _, rows = await run(client, env=at("thread"))
+        _, rows = await run(client, drive, env=at("thread"))
     assert [m["content"] for m in rows if m["role"] == "tool"] == [level]
 
 
-async def test_state_env_names_a_variable_nothing_defines(app_factory: Any) -> None:
-    app = await app_factory(catalog([{"tool_calls": [{"name": "read_x"}]}, "ok"]), with_worker=True)
+async def test_state_env_names_a_variable_nothing_defines(app_factory: Any, drive: Any) -> None:
+    app = await app_factory(catalog([{"tool_calls": [{"name": "read_x"}]}, "ok"]))
     async with client_for(app) as client:
-        _, rows = await run(client)
+        _, rows = await run(client, drive)
     (result,) = [m for m in rows if m["role"] == "tool"]
     assert result["tool_status"] == "error" and "`X` is not set" in result["content"]
 
 
-async def test_user_values_are_the_thread_owners(app_factory: Any) -> None:
-    app = await app_factory(catalog([{"tool_calls": [{"name": "read_x"}]}, "ok"]), with_worker=True)
+async def test_user_values_are_the_thread_owners(app_factory: Any, drive: Any) -> None:
+    app = await app_factory(catalog([{"tool_calls": [{"name": "read_x"}]}, "ok"]))
     alice, bob = await key(app, "alice"), await key(app, "bob")
     async with client_for(app, alice) as a, client_for(app, bob) as b:
         assert (await a.put("/env/user/X", json={"value": "alice's"})).status_code == 200
-        _, rows = await run(b)
+        _, rows = await run(b, drive)
         assert "`X` is not set" in next(m["content"] for m in rows if m["role"] == "tool")
-        _, rows = await run(a)
+        _, rows = await run(a, drive)
         assert next(m["content"] for m in rows if m["role"] == "tool") == "alice's"
 
 
-async def test_a_secret_is_never_rendered_into_a_prompt(app_factory: Any) -> None:
+async def test_a_secret_is_never_rendered_into_a_prompt(app_factory: Any, drive: Any) -> None:
     cat = catalog(["never"], prompt=[{"type": "text", "content": "Use "}, {"type": "env", "property": "X"}])
-    app = await app_factory(cat, with_worker=True)
+    app = await app_factory(cat)
     async with client_for(app) as client:
         assert (await client.put("/env/instance/X", json={"value": "hidden-value", "type": "secret"})).is_success
         created = (await client.post("/threads", json={"agent": "agent"})).json()
         await client.post(f"/threads/{created['id']}/messages", json={"content": "go"})
+        await drive(app)
         thread = await settle(client, created["id"])
     assert thread["session"]["reason"] == "llm_error"
     async with app.state.runtime.sessions() as session:
@@ -298,15 +301,16 @@ def family() -> Catalog:
     return Catalog(root=Path("."), models={"m": model}, prompts=prompts, agents=agents, tools=tools)
 
 
-async def test_set_env_reaches_live_descendants_but_not_a_scoped_subtree(app_factory: Any) -> None:
+async def test_set_env_reaches_live_descendants_but_not_a_scoped_subtree(app_factory: Any, drive: Any) -> None:
     """`state.set_env` in the parent writes the live children's env too, so a child's next step reads the new
     value; a child whose graph declares the name scoped keeps its own (§8)."""
-    app = await app_factory(family(), with_worker=True)
+    app = await app_factory(family())
     async with client_for(app) as client:
         created = await client.post("/threads", json={"agent": "boss", "env": {"X": "old"}})
         assert created.status_code == 201, created.text
         tid = created.json()["id"]
         assert (await client.post(f"/threads/{tid}/messages", json={"content": "go"})).status_code == 202
+        await drive(app)
         await settle(client, tid)
         rows = (await client.get(f"/threads/{tid}/messages")).json()["messages"]
         results = [m for m in rows if m["role"] == "tool"]
@@ -520,18 +524,20 @@ async def test_writing_many_values_is_one_statement(sessions: async_sessionmaker
 SECRETS = ("thread-s3cret-111", "user-s3cret-222", "inst-s3cret-333")
 
 
-async def test_secrets_of_every_level_never_appear(app_factory: Any, caplog: pytest.LogCaptureFixture) -> None:
+async def test_secrets_of_every_level_never_appear(
+    app_factory: Any, drive: Any, caplog: pytest.LogCaptureFixture
+) -> None:
     caplog.set_level(logging.DEBUG)
     script = [
         {"tool_calls": [{"name": "echo"}, {"name": "boom"}]},
         {"error": f"upstream refused key {SECRETS[1]} for {SECRETS[0]}", "status": 400},
     ]
-    app = await app_factory(catalog(script), with_worker=True)
+    app = await app_factory(catalog(script))
     admin = await key(app, "local", admin=True)
     async with client_for(app, admin) as client:
         await client.put("/env/user/U_SECRET", json={"value": SECRETS[1], "type": "secret"})
         await client.put("/env/instance/I_SECRET", json={"value": SECRETS[2], "type": "secret"})
-        tid, rows = await run(client, env={"T_SECRET": SECRETS[0]}, secrets=["T_SECRET"])
+        tid, rows = await run(client, drive, env={"T_SECRET": SECRETS[0]}, secrets=["T_SECRET"])
         tool_rows = [m for m in rows if m["role"] == "tool"]
         assert tool_rows[0]["content"] == "*** *** ***"
         assert tool_rows[1]["content"] == "Tool `boom` failed: RuntimeError: cannot connect with ***"

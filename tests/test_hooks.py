@@ -84,7 +84,7 @@ def catalog(
 
 
 async def run(app_factory: Any, cat: Catalog, *texts: str) -> tuple[Any, str]:
-    """Post each text as its own turn and wait for the thread to settle after it."""
+    """Post each text as its own turn and wait for the thread to settle after it (a worker runs it)."""
     app = await app_factory(cat, with_worker=True)
     client = client_for(app)
     tid = (await client.post("/threads", json={"agent": "agent"})).json()["id"]
@@ -105,10 +105,22 @@ async def settle_after(client: Any, tid: str, users: int) -> None:
     await wait_for(done)
 
 
+async def driven(app_factory: Any, drive: Any, cat: Catalog, *texts: str) -> tuple[Any, str]:
+    """`run` without a worker: each turn runs to its end in the test's task (`drive`)."""
+    app = await app_factory(cat)
+    client = client_for(app)
+    tid = (await client.post("/threads", json={"agent": "agent"})).json()["id"]
+    for text in texts:
+        assert (await client.post(f"/threads/{tid}/messages", json={"content": text})).status_code == 202
+        await drive(app)
+    assert (await client.get(f"/threads/{tid}")).json()["status"] == "idle"
+    return client, tid
+
+
 CALL_ADD = {"tool_calls": [{"name": "add", "arguments": {"a": 2, "b": 3}}]}
 
 
-async def test_filter_messages_shapes_the_assembled_history(app_factory: Any) -> None:
+async def test_filter_messages_shapes_the_assembled_history(app_factory: Any, drive: Any) -> None:
     @define_hook("filter_messages")
     async def forget_one(state: ThreadState, messages: list[StateMessage]) -> list[StateMessage]:
         assert state.execution is not None and state.execution.side == "a"
@@ -119,25 +131,25 @@ async def test_filter_messages_shapes_the_assembled_history(app_factory: Any) ->
         return [*kept, StateMessage.model_validate({**note, "created_at": datetime.now(UTC)})]
 
     model = Model("reply 1", "reply 2")
-    client, tid = await run(app_factory, catalog(model, [forget_one]), "one", "two")
+    client, tid = await driven(app_factory, drive, catalog(model, [forget_one]), "one", "two")
     assert model.seen(0) == [("system", "sys"), ("system", "note")]
     assert model.seen(1) == [("system", "sys"), ("assistant", "REPLY 1"), ("user", "TWO"), ("system", "note")]
     assert [m["content"] for m in await stored(client, tid)] == ["one", "reply 1", "two", "reply 2"]
 
 
-async def test_prefilter_llm_history_is_what_the_model_gets(app_factory: Any) -> None:
+async def test_prefilter_llm_history_is_what_the_model_gets(app_factory: Any, drive: Any) -> None:
     @define_hook("prefilter_llm_history")
     async def patch(state: ThreadState, messages: list[LLMMessage]) -> list[LLMMessage]:
         assert messages[0].role == "system"
         return [LLMMessage("system", "patched"), *messages[1:], LLMMessage("user", "extra")]
 
     model = Model("ok")
-    client, tid = await run(app_factory, catalog(model, [patch]), "hi")
+    client, tid = await driven(app_factory, drive, catalog(model, [patch]), "hi")
     assert model.seen(0) == [("system", "patched"), ("user", "hi"), ("user", "extra")]
     assert [m["content"] for m in await stored(client, tid)] == ["hi", "ok"]
 
 
-async def test_before_create_message_edits_every_created_message(app_factory: Any) -> None:
+async def test_before_create_message_edits_every_created_message(app_factory: Any, drive: Any) -> None:
     @define_hook("before_create_message")
     async def tag(state: ThreadState, message: dict[str, Any]) -> dict[str, Any]:
         message["metadata"] = {**message["metadata"], "created_as": message["role"]}
@@ -147,7 +159,7 @@ async def test_before_create_message_edits_every_created_message(app_factory: An
         return message
 
     model = Model(CALL_ADD, "It is 5.")
-    client, tid = await run(app_factory, catalog(model, [tag]), "2+3?")
+    client, tid = await driven(app_factory, drive, catalog(model, [tag]), "2+3?")
     rows = await stored(client, tid)
     assert [(m["role"], m["metadata"]) for m in rows] == [
         ("user", {"created_as": "user"}),
@@ -159,7 +171,7 @@ async def test_before_create_message_edits_every_created_message(app_factory: An
     assert model.seen(0)[-1] == ("user", "2+3? (checked)")
 
 
-async def test_after_create_message_sees_the_stored_message(app_factory: Any) -> None:
+async def test_after_create_message_sees_the_stored_message(app_factory: Any, drive: Any) -> None:
     created: list[tuple[str, str, bool]] = []
 
     @define_hook("after_create_message")
@@ -169,7 +181,7 @@ async def test_after_create_message_sees_the_stored_message(app_factory: Any) ->
         created.append((message.id, message.role, any(m.id == message.id for m in listed.messages)))
 
     model = Model(CALL_ADD, "It is 5.")
-    client, tid = await run(app_factory, catalog(model, [record]), "2+3?")
+    client, tid = await driven(app_factory, drive, catalog(model, [record]), "2+3?")
     rows = await stored(client, tid)
     assert created == [(m["id"], m["role"], True) for m in rows]
 
@@ -179,7 +191,7 @@ async def inject_note(state: ThreadState) -> str:
     return (await state.inject_message("user", "injected", metadata={"via": "tool"})).content or ""
 
 
-async def test_an_injected_message_runs_the_create_hooks(app_factory: Any) -> None:
+async def test_an_injected_message_runs_the_create_hooks(app_factory: Any, drive: Any) -> None:
     """`state.inject_message` inserts a message: the hooks table's `before_create_message` and
     `after_create_message` run for it as for any other; what a create hook injects itself runs none (no loop)."""
     created: list[tuple[str | None, dict[str, Any]]] = []
@@ -200,7 +212,7 @@ async def test_an_injected_message_runs_the_create_hooks(app_factory: Any) -> No
     cat = catalog(Model({"tool_calls": [{"name": "inject_note"}]}, "ok"), [tag, echo])
     cat = dataclasses.replace(cat, tools={**cat.tools, "inject_note": inject_note})
     cat.prompts["p"].tools.append("inject_note")
-    client, tid = await run(app_factory, cat, "go")
+    client, tid = await driven(app_factory, drive, cat, "go")
     rows = await stored(client, tid)
     assert [(m["role"], m["content"], m["metadata"]) for m in rows] == [
         ("user", "go", {"tagged": True}),
@@ -214,7 +226,7 @@ async def test_an_injected_message_runs_the_create_hooks(app_factory: Any) -> No
     assert ("echo of the injection", {}) not in created
 
 
-async def test_before_update_message_edits_the_completed_message(app_factory: Any) -> None:
+async def test_before_update_message_edits_the_completed_message(app_factory: Any, drive: Any) -> None:
     updates_seen: list[dict[str, Any]] = []
 
     @define_hook("before_update_message")
@@ -226,13 +238,13 @@ async def test_before_update_message_edits_the_completed_message(app_factory: An
         return updates
 
     model = Model("it is 5.")
-    client, tid = await run(app_factory, catalog(model, [shout]), "2+3?")
+    client, tid = await driven(app_factory, drive, catalog(model, [shout]), "2+3?")
     reply = (await stored(client, tid))[-1]
     assert (reply["content"], reply["metadata"], reply["status"]) == ("IT IS 5.", {"shouted": True}, "completed")
     assert [(u["id"], u["status"], u["content"]) for u in updates_seen] == [(reply["id"], "completed", "it is 5.")]
 
 
-async def test_after_update_message_sees_the_updated_message(app_factory: Any) -> None:
+async def test_after_update_message_sees_the_updated_message(app_factory: Any, drive: Any) -> None:
     updated: list[tuple[str, str | None, str | None]] = []
 
     @define_hook("after_update_message")
@@ -242,24 +254,24 @@ async def test_after_update_message_sees_the_updated_message(app_factory: Any) -
         updated.append((message.status, message.content, now.content))
 
     model = Model("done")
-    await run(app_factory, catalog(model, [record]), "go")
+    await driven(app_factory, drive, catalog(model, [record]), "go")
     assert updated == [("completed", "done", "done")]
 
 
-async def test_before_store_tool_result_is_what_gets_stored(app_factory: Any) -> None:
+async def test_before_store_tool_result_is_what_gets_stored(app_factory: Any, drive: Any) -> None:
     @define_hook("before_store_tool_result")
     async def redact(state: ThreadState, tool_call: dict[str, Any], result: ToolResult) -> ToolResult:
         assert tool_call["function"]["name"] == "add" and result.result == "5"
         return ToolResult(status="success", result="[redacted]")
 
     model = Model(CALL_ADD, "ok")
-    client, tid = await run(app_factory, catalog(model, [redact]), "2+3?")
+    client, tid = await driven(app_factory, drive, catalog(model, [redact]), "2+3?")
     tool = next(m for m in await stored(client, tid) if m["role"] == "tool")
     assert (tool["content"], tool["tool_status"]) == ("[redacted]", "success")
     assert ("tool", "[redacted]") in model.seen(1)
 
 
-async def test_after_tool_call_hooks_run_by_status_before_the_store_hook(app_factory: Any) -> None:
+async def test_after_tool_call_hooks_run_by_status_before_the_store_hook(app_factory: Any, drive: Any) -> None:
     @define_hook("after_tool_call_success")
     async def on_success(state: ThreadState, tool_call: dict[str, Any], result: ToolResult) -> ToolResult:
         return ToolResult(status="success", result=f"{result.result} +success")
@@ -275,19 +287,19 @@ async def test_after_tool_call_hooks_run_by_status_before_the_store_hook(app_fac
 
     calls = {"tool_calls": [{"name": "add", "arguments": {"a": 2, "b": 3}}, {"name": "explode"}]}
     model = Model(calls, "ok")
-    client, tid = await run(app_factory, catalog(model, [on_success, on_failure, stamp]), "go")
+    client, tid = await driven(app_factory, drive, catalog(model, [on_success, on_failure, stamp]), "go")
     tools = [(m["content"], m["tool_status"]) for m in await stored(client, tid) if m["role"] == "tool"]
     assert tools == [("5 +success +stored", "success"), ("recovered +stored", "success")]
 
 
-async def test_none_from_after_tool_call_success_drops_the_call_and_its_result(app_factory: Any) -> None:
+async def test_none_from_after_tool_call_success_drops_the_call_and_its_result(app_factory: Any, drive: Any) -> None:
     @define_hook("after_tool_call_success")
     async def forget(state: ThreadState, tool_call: dict[str, Any], result: ToolResult) -> ToolResult | None:
         return None
 
     calls = {"tool_calls": [{"name": "add", "arguments": {"a": 2, "b": 3}}, {"name": "explode"}]}
     model = Model(calls, "ok")
-    client, tid = await run(app_factory, catalog(model, [forget]), "go")
+    client, tid = await driven(app_factory, drive, catalog(model, [forget]), "go")
     rows = await stored(client, tid)
     assert [m["role"] for m in rows] == ["user", "assistant", "tool", "assistant"]
     assert [c["function"]["name"] for c in rows[1]["tool_calls"]] == ["explode"]
@@ -297,7 +309,7 @@ async def test_none_from_after_tool_call_success_drops_the_call_and_its_result(a
     assert [m.tool_call_id for m in sent if m.role == "tool"] == [rows[2]["tool_call_id"]]
 
 
-async def test_stop_rules_still_see_a_dropped_call(app_factory: Any) -> None:
+async def test_stop_rules_still_see_a_dropped_call(app_factory: Any, drive: Any) -> None:
     @define_hook("after_tool_call_success")
     async def forget(state: ThreadState, tool_call: dict[str, Any], result: ToolResult) -> ToolResult | None:
         return None
@@ -305,7 +317,7 @@ async def test_stop_rules_still_see_a_dropped_call(app_factory: Any) -> None:
     done = {"tool_calls": [{"name": "finish", "arguments": {"summary": "all good"}}]}
     side = {"session_stop": {"name": "finish", "message_property": "summary"}, "stop_on_response": False}
     model = Model(done)
-    client, tid = await run(app_factory, catalog(model, [forget], side=side), "do it")
+    client, tid = await driven(app_factory, drive, catalog(model, [forget], side=side), "do it")
     thread = (await client.get(f"/threads/{tid}")).json()
     assert (thread["session"]["reason"], thread["session"]["result"]) == (
         "session_stop",
@@ -324,22 +336,22 @@ def _suffix(tag: str, name: str) -> HookDefinition:
     return define_hook("before_update_message")(append)
 
 
-async def test_prompt_hooks_replace_the_agents_and_run_in_order(app_factory: Any) -> None:
+async def test_prompt_hooks_replace_the_agents_and_run_in_order(app_factory: Any, drive: Any) -> None:
     hooks = [_suffix("agent", "agent_hook"), _suffix("one", "first"), _suffix("two", "second")]
     model = Model("x")
     cat = catalog(model, hooks, prompt_hooks=["first", "second"], agent_hooks=["agent_hook"])
-    client, tid = await run(app_factory, cat, "go")
+    client, tid = await driven(app_factory, drive, cat, "go")
     assert (await stored(client, tid))[-1]["content"] == "x-one-two"
 
 
-async def test_an_empty_prompt_hooks_list_turns_the_agents_off(app_factory: Any) -> None:
+async def test_an_empty_prompt_hooks_list_turns_the_agents_off(app_factory: Any, drive: Any) -> None:
     model = Model("x")
     cat = catalog(model, [_suffix("agent", "agent_hook")], prompt_hooks=[], agent_hooks=["agent_hook"])
-    client, tid = await run(app_factory, cat, "go")
+    client, tid = await driven(app_factory, drive, cat, "go")
     assert (await stored(client, tid))[-1]["content"] == "x"
 
 
-async def test_a_failing_hook_is_logged_and_changes_nothing(app_factory: Any) -> None:
+async def test_a_failing_hook_is_logged_and_changes_nothing(app_factory: Any, drive: Any) -> None:
     @define_hook("filter_messages")
     async def broken(state: ThreadState, messages: list[StateMessage]) -> list[StateMessage]:
         messages.clear()  # its input is a copy: this changes nothing either
@@ -354,7 +366,7 @@ async def test_a_failing_hook_is_logged_and_changes_nothing(app_factory: Any) ->
         return {**updates, "content": f"{updates['content']}!"}
 
     model = Model("reply")
-    client, tid = await run(app_factory, catalog(model, [broken, wrong_type, fine]), "hi")
+    client, tid = await driven(app_factory, drive, catalog(model, [broken, wrong_type, fine]), "hi")
     assert model.seen(0) == [("system", "sys"), ("user", "hi")]
     assert (await stored(client, tid))[-1]["content"] == "reply!"
     app: Any = client._transport.app

@@ -142,8 +142,9 @@ def delegate(**extra: Any) -> Any:
     return boss
 
 
-async def start(app_factory: Any, cat: Catalog) -> tuple[FastAPI, httpx.AsyncClient, str]:
-    app: FastAPI = await app_factory(cat, with_worker=True)
+async def start(app_factory: Any, cat: Catalog, *, worker: bool = True) -> tuple[FastAPI, httpx.AsyncClient, str]:
+    """An app with a worker (or none: the test runs its threads with `drive`) and a new thread of the boss."""
+    app: FastAPI = await app_factory(cat, with_worker=worker)
     client = client_for(app)
     created = await client.post("/threads", json={"agent": "boss"})
     assert created.status_code == 201, created.text
@@ -157,6 +158,15 @@ async def until(client: httpx.AsyncClient, tid: str, check: Any, timeout: float 
 
     result: list[dict[str, Any]] = await wait_for(ready, timeout=timeout)
     return result
+
+
+async def ran(drive: Any, app: FastAPI, client: httpx.AsyncClient, tid: str, check: Any) -> list[dict[str, Any]]:
+    """Run what is runnable to its end, the parent and its children in turn (no worker: `drive`); the thread's
+    messages, which `check` must accept."""
+    await drive(app)
+    rows = await stored(client, tid)
+    assert check(rows), rows
+    return rows
 
 
 def said(text: str) -> Any:
@@ -216,11 +226,11 @@ async def test_blocking_child_parks_the_parent_without_a_lease_and_answers_the_c
     assert "waiting" in statuses
 
 
-async def test_a_failed_blocking_child_is_an_error_result(app_factory: Any) -> None:
+async def test_a_failed_blocking_child_is_an_error_result(app_factory: Any, drive: Any) -> None:
     brain = Brain(delegate(), reviewer="reject")
-    _app, client, tid = await start(app_factory, catalog(brain, {"name": "qa"}))
+    app, client, tid = await start(app_factory, catalog(brain, {"name": "qa"}), worker=False)
     await client.post(f"/threads/{tid}/messages", json={"content": "go"})
-    rows = await until(client, tid, said("boss saw"))
+    rows = await ran(drive, app, client, tid, said("boss saw"))
     tool = next(r for r in rows if r["role"] == "tool")
     assert tool["tool_status"] == "error"
     assert re.fullmatch(r"too vague\n\nReference: " + REF.pattern, tool["content"])
@@ -229,11 +239,13 @@ async def test_a_failed_blocking_child_is_an_error_result(app_factory: Any) -> N
     assert logged["message_id"] == tool["id"] and logged["request"]["subagent_id"] == tool["subagent_id"]
 
 
-async def test_a_child_that_never_calls_a_terminal_tool_stopped_before_completion(app_factory: Any) -> None:
+async def test_a_child_that_never_calls_a_terminal_tool_stopped_before_completion(app_factory: Any, drive: Any) -> None:
     brain = Brain(delegate(), reviewer="loop")
-    _app, client, tid = await start(app_factory, catalog(brain, {"name": "qa", "blocking": False}))
+    app, client, tid = await start(app_factory, catalog(brain, {"name": "qa", "blocking": False}), worker=False)
     await client.post(f"/threads/{tid}/messages", json={"content": "go"})
-    rows = await until(client, tid, lambda rs: any("has reported a failure" in (r["content"] or "") for r in rs))
+    rows = await ran(
+        drive, app, client, tid, lambda rs: any("has reported a failure" in (r["content"] or "") for r in rs)
+    )
     message = next(r for r in rows if "has reported a failure" in (r["content"] or ""))
     cid = message["metadata"]["subagent_id"]
     assert message["content"] == (
@@ -242,20 +254,20 @@ async def test_a_child_that_never_calls_a_terminal_tool_stopped_before_completio
     )
 
 
-async def test_an_agent_without_terminal_tools_returns_its_last_message(app_factory: Any) -> None:
+async def test_an_agent_without_terminal_tools_returns_its_last_message(app_factory: Any, drive: Any) -> None:
     brain = Brain(delegate(), reviewer="loop")
-    _app, client, tid = await start(app_factory, catalog(brain, {"name": "qa"}, terminal=False))
+    app, client, tid = await start(app_factory, catalog(brain, {"name": "qa"}, terminal=False), worker=False)
     await client.post(f"/threads/{tid}/messages", json={"content": "go"})
-    rows = await until(client, tid, said("boss saw"))
+    rows = await ran(drive, app, client, tid, said("boss saw"))
     tool = next(r for r in rows if r["role"] == "tool")
     assert tool["tool_status"] == "success" and tool["content"].startswith("keep going\n\nReference: ")
 
 
-async def test_a_childs_session_status_call_updates_the_parents_registry_live(app_factory: Any) -> None:
+async def test_a_childs_session_status_call_updates_the_parents_registry_live(app_factory: Any, drive: Any) -> None:
     brain = Brain(delegate(), reviewer="status")
-    _app, client, tid = await start(app_factory, catalog(brain, {"name": "qa"}))
+    app, client, tid = await start(app_factory, catalog(brain, {"name": "qa"}), worker=False)
     await client.post(f"/threads/{tid}/messages", json={"content": "go"})
-    await until(client, tid, said("boss saw"))
+    await ran(drive, app, client, tid, said("boss saw"))
     reports = [d for e, d in await event_types(client, tid) if e == "subagent_status"]
     # the status text reached the parent's stream as it was reported, before the child's session ended
     assert [d["status"] for d in reports][-2:] == ["reviewing page 2", "terminated"]
@@ -266,13 +278,15 @@ async def test_a_childs_session_status_call_updates_the_parents_registry_live(ap
     }
 
 
-async def test_a_child_stopped_by_the_turn_cap_is_a_failure_everywhere(app_factory: Any) -> None:
+async def test_a_child_stopped_by_the_turn_cap_is_a_failure_everywhere(app_factory: Any, drive: Any) -> None:
     create = {"name": "subagent_create", "arguments": {"agent": "qa", "message": "first job", "attachments": []}}
     brain = Brain(manager([create]), reviewer="loop")
     entry = {"name": "qa", "blocking": False, "resumable": {"receives_messages": "side_a"}}
-    _app, client, tid = await start(app_factory, catalog(brain, entry))
+    app, client, tid = await start(app_factory, catalog(brain, entry), worker=False)
     await client.post(f"/threads/{tid}/messages", json={"content": "start"})
-    rows = await until(client, tid, lambda rs: any("has reported a failure" in (r["content"] or "") for r in rs))
+    rows = await ran(
+        drive, app, client, tid, lambda rs: any("has reported a failure" in (r["content"] or "") for r in rs)
+    )
     cid = next(r for r in rows if "has reported a failure" in (r["content"] or ""))["metadata"]["subagent_id"]
     session = (await client.get(f"/threads/{cid}")).json()["session"]
     assert (session["status"], session["reason"]) == ("failure", "max_session_turns")
@@ -284,12 +298,12 @@ async def test_a_child_stopped_by_the_turn_cap_is_a_failure_everywhere(app_facto
     assert reports[-1] == "failed"
 
 
-async def test_missing_init_attachments_are_named_with_the_contracts_text(app_factory: Any) -> None:
+async def test_missing_init_attachments_are_named_with_the_contracts_text(app_factory: Any, drive: Any) -> None:
     brain = Brain(delegate(attachments=["/attachments/gone.txt", "/brief.txt", "/attachments/lost.png"]))
-    _app, client, tid = await start(app_factory, catalog(brain, {"name": "qa"}))
+    app, client, tid = await start(app_factory, catalog(brain, {"name": "qa"}), worker=False)
     await client.put(f"/threads/{tid}/fs/brief.txt", content=b"the brief", headers={"content-type": "text/plain"})
     await client.post(f"/threads/{tid}/messages", json={"content": "go"})
-    rows = await until(client, tid, said("boss saw"))
+    rows = await ran(drive, app, client, tid, said("boss saw"))
     tool = next(r for r in rows if r["role"] == "tool")
     assert tool["tool_status"] == "error"
     assert tool["content"] == (
@@ -302,11 +316,13 @@ async def test_missing_init_attachments_are_named_with_the_contracts_text(app_fa
 # -- non-blocking -------------------------------------------------------------------------------------------
 
 
-async def test_non_blocking_child_reports_with_the_exact_texts(app_factory: Any) -> None:
+async def test_non_blocking_child_reports_with_the_exact_texts(app_factory: Any, drive: Any) -> None:
     brain = Brain(delegate())
-    _app, client, tid = await start(app_factory, catalog(brain, {"name": "qa", "blocking": False}))
+    app, client, tid = await start(app_factory, catalog(brain, {"name": "qa", "blocking": False}), worker=False)
     await client.post(f"/threads/{tid}/messages", json={"content": "go"})
-    rows = await until(client, tid, lambda rs: sum(bool(r["role"] == "assistant" and r["content"]) for r in rs) >= 2)
+    rows = await ran(
+        drive, app, client, tid, lambda rs: sum(bool(r["role"] == "assistant" and r["content"]) for r in rs) >= 2
+    )
     tool = next(r for r in rows if r["role"] == "tool")
     cid = tool["subagent_id"]
     assert tool["content"] == f"The subagent was initiated successfully. Reference: {cid}"
@@ -337,7 +353,7 @@ async def own_messages(state: ThreadState) -> str:
     return json.dumps([*found, [updated.subagent_id, *(getattr(updated, k) for k in PROJECTED)]])
 
 
-async def test_messages_of_a_child_carry_its_projection_in_events_and_state(app_factory: Any) -> None:
+async def test_messages_of_a_child_carry_its_projection_in_events_and_state(app_factory: Any, drive: Any) -> None:
     """`message_data` has the `subagent_*` fields `GET /messages` has, and so has `StateMessage` (§6.5)."""
 
     def boss(request: LLMRequest) -> Any:
@@ -351,9 +367,11 @@ async def test_messages_of_a_child_carry_its_projection_in_events_and_state(app_
     cat = catalog(Brain(boss), {"name": "qa", "blocking": False})
     cat = dataclasses.replace(cat, tools={**cat.tools, "own_messages": own_messages})
     cat.prompts["boss"].tools.append("own_messages")
-    _app, client, tid = await start(app_factory, cat)
+    app, client, tid = await start(app_factory, cat, worker=False)
     await client.post(f"/threads/{tid}/messages", json={"content": "go"})
-    rows = await until(client, tid, lambda rs: any(r["name"] == "own_messages" for r in rs if r["role"] == "tool"))
+    rows = await ran(
+        drive, app, client, tid, lambda rs: any(r["name"] == "own_messages" for r in rs if r["role"] == "tool")
+    )
     tool, report = [r for r in rows if r["subagent_id"]]
     cid = tool["subagent_id"]
     assert report["subagent_id"] == cid and report["content"].startswith(f"Subagent (reference: {cid}) has returned")
@@ -375,27 +393,29 @@ async def test_messages_of_a_child_carry_its_projection_in_events_and_state(app_
     assert seen == [[cid, *expected], [cid, *expected], [cid, *expected]]  # the last: `update_message`'s answer
 
 
-async def test_a_metadata_subagent_id_of_a_thread_that_is_no_child_projects_nothing(app_factory: Any) -> None:
+async def test_a_metadata_subagent_id_of_a_thread_that_is_no_child_projects_nothing(
+    app_factory: Any, drive: Any
+) -> None:
     brain = Brain(lambda request: "fine")
-    _app, client, tid = await start(app_factory, catalog(brain, {"name": "qa"}))
+    app, client, tid = await start(app_factory, catalog(brain, {"name": "qa"}), worker=False)
     other = (await client.post("/threads", json={"agent": "qa"})).json()["id"]
     posted = {"content": "hi", "metadata": {"subagent_id": other}}
     assert (await client.post(f"/threads/{tid}/messages", json=posted)).status_code == 202
-    rows = await until(client, tid, said("fine"))
+    rows = await ran(drive, app, client, tid, said("fine"))
     assert rows[0]["subagent_id"] == other and rows[0]["subagent_name"] is None
     [data] = [d["data"] for e, d in await event_types(client, tid) if e == "message_data" and d["data"]["subagent_id"]]
     assert "subagent_name" not in data
 
 
-async def test_non_resumable_arguments_are_checked_against_the_childs_schema(app_factory: Any) -> None:
+async def test_non_resumable_arguments_are_checked_against_the_childs_schema(app_factory: Any, drive: Any) -> None:
     script = [
         {"name": "qa", "arguments": {"msg": "check it"}},
         {"name": "qa", "arguments": {"message": 42}},
     ]
     brain = Brain(manager(script))
-    _app, client, tid = await start(app_factory, catalog(brain, {"name": "qa"}))
+    app, client, tid = await start(app_factory, catalog(brain, {"name": "qa"}), worker=False)
     await client.post(f"/threads/{tid}/messages", json={"content": "start"})
-    rows = await until(client, tid, said("boss saw"))
+    rows = await ran(drive, app, client, tid, said("boss saw"))
     errors_ = [(r["tool_status"], r["content"]) for r in rows if r["role"] == "tool"]
     assert errors_ == [
         ("error", "Invalid arguments for tool `qa`: missing `message`"),
@@ -415,16 +435,18 @@ async def queue_qa(state: ThreadState) -> str:
     return json.dumps([call_id, status])
 
 
-async def test_queue_tool_queues_an_optional_subagent_set_status_needs_a_parent(app_factory: Any) -> None:
+async def test_queue_tool_queues_an_optional_subagent_set_status_needs_a_parent(app_factory: Any, drive: Any) -> None:
     brain = Brain(manager([{"name": "queue_qa", "arguments": {}}]))
     cat = catalog(brain, {"name": "qa", "optional": "USE_QA", "blocking": False})
     cat = dataclasses.replace(cat, tools={**cat.tools, "queue_qa": queue_qa})
     cat.prompts["boss"].tools.append("queue_qa")
-    app = await app_factory(cat, with_worker=True)
+    app = await app_factory(
+        cat,
+    )
     client = client_for(app)
     tid = (await client.post("/threads", json={"agent": "boss", "env": {"USE_QA": "yes"}})).json()["id"]
     await client.post(f"/threads/{tid}/messages", json={"content": "start"})
-    rows = await until(client, tid, said("boss saw"))
+    rows = await ran(drive, app, client, tid, said("boss saw"))
     call_id, status = json.loads(next(r["content"] for r in rows if r["name"] == "queue_qa"))
     assert status == "`state.set_status` is for subagents: this thread has no parent"
     assert not any(d.get("status_text") for e, d in await event_types(client, tid) if e == "thread_status")
@@ -473,12 +495,14 @@ def hooked(cat: Catalog, seen: list[tuple[str, Any]]) -> Catalog:
     return dataclasses.replace(cat, agents={**cat.agents, "boss": boss}, hooks={h.name: h for h in found})
 
 
-async def test_a_subagent_call_answered_at_once_runs_the_tool_hooks(app_factory: Any) -> None:
+async def test_a_subagent_call_answered_at_once_runs_the_tool_hooks(app_factory: Any, drive: Any) -> None:
     seen: list[tuple[str, Any]] = []
     cat = hooked(catalog(Brain(delegate()), {"name": "qa", "blocking": False}), seen)
-    _app, client, tid = await start(app_factory, cat)
+    app, client, tid = await start(app_factory, cat, worker=False)
     await client.post(f"/threads/{tid}/messages", json={"content": "go"})
-    rows = await until(client, tid, lambda rs: sum(bool(r["role"] == "assistant" and r["content"]) for r in rs) >= 2)
+    rows = await ran(
+        drive, app, client, tid, lambda rs: sum(bool(r["role"] == "assistant" and r["content"]) for r in rs) >= 2
+    )
     tool = next(r for r in rows if r["role"] == "tool")
     cid = tool["subagent_id"]
     text = f"The subagent was initiated successfully. Reference: {cid} +after +stored"
@@ -491,11 +515,11 @@ async def test_a_subagent_call_answered_at_once_runs_the_tool_hooks(app_factory:
     ]
 
 
-async def test_a_blocking_subagents_result_runs_the_tool_hooks(app_factory: Any) -> None:
+async def test_a_blocking_subagents_result_runs_the_tool_hooks(app_factory: Any, drive: Any) -> None:
     seen: list[tuple[str, Any]] = []
-    _app, client, tid = await start(app_factory, hooked(catalog(Brain(delegate()), {"name": "qa"}), seen))
+    app, client, tid = await start(app_factory, hooked(catalog(Brain(delegate()), {"name": "qa"}), seen), worker=False)
     await client.post(f"/threads/{tid}/messages", json={"content": "go"})
-    rows = await until(client, tid, said("boss saw"))
+    rows = await ran(drive, app, client, tid, said("boss saw"))
     tool = next(r for r in rows if r["role"] == "tool")
     text = f"looks good\n\nReference: {tool['subagent_id']} +after +stored"
     assert (tool["content"], tool["metadata"], tool["tool_status"]) == (text, {"hooked": True}, "success")
@@ -509,12 +533,12 @@ async def test_a_blocking_subagents_result_runs_the_tool_hooks(app_factory: Any)
     assert rows[-1]["content"].startswith(f"boss saw: {text}")
 
 
-async def test_a_failed_blocking_subagent_runs_the_failure_hook(app_factory: Any) -> None:
+async def test_a_failed_blocking_subagent_runs_the_failure_hook(app_factory: Any, drive: Any) -> None:
     seen: list[tuple[str, Any]] = []
     brain = Brain(delegate(), reviewer="reject")
-    _app, client, tid = await start(app_factory, hooked(catalog(brain, {"name": "qa"}), seen))
+    app, client, tid = await start(app_factory, hooked(catalog(brain, {"name": "qa"}), seen), worker=False)
     await client.post(f"/threads/{tid}/messages", json={"content": "go"})
-    rows = await until(client, tid, said("boss saw"))
+    rows = await ran(drive, app, client, tid, said("boss saw"))
     tool = next(r for r in rows if r["role"] == "tool")
     assert (tool["content"], tool["tool_status"]) == (f"too vague\n\nReference: {tool['subagent_id']} +failed", "error")
     assert [name for name, _ in seen][:2] == ["after_tool_call_failure", "before_store_tool_result"]
@@ -543,7 +567,7 @@ def reference(request: LLMRequest) -> str:
     return str(found[0])
 
 
-async def test_resumable_create_limit_message_and_later_sessions(app_factory: Any) -> None:
+async def test_resumable_create_limit_message_and_later_sessions(app_factory: Any, drive: Any) -> None:
     create = {"name": "subagent_create", "arguments": {"agent": "qa", "message": "first job", "attachments": []}}
     script = [
         create,
@@ -555,10 +579,10 @@ async def test_resumable_create_limit_message_and_later_sessions(app_factory: An
     ]  # fmt: skip
     brain = Brain(manager(script))
     entry = {"name": "qa", "resumable": {"receives_messages": "side_a", "max_instances": 1}}
-    _app, client, tid = await start(app_factory, catalog(brain, entry))
+    app, client, tid = await start(app_factory, catalog(brain, entry), worker=False)
     offered = None
     await client.post(f"/threads/{tid}/messages", json={"content": "start"})
-    rows = await until(client, tid, said("boss saw"), timeout=20)
+    rows = await ran(drive, app, client, tid, said("boss saw"))
     offered = {t.name: t for t in brain.seen["boss"][0].tools}
     assert "qa" not in offered and {"subagent_create", "subagent_message"} <= set(offered)
     assert offered["subagent_create"].parameters["properties"]["agent"]["enum"] == ["qa"]
@@ -579,7 +603,7 @@ async def test_resumable_create_limit_message_and_later_sessions(app_factory: An
     assert worker_inputs[:1] == ["first job"] and "second job" in worker_inputs
 
 
-async def test_explicit_communication_sends_only_what_the_child_says(app_factory: Any) -> None:
+async def test_explicit_communication_sends_only_what_the_child_says(app_factory: Any, drive: Any) -> None:
     create = {"name": "subagent_create", "arguments": {"agent": "qa", "message": "explicit job", "attachments": []}}
     brain = Brain(manager([create]))
     entry = {
@@ -587,22 +611,19 @@ async def test_explicit_communication_sends_only_what_the_child_says(app_factory
         "blocking": False,
         "resumable": {"receives_messages": "side_a", "parent_communication": "explicit"},
     }
-    _app, client, tid = await start(app_factory, catalog(brain, entry))
+    app, client, tid = await start(app_factory, catalog(brain, entry), worker=False)
     await client.post(f"/threads/{tid}/messages", json={"content": "start"})
-    rows = await until(client, tid, lambda rs: any("sent the following message" in (r["content"] or "") for r in rs))
+    rows = await ran(
+        drive, app, client, tid, lambda rs: any("sent the following message" in (r["content"] or "") for r in rs)
+    )
     cid = next(r for r in rows if r["role"] == "tool")["subagent_id"]
     note = next(r for r in rows if "sent the following message" in (r["content"] or ""))
     assert (
         note["content"] == f"Subagent (reference: {cid}) sent the following message:\n\nWhich colour? I need an answer."
     )
     assert note["silent"] and note["metadata"]["subagent_id"] == cid
-
-    async def child_done() -> bool:
-        return bool((await client.get(f"/threads/{cid}")).json()["status"] == "idle")
-
-    await wait_for(child_done)
-    await asyncio.sleep(0.5)
-    rows = await stored(client, tid)
+    assert (await client.get(f"/threads/{cid}")).json()["status"] == "idle"  # the child's session ended: nothing
+    # runnable is left (`drive` ran it all), so a report of it would be stored by now
     assert not any("has returned the following result" in (r["content"] or "") for r in rows)  # explicit: no report
     assert (await registry(client, tid))[0]["status"] == "asking the parent"
 
@@ -666,9 +687,11 @@ async def test_children_and_handles_on_child_and_parent_threads(app_factory: Any
 # -- optional and immediate ---------------------------------------------------------------------------------
 
 
-async def test_optional_subagents_exist_only_when_their_env_says_so(app_factory: Any) -> None:
+async def test_optional_subagents_exist_only_when_their_env_says_so(app_factory: Any, drive: Any) -> None:
     brain = Brain(lambda request: "nothing to do")
-    app = await app_factory(catalog(brain, {"name": "qa", "optional": "USE_QA"}), with_worker=True)
+    app = await app_factory(
+        catalog(brain, {"name": "qa", "optional": "USE_QA"}),
+    )
     client = client_for(app)
     for value, offered in ((None, False), ("no", False), ("Yes", True), ("1", True)):
         body: dict[str, Any] = {"agent": "boss"}
@@ -676,7 +699,7 @@ async def test_optional_subagents_exist_only_when_their_env_says_so(app_factory:
             body["env"] = {"USE_QA": value}
         tid = (await client.post("/threads", json=body)).json()["id"]
         await client.post(f"/threads/{tid}/messages", json={"content": "hello"})
-        await until(client, tid, said("nothing to do"))
+        await ran(drive, app, client, tid, said("nothing to do"))
         assert ("qa" in {t.name for t in brain.seen["boss"][-1].tools}) is offered, value
 
 
@@ -696,7 +719,7 @@ async def test_immediate_children_start_at_thread_creation_without_the_parent_ru
     assert "boss" not in brain.seen  # the parent's model was not called
 
 
-async def test_immediate_fan_out_gives_each_instance_its_own_scoped_values(app_factory: Any) -> None:
+async def test_immediate_fan_out_gives_each_instance_its_own_scoped_values(app_factory: Any, drive: Any) -> None:
     """Instance k gets its group's values under the plain names, a secret staying secret, and none of the other
     instances' values: no `NAME__k` and no plain `NAME` of instance 1 reach it from the parent (§6.6, §6.7)."""
     seen: dict[str, dict[str, str | None]] = {}
@@ -722,18 +745,14 @@ async def test_immediate_fan_out_gives_each_instance_its_own_scoped_values(app_f
     scoped = {"name": "REGION", "type": "text", "required": True, "scoped": True}
     cat = catalog(brain, entry, variables=[scoped])
     cat = dataclasses.replace(cat, tools={**cat.tools, "write_note": read_region})
-    app = await app_factory(cat, with_worker=True)
+    app = await app_factory(cat)
     client = client_for(app)
     env = {"REGION": "eu", "REGION_NAME": "europe", "TOKEN": "tok-eu", "REGION__2": "us", "REGION_NAME__2": "america",
            "REGION__3": "ap", "TOKEN__3": "tok-ap", "SHARED": "all"}  # fmt: skip
     body = {"agent": "boss", "env": env, "secrets": ["TOKEN", "TOKEN__3"]}
     tid = (await client.post("/threads", json=body)).json()["id"]
-
-    async def two() -> list[dict[str, Any]] | None:
-        entries = await registry(client, tid)
-        return entries if len(entries) == 2 and len(seen) == 2 else None
-
-    entries = await wait_for(two)
+    await drive(app)
+    entries = await registry(client, tid)
     assert sorted(e["thread_name"] for e in entries) == ["america", "europe"]  # capped at max_instances = 2
     assert entries[0]["spawn_group_id"] is not None and entries[0]["spawn_group_id"] == entries[1]["spawn_group_id"]
     by_name = {e["thread_name"]: e["reference"] for e in entries}
@@ -752,16 +771,18 @@ async def test_immediate_fan_out_gives_each_instance_its_own_scoped_values(app_f
 # -- scoped variables and the bootstrap flow ----------------------------------------------------------------
 
 
-async def test_the_bootstrap_flow_end_to_end(app_factory: Any) -> None:
+async def test_the_bootstrap_flow_end_to_end(app_factory: Any, drive: Any) -> None:
     brain = Brain(delegate())
     token = {"name": "API_TOKEN", "type": "secret", "required": True, "scoped": True}
     cat = catalog(brain, {"name": "qa"}, variables=[token])
-    app = await app_factory(cat, with_worker=True)
+    app = await app_factory(
+        cat,
+    )
     client = client_for(app)
     # the parent's own thread env never satisfies a scoped variable
     tid = (await client.post("/threads", json={"agent": "boss", "env": {"API_TOKEN": "parent-value"}})).json()["id"]
     await client.post(f"/threads/{tid}/messages", json={"content": "go"})
-    rows = await until(client, tid, said("boss saw"))
+    rows = await ran(drive, app, client, tid, said("boss saw"))
     tool = next(r for r in rows if r["role"] == "tool")
     assert tool["tool_status"] == "error" and tool["metadata"]["error_code"] == "subagent_env_required"
     data = tool["metadata"]["error_data"]
@@ -792,8 +813,8 @@ async def test_the_bootstrap_flow_end_to_end(app_factory: Any) -> None:
 
     child = (await client.get(f"/threads/{cid}")).json()
     assert child["env"]["API_TOKEN"] is None and child["env_types"]["API_TOKEN"] == "secret"  # stored secret
-    rows = await until(
-        client, tid, lambda rs: any("has returned the following result" in (r["content"] or "") for r in rs)
+    rows = await ran(
+        drive, app, client, tid, lambda rs: any("has returned the following result" in (r["content"] or "") for r in rs)
     )
     report = next(r for r in rows if "has returned the following result" in (r["content"] or ""))
     assert report["content"].startswith(f"Subagent (reference: {cid}) has returned the following result:\n\nlooks good")
