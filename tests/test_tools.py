@@ -34,15 +34,15 @@ class NapArgs(BaseModel):
     seconds: float
 
 
-@define_tool(description="Sleeps in a worker thread.", timeout=0.25)
+@define_tool(description="Sleeps in a worker thread.", timeout=0.15)
 def blocking_nap(state: BlockingState, args: NapArgs) -> str:
     time.sleep(args.seconds)
     return "rested"
 
 
-@define_tool(description="Writes after its time is up.", timeout=0.15)
+@define_tool(description="Writes after its time is up.", timeout=0.1)
 def late_writer(state: BlockingState) -> str:
-    time.sleep(0.45)
+    time.sleep(0.3)
     try:
         state.set_status("late")
     except RuntimeError as exc:
@@ -55,7 +55,7 @@ def late_writer(state: BlockingState) -> str:
 LATE: dict[str, str] = {}
 
 
-@define_tool(description="Sleeps on the event loop.", timeout=0.25)
+@define_tool(description="Sleeps on the event loop.", timeout=0.15)
 async def nap(state: ThreadState, args: NapArgs) -> str:
     await asyncio.sleep(args.seconds)
     return "rested"
@@ -97,8 +97,8 @@ async def test_a_tool_past_its_time_limit_ends_with_an_error_result(app_factory:
     assert ran.keys() == {"nap", "blocking_nap"} and all(ms < 1000 for ms in ran.values()), ran  # not their 2 s
     tools = [m for m in await stored(client, tid) if m["role"] == "tool"]
     assert [(t["tool_status"], t["content"]) for t in tools] == [
-        ("error", "Tool `nap` did not finish within 0.25 s and was stopped"),
-        ("error", "Tool `blocking_nap` did not finish within 0.25 s and was stopped"),
+        ("error", "Tool `nap` did not finish within 0.15 s and was stopped"),
+        ("error", "Tool `blocking_nap` did not finish within 0.15 s and was stopped"),
     ]
 
 
