@@ -67,6 +67,7 @@ async def guarded(state: ThreadState) -> str:
         await GUARD["before"]()  # the test takes the lease away here
         await state.emit("still_mine", {})  # a fenced write: the lease is gone
     except Exception as exc:  # a careless guard around user code
+        GUARD["swallowed"] = type(exc).__name__
         return f"swallowed {type(exc).__name__}"
     return "wrote"
 
@@ -144,8 +145,10 @@ async def test_a_lost_lease_inside_a_tool_is_not_swallowed_by_its_guard(app_fact
             await session.execute(text("UPDATE leases SET token = :t WHERE thread_id = :id"), thief)
 
     GUARD["before"] = steal
+    GUARD.pop("swallowed", None)
     await client.post(f"/threads/{tid}/messages", json={"content": "go"})
     assert await drive(app) == [uuid.UUID(tid)]  # the execution ran, and ended: nothing more it could write
+    assert "swallowed" not in GUARD  # the guard never saw it (its result could not have been stored anyway)
     rows = await stored(client, tid)
     assert [m["role"] for m in rows] == ["user", "assistant"]  # no tool result stored, nothing after it
     assert (await client.get(f"/threads/{tid}")).json()["status"] == "running"  # left to whoever holds the lease
