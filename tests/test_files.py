@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -221,26 +222,31 @@ async def test_searches_run_off_the_event_loop(app_factory: Any, monkeypatch: py
     async with app.state.runtime.sessions() as session, session.begin():
         await files.write_bytes(session, thread_id, "/a.txt", b"TODO\n")
 
+    served = threading.Event()
+
     def slow(*args: Any, **kwargs: Any) -> list[Any]:
-        time.sleep(0.3)  # a long match: the event loop must keep serving meanwhile
+        served.wait(5)  # a long match, until the event loop has served others meanwhile (it cannot, if blocked here)
         return []
 
     monkeypatch.setattr(patterns, "lines", slow)
     monkeypatch.setattr(patterns, "fullmatches", slow)
     for search in (files.grep, files.find):
         ticks = 0
+        served.clear()
 
         async def tick() -> None:
             nonlocal ticks
             while True:
                 await asyncio.sleep(0.01)
                 ticks += 1
+                if ticks == 3:
+                    served.set()
 
         ticker = asyncio.create_task(tick())
         async with app.state.runtime.sessions() as session:
             assert await search(session, thread_id, "TODO") == []
         ticker.cancel()
-        assert ticks >= 10, search
+        assert ticks >= 3, search
 
 
 def _png(width: int, height: int, mode: str = "RGB") -> bytes:
@@ -262,9 +268,9 @@ async def test_thumbnail_of_a_png_and_image_dimensions(app_factory: Any) -> None
     thread_id = await _thread(app)
     client = client_for(app)
     put = await client.put(
-        f"/threads/{thread_id}/fs/pics/wide.png", content=_png(1000, 500, "RGBA"), headers={"content-type": "image/png"}
+        f"/threads/{thread_id}/fs/pics/wide.png", content=_png(600, 300, "RGBA"), headers={"content-type": "image/png"}
     )
-    assert (put.json()["width"], put.json()["height"]) == (1000, 500)
+    assert (put.json()["width"], put.json()["height"]) == (600, 300)
     thumb = await client.get(f"/threads/{thread_id}/fs/pics/wide.png", params={"thumbnail": 1})
     assert thumb.status_code == 200 and thumb.headers["content-type"] == "image/jpeg"
     with Image.open(io.BytesIO(thumb.content)) as image:
@@ -281,7 +287,7 @@ async def test_thumbnail_of_a_png_and_image_dimensions(app_factory: Any) -> None
     await client.put(f"/threads/{thread_id}/fs/fake.png", content=b"not a png", headers={"content-type": "image/png"})
     assert (await client.get(f"/threads/{thread_id}/fs/fake.png", params={"thumbnail": 1})).status_code == 422
     listing = (await client.get(f"/threads/{thread_id}/fs/pics")).json()["entries"]
-    assert (listing[0]["width"], listing[0]["height"]) == (1000, 500)
+    assert (listing[0]["width"], listing[0]["height"]) == (600, 300)
 
 
 @pytest.mark.parametrize(

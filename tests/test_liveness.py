@@ -53,7 +53,7 @@ def test_a_file_whose_writer_is_gone_is_no_worker(tmp_path: Path) -> None:
     path.write_text(json.dumps({"pid": pid, "owner": "o", "at": time.time(), "database_at": None, "stale_after": 30}))
     assert liveness.problem(path)[0] == f"worker process {pid} is gone (its last beat was 0 s ago)"
     unreaped = subprocess.Popen([sys.executable, "-c", "pass"])
-    time.sleep(1)  # it has exited; nobody has waited for it yet
+    os.waitid(os.P_PID, unreaped.pid, os.WEXITED | os.WNOWAIT)  # it has exited; nobody has reaped it yet
     path.write_text(
         json.dumps({"pid": unreaped.pid, "owner": "o", "at": time.time(), "database_at": 1, "stale_after": 1})
     )

@@ -47,6 +47,19 @@ async def _claim(sessions: async_sessionmaker[AsyncSession], owner: str = "w", l
         return await queue.claim(await statements.driver(s), owner, lease)
 
 
+async def _all_heard(sessions: async_sessionmaker[AsyncSession], channel: str, heard: list[str]) -> None:
+    """Return once `heard` (a listener's payloads on `channel`) holds every notification committed so far: Postgres
+    delivers them in commit order, so a marker notified now comes after them all (it is taken out again)."""
+    marker = f"marker:{uuid.uuid4()}"
+    async with sessions() as s, s.begin():
+        await s.execute(text("SELECT pg_notify(:channel, :marker)"), {"channel": channel, "marker": marker})
+    deadline = time.monotonic() + 10
+    while marker not in heard:
+        assert time.monotonic() < deadline, "the marker notification never came"
+        await asyncio.sleep(0.005)
+    heard.remove(marker)
+
+
 async def test_input_enqueued_alongside_rides_with_the_held_events(
     sessions: async_sessionmaker[AsyncSession], database_url: str
 ) -> None:
@@ -78,7 +91,7 @@ async def test_input_enqueued_alongside_rides_with_the_held_events(
                 await asyncio.sleep(0)
                 assert len(sent) == 1
                 conn.remove_query_logger(logger)
-        await asyncio.sleep(0.3)
+        await _all_heard(sessions, queue.WAKEUP_CHANNEL, woken)
         assert len(woken) == 3
         async with sessions() as s:
             for tid in ids:
@@ -207,7 +220,7 @@ async def test_a_release_rides_with_the_held_events(
             assert (stored.runnable_since is not None) is input_waits
             assert await s.get(tables.Lease, tid) is None
             assert [e.type for e in await events.read(s, tid, 0)] == ["turn_ended"]
-        await asyncio.sleep(0.2)
+        await _all_heard(sessions, queue.WAKEUP_CHANNEL, woken)
         assert len(woken) == (1 if input_waits else 0)
         assert ((await _claim(sessions)) is not None) is input_waits
     finally:
@@ -240,7 +253,7 @@ async def test_a_release_without_events_goes_at_the_last_flush_or_at_once(
                 assert await s.get(tables.Lease, tid) is None
                 stored = await s.get_one(tables.Thread, tid)
                 assert (stored.lease_token, stored.runnable_since, stored.event_seq) == (None, None, 0)
-        await asyncio.sleep(0.2)
+        await _all_heard(sessions, events.CHANNEL, announced)
         assert announced == []
     finally:
         await listener.close()
@@ -280,7 +293,8 @@ async def test_a_posted_message_is_one_statement_or_nothing(
                 await asyncio.sleep(0)
                 driver._conn.remove_query_logger(logger)
                 assert len(sent) == 1  # no BEGIN, no COMMIT
-        await asyncio.sleep(0.2)
+        await _all_heard(sessions, queue.WAKEUP_CHANNEL, woken)
+        await _all_heard(sessions, events.CHANNEL, announced)
         assert len(woken) == 2  # idle (by ann, not by bob) and busy
         async with sessions() as s:
             rows = {t.id: t for t in (await s.execute(select(tables.Thread))).scalars()}
@@ -369,7 +383,7 @@ async def test_a_transaction_stalled_past_the_lease_keeps_it_and_nobody_else_cla
     transaction for twice the lease. The heartbeat, on its own OS thread, must keep the lease alive meanwhile, so that
     once the stalled transaction commits (and its execution starts a tool) no other worker can claim the thread."""
     await _runnable(sessions, 1)
-    lease = 0.6
+    lease = 0.45
     claim = await _claim(sessions, lease=lease)
     assert claim is not None
     lost: list[set[tuple[uuid.UUID, uuid.UUID]]] = []
@@ -448,7 +462,7 @@ async def test_a_release_racing_an_enqueue_keeps_the_thread_runnable(
         await poster.execute(text("SELECT 1 FROM threads WHERE id = :id FOR NO KEY UPDATE"), {"id": tid})
         await queue.enqueue(poster, tid, inputs.Kind.MESSAGE, {"id": str(uuid.uuid4()), "role": "user"})
         releasing = asyncio.create_task(release())
-        await asyncio.sleep(0.3)  # the release is now waiting for the row
+        await _waiting_for_a_lock(sessions)  # the release is now waiting for the row
         assert not releasing.done()
     assert await releasing is True
     async with sessions() as s:
@@ -458,6 +472,18 @@ async def test_a_release_racing_an_enqueue_keeps_the_thread_runnable(
     assert row.runnable_since is not None and row.lease_token is None
     again = await _claim(sessions)
     assert again is not None and again.thread_id == tid
+
+
+async def _waiting_for_a_lock(sessions: async_sessionmaker[AsyncSession]) -> None:
+    """Return once a statement on this database waits for a lock."""
+    waits = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
+    deadline = time.monotonic() + 10
+    while True:
+        async with sessions() as s:
+            if (await s.execute(text(waits))).scalar_one():
+                return
+        assert time.monotonic() < deadline, "nothing came to wait for a lock"
+        await asyncio.sleep(0.01)
 
 
 async def test_the_janitor_check_repairs_a_stranded_thread_and_nothing_else(

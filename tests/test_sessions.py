@@ -59,12 +59,14 @@ def dual(
 
 
 async def start(
-    app_factory: Any, cat: Catalog, content: str = "Begin.", role: str = "user", agent: str = "agent"
+    app_factory: Any, drive: Any, cat: Catalog, content: str = "Begin.", role: str = "user", agent: str = "agent"
 ) -> tuple[httpx.AsyncClient, str]:
-    app = await app_factory(cat, with_worker=True)
+    """A thread of `agent` on an app without a worker, given `content` and run to the end (`drive`)."""
+    app = await app_factory(cat)
     client = client_for(app)
     thread = (await client.post("/threads", json={"agent": agent})).json()
     await client.post(f"/threads/{thread['id']}/messages", json={"content": content, "role": role})
+    await drive(app)
     await settle(client, thread["id"])
     return client, thread["id"]
 
@@ -73,9 +75,9 @@ def shape(rows: list[dict[str, Any]]) -> list[tuple[str, str | None, str | None]
     return [(r["role"], r["side"], r["content"]) for r in rows]
 
 
-async def test_the_example_agent_writes_until_the_reviewer_approves(app_factory: Any) -> None:
+async def test_the_example_agent_writes_until_the_reviewer_approves(app_factory: Any, drive: Any) -> None:
     client, tid = await start(
-        app_factory, catalog.load(ROOT / "agents"), "Write a haiku about the harbour", agent="haiku_review"
+        app_factory, drive, catalog.load(ROOT / "agents"), "Write a haiku about the harbour", agent="haiku_review"
     )
     rows = await stored(client, tid)
     poem = "Over the harbour, light\nfolds into the waiting hush\none breath, then the tide"
@@ -95,16 +97,18 @@ async def test_the_example_agent_writes_until_the_reviewer_approves(app_factory:
     assert names.count("turn_ended") == 3 and names[-2:] == ["session_ended", "thread_status"]
 
 
-async def test_the_example_reviewer_fails_an_impossible_task(app_factory: Any) -> None:
+async def test_the_example_reviewer_fails_an_impossible_task(app_factory: Any, drive: Any) -> None:
     client, tid = await start(
-        app_factory, catalog.load(ROOT / "agents"), "Write a haiku about impossible", agent="haiku_review"
+        app_factory, drive, catalog.load(ROOT / "agents"), "Write a haiku about impossible", agent="haiku_review"
     )
     session = (await client.get(f"/threads/{tid}")).json()["session"]
     assert session["status"] == "failure" and session["reason"] == "session_fail"
     assert session["result"]["content"] == "The topic cannot be written about."
 
 
-async def test_each_side_sees_its_own_messages_as_assistant_and_not_the_other_sides_tools(app_factory: Any) -> None:
+async def test_each_side_sees_its_own_messages_as_assistant_and_not_the_other_sides_tools(
+    app_factory: Any, drive: Any
+) -> None:
     seen: dict[str, list[list[tuple[str, str | None, bool]]]] = {"a": [], "b": []}
 
     def recorder(side: str, replies: list[Any]) -> Any:
@@ -116,7 +120,7 @@ async def test_each_side_sees_its_own_messages_as_assistant_and_not_the_other_si
 
     a = recorder("a", [{"tool_calls": [{"name": "lookup"}]}, "draft one", "draft two"])
     b = recorder("b", ["feedback one"])
-    client, tid = await start(app_factory, dual(a, b, max_session_turns=3), "Task.")
+    client, tid = await start(app_factory, drive, dual(a, b, max_session_turns=3), "Task.")
     assert seen["a"][0] == [("user", "Task.", False)]
     # side B: the task it (as side B's seat) wrote is its own; A's tool traffic is left out
     assert seen["b"][0] == [("assistant", "Task.", False), ("user", "draft one", False)]
@@ -142,19 +146,19 @@ async def test_each_side_sees_its_own_messages_as_assistant_and_not_the_other_si
     assert [t["side"] for t in turns] == ["a", "b", "a"]
 
 
-async def test_session_stop_in_string_form_uses_the_result_text(app_factory: Any) -> None:
+async def test_session_stop_in_string_form_uses_the_result_text(app_factory: Any, drive: Any) -> None:
     b = [{"tool_calls": [{"name": "done"}]}]
-    client, tid = await start(app_factory, dual(["draft"], b, side_b={"session_stop": "done"}))
+    client, tid = await start(app_factory, drive, dual(["draft"], b, side_b={"session_stop": "done"}))
     rows = await stored(client, tid)
     assert shape(rows)[-1] == ("tool", "b", "ok")
     session = (await client.get(f"/threads/{tid}")).json()["session"]
     assert session["result"] == {"content": "ok", "attachments": []} and session["reason"] == "session_stop"
 
 
-async def test_session_fail_in_object_form_maps_message_and_attachments(app_factory: Any) -> None:
+async def test_session_fail_in_object_form_maps_message_and_attachments(app_factory: Any, drive: Any) -> None:
     call = {"name": "give_up", "arguments": {"why": "no data", "files": "/attachments/log.txt"}}
     binding = {"name": "give_up", "message_property": "why", "attachments_property": "files"}
-    app = await app_factory(dual([{"tool_calls": [call]}], [], side_a={"session_fail": binding}), with_worker=True)
+    app = await app_factory(dual([{"tool_calls": [call]}], [], side_a={"session_fail": binding}))
     client = client_for(app)
     tid = (await client.post("/threads", json={"agent": "agent"})).json()["id"]
     put = await client.put(
@@ -162,6 +166,7 @@ async def test_session_fail_in_object_form_maps_message_and_attachments(app_fact
     )
     assert put.status_code == 201
     await client.post(f"/threads/{tid}/messages", json={"content": "Begin."})
+    await drive(app)
     await settle(client, tid)
     tool = (await stored(client, tid))[-1]
     ref = {"path": "/attachments/log.txt", "name": "log.txt", "mime_type": "text/plain", "size": 5}
@@ -171,18 +176,18 @@ async def test_session_fail_in_object_form_maps_message_and_attachments(app_fact
     assert session["result"] == {"content": "no data", "attachments": ["/attachments/log.txt"]}
 
 
-async def test_session_fail_wins_over_session_stop_in_one_step(app_factory: Any) -> None:
+async def test_session_fail_wins_over_session_stop_in_one_step(app_factory: Any, drive: Any) -> None:
     calls = {"tool_calls": [{"name": "finish"}, {"name": "abort"}]}
     sides = {"session_stop": "finish", "session_fail": "abort"}
-    client, tid = await start(app_factory, dual([calls], [], side_a=sides))
+    client, tid = await start(app_factory, drive, dual([calls], [], side_a=sides))
     assert (await client.get(f"/threads/{tid}")).json()["session"]["reason"] == "session_fail"
 
 
-async def test_a_failed_session_tool_call_ends_nothing(app_factory: Any) -> None:
+async def test_a_failed_session_tool_call_ends_nothing(app_factory: Any, drive: Any) -> None:
     bad = {"tool_calls": [{"name": "finish", "arguments": {"unexpected": 1}}]}
     binding = {"name": "finish", "message_property": "summary"}
     client, tid = await start(
-        app_factory, dual([bad, "fine, a draft"], ["ok"], side_a={"session_stop": binding}, max_session_turns=2)
+        app_factory, drive, dual([bad, "fine, a draft"], ["ok"], side_a={"session_stop": binding}, max_session_turns=2)
     )
     rows = await stored(client, tid)
     assert rows[2]["role"] == "tool" and rows[2]["tool_status"] == "error"
@@ -191,12 +196,13 @@ async def test_a_failed_session_tool_call_ends_nothing(app_factory: Any) -> None
 
 
 async def test_a_session_tool_naming_missing_attachments_is_an_error_with_the_contracts_text(
-    app_factory: Any,
+    app_factory: Any, drive: Any
 ) -> None:
     call = {"name": "finish", "arguments": {"summary": "done", "files": ["/attachments/none.txt", "/x.txt"]}}
     binding = {"name": "finish", "message_property": "summary", "attachments_property": "files"}
     client, tid = await start(
         app_factory,
+        drive,
         dual([{"tool_calls": [call]}, "fine"], ["ok"], side_a={"session_stop": binding}, max_session_turns=2),
     )
     tool = next(r for r in await stored(client, tid) if r["role"] == "tool")
@@ -208,13 +214,13 @@ async def test_a_session_tool_naming_missing_attachments_is_an_error_with_the_co
     assert (await client.get(f"/threads/{tid}")).json()["session"]["reason"] == "max_session_turns"
 
 
-async def test_deprecated_aliases_and_session_status(app_factory: Any) -> None:
+async def test_deprecated_aliases_and_session_status(app_factory: Any, drive: Any) -> None:
     a = [
         {"tool_calls": [{"name": "progress", "arguments": {"note": "half way"}}]},
         {"tool_calls": [{"name": "wrap_up"}]},
     ]
     sides = {"endSessionTool": "wrap_up", "statusTool": {"name": "progress", "messageProperty": "note"}}
-    client, tid = await start(app_factory, dual(a, [], side_a=sides))
+    client, tid = await start(app_factory, drive, dual(a, [], side_a=sides))
     thread = (await client.get(f"/threads/{tid}")).json()
     assert thread["session"]["status_text"] == "half way"
     assert thread["session"]["reason"] == "session_stop"
@@ -222,7 +228,7 @@ async def test_deprecated_aliases_and_session_status(app_factory: Any) -> None:
     assert statuses == [{"status": "running", "status_text": "half way"}]
 
 
-async def test_stop_tool_max_steps_and_new_sessions(app_factory: Any) -> None:
+async def test_stop_tool_max_steps_and_new_sessions(app_factory: Any, drive: Any) -> None:
     a = [
         {"text": "ignored", "tool_calls": [{"name": "hand_over", "arguments": {"text": "over to you"}}]},
         "third turn",
@@ -238,7 +244,7 @@ async def test_stop_tool_max_steps_and_new_sessions(app_factory: Any) -> None:
     )
     cat = dataclasses.replace(cat, tools={**cat.tools, "hand_over": define_tool(description="Hand over.")(_hand_over)})
     cat.prompts["pa"].tools.append("hand_over")
-    client, tid = await start(app_factory, cat)
+    client, tid = await start(app_factory, drive, cat)
     reasons = [d["reason"] for e, d in await event_types(client, tid) if e == "turn_ended"]
     assert reasons == ["stop_tool", "max_steps", "stop_on_response"]
     rows = await stored(client, tid)
@@ -247,6 +253,7 @@ async def test_stop_tool_max_steps_and_new_sessions(app_factory: Any) -> None:
     assert thread["session"]["number"] == 1 and thread["session"]["reason"] == "max_session_turns"
 
     await client.post(f"/threads/{tid}/messages", json={"content": "again"})
+    await drive(client._transport.app)  # type: ignore[attr-defined]
     thread = await settle(client, tid)
     # counters restart: A answers, B answers, then A's script is exhausted and the session fails
     assert thread["session"]["number"] == 2 and thread["session"]["turns"] == 2
@@ -262,16 +269,17 @@ async def _hand_over(state: ThreadState, args: _HandOverArgs) -> str:
     return "handed over"
 
 
-async def test_the_role_of_input_picks_the_side_that_acts(app_factory: Any) -> None:
+async def test_the_role_of_input_picks_the_side_that_acts(app_factory: Any, drive: Any) -> None:
     client, tid = await start(
-        app_factory, dual([], ["side b answers"], max_session_turns=1), "from A's seat", "assistant"
+        app_factory, drive, dual([], ["side b answers"], max_session_turns=1), "from A's seat", "assistant"
     )
     assert shape(await stored(client, tid)) == [("assistant", "a", "from A's seat"), ("user", "b", "side b answers")]
 
-    app = await app_factory(dual([], []), with_worker=True)
+    app = await app_factory(dual([], []))
     other = client_for(app)
     thread = (await other.post("/threads", json={"agent": "agent"})).json()
     await other.post(f"/threads/{thread['id']}/messages", json={"content": "note", "role": "system"})
+    await drive(app)
     await settle_quietly(other, thread["id"])
 
 

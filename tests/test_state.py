@@ -33,7 +33,7 @@ from app.spec import (
     define_prompt,
     define_tool,
 )
-from tests.conftest import client_for, wait_for
+from tests.conftest import client_for
 from tests.tools import add
 
 # -- tools --------------------------------------------------------------------------------------------------
@@ -276,24 +276,24 @@ def catalog(respond: Callable[[LLMRequest], Any], prompt: Any = "sys") -> Catalo
 
 
 async def start(app_factory: Any, cat: Catalog, **body: Any) -> tuple[FastAPI, httpx.AsyncClient, str]:
-    app: FastAPI = await app_factory(cat, with_worker=True)
+    """An app without a worker (`settle` runs what is runnable) and a new thread of `agent`."""
+    app: FastAPI = await app_factory(cat)
     client = client_for(app)
     created = await client.post("/threads", json={"agent": "agent", **body})
     assert created.status_code == 201, created.text
     return app, client, created.json()["id"]
 
 
-async def say(client: httpx.AsyncClient, tid: str, content: str) -> None:
+async def say(drive: Any, client: httpx.AsyncClient, tid: str, content: str) -> None:
     assert (await client.post(f"/threads/{tid}/messages", json={"content": content})).status_code == 202
-    await settle(client, tid)
+    await settle(drive, client, tid)
 
 
-async def settle(client: httpx.AsyncClient, tid: str, sessions: int = 1) -> None:
-    async def idle() -> bool:
-        thread = (await client.get(f"/threads/{tid}")).json()
-        return bool(thread["status"] == "idle" and thread["session"]["number"] >= sessions)
-
-    await wait_for(idle)
+async def settle(drive: Any, client: httpx.AsyncClient, tid: str) -> None:
+    """Run what is runnable to its end (`drive`); the thread is then idle, in a session."""
+    await drive(client._transport.app)  # type: ignore[attr-defined]
+    thread = (await client.get(f"/threads/{tid}")).json()
+    assert thread["status"] == "idle" and thread["session"]["number"] >= 1, thread
 
 
 async def stored(client: httpx.AsyncClient, tid: str) -> list[dict[str, Any]]:
@@ -330,9 +330,9 @@ async def outside(app: FastAPI, tid: str) -> RunState:
 # -- identity, definitions, reads ---------------------------------------------------------------------------
 
 
-async def test_identity_definitions_and_names(app_factory: Any) -> None:
+async def test_identity_definitions_and_names(app_factory: Any, drive: Any) -> None:
     _, client, tid = await start(app_factory, catalog(Recorder(call("probe"))))
-    await say(client, tid, "who?")
+    await say(drive, client, tid, "who?")
     thread = (await client.get(f"/threads/{tid}")).json()
     rows = await stored(client, tid)
     got = json.loads(results(rows)["probe"])
@@ -353,16 +353,16 @@ async def test_identity_definitions_and_names(app_factory: Any) -> None:
     assert got["names"][3] == sorted(t.name for t in TOOLS)
 
 
-async def test_reads_messages_and_logs(app_factory: Any) -> None:
+async def test_reads_messages_and_logs(app_factory: Any, drive: Any) -> None:
     recorder = Recorder("hello", {"tool_calls": [{"name": "history"}, {"name": "logs"}]})
     app, client, tid = await start(app_factory, catalog(recorder))
-    await say(client, tid, "one")
+    await say(drive, client, tid, "one")
     async with app.state.runtime.sessions() as session, session.begin():  # a silent message the default read leaves out
         await session.execute(
             text("INSERT INTO messages (id, thread_id, role, content, silent) VALUES (:id, :t, 'system', 's', true)"),
             {"id": uuid.uuid4(), "t": uuid.UUID(tid)},
         )
-    await say(client, tid, "two")
+    await say(drive, client, tid, "two")
     got = results(await stored(client, tid))
     read = json.loads(got["history"])
     # the step's own tool results are not stored yet while its tools run
@@ -384,10 +384,10 @@ async def test_reads_messages_and_logs(app_factory: Any) -> None:
 # -- message writes ------------------------------------------------------------------------------------------
 
 
-async def test_inject_message_writes_history_now(app_factory: Any) -> None:
+async def test_inject_message_writes_history_now(app_factory: Any, drive: Any) -> None:
     recorder = Recorder(call("inject", text="injected"), "ok")
     app, client, tid = await start(app_factory, catalog(recorder))
-    await say(client, tid, "go")
+    await say(drive, client, tid, "go")
     rows = await stored(client, tid)
     assert [(m["role"], m["content"], m["silent"]) for m in rows] == [
         ("user", "go", False),
@@ -410,10 +410,10 @@ async def test_inject_message_writes_history_now(app_factory: Any) -> None:
     assert "injected" in announced and "quiet note" in announced
 
 
-async def test_queue_message_is_delivered_before_the_next_llm_call(app_factory: Any) -> None:
+async def test_queue_message_is_delivered_before_the_next_llm_call(app_factory: Any, drive: Any) -> None:
     recorder = Recorder(call("enqueue", text="queued"), "ok")
     app, client, tid = await start(app_factory, catalog(recorder))
-    await say(client, tid, "go")
+    await say(drive, client, tid, "go")
     rows = await stored(client, tid)
     assert [(m["role"], m["content"]) for m in rows] == [
         ("user", "go"),
@@ -432,10 +432,10 @@ async def test_queue_message_is_delivered_before_the_next_llm_call(app_factory: 
     ]
 
 
-async def test_queue_message_takes_new_files_and_files_of_the_thread(app_factory: Any) -> None:
+async def test_queue_message_takes_new_files_and_files_of_the_thread(app_factory: Any, drive: Any) -> None:
     recorder = Recorder(call("enqueue_files"), "ok")
     _, client, tid = await start(app_factory, catalog(recorder))
-    await say(client, tid, "go")
+    await say(drive, client, tid, "go")
     rows = await stored(client, tid)
     queued_id, missing, bad = json.loads(results(rows)["enqueue_files"])
     assert missing == "Attachment not found: /notes/missing.txt"
@@ -450,14 +450,14 @@ async def test_queue_message_takes_new_files_and_files_of_the_thread(app_factory
     assert (renamed["path"], renamed["name"]) == ("/notes/a.txt", "renamed.txt")
 
 
-async def test_state_messages_carry_the_spec_message_fields(app_factory: Any) -> None:
+async def test_state_messages_carry_the_spec_message_fields(app_factory: Any, drive: Any) -> None:
     recorder = Recorder({"text": "thinking done", "reasoning": "let me think"}, call("fields"), "ok")
     _, client, tid = await start(app_factory, catalog(recorder))
     note = {"name": "n.txt", "mime_type": "text/plain", "data": base64.b64encode(b"hi").decode()}
     posted = await client.post(f"/threads/{tid}/messages", json={"content": "one", "attachments": [note]})
     assert posted.status_code == 202
-    await settle(client, tid)
-    await say(client, tid, "two")
+    await settle(drive, client, tid)
+    await say(drive, client, tid, "two")
     rows = await stored(client, tid)
     seen = json.loads(results(rows)["fields"])
     by_id = {m["id"]: m for m in rows}
@@ -471,12 +471,12 @@ async def test_state_messages_carry_the_spec_message_fields(app_factory: Any) ->
     assert {"parent_id", "subagent_status", "subagent_spawn_group_id"} <= set(StateMessage.model_fields)
 
 
-async def test_queue_message_from_outside_starts_a_run(app_factory: Any) -> None:
+async def test_queue_message_from_outside_starts_a_run(app_factory: Any, drive: Any) -> None:
     recorder = Recorder("answer")
     app, client, tid = await start(app_factory, catalog(recorder))
     state = await outside(app, tid)
     message_id = await state.queue_message("user", "from outside", silent=False, metadata={"k": 1})
-    await settle(client, tid)
+    await settle(drive, client, tid)
     rows = await stored(client, tid)
     assert (rows[0]["id"], rows[0]["role"], rows[0]["content"]) == (message_id, "user", "from outside")
     assert rows[-1]["content"] == "answer"
@@ -496,9 +496,9 @@ async def test_queue_message_from_outside_starts_a_run(app_factory: Any) -> None
     assert terminated == row.terminated_at  # when it was terminated (the spec's timestamp), not a flag
 
 
-async def test_writes_outside_the_execution_are_refused(app_factory: Any) -> None:
+async def test_writes_outside_the_execution_are_refused(app_factory: Any, drive: Any) -> None:
     app, client, tid = await start(app_factory, catalog(Recorder("hi")))
-    await say(client, tid, "one")
+    await say(drive, client, tid, "one")
     state = await outside(app, tid)
     first = (await state.get_messages()).messages[0]
     assert state.execution is None and first.content == "one"
@@ -515,10 +515,10 @@ async def test_writes_outside_the_execution_are_refused(app_factory: Any) -> Non
     assert (await client.get(f"/threads/{tid}")).json()["env"] == {}
 
 
-async def test_update_message_rewrites_and_announces(app_factory: Any) -> None:
+async def test_update_message_rewrites_and_announces(app_factory: Any, drive: Any) -> None:
     recorder = Recorder(call("edit", text="edited"), "ok")
     app, client, tid = await start(app_factory, catalog(recorder))
-    await say(client, tid, "original")
+    await say(drive, client, tid, "original")
     rows = await stored(client, tid)
     assert rows[0]["content"] == "edited" and rows[0]["metadata"] == {"edited": 2}
     assert json.loads(results(rows)["edit"]) == {
@@ -537,11 +537,11 @@ async def test_update_message_rewrites_and_announces(app_factory: Any) -> None:
     ]
 
 
-async def test_delete_message_takes_its_tool_results_with_it(app_factory: Any) -> None:
+async def test_delete_message_takes_its_tool_results_with_it(app_factory: Any, drive: Any) -> None:
     recorder = Recorder(call("add", a=2, b=3), "It is 5.", call("drop"), "ok")
     _, client, tid = await start(app_factory, catalog(recorder))
-    await say(client, tid, "2+3?")
-    await say(client, tid, "forget it")
+    await say(drive, client, tid, "2+3?")
+    await say(drive, client, tid, "forget it")
     rows = await stored(client, tid)
     assert [(m["role"], m["content"]) for m in rows] == [
         ("user", "2+3?"),
@@ -557,7 +557,7 @@ async def test_delete_message_takes_its_tool_results_with_it(app_factory: Any) -
 # -- variables ------------------------------------------------------------------------------------------------
 
 
-async def test_set_env_is_stored_and_seen_at_once(app_factory: Any) -> None:
+async def test_set_env_is_stored_and_seen_at_once(app_factory: Any, drive: Any) -> None:
     recorder = Recorder(
         {
             "tool_calls": [
@@ -572,7 +572,7 @@ async def test_set_env_is_stored_and_seen_at_once(app_factory: Any) -> None:
     )
     prompt = [{"type": "text", "content": "Say "}, {"type": "env", "property": "GREETING"}]
     app, client, tid = await start(app_factory, catalog(recorder, prompt), env={"KEY": "k1"}, secrets=["KEY"])
-    await say(client, tid, "go")
+    await say(drive, client, tid, "go")
     tools = [m["content"] for m in await stored(client, tid) if m["role"] == "tool"]
     assert tools[:4] == ["hello", "hello", "***", "***"]  # a tool that echoes a secret has it masked (§8)
     assert "`bad name!` is not a variable name" in tools[4]  # the one name rule (`env.check_name`)
@@ -591,9 +591,9 @@ async def test_set_env_is_stored_and_seen_at_once(app_factory: Any) -> None:
 # -- tools ----------------------------------------------------------------------------------------------------
 
 
-async def test_invoke_tool_returns_results_without_storing(app_factory: Any) -> None:
+async def test_invoke_tool_returns_results_without_storing(app_factory: Any, drive: Any) -> None:
     app, client, tid = await start(app_factory, catalog(Recorder(call("invoker"), "ok")))
-    await say(client, tid, "go")
+    await say(drive, client, tid, "go")
     rows = await stored(client, tid)
     assert [m["role"] for m in rows] == ["user", "assistant", "tool", "assistant"]
     got = json.loads(results(rows)["invoker"])
@@ -606,7 +606,7 @@ async def test_invoke_tool_returns_results_without_storing(app_factory: Any) -> 
     assert [d["tool"] for t, d in await stored_events(app, tid) if t == "tool_started"] == ["invoker"]
 
 
-async def test_queue_tool_joins_the_running_step(app_factory: Any) -> None:
+async def test_queue_tool_joins_the_running_step(app_factory: Any, drive: Any) -> None:
     step = {
         "tool_calls": [
             {"name": "queuer", "arguments": {"name": "add"}},
@@ -615,7 +615,7 @@ async def test_queue_tool_joins_the_running_step(app_factory: Any) -> None:
     }
     recorder = Recorder(step, "ok")
     app, client, tid = await start(app_factory, catalog(recorder))
-    await say(client, tid, "go")
+    await say(drive, client, tid, "go")
     rows = await stored(client, tid)
     calls = rows[1]["tool_calls"]
     assert [c["function"]["name"] for c in calls] == ["queuer", "queuer", "add"]
@@ -640,14 +640,14 @@ async def test_queue_tool_joins_the_running_step(app_factory: Any) -> None:
     ]
 
 
-async def test_queue_tool_on_an_idle_thread_starts_a_run(app_factory: Any) -> None:
+async def test_queue_tool_on_an_idle_thread_starts_a_run(app_factory: Any, drive: Any) -> None:
     recorder = Recorder("done")
     app, client, tid = await start(app_factory, catalog(recorder))
     state = await outside(app, tid)
     with pytest.raises(errors.Invalid, match="not offered a tool `explode`"):
         await state.queue_tool("explode")
     call_id = await state.queue_tool("add", {"a": 1, "b": 1})
-    await settle(client, tid)
+    await settle(drive, client, tid)
     rows = await stored(client, tid)
     assert [(m["role"], m["side"], m["content"]) for m in rows] == [
         ("assistant", "a", None),
@@ -660,7 +660,7 @@ async def test_queue_tool_on_an_idle_thread_starts_a_run(app_factory: Any) -> No
     assert thread["session"]["number"] == 1 and thread["session"]["turns"] == 1
 
 
-async def test_queue_tool_on_a_running_thread_runs_before_the_next_llm_call(app_factory: Any) -> None:
+async def test_queue_tool_on_a_running_thread_runs_before_the_next_llm_call(app_factory: Any, drive: Any) -> None:
     recorder = Recorder(call("shout"), "done")
     holder: dict[str, RunState] = {}
 
@@ -671,7 +671,7 @@ async def test_queue_tool_on_a_running_thread_runs_before_the_next_llm_call(app_
 
     app, client, tid = await start(app_factory, catalog(respond))
     holder["state"] = await outside(app, tid)
-    await say(client, tid, "go")
+    await say(drive, client, tid, "go")
     rows = await stored(client, tid)
     assert [(m["role"], m["content"], [c["function"]["name"] for c in m["tool_calls"] or []]) for m in rows] == [
         ("user", "go", []),
@@ -690,18 +690,18 @@ async def test_queue_tool_on_a_running_thread_runs_before_the_next_llm_call(app_
 # -- events ---------------------------------------------------------------------------------------------------
 
 
-async def test_emit_sends_a_custom_event(app_factory: Any) -> None:
+async def test_emit_sends_a_custom_event(app_factory: Any, drive: Any) -> None:
     app, client, tid = await start(app_factory, catalog(Recorder(call("shout"), "ok")))
-    await say(client, tid, "go")
+    await say(drive, client, tid, "go")
     assert ("event", {"event_type": "shout", "data": {"loud": True}}) in await stored_events(app, tid)
 
 
-async def test_context_lives_for_the_execution(app_factory: Any) -> None:
+async def test_context_lives_for_the_execution(app_factory: Any, drive: Any) -> None:
     twice = {"tool_calls": [{"name": "count"}, {"name": "count"}]}
     recorder = Recorder(twice, call("count"), "ok", call("count"), "again")
     _, client, tid = await start(app_factory, catalog(recorder))
-    await say(client, tid, "go")
-    await say(client, tid, "more")
+    await say(drive, client, tid, "go")
+    await say(drive, client, tid, "more")
     results = [
         r["content"] for r in (await client.get(f"/threads/{tid}/messages")).json()["messages"] if r["role"] == "tool"
     ]
@@ -714,18 +714,15 @@ async def end_all(state: ThreadState) -> str:
     return "never stored"
 
 
-async def test_terminate_from_a_tool_ends_the_thread(app_factory: Any) -> None:
+async def test_terminate_from_a_tool_ends_the_thread(app_factory: Any, drive: Any) -> None:
     cat = catalog(Recorder(call("end_all"), "unreachable"))
     cat = dataclasses.replace(cat, tools={**cat.tools, "end_all": end_all})
     cat.prompts["p"].tools.append("end_all")
     _, client, tid = await start(app_factory, cat)
     assert (await client.post(f"/threads/{tid}/messages", json={"content": "go"})).status_code == 202
-
-    async def terminated() -> dict[str, Any] | None:
-        body: dict[str, Any] = (await client.get(f"/threads/{tid}")).json()
-        return body if body["status"] == "terminated" else None
-
-    body = await wait_for(terminated)
+    await drive(client._transport.app)  # type: ignore[attr-defined]
+    body = (await client.get(f"/threads/{tid}")).json()
+    assert body["status"] == "terminated"
     assert body["terminated_at"] is not None and body["session"]["reason"] == "terminated"
     rows = (await client.get(f"/threads/{tid}/messages")).json()["messages"]
     assert [(r["role"], r["tool_status"], r["content"]) for r in rows][1:] == [

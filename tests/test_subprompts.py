@@ -32,7 +32,8 @@ from app.spec import (
 )
 from app.spec.messages import ToolCall
 from tests import test_subagents
-from tests.conftest import client_for, wait_for
+from tests.conftest import client_for
+from tests.test_engine import stored
 from tests.tools import add
 
 
@@ -106,21 +107,20 @@ def catalog(main: Recorder, sub: Recorder, entry: str | dict[str, Any] = "helper
 
 
 async def start(app_factory: Any, cat: Catalog) -> tuple[FastAPI, httpx.AsyncClient, str]:
-    app: FastAPI = await app_factory(cat, with_worker=True)
+    """An app without a worker (`say` runs its turns) and a new thread of `agent`."""
+    app: FastAPI = await app_factory(cat)
     client = client_for(app)
     created = await client.post("/threads", json={"agent": "agent"})
     assert created.status_code == 201, created.text
     return app, client, created.json()["id"]
 
 
-async def say(client: httpx.AsyncClient, tid: str, content: str, sessions: int = 1) -> None:
+async def say(drive: Any, client: httpx.AsyncClient, tid: str, content: str) -> None:
+    """Post `content` and run the thread's turn to its end (`drive`)."""
     assert (await client.post(f"/threads/{tid}/messages", json={"content": content})).status_code == 202
-
-    async def idle() -> bool:
-        thread = (await client.get(f"/threads/{tid}")).json()
-        return bool(thread["status"] == "idle" and thread["session"]["number"] >= sessions)
-
-    await wait_for(idle)
+    await drive(client._transport.app)  # type: ignore[attr-defined]
+    thread = (await client.get(f"/threads/{tid}")).json()
+    assert thread["status"] == "idle" and thread["session"]["number"] >= 1, thread
 
 
 async def listed(client: httpx.AsyncClient, tid: str, depth: int = 0) -> list[dict[str, Any]]:
@@ -132,10 +132,10 @@ def result_of(rows: list[dict[str, Any]], name: str = "helper") -> dict[str, Any
     return next(m for m in rows if m["role"] == "tool" and m["name"] == name and m["depth"] == 0)
 
 
-async def test_offered_as_a_tool_with_its_schema(app_factory: Any) -> None:
+async def test_offered_as_a_tool_with_its_schema(app_factory: Any, drive: Any) -> None:
     main = Recorder("hi")
     _, client, tid = await start(app_factory, catalog(main, Recorder()))
-    await say(client, tid, "hello")
+    await say(drive, client, tid, "hello")
     offered = {t.name: (t.description, t.parameters) for t in main.requests[0].tools}
     assert offered["helper"] == (
         "Polishes text.",
@@ -152,11 +152,11 @@ async def test_offered_as_a_tool_with_its_schema(app_factory: Any) -> None:
     assert schema["additionalProperties"] is False
 
 
-async def test_one_step_in_the_same_thread_one_level_deeper(app_factory: Any) -> None:
+async def test_one_step_in_the_same_thread_one_level_deeper(app_factory: Any, drive: Any) -> None:
     main = Recorder(call("helper", message="polish: hi there"), "Sent.")
     sub = Recorder("Hi there!")
     _, client, tid = await start(app_factory, catalog(main, sub))
-    await say(client, tid, "write hi")
+    await say(drive, client, tid, "write hi")
     top = await listed(client, tid)
     assert [(m["role"], m["depth"]) for m in top] == [("user", 0), ("assistant", 0), ("tool", 0), ("assistant", 0)]
     assert result_of(top)["content"] == "Hi there!" and result_of(top)["tool_status"] == "success"
@@ -192,13 +192,13 @@ FULL = f'Here.\n\nTool calls:\n- add {{"a": 1, "b": 2}} → 3\n\n{ERRORS}'
         ({"include_text_response": False, "include_tool_calls": False, "include_errors": False}, ""),
     ],
 )
-async def test_result_shaping(app_factory: Any, flags: dict[str, bool], expected: str) -> None:
+async def test_result_shaping(app_factory: Any, drive: Any, flags: dict[str, bool], expected: str) -> None:
     main = Recorder(call("helper", message="go"), "ok")
     sub = Recorder(
         {"text": "Here.", "tool_calls": [{"name": "add", "arguments": {"a": 1, "b": 2}}, {"name": "explode"}]}
     )
     app, client, tid = await start(app_factory, catalog(main, sub, {"name": "helper", **flags}))
-    await say(client, tid, "go")
+    await say(drive, client, tid, "go")
     assert result_of(await listed(client, tid))["content"] == expected
     async with app.state.runtime.sessions() as session:
         stream = [(r.type, r.data) for r in await events.read(session, uuid.UUID(tid), 0)]
@@ -214,12 +214,12 @@ async def test_result_shaping(app_factory: Any, flags: dict[str, bool], expected
 
 
 @pytest.mark.parametrize("include_chat", [False, True])
-async def test_include_chat_decides_what_the_subprompt_sees(app_factory: Any, include_chat: bool) -> None:
+async def test_include_chat_decides_what_the_subprompt_sees(app_factory: Any, drive: Any, include_chat: bool) -> None:
     main = Recorder("Hello Ann.", {"text": "Let me polish.", **call("helper", message="a greeting")}, "ok")
     sub = Recorder("Dear Ann,")
     _, client, tid = await start(app_factory, catalog(main, sub, include_chat=include_chat))
-    await say(client, tid, "My name is Ann.")
-    await say(client, tid, "Write me a greeting.")
+    await say(drive, client, tid, "My name is Ann.")
+    await say(drive, client, tid, "Write me a greeting.")
     chat = [
         ("user", "My name is Ann."),
         ("assistant", "Hello Ann."),
@@ -230,18 +230,18 @@ async def test_include_chat_decides_what_the_subprompt_sees(app_factory: Any, in
 
 
 @pytest.mark.parametrize("past_tools", [False, True])
-async def test_past_tools_only_with_include_past_tools(app_factory: Any, past_tools: bool) -> None:
+async def test_past_tools_only_with_include_past_tools(app_factory: Any, drive: Any, past_tools: bool) -> None:
     main = Recorder(call("add", a=2, b=2), "4.", call("helper", message="x"), "ok")
     sub = Recorder("polished")
     _, client, tid = await start(app_factory, catalog(main, sub, include_chat=True, include_past_tools=past_tools))
-    await say(client, tid, "2+2?")
-    await say(client, tid, "polish")
+    await say(drive, client, tid, "2+2?")
+    await say(drive, client, tid, "polish")
     tools = [("assistant", None), ("tool", "4")] if past_tools else []
     chat = [("user", "2+2?"), *tools, ("assistant", "4."), ("user", "polish")]
     assert sub.seen(0) == [("system", "You polish."), *chat, ("user", "x")]
 
 
-async def test_first_message_and_attachments_from_the_arguments(app_factory: Any) -> None:
+async def test_first_message_and_attachments_from_the_arguments(app_factory: Any, drive: Any) -> None:
     schema = {
         "type": "object",
         "properties": {"text": {"type": "string"}, "files": {"type": "array", "items": {"type": "string"}}},
@@ -260,7 +260,7 @@ async def test_first_message_and_attachments_from_the_arguments(app_factory: Any
         f"/threads/{tid}/fs/attachments/note.txt", content=b"hello", headers={"content-type": "text/plain"}
     )
     assert put.status_code == 201
-    await say(client, tid, "summarise my note")
+    await say(drive, client, tid, "summarise my note")
     assert sub.seen(0)[-1] == (
         "user",
         "Summarise this.\n\nAttached files:\n- /attachments/note.txt (text/plain, 5 bytes)",
@@ -278,22 +278,22 @@ async def test_first_message_and_attachments_from_the_arguments(app_factory: Any
     assert len(sub.requests) == 1
 
 
-async def test_without_the_named_property_the_arguments_are_the_message(app_factory: Any) -> None:
+async def test_without_the_named_property_the_arguments_are_the_message(app_factory: Any, drive: Any) -> None:
     main = Recorder(call("search", query="cats", limit=2), call("search", limit=2), "ok")
     sub = Recorder("found")
     _, client, tid = await start(app_factory, catalog(main, sub))
-    await say(client, tid, "search cats")
+    await say(drive, client, tid, "search cats")
     assert sub.seen(0) == [("system", "You search."), ("user", '{"query": "cats", "limit": 2}')]
     refused = [m for m in await listed(client, tid) if m["role"] == "tool"][1]
     assert refused["tool_status"] == "error"
     assert refused["content"] == "Invalid arguments for tool `search`: `query`: Field required"
 
 
-async def test_subprompts_nest(app_factory: Any) -> None:
+async def test_subprompts_nest(app_factory: Any, drive: Any) -> None:
     main = Recorder(call("helper", message="outer"), "ok")
     sub = Recorder(call("search", query="inner"), "inner result")
     _, client, tid = await start(app_factory, catalog(main, sub, tools=["search"]))
-    await say(client, tid, "go")
+    await say(drive, client, tid, "go")
     rows = await listed(client, tid, depth=2)
     outer = next(m for m in rows if m["depth"] == 1 and m["role"] == "assistant")
     inner = [m for m in rows if m["depth"] == 2]
@@ -302,11 +302,11 @@ async def test_subprompts_nest(app_factory: Any) -> None:
     assert result_of(rows)["content"] == 'Tool calls:\n- search {"query": "inner"} → inner result'
 
 
-async def test_an_llm_error_is_an_error_result_and_the_caller_goes_on(app_factory: Any) -> None:
+async def test_an_llm_error_is_an_error_result_and_the_caller_goes_on(app_factory: Any, drive: Any) -> None:
     main = Recorder(call("helper", message="go"), "It failed, sorry.")
     sub = Recorder({"error": "model refused", "status": 400})
     _, client, tid = await start(app_factory, catalog(main, sub))
-    await say(client, tid, "go")
+    await say(drive, client, tid, "go")
     top = await listed(client, tid)
     assert result_of(top)["tool_status"] == "error"
     assert result_of(top)["content"] == "Subprompt `helper` failed: model refused"
@@ -317,11 +317,11 @@ async def test_an_llm_error_is_an_error_result_and_the_caller_goes_on(app_factor
     assert thread["session"]["status"] == "running"
 
 
-async def test_invoke_tool_runs_a_subprompt_without_a_tool_message_for_it(app_factory: Any) -> None:
+async def test_invoke_tool_runs_a_subprompt_without_a_tool_message_for_it(app_factory: Any, drive: Any) -> None:
     main = Recorder(call("invoker"), "ok")
     sub = Recorder("polished by invoke")
     _, client, tid = await start(app_factory, catalog(main, sub))
-    await say(client, tid, "go")
+    await say(drive, client, tid, "go")
     top = await listed(client, tid)
     assert result_of(top, "invoker")["content"] == "success: polished by invoke"
     deeper = [m for m in await listed(client, tid, depth=1) if m["depth"] == 1]
@@ -332,13 +332,13 @@ async def test_invoke_tool_runs_a_subprompt_without_a_tool_message_for_it(app_fa
     assert deeper[0]["parent_id"] == top[1]["id"]
 
 
-async def test_a_rerun_after_a_crash_replaces_the_interrupted_run(app_factory: Any) -> None:
+async def test_a_rerun_after_a_crash_replaces_the_interrupted_run(app_factory: Any, drive: Any) -> None:
     """A crash between the subprompt's messages and the caller's tool result: the resumed step runs the call
     again, and the messages the interrupted execution's run stored go first."""
     main = Recorder(call("helper", message="go"), "ok")
     sub = Recorder("first", "second")
     app, client, tid = await start(app_factory, catalog(main, sub))
-    await say(client, tid, "go")
+    await say(drive, client, tid, "go")
     call_id = (await listed(client, tid))[1]["tool_calls"][0]["id"]
     async with app.state.runtime.sessions() as session, session.begin():  # what a worker killed there leaves behind
         message = tables.Message
@@ -358,7 +358,9 @@ async def test_a_rerun_after_a_crash_replaces_the_interrupted_run(app_factory: A
         done = any(m["content"] == "second" for m in rows) and rows[-1]["content"] == "done"
         return rows if done else None
 
-    rows = await wait_for(rerun)
+    await drive(app)
+    rows = await rerun()
+    assert rows is not None
     deeper = [m for m in rows if m["depth"] == 1]
     assert [(m["role"], m["content"]) for m in deeper] == [("user", "go"), ("assistant", "second")]
     assert [m["content"] for m in rows if m["role"] == "tool"] == ["second"]
@@ -371,35 +373,34 @@ async def test_a_rerun_after_a_crash_replaces_the_interrupted_run(app_factory: A
 
 
 async def _ended_session(
-    app_factory: Any, main: Recorder, sub: Recorder, max_session_steps: int
+    app_factory: Any, drive: Any, main: Recorder, sub: Recorder, max_session_steps: int
 ) -> tuple[httpx.AsyncClient, str, dict[str, Any]]:
-    """Post "go" to a thread of `catalog(main, sub)` with the step cap given; the thread once its session ended."""
-    app: FastAPI = await app_factory(catalog(main, sub), with_worker=True, max_session_steps=max_session_steps)
+    """Post "go" to a thread of `catalog(main, sub)` with the step cap given and run it; the thread, its session
+    ended."""
+    app: FastAPI = await app_factory(catalog(main, sub), max_session_steps=max_session_steps)
     client = client_for(app)
     tid = (await client.post("/threads", json={"agent": "agent"})).json()["id"]
     await client.post(f"/threads/{tid}/messages", json={"content": "go"})
-
-    async def ended() -> dict[str, Any] | None:
-        thread: dict[str, Any] = (await client.get(f"/threads/{tid}")).json()
-        return thread if thread["status"] == "idle" and thread["session"]["status"] != "running" else None
-
-    return client, tid, await wait_for(ended)
+    await drive(app)
+    thread: dict[str, Any] = (await client.get(f"/threads/{tid}")).json()
+    assert thread["status"] == "idle" and thread["session"]["status"] != "running", thread
+    return client, tid, thread
 
 
-async def test_subprompt_steps_count_toward_the_session_step_cap(app_factory: Any) -> None:
+async def test_subprompt_steps_count_toward_the_session_step_cap(app_factory: Any, drive: Any) -> None:
     main = Recorder(call("helper", message="go"), "ok")
     sub = Recorder("polished")
-    client, tid, thread = await _ended_session(app_factory, main, sub, 2)
+    client, tid, thread = await _ended_session(app_factory, drive, main, sub, 2)
     # the caller's step and the subprompt's step are the cap's two: the caller never gets a second one
     assert (thread["session"]["status"], thread["session"]["reason"]) == ("failure", "max_total_steps")
     assert len(main.requests) == 1 and len(sub.requests) == 1
     assert result_of(await listed(client, tid))["content"] == "polished"
 
 
-async def test_a_subprompt_over_the_step_cap_is_not_run(app_factory: Any) -> None:
+async def test_a_subprompt_over_the_step_cap_is_not_run(app_factory: Any, drive: Any) -> None:
     main = Recorder(call("helper", message="go"), "ok")
     sub = Recorder("polished")
-    client, tid, thread = await _ended_session(app_factory, main, sub, 1)
+    client, tid, thread = await _ended_session(app_factory, drive, main, sub, 1)
     assert thread["session"]["reason"] == "max_total_steps"
     assert sub.requests == []
     tool = result_of(await listed(client, tid))
@@ -409,7 +410,7 @@ async def test_a_subprompt_over_the_step_cap_is_not_run(app_factory: Any) -> Non
     )
 
 
-async def test_subprompt_steps_run_the_message_hooks_of_their_prompt(app_factory: Any) -> None:
+async def test_subprompt_steps_run_the_message_hooks_of_their_prompt(app_factory: Any, drive: Any) -> None:
     seen: list[tuple[str, str, int]] = []
 
     @define_hook("before_create_message")
@@ -435,7 +436,7 @@ async def test_subprompt_steps_run_the_message_hooks_of_their_prompt(app_factory
     sub = Recorder({"text": "Here.", "tool_calls": [{"name": "add", "arguments": {"a": 1, "b": 2}}]})
     cat = catalog(main, sub, hooks=[h.name for h in hooks])  # the subprompt's own hooks; the caller has none
     _, client, tid = await start(app_factory, dataclasses.replace(cat, hooks={h.name: h for h in hooks}))
-    await say(client, tid, "go")
+    await say(drive, client, tid, "go")
     deeper = [m for m in await listed(client, tid, depth=1) if m["depth"] == 1]
     assert [(m["role"], m["content"], m["metadata"].get("created_as")) for m in deeper] == [
         ("user", "go", "user"),
@@ -453,7 +454,7 @@ async def test_subprompt_steps_run_the_message_hooks_of_their_prompt(app_factory
     assert result_of(await listed(client, tid))["content"] == 'HERE.\n\nTool calls:\n- add {"a": 1, "b": 2} → 3'
 
 
-async def test_subprompt_tool_calls_run_the_tool_hooks(app_factory: Any) -> None:
+async def test_subprompt_tool_calls_run_the_tool_hooks(app_factory: Any, drive: Any) -> None:
     @define_hook("after_tool_call_failure")
     async def recover(state: ThreadState, tool_call: dict[str, Any], result: ToolResult) -> ToolResult:
         return ToolResult(status="success", result=f"recovered {tool_call['function']['name']}")
@@ -466,7 +467,7 @@ async def test_subprompt_tool_calls_run_the_tool_hooks(app_factory: Any) -> None
     sub = Recorder({"tool_calls": [{"name": "add", "arguments": {"a": 1, "b": 2}}, {"name": "explode"}]})
     cat = catalog(main, sub, hooks=["recover", "stamp"])
     _, client, tid = await start(app_factory, dataclasses.replace(cat, hooks={"recover": recover, "stamp": stamp}))
-    await say(client, tid, "go")
+    await say(drive, client, tid, "go")
     deeper = [m for m in await listed(client, tid, depth=1) if m["depth"] == 1 and m["role"] == "tool"]
     assert [(m["content"], m["tool_status"]) for m in deeper] == [
         ("3 +stored", "success"),
@@ -494,12 +495,12 @@ async def draw(state: ThreadState) -> ToolResult:
     )
 
 
-async def test_files_a_subprompt_tool_returns_are_kept(app_factory: Any) -> None:
+async def test_files_a_subprompt_tool_returns_are_kept(app_factory: Any, drive: Any) -> None:
     main = Recorder(call("helper", message="go"), "ok")
     sub = Recorder({"tool_calls": [{"name": "draw"}]})
     cat = catalog(main, sub, tools=["draw"])
     _, client, tid = await start(app_factory, dataclasses.replace(cat, tools={**cat.tools, "draw": draw}))
-    await say(client, tid, "go")
+    await say(drive, client, tid, "go")
     [tool] = [m for m in await listed(client, tid, depth=1) if m["depth"] == 1 and m["role"] == "tool"]
     [ref] = tool["attachments"]
     assert ref["path"].startswith("/attachments/pic-") and (ref["name"], ref["size"]) == ("pic.txt", 9)
@@ -520,7 +521,7 @@ class Delegating(test_subagents.Brain):
         return await super().__call__(request)
 
 
-async def test_subagent_tools_run_non_blocking_inside_a_subprompt_step(app_factory: Any) -> None:
+async def test_subagent_tools_run_non_blocking_inside_a_subprompt_step(app_factory: Any, drive: Any) -> None:
     def boss(request: LLMRequest) -> Any:
         last = test_subagents.last_of(request)
         if last.role == "user" and last.content == "go":
@@ -535,11 +536,13 @@ async def test_subagent_tools_run_non_blocking_inside_a_subprompt_step(app_facto
         name="boss", model="m", prompt="boss. Delegate.", include_chat=True, tools=["delegator"]
     )
     cat = dataclasses.replace(cat, prompts={**cat.prompts, "boss": boss_prompt, "delegator": delegator})
-    _, client, tid = await test_subagents.start(app_factory, cat)
+    app: FastAPI = await app_factory(cat)
+    client = client_for(app)
+    tid = (await client.post("/threads", json={"agent": "boss"})).json()["id"]
     await client.post(f"/threads/{tid}/messages", json={"content": "go"})
-    rows = await test_subagents.until(
-        client, tid, lambda rs: any((r["content"] or "").startswith("boss saw: Subagent") for r in rs)
-    )
+    await drive(app)  # the boss, its child, then the boss again with the child's result
+    rows = await stored(client, tid)
+    assert any((r["content"] or "").startswith("boss saw: Subagent") for r in rows), rows
     [child] = await test_subagents.registry(client, tid)
     cid = child["reference"]
     assert (child["blocking"], child["status"]) == (False, "terminated")

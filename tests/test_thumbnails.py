@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import io
 import struct
+import threading
 import time
 import uuid
 import zlib
@@ -16,6 +17,14 @@ from sqlalchemy import func, select
 
 from app import catalog, files, images, tables, thumbnails
 from tests.conftest import ROOT, client_for
+
+
+async def _until(condition: Any, timeout: float = 10) -> None:
+    """Poll a plain condition often (what it waits for takes milliseconds)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.005)
 
 
 async def _setup(app_factory: Any) -> tuple[Any, Any, str]:
@@ -45,29 +54,38 @@ async def test_concurrent_requests_make_one_thumbnail_and_store_it(
     app_factory: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     app, client, tid = await _setup(app_factory)
-    put = await client.put(
-        f"/threads/{tid}/fs/big.png", content=_png(3000, 2000), headers={"content-type": "image/png"}
-    )
+    png = _png(600, 400)  # large enough to be shrunk, small enough to make and decode in a few ms
+    put = await client.put(f"/threads/{tid}/fs/big.png", content=png, headers={"content-type": "image/png"})
     assert put.status_code == 201, put.text
-    made = 0
-    original = images.thumbnail
+    made, asked = 0, 0
+    original, original_get = images.thumbnail, thumbnails.get
+    arrived = threading.Event()
 
     def counted(data: bytes, size: int = images.THUMBNAIL) -> bytes:
         nonlocal made
         made += 1
-        time.sleep(0.2)  # long enough for every request to arrive while it runs
+        arrived.wait(10)  # until every request has arrived: they all ask while it is being made
         return original(data, size)
 
+    async def asking(*args: Any) -> bytes:
+        nonlocal asked
+        asked += 1
+        return await original_get(*args)
+
     monkeypatch.setattr(images, "thumbnail", counted)
+    monkeypatch.setattr(thumbnails, "get", asking)
     url = f"/threads/{tid}/fs/big.png"
-    answers = await asyncio.gather(*[client.get(url, params={"thumbnail": 1}) for _ in range(8)])
+    requests = [asyncio.create_task(client.get(url, params={"thumbnail": 1})) for _ in range(8)]
+    await _until(lambda: asked == 8)
+    arrived.set()
+    answers = await asyncio.gather(*requests)
     assert [a.status_code for a in answers] == [200] * 8
     assert len({a.content for a in answers}) == 1 and made == 1
     with Image.open(io.BytesIO(answers[0].content)) as thumb:
         assert thumb.size == (256, 171)
     later = await client.get(url, params={"thumbnail": 1})
     assert later.status_code == 200 and later.content == answers[0].content and made == 1  # stored, not remade
-    await client.put(f"/threads/{tid}/fs/same.png", content=_png(3000, 2000), headers={"content-type": "image/png"})
+    await client.put(f"/threads/{tid}/fs/same.png", content=png, headers={"content-type": "image/png"})
     assert (await client.get(f"/threads/{tid}/fs/same.png", params={"thumbnail": 1})).content == answers[0].content
     assert made == 1  # once per content, whatever the path
     async with app.state.runtime.sessions() as session:
@@ -103,21 +121,24 @@ async def test_a_waiter_makes_the_thumbnail_when_its_maker_is_cancelled(
     await client.put(f"/threads/{tid}/fs/a.png", content=_png(40, 30))
     made = 0
     original = images.thumbnail
+    cancelled = threading.Event()
 
     def slow(data: bytes, size: int = images.THUMBNAIL) -> bytes:
         nonlocal made
         made += 1
-        time.sleep(0.2)
+        if made == 1:
+            cancelled.wait(10)  # the maker's decode outlasts the maker
         return original(data, size)
 
     monkeypatch.setattr(images, "thumbnail", slow)
     async with app.state.runtime.sessions() as one, app.state.runtime.sessions() as two:
         entry = await files.stat(one, uuid.UUID(tid), "/a.png")
         maker = asyncio.create_task(thumbnails.get(one, entry))
-        await asyncio.sleep(0.05)
+        await _until(lambda: made == 1)  # it is making it
         waiter = asyncio.create_task(thumbnails.get(two, entry))
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)  # the waiter finds it being made, and waits for it
         maker.cancel()
+        cancelled.set()
         thumb = await waiter
     assert thumb.startswith(b"\xff\xd8") and made == 2  # made again by the waiter, not lost with its maker
 
@@ -134,19 +155,23 @@ async def test_requests_beyond_the_waiting_bound_are_told_to_retry(
     monkeypatch.setattr(thumbnails, "MAX_WAITING", 2)
     decoding, most = 0, 0
     original = images.thumbnail
+    refused = threading.Event()
 
     def slow(data: bytes, size: int = images.THUMBNAIL) -> bytes:
         nonlocal decoding, most
         decoding += 1
         most = max(most, decoding)
-        time.sleep(0.3)
+        refused.wait(10)  # the first decodes last until the requests beyond the bound were answered
         decoding -= 1
         return original(data, size)
 
     monkeypatch.setattr(images, "thumbnail", slow)
-    answers = await asyncio.gather(
-        *[client.get(f"/threads/{tid}/fs/{i}.png", params={"thumbnail": 1}) for i in range(7)]
-    )
+    requests = [
+        asyncio.create_task(client.get(f"/threads/{tid}/fs/{i}.png", params={"thumbnail": 1})) for i in range(7)
+    ]
+    await _until(lambda: sum(r.done() for r in requests) >= 3)  # 7 - (2 decoding + 2 waiting)
+    refused.set()
+    answers = await asyncio.gather(*requests)
     statuses = sorted(a.status_code for a in answers)
     assert set(statuses) == {200, 503} and statuses.count(200) >= 4, statuses  # 2 decoding + 2 waiting at once
     busy = next(a for a in answers if a.status_code == 503)

@@ -126,8 +126,8 @@ async def test_time_up_answers_with_the_status_so_far(app_factory: Any) -> None:
     async with client_for(api) as client:
         tid = await thread(client, "assistant")
         started = asyncio.get_running_loop().time()
-        response = await client.post(f"/threads/{tid}/messages?wait=0.3", json={"content": "hi"})
-        assert asyncio.get_running_loop().time() - started >= 0.3
+        response = await client.post(f"/threads/{tid}/messages?wait=0.1", json={"content": "hi"})
+        assert asyncio.get_running_loop().time() - started >= 0.1
         turn = response.json()
         assert response.status_code == 200 and turn["done"] is False and turn["status"] == "queued"
         [queued] = turn["messages"]
@@ -150,8 +150,11 @@ async def test_input_behind_a_turn_ends_with_the_turn_it_joins(app_factory: Any)
             return bool((await client.get(f"/threads/{tid}")).json()["status"] == "running")
 
         await wait_for(running)
+        hub = api.state.runtime.hub
+        before = hub.subscribers
         waiting = asyncio.create_task(client.post(f"/threads/{tid}/messages?wait=20", json={"content": "later"}))
-        await asyncio.sleep(0.3)
+        await wait_for(lambda: asyncio.sleep(0, hub.subscribers == before + 1))  # queued, and waiting
+        await asyncio.sleep(0.1)  # what it has heard so far (its own input queued) ends nothing
         assert not waiting.done()  # its turn is the gated one: still running
         GATES["gate"].set()
         turn = (await waiting).json()
@@ -174,8 +177,10 @@ async def test_input_after_a_turns_last_call_waits_for_a_turn_of_its_own(app_fac
             return any(m["status"] == "pending" and m["role"] == "assistant" for m in listed)
 
         await wait_for(calling)
+        hub = api.state.runtime.hub
+        before = hub.subscribers
         waiting = asyncio.create_task(client.post(f"/threads/{tid}/messages?wait=20", json={"content": "next"}))
-        await asyncio.sleep(0.3)
+        await wait_for(lambda: asyncio.sleep(0, hub.subscribers == before + 1))  # queued during the call, waiting
         GATES["llm"].set()  # the running turn ends with its answer; the input then starts its own
         turn = (await waiting).json()
         assert turn["done"] is True and turn["status"] == "idle"
@@ -231,8 +236,8 @@ async def test_a_client_that_hangs_up_leaves_nothing_behind(app_factory: Any, se
         before = hub.subscribers
         request = asyncio.create_task(client.post(f"/threads/{tid}/messages?wait=60", json={"content": "hi"}))
         await wait_for(lambda: asyncio.sleep(0, hub.subscribers == before + 1))
-        await asyncio.sleep(0.2)
-        assert api.state.runtime.db.pool.checkedout() == 0  # waiting holds no connection
+        pool = api.state.runtime.db.pool
+        await wait_for(lambda: asyncio.sleep(0, pool.checkedout() == 0), timeout=2)  # waiting holds no connection
         request.cancel()  # the connection closes
         with pytest.raises(asyncio.CancelledError):
             await request

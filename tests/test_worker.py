@@ -19,11 +19,13 @@ from tests.conftest import ROOT, client_for, wait_for
 from tests.test_engine import settle, stored
 
 
-def slow_catalog(seconds: float, record: dict[str, int]) -> Catalog:
+def slow_catalog(seconds: float | list[float], record: dict[str, int]) -> Catalog:
+    """A model that answers `done` after `seconds` (a list: per call, in order), counting calls and cancellations."""
+
     async def respond(request: LLMRequest) -> str:
         record["calls"] += 1
         try:
-            await asyncio.sleep(seconds)
+            await asyncio.sleep(seconds if isinstance(seconds, float | int) else seconds[record["calls"] - 1])
         except asyncio.CancelledError:
             record["cancelled"] += 1
             raise
@@ -37,9 +39,9 @@ def slow_catalog(seconds: float, record: dict[str, int]) -> Catalog:
 
 async def test_the_heartbeat_keeps_a_step_longer_than_the_lease(app_factory: Any) -> None:
     record = {"calls": 0, "cancelled": 0}
-    cat = slow_catalog(2.5, record)
-    first = await app_factory(cat, with_worker=True, lease_seconds=1)
-    await app_factory(cat, with_worker=True, lease_seconds=1)  # a second worker, ready to steal an expired lease
+    cat = slow_catalog(1.5, record)  # three leases long
+    first = await app_factory(cat, with_worker=True, lease_seconds=0.5)
+    await app_factory(cat, with_worker=True, lease_seconds=0.5)  # a second worker, ready to steal an expired lease
     client = client_for(first)
     thread = (await client.post("/threads", json={"agent": "agent"})).json()
     await client.post(f"/threads/{thread['id']}/messages", json={"content": "hi"})
@@ -50,7 +52,7 @@ async def test_the_heartbeat_keeps_a_step_longer_than_the_lease(app_factory: Any
 
 async def test_a_lost_lease_cancels_the_execution_and_writes_nothing(app_factory: Any) -> None:
     record = {"calls": 0, "cancelled": 0}
-    app = await app_factory(slow_catalog(5, record), with_worker=True, lease_seconds=1.5)
+    app = await app_factory(slow_catalog(30, record), with_worker=True, lease_seconds=0.6)
     client = client_for(app)
     thread = (await client.post("/threads", json={"agent": "agent"})).json()
     tid = uuid.UUID(thread["id"])
@@ -60,16 +62,17 @@ async def test_a_lost_lease_cancels_the_execution_and_writes_nothing(app_factory
         return record["calls"] == 1
 
     await wait_for(calling)
-    async with app.state.runtime.sessions() as session, session.begin():  # someone else now holds the lease
+    async with app.state.runtime.sessions() as session, session.begin():  # someone else now holds (and renews) it
         thief = {"t": uuid.uuid4(), "id": tid}
         await session.execute(text("UPDATE threads SET lease_token = :t WHERE id = :id"), thief)
-        await session.execute(text("UPDATE leases SET token = :t WHERE thread_id = :id"), thief)
+        renewed = "UPDATE leases SET token = :t, expires_at = now() + interval '1 hour' WHERE thread_id = :id"
+        await session.execute(text(renewed), thief)
 
     async def cancelled() -> bool:
         return record["cancelled"] == 1
 
     await wait_for(cancelled, timeout=3)
-    await asyncio.sleep(0.3)
+    await wait_for(lambda: asyncio.sleep(0, not _executing(tid)))  # whatever it would write on its way out, written
     rows = await stored(client, str(tid))
     assert [(r["role"], r["status"]) for r in rows] == [("user", "completed"), ("assistant", "pending")]
     async with app.state.runtime.sessions() as session:
@@ -77,12 +80,14 @@ async def test_a_lost_lease_cancels_the_execution_and_writes_nothing(app_factory
     assert logs == 0
 
 
-async def test_shutdown_hands_the_lease_back_without_spending_the_attempt(app_factory: Any, settings: Any) -> None:
+async def test_shutdown_hands_the_lease_back_without_spending_the_attempt(
+    app_factory: Any, settings: Any, llm_client: Any
+) -> None:
     from app.api.app import create_app
 
     record = {"calls": 0, "cancelled": 0}
-    cat = slow_catalog(0.8, record)
-    app = create_app(settings, cat, with_worker=True)
+    cat = slow_catalog([30, 0], record)  # the first call outlasts the shutdown; the one after the restart answers
+    app = create_app(settings, cat, with_worker=True, http=llm_client)
     lifespan = app.router.lifespan_context(app)
     await lifespan.__aenter__()
     client = client_for(app)
@@ -137,6 +142,11 @@ async def test_three_crashed_attempts_at_one_step_fail_the_session(app_factory: 
     assert any(t == "error" and d["code"] == "crashed" and "crashed 3 times" in d["message"] for t, d in events)
 
 
+def _executing(tid: uuid.UUID) -> bool:
+    """Whether an execution of the thread is still running in this process (the worker names its tasks so)."""
+    return any(t.get_name() == f"thread-{tid}" and not t.done() for t in asyncio.all_tasks())
+
+
 async def _events(app: Any, tid: uuid.UUID) -> list[dict[str, Any]]:
     async with app.state.runtime.sessions() as session:
         rows = (await session.execute(select(tables.Event).where(tables.Event.thread_id == tid))).scalars()
@@ -144,7 +154,9 @@ async def _events(app: Any, tid: uuid.UUID) -> list[dict[str, Any]]:
 
 
 async def test_the_janitor_collects_file_content_nothing_points_at(app_factory: Any) -> None:
-    app = await app_factory(catalog.load(ROOT / "agents"), with_worker=True, cleanup_interval=0.2, blob_grace_seconds=0)
+    app = await app_factory(
+        catalog.load(ROOT / "agents"), with_worker=True, cleanup_interval=0.05, blob_grace_seconds=0
+    )
     client = client_for(app)
     tid = uuid.UUID((await client.post("/threads", json={"agent": "assistant"})).json()["id"])
     async with app.state.runtime.sessions() as session, session.begin():
@@ -180,7 +192,7 @@ async def test_poison_input_is_set_aside_once_and_the_thread_takes_new_input(app
     assert error["data"]["code"] == "input_set_aside" and "ValueError: id: Field required" in error["data"]["message"]
     await client.post(f"/threads/{tid}/messages", json={"content": "hi"})
     await settle(client, str(tid))
-    await asyncio.sleep(0.5)  # long enough for a loop to show itself
+    await asyncio.sleep(0.15)  # three poll intervals: long enough for a loop to show itself
     assert len(await reported()) == 1 and record["calls"] == 1
     listed = (await client.get(f"/threads/{tid}/messages")).json()["messages"]
     assert [(m["content"], m["status"]) for m in listed] == [
@@ -273,5 +285,5 @@ async def test_an_idle_worker_claims_once_per_notice_and_not_when_a_slot_frees(
         tid = (await client.post("/threads", json={"agent": "assistant"})).json()["id"]
         assert (await client.post(f"/threads/{tid}/messages", json={"content": "hello"})).status_code == 202
         await settle(client, tid)
-    await asyncio.sleep(0.3)
+    await asyncio.sleep(0.1)  # an execution's end claims at once, if at all
     assert asked == [1, 1, 1]  # one per message, none empty
