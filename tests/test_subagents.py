@@ -47,9 +47,16 @@ async def inspect_children(state: ThreadState) -> dict[str, Any]:
     assert handle is not None and handle.execution is None
     parent = await handle.get_parent_thread()
     assert await state.get_child_thread(str(uuid.uuid4())) is None
+    # the child's first message is stored when the child's run takes it from its inbox, which a worker does beside
+    # this run: wait for it (bounded) rather than count on the child winning
+    for _ in range(250):
+        messages = (await handle.get_messages(include_silent=True)).messages
+        if messages:
+            break
+        await asyncio.sleep(0.02)
     return {
         "child": [child.name, child.status, child.resumable],
-        "child_first_message": (await handle.get_messages(include_silent=True)).messages[0].content,
+        "child_first_message": messages[0].content if messages else None,
         "childs_parent": parent.thread_id if parent else None,
         "my_parent": await state.get_parent_thread(),
     }
