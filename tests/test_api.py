@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from fastapi import FastAPI
 from sqlalchemy import event
 
@@ -319,20 +317,20 @@ async def test_open_mode_counts_keys_once_per_change(app: FastAPI, monkeypatch: 
         async def refused() -> bool:
             return (await anon.get("/threads")).status_code == 401
 
-        await wait_for(refused)
+        await wait_for(refused, interval=0.01)
         async with app.state.runtime.sessions() as s, s.begin():
             assert await keys.revoke(s, key[:10]) == 1
 
         async def open_again() -> bool:
             return (await anon.get("/threads")).status_code == 200
 
-        await wait_for(open_again)  # no key left: open mode is back
+        await wait_for(open_again, interval=0.01)  # no key left: open mode is back
 
         async def counted_no_more() -> bool:  # the revoke's notification may arrive after the count that reopened
             counted.clear()
             return (await anon.get("/threads")).status_code == 200 and counted == []
 
-        await wait_for(counted_no_more)
+        await wait_for(counted_no_more, interval=0.01)
 
 
 async def test_open_mode_is_off_beyond_loopback(app_factory: Any) -> None:
@@ -394,22 +392,19 @@ async def test_no_cors_unless_configured(client: httpx.AsyncClient) -> None:
 # -- the stream, over a real HTTP server (ASGITransport buffers whole responses) ---------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
-async def served(app_factory: Any) -> AsyncIterator[str]:
+async def served(app_factory: Any, serve: Any) -> tuple[FastAPI, str]:
+    """An app with its worker, and the address a real server serves it at."""
     app = await app_factory(_catalog(), with_worker=True)
-    port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, lifespan="off", log_level="warning"))
-    task = asyncio.create_task(server.serve())
-    await wait_for(lambda: asyncio.sleep(0, server.started))
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    await task
+    return app, str(await serve(app))
+
+
+async def turn(client: httpx.AsyncClient, tid: str, content: str) -> dict[str, Any]:
+    """Post a message and wait for its turn to end (`?wait=`: the server answers then, nothing polls); the thread."""
+    posted = await client.post(f"/threads/{tid}/messages", params={"wait": 30}, json={"content": content})
+    assert posted.status_code == 200 and posted.json()["done"], posted.text
+    thread: dict[str, Any] = (await client.get(f"/threads/{tid}")).json()
+    return thread
 
 
 async def read_events(base: str, path: str, until: str, headers: dict[str, str] | None = None) -> list[dict[str, Any]]:
@@ -438,11 +433,12 @@ async def read_events(base: str, path: str, until: str, headers: dict[str, str] 
     return out
 
 
-async def test_events_stream_replays_then_follows(served: str) -> None:
-    async with httpx.AsyncClient(base_url=served) as client:
+async def test_events_stream_replays_then_follows(served: tuple[FastAPI, str]) -> None:
+    app, base = served
+    async with httpx.AsyncClient(base_url=base) as client:
         tid = (await client.post("/threads", json={"agent": "assistant"})).json()["id"]
-        reader = asyncio.create_task(read_events(served, f"/threads/{tid}/events", "turn_ended"))
-        await asyncio.sleep(0.2)
+        reader = asyncio.create_task(read_events(base, f"/threads/{tid}/events", "turn_ended"))
+        await wait_for(lambda: asyncio.sleep(0, app.state.runtime.hub.subscribers == 1), interval=0.01)  # subscribed
         await client.post(f"/threads/{tid}/messages", json={"content": "what is 6 * 7?"})
         live = await asyncio.wait_for(reader, 15)
     stored = [f for f in live if "id" in f]
@@ -464,6 +460,6 @@ async def test_events_stream_replays_then_follows(served: str) -> None:
     assert all("id" not in f for f in live if f["event"] == "message_chunk")
     # resume: Last-Event-ID wins over `since` and replays exactly the stored suffix
     suffix = await read_events(
-        served, f"/threads/{tid}/events?since=1", "turn_ended", headers={"Last-Event-ID": stored[4]["id"]}
+        base, f"/threads/{tid}/events?since=1", "turn_ended", headers={"Last-Event-ID": stored[4]["id"]}
     )
     assert [f["id"] for f in suffix] == [f["id"] for f in stored[5:]]

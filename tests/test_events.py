@@ -12,9 +12,8 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app import catalog, event_types, events, keys, messages, statements, tables, threads
 from app.spec import define_agent
-from tests.conftest import ROOT, client_for
-from tests.test_api import read_events
-from tests.test_engine import settle
+from tests.conftest import ROOT, client_for, wait_for
+from tests.test_api import read_events, turn
 
 WEEK = 7 * 86_400
 
@@ -37,8 +36,7 @@ async def test_events_missed_after_retention(app_factory: Any, serve: Any) -> No
     app = await app_factory(catalog.load(ROOT / "agents"), with_worker=True)
     client = client_for(app)
     tid = (await client.post("/threads", json={"agent": "assistant"})).json()["id"]
-    await client.post(f"/threads/{tid}/messages", json={"content": "what is 2 + 2?"})
-    await settle(client, tid)
+    await turn(client, tid, "what is 2 + 2?")
     async with app.state.runtime.sessions() as session, session.begin():
         await session.execute(
             text("UPDATE events SET created_at = now() - interval '8 days' WHERE thread_id = :id AND seq <= 3"),
@@ -77,7 +75,7 @@ async def test_lifecycle_stream_follows_the_callers_threads(app_factory: Any, se
     base = await serve(app)
     headers = {"Authorization": f"Bearer {alice}"}
     reader = asyncio.create_task(read_events(base, "/events", "thread_deleted", headers=headers))
-    await asyncio.sleep(0.3)
+    await wait_for(lambda: asyncio.sleep(0, app.state.runtime.hub.subscribers == 1), interval=0.01)  # it subscribed
     async with client_for(app, bob) as b:
         theirs = (await b.post("/threads", json={"agent": "assistant"})).json()["id"]
     async with client_for(app, alice) as a:

@@ -32,6 +32,18 @@ async def _append(app: Any, thread_id: uuid.UUID, n: int) -> list[int]:
     return seqs
 
 
+def held(app: Any, thread_id: uuid.UUID) -> list[tuple[int, Live]]:
+    """The deltas the hub holds back behind the thread's events it is still reading."""
+    tail = app.state.runtime.hub._tails.get(thread_id)
+    return list(tail.held) if tail is not None else []
+
+
+def announced(app: Any, thread_id: uuid.UUID) -> int | None:
+    """The last of the thread's events the hub has heard announced (None: none yet)."""
+    tail = app.state.runtime.hub._tails.get(thread_id)
+    return None if tail is None else int(tail.wanted)
+
+
 def delivered(sub: Subscription) -> list[Stored | Live]:
     """What the subscription holds, batches unpacked."""
     return [i for d in sub.items for i in (d.items if isinstance(d, Batch) else (d,))]
@@ -82,7 +94,7 @@ async def test_many_subscribers_share_one_read_per_event(app_factory: Any, monke
     async def everyone_has_all() -> bool:
         return all(len(delivered(s)) == 5 for s in subs)
 
-    await wait_for(everyone_has_all)
+    await wait_for(everyone_has_all, interval=0.01)
     assert 1 <= len(reads) <= 5  # one read per announcement at most (fewer when a read caught several)
     first = delivered_stored(subs[0])
     assert [item.seq for item in first] == seqs
@@ -108,7 +120,7 @@ async def test_announcements_of_many_threads_are_read_together(
     async def everyone_has_theirs() -> bool:
         return all(len(delivered(s)) == 1 for s in subs.values())
 
-    await wait_for(everyone_has_theirs)
+    await wait_for(everyone_has_theirs, interval=0.01)
     assert len(reads) < 20 and sum(reads) == 20  # batched: fewer queries than threads, every thread read once
     for thread_id, sub in subs.items():
         [item] = delivered(sub)
@@ -127,10 +139,10 @@ async def test_a_delta_waits_for_the_events_announced_before_it(
     publisher = hub.Publisher(plain_url(app.state.runtime.settings.database_url))
     try:
         publisher.publish(thread_id, "message_chunk", {"message_id": "m", "chunk": "hi", "offset": 0})
-        await asyncio.sleep(0.3)
+        await wait_for(lambda: asyncio.sleep(0, bool(held(app, thread_id))), interval=0.01)
         assert not sub.items  # the chunk arrived, but the event before it is still being read
         gate.set()
-        await wait_for(lambda: asyncio.sleep(0, len(delivered(sub)) == 2))
+        await wait_for(lambda: asyncio.sleep(0, len(delivered(sub)) == 2), interval=0.01)
         stored, live = delivered(sub)
         assert isinstance(stored, Stored) and stored.seq == seq and stored.entry is not None
         assert isinstance(live, Live) and live.data["chunk"] == "hi"
@@ -152,7 +164,7 @@ async def test_when_the_hub_cannot_read_streams_fall_back_to_the_log(
     sub: Subscription = app.state.runtime.hub.subscribe(thread_id)
     base = await serve(app)
     reader = asyncio.create_task(read_events(base, f"/threads/{thread_id}/events", "turn_ended"))
-    await asyncio.sleep(0.3)
+    await wait_for(lambda: asyncio.sleep(0, app.state.runtime.hub.subscribers == 2), interval=0.01)  # it subscribed
     seqs = await _append(app, thread_id, 3)
     async with app.state.runtime.sessions() as session, session.begin():
         last = await events.append(session, thread_id, "turn_ended", {"side": "a", "reason": "stop_on_response"})
@@ -182,7 +194,7 @@ async def test_a_held_batch_comes_with_its_announcement_and_is_not_read_back(
     sub: Subscription = app.state.runtime.hub.subscribe(thread_id)
     await _flush_held(app, thread_id, [{"i": 0, "text": "héllo ✓"}, {"i": 1}])
     await _flush_held(app, thread_id, [{"i": 2}])
-    await wait_for(lambda: asyncio.sleep(0, len(delivered(sub)) == 3))
+    await wait_for(lambda: asyncio.sleep(0, len(delivered(sub)) == 3), interval=0.01)
     assert reads == []  # handed on from the notifications alone
     items = delivered_stored(sub)
     assert [i.seq for i in items] == [1, 2, 3]
@@ -203,7 +215,7 @@ async def test_a_batch_too_large_to_carry_is_read_from_the_log(
     sub: Subscription = app.state.runtime.hub.subscribe(thread_id)
     big = "é" * 3000  # stored as `\u00e9`: 18,000 bytes each, over a NOTIFY payload
     await _flush_held(app, thread_id, [{"text": big}, {"text": big}])
-    await wait_for(lambda: asyncio.sleep(0, len(delivered(sub)) == 2))
+    await wait_for(lambda: asyncio.sleep(0, len(delivered(sub)) == 2), interval=0.01)
     assert reads == [1]
     assert [i.entry.data["text"] == big for i in delivered(sub) if isinstance(i, Stored) and i.entry] == [True, True]
     app.state.runtime.hub.unsubscribe(sub)
@@ -216,10 +228,10 @@ async def test_a_carried_batch_waits_for_a_read_under_way(app_factory: Any, monk
     sub: Subscription = app.state.runtime.hub.subscribe(thread_id)
     [first] = await _append(app, thread_id, 1)  # announced without its event: read, and the read is held back
     await _flush_held(app, thread_id, [{"i": 1}])  # comes with its event, but must not pass the one before it
-    await asyncio.sleep(0.3)
+    await wait_for(lambda: asyncio.sleep(0, announced(app, thread_id) == first + 1), interval=0.01)
     assert not sub.items and reads == [1]
     gate.set()
-    await wait_for(lambda: asyncio.sleep(0, len(delivered(sub)) == 2))
+    await wait_for(lambda: asyncio.sleep(0, len(delivered(sub)) == 2), interval=0.01)
     assert [i.seq for i in delivered_stored(sub)] == [first, first + 1]
     app.state.runtime.hub.unsubscribe(sub)
 
@@ -234,9 +246,9 @@ async def test_a_carried_batch_behind_a_read_is_read_to_its_end_across_pages(
     sub: Subscription = app.state.runtime.hub.subscribe(thread_id)
     [first] = await _append(app, thread_id, 1)
     await _flush_held(app, thread_id, [{"i": 1}, {"i": 2}, {"i": 3}])
-    await asyncio.sleep(0.1)
+    await wait_for(lambda: asyncio.sleep(0, announced(app, thread_id) == first + 3), interval=0.01)
     gate.set()
-    await wait_for(lambda: asyncio.sleep(0, len(delivered(sub)) == 4))
+    await wait_for(lambda: asyncio.sleep(0, len(delivered(sub)) == 4), interval=0.01)
     assert [i.seq for i in delivered_stored(sub)] == [first, first + 1, first + 2, first + 3]
     app.state.runtime.hub.unsubscribe(sub)
 
@@ -246,22 +258,38 @@ async def test_a_key_revoked_before_its_stream_subscribed_is_caught_by_the_next_
 ) -> None:
     """A revocation announced while a stream was being opened (after its key was checked, before it subscribed) is
     heard by nobody: the periodic check ends that stream, and only that one."""
-    monkeypatch.setattr(hub, "KEY_CHECK", 0.2)
+    monkeypatch.setattr(hub, "KEY_CHECK", 0.05)
+    checks = 0
+    check = hub.Hub._revoked
+
+    async def counted(self: hub.Hub, held: set[uuid.UUID], keyless: bool) -> tuple[set[uuid.UUID], bool]:
+        nonlocal checks
+        checks += 1
+        return await check(self, held, keyless)
+
+    monkeypatch.setattr(hub.Hub, "_revoked", counted)
     app = await app_factory(catalog.load(ROOT / "agents"))
+    the_hub = app.state.runtime.hub
     thread_id = await _thread(app)
+    heard = the_hub.keyless._epoch  # moves on with each transaction that changes the keys, as the hub hears it
     async with app.state.runtime.sessions() as session, session.begin():
         (gone, key), (kept, _) = await keys.create(session, "gina"), await keys.create(session, "hal")
         assert (await keys.verify(session, key)).key_id == gone.id
     async with app.state.runtime.sessions() as session, session.begin():
         assert await keys.revoke(session, str(gone.id)) == 1
-    await asyncio.sleep(0.3)  # the announcement came and went: no stream held the key
-    the_hub = app.state.runtime.hub
+
+    async def came_and_went() -> bool:
+        """The hub heard of both changes, and its check took them (`_keys_changed` cleared) with no stream open."""
+        return the_hub.keyless._epoch == heard + 2 and not the_hub._keys_changed.is_set()
+
+    await wait_for(came_and_went, interval=0.01)  # the announcement came and went: no stream held the key
     revoked = the_hub.subscribe(thread_id, gone.id)
     other = the_hub.subscribe(thread_id, kept.id)
     opened_open = the_hub.subscribe(thread_id)  # as in open mode, which the keys have ended
     with pytest.raises(Overflow):
         await asyncio.wait_for(revoked.wait(), 5)
-    await asyncio.sleep(0.5)  # more checks
+    seen = checks
+    await wait_for(lambda: asyncio.sleep(0, checks >= seen + 3), interval=0.01)  # more checks
     assert not other.overflowed and opened_open.overflowed
     for sub in (revoked, other, opened_open):
         the_hub.unsubscribe(sub)
@@ -304,7 +332,7 @@ async def test_deltas_queued_meanwhile_go_out_together_in_order(database_url: st
         publisher.publish(threads[0], "message_chunk", {"message_id": "long", "chunk": "y" * 2500, "offset": 0})
         await publisher.sent()  # returns once all of it is out
         assert sent == [63]  # one statement for everything queued while nothing was being sent
-        await wait_for(lambda: asyncio.sleep(0, len(heard) == 64))
+        await wait_for(lambda: asyncio.sleep(0, len(heard) == 64), interval=0.01)
         for thread_id in threads:
             mine = [h["data"]["offset"] for h in heard if h["data"]["message_id"] == str(thread_id)]
             assert mine == sorted(mine) and len(mine) == 20
@@ -345,7 +373,7 @@ async def test_a_waiter_is_served_even_when_a_sender_was_cut_off(database_url: s
         publisher._sender.cancel()  # before it ran at all: what it had queued is still queued
         await asyncio.sleep(0)
         await asyncio.wait_for(publisher.sent(), 10)  # a new sender takes it over
-        await wait_for(lambda: asyncio.sleep(0, len(heard) == 1))
+        await wait_for(lambda: asyncio.sleep(0, len(heard) == 1), interval=0.01)
     finally:
         await publisher.close()
         await listener.close()

@@ -6,16 +6,17 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from app.catalog import Catalog
+from app.engine.calls import FLUSH_SECONDS
 from app.spec import define_agent, define_model, define_prompt
 from tests.conftest import client_for, wait_for
-from tests.test_api import read_events
+from tests.test_api import read_events, turn
 from tests.test_calls import log_rows
 from tests.test_engine import event_types, settle, stored
 from tests.tools import add
@@ -88,7 +89,7 @@ async def test_a_streamed_tool_call_and_reply_over_the_wire(app_factory: Any, se
     app, client, tid = await start(app_factory, catalog(), wire)
     base = await serve(app)
     reader = asyncio.create_task(read_events(base, f"/threads/{tid}/events", "turn_ended"))
-    await asyncio.sleep(0.2)
+    await wait_for(lambda: asyncio.sleep(0, app.state.runtime.hub.subscribers == 1), interval=0.01)  # subscribed
     await client.post(f"/threads/{tid}/messages", json={"content": "2 + 3?"})
     frames = await asyncio.wait_for(reader, 15)
     chunks = [f["data"] for f in frames if f["event"] == "message_chunk"]
@@ -123,14 +124,14 @@ async def test_a_streamed_tool_call_and_reply_over_the_wire(app_factory: Any, se
 
 
 async def test_retry_after_is_honoured(app_factory: Any) -> None:
-    limited = httpx.Response(429, headers={"retry-after": "0.4"}, json={"error": {"message": "slow down"}})
+    # 0.15 s: 15 times the backoff it replaces (`llm_backoff`, 0.01 s here)
+    limited = httpx.Response(429, headers={"retry-after": "0.15"}, json={"error": {"message": "slow down"}})
     wire = Wire(limited, ok(text_stream("fine")))
     _, client, tid = await start(app_factory, catalog(), wire)
-    await client.post(f"/threads/{tid}/messages", json={"content": "hi"})
-    await settle(client, tid)
+    await turn(client, tid, "hi")
     assert (await stored(client, tid))[-1]["content"] == "fine"
     (t1, _, _), (t2, _, _) = wire.requests
-    assert t2 - t1 >= 0.4
+    assert t2 - t1 >= 0.15
     first, second = await log_rows(client, tid)
     assert (first.status, first.response) == ("error", {"kind": "rate_limited", "status": 429})
     assert second.retry_of == first.id
@@ -140,8 +141,7 @@ async def test_a_refused_key_fails_the_session_naming_the_variable_not_the_key(a
     refused = httpx.Response(401, json={"error": {"message": "Incorrect API key provided: sk-thre***cret"}})
     wire = Wire(refused)
     _, client, tid = await start(app_factory, catalog(), wire)
-    await client.post(f"/threads/{tid}/messages", json={"content": "hi"})
-    thread = await settle(client, tid)
+    thread = await turn(client, tid, "hi")
     assert len(wire.requests) == 1  # an auth error is not retried
     assert thread["session"]["reason"] == "llm_error"
     error = next(d for e, d in await event_types(client, tid) if e == "error")
@@ -156,12 +156,11 @@ async def test_a_stalled_stream_is_aborted_and_retried(app_factory: Any) -> None
         await asyncio.sleep(30)
 
     wire = Wire(lambda _: httpx.Response(200, content=stalls()), ok(text_stream("Hello")))
-    _, client, tid = await start(app_factory, catalog(), wire, llm_stall_timeout=0.3)
-    await client.post(f"/threads/{tid}/messages", json={"content": "hi"})
-    await settle(client, tid)
+    _, client, tid = await start(app_factory, catalog(), wire, llm_stall_timeout=0.15)
+    await turn(client, tid, "hi")
     assert (await stored(client, tid))[-1]["content"] == "Hello"
     first, second = await log_rows(client, tid)
-    assert first.error == "the model stalled for 0.3 s; the request was aborted" and second.status == "success"
+    assert first.error == "the model stalled for 0.15 s; the request was aborted" and second.status == "success"
 
 
 async def test_the_fallback_chain_crosses_providers(app_factory: Any) -> None:
@@ -169,8 +168,7 @@ async def test_the_fallback_chain_crosses_providers(app_factory: Any) -> None:
     down = httpx.Response(503, json={"error": {"message": "unavailable"}})
     wire = Wire(down, down)
     _, client, tid = await start(app_factory, catalog(backup, fallbacks=["backup"]), wire)
-    await client.post(f"/threads/{tid}/messages", json={"content": "hi"})
-    await settle(client, tid)
+    await turn(client, tid, "hi")
     reply = (await stored(client, tid))[-1]
     assert (reply["content"], reply["model"]) == ("from the backup", "backup")
     fallback = next(d for e, d in await event_types(client, tid) if e == "fallback_triggered")
@@ -217,8 +215,7 @@ async def test_anthropic_thinking_is_replayed_with_its_signature_after_a_tool_ca
     wire = Wire(ok(anthropic_stream(thinking, tool, stop="tool_use")), ok(anthropic_stream(text, stop="end_turn")))
     claude = define_model(name="claude", provider="anthropic", model="claude-test", api_key_env="MY_KEY")
     _, client, tid = await start(app_factory, catalog(claude, use="claude"), wire)
-    await client.post(f"/threads/{tid}/messages", json={"content": "2 + 3?"})
-    await settle(client, tid)
+    await turn(client, tid, "2 + 3?")
     rows = await stored(client, tid)
     assert [(r["role"], r["content"]) for r in rows] == [
         ("user", "2 + 3?"),
@@ -245,8 +242,7 @@ async def test_tool_calls_written_as_text_are_recovered_for_flagged_models(app_f
     app = await app_factory(catalog(model, use="local"), with_worker=True)
     client = client_for(app)
     tid = (await client.post("/threads", json={"agent": "agent"})).json()["id"]
-    await client.post(f"/threads/{tid}/messages", json={"content": "2 + 3?"})
-    await settle(client, tid)
+    await turn(client, tid, "2 + 3?")
     rows = await stored(client, tid)
     assert [(r["role"], r["content"]) for r in rows] == [
         ("user", "2 + 3?"),
@@ -272,33 +268,48 @@ async def test_a_groq_refused_tool_call_is_recovered_from_its_failed_generation(
     )
     wire = Wire(refused, ok(text_stream("Two.")))
     _, client, tid = await start(app_factory, catalog(), wire)
-    await client.post(f"/threads/{tid}/messages", json={"content": "1 + 1?"})
-    await settle(client, tid)
+    await turn(client, tid, "1 + 1?")
     rows = await stored(client, tid)
     assert [(r["role"], r["content"]) for r in rows][2:] == [("tool", "2"), ("assistant", "Two.")]
     assert len(wire.requests) == 2
 
 
 async def test_a_streaming_message_shows_its_partial_text_to_a_client_that_reconnects(app_factory: Any) -> None:
+    """A streaming message's partial text reaches its row with the first delta `FLUSH_SECONDS` after its last write:
+    twice here, the second over the first; the model's stream goes on once the test has read each."""
+    read = [asyncio.Event(), asyncio.Event()]
+
+    def piece(text: str) -> bytes:
+        return f"data: {json.dumps({'choices': [{'index': 0, 'delta': {'content': text}}]})}\n\n".encode()
+
     async def slowly() -> AsyncIterator[bytes]:
-        for piece in ("Hel", "lo, ", "wor"):
-            yield f"data: {json.dumps({'choices': [{'index': 0, 'delta': {'content': piece}}]})}\n\n".encode()
-            await asyncio.sleep(0.3)
-        await asyncio.sleep(1.0)
+        yield piece("Hel")
+        await asyncio.sleep(FLUSH_SECONDS + 0.05)
+        yield piece("lo, ")  # flushed: "Hello, "
+        await read[0].wait()
+        await asyncio.sleep(FLUSH_SECONDS + 0.1)  # after the first write (its time is taken once it committed)
+        yield piece("wor")  # flushed: "Hello, wor"
+        await read[1].wait()
         yield text_stream("ld")
 
     wire = Wire(lambda _: httpx.Response(200, content=slowly()))
     _, client, tid = await start(app_factory, catalog(), wire)
     await client.post(f"/threads/{tid}/messages", json={"content": "hi"})
 
-    async def partial() -> dict[str, Any] | None:
-        rows = [r for r in await stored(client, tid) if r["role"] == "assistant"]
-        return rows[0] if rows and rows[0]["content"] == "Hello, wor" else None
+    def partial(text: str) -> Callable[[], Awaitable[dict[str, Any] | None]]:
+        async def shown() -> dict[str, Any] | None:
+            rows = [r for r in await stored(client, tid) if r["role"] == "assistant"]
+            return rows[0] if rows and rows[0]["content"] == text else None
 
-    pending = await wait_for(partial, timeout=5)
+        return shown
+
+    await wait_for(partial("Hello, "), timeout=5, interval=0.02)
+    read[0].set()
+    pending = await wait_for(partial("Hello, wor"), timeout=5, interval=0.02)
     assert pending["status"] == "pending"
     one = (await client.get(f"/threads/{tid}/messages/{pending['id']}")).json()
     assert (one["content"], one["status"]) == ("Hello, wor", "pending")
+    read[1].set()
     await settle(client, tid)
     assert (await stored(client, tid))[-1]["content"] == "Hello, world"
     partial_events = [

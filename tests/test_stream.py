@@ -30,9 +30,9 @@ from app.api import schemas
 from app.catalog import Catalog
 from app.settings import plain_url
 from app.spec import define_agent, define_model, define_prompt
-from tests.conftest import ROOT, wait_for
+from tests.conftest import ROOT, Server, wait_for
 from tests.processes import free_port, start, stop, until_ready
-from tests.test_engine import settle
+from tests.test_api import turn
 from tests.tools import add
 
 Frame = dict[str, Any]
@@ -63,28 +63,19 @@ def catalog(script: list[Any], *, chunk_size: int = 3, delay_ms: int = 0) -> Cat
 @pytest.fixture
 async def serve() -> AsyncIterator[Serve]:
     """Serve apps on real uvicorn servers; stopped at teardown."""
-    servers: list[tuple[uvicorn.Server, asyncio.Task[None]]] = []
+    servers: list[tuple[Server, asyncio.Task[None]]] = []
 
     async def run(app: FastAPI, sndbuf: int | None = None) -> str:
         sock = socket.socket()
         if sndbuf is not None:  # connections inherit the listening socket's send buffer
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sndbuf)
         sock.bind(("127.0.0.1", 0))
-        server = uvicorn.Server(uvicorn.Config(app, lifespan="off", log_level="warning"))
-        servers.append((server, asyncio.create_task(server.serve(sockets=[sock]))))
-        await wait_for(lambda: asyncio.sleep(0, server.started))
+        server = Server(uvicorn.Config(app, lifespan="off", log_level="warning"))
+        servers.append((server, await server.start([sock])))
         return f"http://127.0.0.1:{sock.getsockname()[1]}"
 
     yield run
-    for server, _ in servers:
-        server.should_exit = True
-    try:
-        await asyncio.wait_for(asyncio.shield(asyncio.gather(*(task for _, task in servers))), 10)
-    except TimeoutError:  # a stream the test left open: do not hang the suite on it
-        for server, _ in servers:
-            server.force_exit = True
-        await asyncio.gather(*(task for _, task in servers))
-        raise AssertionError("a test server still had open connections 10 s after shutdown") from None
+    await asyncio.gather(*(server.stop(task) for server, task in servers))
 
 
 async def follow(
@@ -169,8 +160,7 @@ async def test_every_resume_point_replays_exactly_the_stored_suffix(app_factory:
     async with httpx.AsyncClient(base_url=base, timeout=20) as client:
         tid = (await client.post("/threads", json={"agent": "agent"})).json()["id"]
         for text in ("2+3 and 4+5?", "and 1+1?"):
-            assert (await client.post(f"/threads/{tid}/messages", json={"content": text})).status_code == 202
-            await settle(client, tid)
+            await turn(client, tid, text)
         history = (await client.get(f"/threads/{tid}/messages")).json()["messages"]
         roles = [m["role"] for m in history]
         assert roles == ["user", "assistant", "tool", "tool", "assistant", "user", "assistant", "tool", "assistant"]
@@ -367,7 +357,7 @@ async def test_a_delta_of_a_message_the_stream_showed_finished_is_dropped(app_fa
             streaming = await messages.add(session, uuid.UUID(tid), "assistant", content="", status="pending")
         out: list[Frame] = []
         reader = asyncio.create_task(follow(client, f"/threads/{tid}/events", out, marked))
-        await wait_for(lambda: asyncio.sleep(0, len(out) == 2))  # both messages replayed from the log
+        await wait_for(lambda: asyncio.sleep(0, len(out) == 2), interval=0.01)  # both messages replayed from the log
         async with app.state.runtime.sessions() as session, session.begin():
             for message_id, chunk in ((done.id, "stale"), (streaming.id, "live")):
                 body = {"message_id": str(message_id), "depth": 0, "offset": 0, "chunk": chunk, "attempt": 1}
@@ -430,22 +420,22 @@ def parse(body: bytes) -> list[Frame]:
 
 
 async def test_a_slow_subscriber_is_cut_off_and_resumes_without_loss(app_factory: Any, serve: Serve) -> None:
-    app = await app_factory(catalog([]), sse_buffer=48)
+    app = await app_factory(catalog([]), sse_buffer=24)
     base = await serve(app, sndbuf=4096)
     async with httpx.AsyncClient(base_url=base, timeout=20) as client:
         tid = (await client.post("/threads", json={"agent": "agent"})).json()["id"]
         path = f"/threads/{tid}/events"
-        count, pad = 120, "x" * 8_000
+        count, pad = 80, "x" * 8_000
         fast: list[Frame] = []
         fast_reader = asyncio.create_task(follow(client, path, fast, until_id(count)))
         slow, connection = await lagging_stream(base, path)
-        await asyncio.sleep(0.3)  # both streams subscribed
-        # ~1 MB, far more than the slow stream's socket and write buffers (~70 kB): its sends block, and its 48 slots
-        # run over (the hub delivers about one batch per commit). The pace leaves the fast stream, slowed by the
-        # same small socket buffer, well ahead.
+        await wait_for(lambda: asyncio.sleep(0, app.state.runtime.hub.subscribers == 2), interval=0.01)
+        # ~640 kB, far more than the slow stream's socket and write buffers (they took ~27 frames, ~220 kB, on Linux):
+        # its sends block, and its 24 slots run over (the hub delivers about one batch per commit). The pace leaves
+        # the fast stream, slowed by the same small socket buffer, well ahead (it lagged one delivery at most).
         for i in range(count):
             await mark(app, tid, i=i, pad=pad)
-            await asyncio.sleep(0.01)
+            await asyncio.sleep(0.005)
         assert await asyncio.wait_for(fast_reader, 20)  # a reader that keeps up is never cut off
         assert [int(f["id"]) for f in fast] == list(range(1, count + 1))
         lagging = await asyncio.wait_for(read_to_end(slow), 20)  # now read: the slow stream ends, it was cut off
@@ -461,7 +451,8 @@ async def test_a_slow_subscriber_is_cut_off_and_resumes_without_loss(app_factory
 
 
 async def test_a_client_that_stops_reading_is_dropped(app_factory: Any, serve: Serve) -> None:
-    app = await app_factory(catalog([]), sse_send_timeout=1.0)
+    timeout = 0.3  # a send to a client that reads waits a few ms at most: far less
+    app = await app_factory(catalog([]), sse_send_timeout=timeout)
     base = await serve(app, sndbuf=4096)
     async with httpx.AsyncClient(base_url=base, timeout=20) as client:
         tid = (await client.post("/threads", json={"agent": "agent"})).json()["id"]
@@ -470,15 +461,14 @@ async def test_a_client_that_stops_reading_is_dropped(app_factory: Any, serve: S
         reading: list[Frame] = []
         reader = asyncio.create_task(follow(client, path, reading, until_id(count)))
         stalled, connection = await lagging_stream(base, path)  # never read until it was dropped
-        await asyncio.sleep(1.5)  # longer than the timeout: a stream with nothing to send waits for nobody
+        await asyncio.sleep(2 * timeout)  # longer than the timeout: a stream with nothing to send waits for nobody
         assert app.state.runtime.hub.subscribers == 2
-        for i in range(count):  # ~320 kB, far more than the stalled stream's buffers (~70 kB): its sends block
+        for i in range(count):  # ~320 kB, far more than the stalled stream's buffers (~220 kB here): its sends block
             await mark(app, tid, i=i, pad=pad)
-            await asyncio.sleep(0.01)
         assert await asyncio.wait_for(reader, 20)  # a client that reads is never dropped
         assert [int(f["id"]) for f in reading] == list(range(1, count + 1))
         # the stalled stream is dropped with its subscription (its 1,000 slots never ran over), though nothing read it
-        await wait_for(lambda: asyncio.sleep(0, app.state.runtime.hub.subscribers == 0))
+        await wait_for(lambda: asyncio.sleep(0, app.state.runtime.hub.subscribers == 0), interval=0.01)
         dropped = await asyncio.wait_for(read_cut_off(stalled), 10)
         connection.close()
         await connection.wait_closed()
@@ -506,11 +496,9 @@ async def test_filters_silent_depth_reasoning_and_unnumbered_chunks(app_factory:
             asyncio.create_task(follow(client, path, plain, marked)),
             asyncio.create_task(follow(client, f"{path}?reasoning=true&include_silent=true&depth=1", full, marked)),
         ]
-        # both streams replay the inserts first, which proves they subscribed before the run's live chunks
-        await wait_for(lambda: asyncio.sleep(0, bool(full)))
-        await asyncio.sleep(0.1)
-        assert (await client.post(f"/threads/{tid}/messages", json={"content": "think"})).status_code == 202
-        await settle(client, tid)
+        # both streams subscribed before the run's live chunks (`full` replays the inserts, `plain` nothing)
+        await wait_for(lambda: asyncio.sleep(0, app.state.runtime.hub.subscribers == 2), interval=0.01)
+        await turn(client, tid, "think")
         await mark(app, tid)
         await asyncio.wait_for(asyncio.gather(*readers), 20)
         log = await log_of(app, tid)
@@ -579,9 +567,9 @@ async def test_a_revoked_key_ends_its_streams(app_factory: Any, serve: Serve, da
             asyncio.create_task(follow(client, "/events", lifecycle, lambda _: False)),
         ]
         bystander = asyncio.create_task(follow(other, "/events", kept, lambda f: f.get("id") == "2"))
-        await wait_for(lambda: asyncio.sleep(0, bool(lifecycle)))  # `thread_created`, replayed
+        await wait_for(lambda: asyncio.sleep(0, bool(lifecycle)), interval=0.01)  # `thread_created`, replayed
         await mark(app, tid)
-        await wait_for(lambda: asyncio.sleep(0, bool(mine)))  # both streams are live
+        await wait_for(lambda: asyncio.sleep(0, bool(mine)), interval=0.01)  # both streams are live
         await revoke_with_cli(database_url, erin[:10])
         assert await asyncio.wait_for(asyncio.gather(*streams), 5) == [False, False]  # the server ended them
         assert (await client.get(f"/threads/{tid}")).status_code == 401
@@ -600,7 +588,7 @@ async def test_streams_of_open_mode_end_when_the_first_key_is_created(app_factor
         frames: list[Frame] = []
         stream = asyncio.create_task(follow(client, f"/threads/{tid}/events", frames, lambda _: False))
         await mark(app, tid)
-        await wait_for(lambda: asyncio.sleep(0, bool(frames)))  # live
+        await wait_for(lambda: asyncio.sleep(0, bool(frames)), interval=0.01)  # live
         async with app.state.runtime.sessions() as session, session.begin():
             await keys.create(session, "first")
         assert await asyncio.wait_for(stream, 5) is False  # the server ended it
@@ -611,7 +599,8 @@ async def test_a_stream_token_opens_its_own_stream_only_while_young_and_its_key_
     app_factory: Any, serve: Serve
 ) -> None:
     """`EventSource` cannot send `Authorization`: a token minted with the key opens one stream from the URL."""
-    app = await app_factory(catalog([]), stream_token_seconds=2)
+    young = 0.5  # a token is used moments (ms) after it is minted: far less
+    app = await app_factory(catalog([]), stream_token_seconds=young)
     async with app.state.runtime.sessions() as session, session.begin():
         row, key = await keys.create(session, "ivy")
         _, other_key = await keys.create(session, "jo")
@@ -620,12 +609,12 @@ async def test_a_stream_token_opens_its_own_stream_only_while_young_and_its_key_
     async with httpx.AsyncClient(base_url=base, timeout=20) as client:
         tid = (await client.post("/threads", json={"agent": "agent"}, headers=auth)).json()["id"]
         other = (await client.post("/threads", json={"agent": "agent"}, headers=auth)).json()["id"]
+        await mark(app, tid)
         minted = await client.post("/stream-tokens", json={"thread_id": tid}, headers=auth)
-        assert minted.status_code == 201 and minted.json()["expires_in"] == 2
+        assert minted.status_code == 201 and minted.json()["expires_in"] == young
         token, url = minted.json()["token"], minted.json()["url"]
         assert url == f"/threads/{tid}/events?token={token}"
         frames: list[Frame] = []
-        await mark(app, tid)
         assert await asyncio.wait_for(follow(client, url, frames, marked), 10)  # no header: the token is enough
         for wrong in (f"/threads/{other}/events?token={token}", f"/events?token={token}", f"/threads?token={token}"):
             assert (await client.get(wrong)).status_code == 401, wrong
@@ -639,10 +628,11 @@ async def test_a_stream_token_opens_its_own_stream_only_while_young_and_its_key_
         )
         assert someone_else.status_code == 404  # not their thread: no token for it
         live: list[Frame] = []
+        minted_at = asyncio.get_running_loop().time()
         fresh = (await client.post("/stream-tokens", json={"thread_id": tid}, headers=auth)).json()["url"]
         reading = asyncio.create_task(follow(client, fresh, live, lambda _: False))
-        await wait_for(lambda: asyncio.sleep(0, bool(live)))
-        await asyncio.sleep(2.2)
+        await wait_for(lambda: asyncio.sleep(0, bool(live)), interval=0.01)
+        await asyncio.sleep(minted_at + young + 0.05 - asyncio.get_running_loop().time())
         assert (await client.get(fresh)).status_code == 401  # expired: it opens nothing more
         assert not reading.done()  # a stream it opened goes on
         async with app.state.runtime.sessions() as session, session.begin():
