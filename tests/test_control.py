@@ -17,6 +17,7 @@ from app.spec import ThreadState, define_agent, define_model, define_prompt, def
 from tests.conftest import client_for, wait_for
 from tests.test_engine import event_types, settle, stored
 
+LEASE_S = 30
 release = asyncio.Event()  # set by a test: the slow call answers, the slow tool returns
 
 
@@ -55,7 +56,9 @@ def catalog() -> Catalog:
 
 
 async def start(app_factory: Any) -> tuple[httpx.AsyncClient, str]:
-    app = await app_factory(catalog(), with_worker=True)
+    # a lease far longer than any test here: a stopped execution that ends at all was ended by the stop's notice, not
+    # by its heartbeat finding the lease gone (a third of a lease later), as `ended` requires
+    app = await app_factory(catalog(), with_worker=True, lease_seconds=LEASE_S)
     client = client_for(app)
     thread = (await client.post("/threads", json={"agent": "agent"})).json()
     return client, thread["id"]
@@ -79,7 +82,7 @@ def execution(tid: str) -> asyncio.Task[Any]:
 async def ended(task: asyncio.Task[Any]) -> None:
     """Wait for an execution to end while its model call or tool still hangs: it was aborted, and whatever it had
     left to do can no longer happen."""
-    await asyncio.wait({task}, timeout=10)
+    await asyncio.wait({task}, timeout=LEASE_S / 6)
     assert task.done(), "the execution went on after the thread was stopped"
     release.set()  # had anything of it still been waiting, it would go on now
 
