@@ -711,7 +711,8 @@ async def test_optional_subagents_exist_only_when_their_env_says_so(app_factory:
 
 
 async def test_immediate_children_start_at_thread_creation_without_the_parent_running(app_factory: Any) -> None:
-    brain = Brain(lambda request: "nothing to do")
+    hold = asyncio.Event()  # the child's model call waits: it cannot finish and report, which would wake the parent
+    brain = Brain(lambda request: "nothing to do", hold=hold)
     _app, client, tid = await start(app_factory, catalog(brain, {"name": "qa", "immediate": True, "blocking": True}))
 
     async def spawned() -> list[dict[str, Any]] | None:
@@ -723,7 +724,9 @@ async def test_immediate_children_start_at_thread_creation_without_the_parent_ru
     first = (await stored(client, entry["reference"]))[0]
     assert first["silent"] and first["role"] == "user"
     assert first["content"] == "You were started automatically by your parent thread.\n\nChecks work."
+    await wait_for(lambda: asyncio.sleep(0, "worker" in brain.seen))  # the child runs
     assert "boss" not in brain.seen  # the parent's model was not called
+    hold.set()
 
 
 async def test_immediate_fan_out_gives_each_instance_its_own_scoped_values(app_factory: Any, drive: Any) -> None:
