@@ -238,7 +238,7 @@ class HistoryRow(Protocol):
 Row = TypeVar("Row", bound=HistoryRow)
 
 
-def _visible(rows: Sequence[Row], side: Side, prompt: PromptDefinition, turn_start: int) -> list[Row]:
+def visible_rows(rows: Sequence[Row], side: Side, prompt: PromptDefinition, turn_start: int) -> list[Row]:
     """The rows a side's prompt may see: completed ones of its chat window (§4)."""
     out = []
     for row in rows:
@@ -285,7 +285,7 @@ def history(rows: Sequence[HistoryRow], side: Side, prompt: PromptDefinition, tu
     """The history in the acting side's perspective: its own messages as `assistant`, the other side's as
     `user`, the other side's tool traffic left out, and only complete call/result pairs. Attachments are named
     in the text; image attachments of `user` messages are also carried as images (see `build_request`)."""
-    visible = _visible(rows, side, prompt, turn_start)
+    visible = visible_rows(rows, side, prompt, turn_start)
     results = {r.tool_call_id: r for r in visible if r.role == "tool"}
     out: list[LLMMessage] = []
     for row in visible:

@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import attachments, event_types, events, logs, masking, messages, tables
 from app.catalog import Catalog
-from app.engine.context import Env, _visible, load_env
+from app.engine.context import Env, load_env, visible_rows
 from app.engine.state import RunState, Transaction
 from app.spec.define import HookDefinition
 from app.spec.definitions import AgentDefinition, PromptDefinition, Side
@@ -195,7 +195,7 @@ class Hooks:
         """The rows to assemble: the visible ones as the `filter_messages` hooks leave them."""
         if "filter_messages" not in self._by_name:
             return rows
-        visible = _visible(rows, side, prompt, turn_start)
+        visible = visible_rows(rows, side, prompt, turn_start)
         shown = [StateMessage.model_validate(messages.to_dict(r)) for r in visible]
         kept = await self._chain("filter_messages", shown, check=_state_messages)
         if kept is shown:
