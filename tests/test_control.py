@@ -87,6 +87,13 @@ async def ended(task: asyncio.Task[Any]) -> None:
     release.set()  # had anything of it still been waiting, it would go on now
 
 
+async def in_slow_call(client: httpx.AsyncClient, tid: str) -> asyncio.Task[Any]:
+    """Post a message whose model call hangs, and return the execution once it waits in that call."""
+    await client.post(f"/threads/{tid}/messages", json={"content": "slow"})
+    await until(client, tid, lambda rows: any(r["role"] == "assistant" and r["status"] == "pending" for r in rows))
+    return execution(tid)
+
+
 async def worker_ran_since(client: httpx.AsyncClient) -> None:
     """A new thread's message is answered: the worker has claimed runnable threads since this was called, and would
     have claimed any other thread that was runnable by then."""
@@ -97,9 +104,7 @@ async def worker_ran_since(client: httpx.AsyncClient) -> None:
 
 async def test_stop_aborts_a_slow_call_and_parks_the_thread(app_factory: Any) -> None:
     client, tid = await start(app_factory)
-    await client.post(f"/threads/{tid}/messages", json={"content": "slow"})
-    await until(client, tid, lambda rows: any(r["role"] == "assistant" and r["status"] == "pending" for r in rows))
-    running = execution(tid)
+    running = await in_slow_call(client, tid)
     response = await client.post(f"/threads/{tid}/stop")
     assert response.status_code == 200
     assert response.json()["status"] == "stopped"
@@ -162,9 +167,7 @@ async def test_continue_validates_the_side(app_factory: Any) -> None:
 
 async def test_terminate_aborts_and_refuses_later_input(app_factory: Any) -> None:
     client, tid = await start(app_factory)
-    await client.post(f"/threads/{tid}/messages", json={"content": "slow"})
-    await until(client, tid, lambda rows: any(r["role"] == "assistant" and r["status"] == "pending" for r in rows))
-    running = execution(tid)
+    running = await in_slow_call(client, tid)
     response = await client.post(f"/threads/{tid}/terminate")
     assert response.status_code == 200
     body = response.json()
