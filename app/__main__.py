@@ -170,6 +170,7 @@ def _serve(settings: Settings, with_worker: bool, migrate: bool) -> None:
             access_log=settings.access_log,
             log_config=None if settings.log_format == "json" else uvicorn.config.LOGGING_CONFIG,  # json: ours
             timeout_graceful_shutdown=5,
+            timeout_keep_alive=settings.keep_alive_seconds,  # uvicorn's 5 s equals httpx's expiry: a race (bench/burst)
         )
         logging.getLogger("uvicorn.access").addFilter(tokens.Masked())  # after the Config: it sets the logger up
         _settle()

@@ -40,6 +40,12 @@ class Settings(BaseSettings):
         default="text", description="`json`: one JSON object per line (time, level, logger, message, exception)"
     )
     access_log: bool = Field(default=True, description="one log line per HTTP request (off: fewer lines, less CPU)")
+    keep_alive_seconds: int = Field(
+        default=75,
+        ge=1,
+        description="how long an idle client connection is kept open; longer than clients and proxies keep theirs, "
+        "so a request is never sent on a connection the server is closing",
+    )
     host: str = "127.0.0.1"
     port: int = 8000
     cors_origins: Annotated[list[str], NoDecode] = Field(
