@@ -3,15 +3,20 @@ the ones in `CORS_ORIGINS` act as before; with keys the key decides, not the ori
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import httpx
 import pytest
 from fastapi import FastAPI
+from playwright.async_api import Page, Response, async_playwright
 
 from app import catalog, keys
 from app.api import origins
 from tests.conftest import ROOT, client_for
+from tests.test_playground import chromium
 
 EVIL = {"Origin": "http://evil.example", "Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "no-cors"}
 FORM = {"content": (None, "2+2")}  # multipart, as a page's `FormData` or `<form enctype=multipart/form-data>` sends
@@ -168,3 +173,131 @@ def test_the_servers_own_origin_is_its_scheme_and_host_without_a_default_port() 
     assert origins.foreign({**at, "origin": "http://[::1]:8000"}, "http", []) is None
     assert origins.foreign({**at, "origin": "http://[::1]:8001"}, "http", []) == "http://[::1]:8001"
     assert origins.foreign({"origin": "http://[::1]:8000"}, "http", []) == "http://[::1]:8000"  # no Host: not ours
+
+
+# --- in a real browser ------------------------------------------------------------------------------------------
+
+ATTACK = """<!doctype html>
+<meta charset="utf-8"><title>any page on the web</title>
+<a id="link" href="{api}/">the playground</a>
+<script>
+async function send(api, tid) {{  // CORS-simple: no preflight, the browser sends each at once
+  const body = new FormData();
+  body.append("content", "2+2");
+  await fetch(`${{api}}/threads/${{tid}}/messages`, {{ method: "POST", mode: "no-cors", body }});
+  for (const path of ["/stop", "/continue", "/terminate"]) {{  // no body: these take none
+    await fetch(`${{api}}/threads/${{tid}}${{path}}`, {{ method: "POST", mode: "no-cors" }});
+  }}
+}}
+function post(api, tid) {{  // a plain HTML form, posted: a top-level navigation
+  const form = document.createElement("form");
+  form.method = "POST";
+  form.enctype = "multipart/form-data";
+  form.action = `${{api}}/threads/${{tid}}/messages`;
+  const input = document.createElement("input");
+  input.name = "content";
+  input.value = "2+2";
+  form.append(input);
+  document.body.append(form);
+  form.submit();
+}}
+</script>
+"""
+
+
+@pytest.fixture
+def elsewhere() -> Iterator[tuple[int, list[str]]]:
+    """A web server of another origin, serving the page of `ATTACK` for the API whose address goes in the list."""
+    api: list[str] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = ATTACK.format(api=api[0]).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html; charset=utf-8")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield int(server.server_address[1]), api
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def _answers(page: Page, api: str) -> list[tuple[str, int]]:
+    """What the API answered the page's requests (an opaque `no-cors` answer hides it from the page, not from us)."""
+    seen: list[tuple[str, int]] = []
+
+    def record(response: Response) -> None:
+        if response.url.startswith(api):
+            seen.append((f"{response.request.method} {response.url.removeprefix(api)}", response.status))
+
+    page.on("response", record)
+    return seen
+
+
+@pytest.mark.slow  # a real server and Chromium
+async def test_pages_of_other_origins_drive_no_thread_in_a_real_browser(
+    app: FastAPI, serve: Any, elsewhere: tuple[int, list[str]]
+) -> None:
+    """Chromium, a page on another port of 127.0.0.1 (same site, another origin) and one on `localhost` (another
+    site): its `no-cors` fetches and its form POST are 403 and change nothing; a link to the playground loads it;
+    the same fetch from the server's own origin is taken."""
+    api = await serve(app)
+    port, address = elsewhere
+    address.append(api)
+    async with httpx.AsyncClient(base_url=api) as c:
+        tid, _ = await _thread(c)
+        before = await _state(c, tid)
+    async with async_playwright() as p:
+        browser = await p.chromium.launch(executable_path=chromium())
+        try:
+            for origin in (f"http://127.0.0.1:{port}", f"http://localhost:{port}"):
+                page = await browser.new_page()
+                answers = _answers(page, api)
+                await page.goto(f"{origin}/")
+                await page.evaluate("([api, tid]) => send(api, tid)", [api, tid])
+                async with page.expect_navigation() as posting:
+                    await page.evaluate("([api, tid]) => post(api, tid)", [api, tid])
+                posted = await posting.value
+                assert posted is not None and posted.status == 403
+                assert "cross_origin_refused" in await page.content()
+                paths = ("messages", "stop", "continue", "terminate", "messages")
+                assert answers == [(f"POST /threads/{tid}/{path}", 403) for path in paths], answers
+                await page.goto(f"{origin}/")
+                async with page.expect_navigation() as following:
+                    await page.click("#link")  # a top-level navigation from another site: the page is static
+                followed = await following.value
+                assert followed is not None and followed.status == 200 and followed.url == f"{api}/"
+                await page.close()
+            async with httpx.AsyncClient(base_url=api) as c:
+                assert await _state(c, tid) == before
+            page = await browser.new_page()
+            answers = _answers(page, api)
+            await page.goto(f"{api}/")  # the playground: the server's own origin
+            async with page.expect_response(lambda r: r.url == f"{api}/threads/{tid}/messages") as taking:
+                await page.evaluate(
+                    """async ([api, tid]) => {
+                        const body = new FormData();
+                        body.append("content", "2+2");
+                        await fetch(`${api}/threads/${tid}/messages`, { method: "POST", mode: "no-cors", body });
+                    }""",
+                    [api, tid],
+                )
+            assert (await taking.value).status == 202
+            assert [a for a in answers if a[1] == 403] == []  # nor any call the playground made itself
+            await page.close()
+        finally:
+            await browser.close()
+    async with httpx.AsyncClient(base_url=api) as c:
+        listed = (await c.get(f"/threads/{tid}/messages")).json()["messages"]
+        assert [m["content"] for m in listed] == ["hi", "2+2"]
