@@ -171,7 +171,7 @@ def _serve(settings: Settings, with_worker: bool, migrate: bool) -> None:
             log_config=None if settings.log_format == "json" else uvicorn.config.LOGGING_CONFIG,  # json: ours
             timeout_graceful_shutdown=5,
         )
-        logging.getLogger("uvicorn.access").addFilter(tokens.Masked())  # after the Config: it sets the logger up
+        tokens.mask_logs()  # after the Config: it sets uvicorn's handlers up
         _settle()
         _Server(config, app).run(sockets=[sock])
 
