@@ -172,7 +172,7 @@ def _serve(settings: Settings, with_worker: bool, migrate: bool) -> None:
             timeout_graceful_shutdown=5,
             timeout_keep_alive=settings.keep_alive_seconds,  # uvicorn's 5 s equals httpx's expiry: a race (bench/burst)
         )
-        logging.getLogger("uvicorn.access").addFilter(tokens.Masked())  # after the Config: it sets the logger up
+        tokens.mask_logs()  # after the Config: it sets uvicorn's handlers up
         _settle()
         _Server(config, app).run(sockets=[sock])
 

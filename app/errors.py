@@ -131,6 +131,12 @@ class HostNotAllowed(Forbidden):
     code = "host_not_allowed"
 
 
+class CrossOriginRefused(Forbidden):
+    """Open mode acts only for pages of the server's own origin or one in `CORS_ORIGINS`."""
+
+    code = "cross_origin_refused"
+
+
 class NotReady(AgentsError):
     """The service is not ready."""
 

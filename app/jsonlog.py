@@ -15,6 +15,8 @@ class Formatter(logging.Formatter):
             "logger": record.name,
             "message": record.getMessage(),
         }
-        if record.exc_info:
-            line["exception"] = self.formatException(record.exc_info)
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self.formatException(record.exc_info)
+        if record.exc_text:  # set already when `tokens.Masked` has masked it
+            line["exception"] = record.exc_text
         return json.dumps(line, ensure_ascii=False)

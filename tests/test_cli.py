@@ -256,6 +256,34 @@ async def test_the_access_log_and_the_log_level_are_settings(database_url: str, 
     assert any(line["message"] == "Application startup complete." for line in lines)
 
 
+async def test_no_log_line_carries_a_stream_token(database_url: str, tmp_path: Path) -> None:
+    """However the URL spells it (`%74oken=`, repeated, another name, percent-encoded), in text or JSON logs."""
+    base_env = {k: v for k, v in os.environ.items() if k not in ("SECRET_KEY", "AGENTS_DIR")}
+    for name, extra in (("text", {}), ("json", {"LOG_FORMAT": "json"})):
+        port = processes.free_port()
+        log = tmp_path / f"{name}.log"
+        env = {**base_env, "DATABASE_URL": database_url, "PORT": str(port), "DATA_DIR": str(tmp_path), **extra}
+        proc = processes.start(["api"], env, log)
+        try:
+            await processes.until_ready(f"http://127.0.0.1:{port}", proc, log)
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+                token = (await client.post("/stream-tokens", json={})).json()["token"]
+                encoded = "".join(f"%{ord(c):02X}" for c in token)
+                for query in (
+                    f"%74oken={token}",
+                    f"a=1&token={token}&token={token}",
+                    f"TOKEN={token}",
+                    f"t={encoded}",
+                    f"token={encoded}",
+                ):
+                    assert (await client.get(f"/agents?{query}")).status_code == 200
+        finally:
+            assert processes.stop(proc) == 0
+        text = log.read_text()
+        assert "GET /agents?%74oken=*** HTTP/1.1" in text and "a=1&token=***&token=***" in text, text
+        assert token[20:60] not in text and encoded[60:180] not in text, text
+
+
 async def test_models_whose_key_is_set_nowhere_are_named_at_start(database_url: str, tmp_path: Path) -> None:
     """With `AGENTS_PROVIDER=openai` and no `OPENAI_API_KEY`, the three example models that switch to OpenAI are
     named once at start (by `check`, `api` and `worker`), each with the variable; an instance variable silences it."""

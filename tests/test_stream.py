@@ -642,6 +642,30 @@ async def test_a_stream_token_opens_its_own_stream_only_while_young_and_its_key_
         assert late == 401
 
 
+async def test_the_token_is_read_under_any_spelling_that_decodes_to_its_name(app_factory: Any, serve: Serve) -> None:
+    """The server percent-decodes parameter names: `%74oken=` opens the stream as `token=` does (so the log must mask
+    it too, `test_tokens.py`); `TOKEN=` is another name, read as nothing; of two `token=`, the last counts."""
+    app = await app_factory(catalog([]))
+    async with app.state.runtime.sessions() as session, session.begin():
+        _, key = await keys.create(session, "ivy")
+    base = await serve(app)
+    async with httpx.AsyncClient(base_url=base, timeout=20) as client:
+        auth = {"Authorization": f"Bearer {key}"}
+        tid = (await client.post("/threads", json={"agent": "agent"}, headers=auth)).json()["id"]
+        token = (await client.post("/stream-tokens", json={"thread_id": tid}, headers=auth)).json()["token"]
+        for query, status in (
+            (f"%74oken={token}", 200),
+            (f"%74%6F%6B%65%6E={token}", 200),
+            (f"token=x&token={token}", 200),
+            (f"token={token}&token=x", 401),
+            (f"TOKEN={token}", 401),
+        ):
+            url = httpx.URL(f"{base}/threads/{tid}/events?{query}")
+            assert url.query.decode() == query  # sent as spelled
+            async with client.stream("GET", url) as response:
+                assert response.status_code == status, query
+
+
 def test_the_access_log_masks_stream_tokens() -> None:
     line = '%s - "%s %s HTTP/%s" %d'
     args = ("127.0.0.1:5", "GET", "/threads/t/events?since=3&token=gAAAA-_x=&depth=1", "1.1", 200)

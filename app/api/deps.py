@@ -13,6 +13,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app import environment, errors, keys, tokens
+from app.api import origins
 from app.catalog import Catalog
 from app.hub import Hub
 from app.keys import Principal
@@ -48,6 +49,7 @@ async def _identify(s: AsyncSession, rt: Runtime, request: Request, authorizatio
         return await keys.verify(s, key.strip())
     if await _open(s, rt):
         _local(rt, request)
+        _same_origin(rt, request)
         return keys.OPEN
     raise errors.Unauthorized()
 
@@ -88,6 +90,21 @@ def _local(rt: Runtime, request: Request) -> None:
     raise errors.HostNotAllowed(
         f"Host `{header[:100]}` is not served in open mode (no API key): use localhost, list it in ALLOWED_HOSTS, "
         "or create a key with `agents keys create`."
+    )
+
+
+def _same_origin(rt: Runtime, request: Request) -> None:
+    """Open mode acts only for pages of its own origin or one in `CORS_ORIGINS`: a browser sends a form's POST or a
+    `no-cors` fetch from any page to any address, and no key is there to stop it (with keys, a browser never adds
+    one by itself: CORS decides which pages may send it)."""
+    other = origins.foreign(request.headers, request.url.scheme, rt.settings.cors_origins)
+    if other is None:
+        return
+    page = {"null": "A page with no origin (`Origin: null`)", "another site": "A page of another site"}
+    raise errors.CrossOriginRefused(
+        f"{page.get(other, f'A page of `{other[:100]}`')} may not call the API in open mode "
+        "(no API key): list its origin in CORS_ORIGINS (`*` does not count without a key), or create a key with "
+        "`agents keys create` and send it."
     )
 
 

@@ -24,7 +24,8 @@ _COMMON: dict[str, str] = {
     "400": "The request is malformed: JSON that does not parse, text that is not Unicode, a cursor or path this "
     "server did not give out, a value outside what the route takes.",
     "401": "No valid API key (`Authorization: Bearer <key>`).",
-    "403": "The key may not do this (an admin-only scope), or, in open mode, the `Host` is not this machine's.",
+    "403": "The key may not do this (an admin-only scope), or, in open mode, the `Host` is not this machine's or "
+    "the request comes from a web page of another origin.",
     "404": "The thread (or the item it names) is not there, or not the caller's.",
     "413": "The body is larger than `MAX_BODY_BYTES` (or a file than `MAX_FILE_BYTES`).",
     "415": "The body is not JSON (`Content-Type: application/json`).",
