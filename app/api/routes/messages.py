@@ -116,7 +116,7 @@ def _from_form(form: FormData) -> tuple[schemas.MessageIn, list[UploadFile]]:
             fields[key] = {"true": True, "false": False}.get(value.strip().lower(), value)  # else: a 422
         elif key == "metadata":
             try:
-                fields[key] = bodies.loads(value)
+                fields[key] = bodies.loads(value, at="metadata")
             except ValueError:
                 raise errors.Invalid("The `metadata` field must be a JSON object.") from None
         else:
