@@ -74,7 +74,8 @@ def _numbers(body: bytes, at: str) -> None:
         path, item = stack.pop()
         if isinstance(item, _Bad):
             field = ".".join(path)
-            message = f"{item} is not a finite number a double can hold"
+            shown = item if len(item) <= 40 else f"{item[:20]}… ({len(item)} characters)"
+            message = f"{shown} is not a finite number a double can hold"
             raise errors.BadNumber(
                 f"Invalid request: {field or 'body'}: {message}",
                 problems=[{"field": field, "message": message, "type": "finite_number"}],
