@@ -47,7 +47,7 @@ BASE64 = r"^(data:[^,]*,)?(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+
 
 # Every request field is bounded (`http-api.md`, Limits; `tests/test_openapi.py` fails on one that is not);
 # `x-max-bytes` bounds a value's size in UTF-8 bytes (for free-form JSON: its encoding). A bound a setting decides is
-# named under `BY_SETTING` (`bound_by`) and made its number when the document is built (`openapi.amend`).
+# named under `BY_SETTING` and made the setting's number when the document is built (`openapi.amend`).
 BY_SETTING = "x-bounds-by-setting"
 AGENT_CHARS = 200
 NAME_CHARS = 500  # a thread's display name
@@ -59,8 +59,9 @@ METADATA_BYTES = 16 * 1024  # a message's `metadata`, encoded as JSON
 MAX_MESSAGES = 100  # messages queued by `POST /threads`
 MAX_NAMES = 1000  # variable names in `secrets`, `env_delete`
 
-ENV_NAME: JsonDict = {"pattern": "^[A-Za-z_][A-Za-z0-9_]*$", "maxLength": environment.NAME_CHARS}  # schema only:
-ENV: JsonDict = {  # `environment.check` answers 422 `invalid_variable_name`, 413 past the limits, wherever env enters
+# schema only: `environment.check` answers 422 `invalid_variable_name`, 413 past the limits, wherever env enters
+ENV_NAME: JsonDict = {"pattern": "^[A-Za-z_][A-Za-z0-9_]*$", "maxLength": environment.NAME_CHARS}
+ENV: JsonDict = {
     "description": "at most `ENV_MAX_VARIABLES` names, each value at most `ENV_MAX_VALUE_BYTES` bytes",
     "propertyNames": ENV_NAME,
     BY_SETTING: {"maxProperties": "ENV_MAX_VARIABLES"},
@@ -106,7 +107,7 @@ class MessageIn(In):
     @field_validator("metadata")
     @classmethod
     def _metadata_size(cls, value: dict[str, Any]) -> dict[str, Any]:
-        json_within(value, METADATA_BYTES)
+        _json_within(value, METADATA_BYTES)
         return value
 
     @model_validator(mode="after")
@@ -119,7 +120,7 @@ class MessageIn(In):
         return self
 
 
-def json_within(value: Any, limit: int) -> None:
+def _json_within(value: Any, limit: int) -> None:
     """`ValueError` unless the JSON encoding of `value` has at most `limit` UTF-8 bytes."""
     try:
         size = len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass"))
