@@ -57,6 +57,10 @@ class BadVariableName(Invalid):
     code = "invalid_variable_name"
 
 
+class BadNumber(Invalid):
+    """A number JSON cannot carry: `NaN`, an infinity, or one beyond a double's range (RFC 8259 §6)."""
+
+
 class BadCursor(Invalid):
     """The cursor is not one this server gave out."""
 

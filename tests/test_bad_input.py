@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
+import json
 import time
 import uuid
 from typing import Any
@@ -13,8 +14,10 @@ import httpx
 import pytest
 from fastapi import FastAPI
 from PIL import Image
+from sqlalchemy import text
 
 from app import catalog
+from app.api import schemas
 from tests.conftest import ROOT, client_for
 from tests.test_api import _catalog, assert_error
 
@@ -203,6 +206,188 @@ async def test_unknown_ids_in_paths(client: httpx.AsyncClient) -> None:
     assert_error(await client.get(f"/threads/{tid}/messages/x"), 422, "invalid_request")
     since = await client.get(f"/threads/{tid}/messages", params={"since_id": str(uuid.uuid4())})
     assert_error(since, 404, "message_not_found")
+
+
+MARK = "__number__"  # where a test body's number goes, once dumped
+NON_FINITE = ("NaN", "Infinity", "-Infinity", "1e400", "-1.5e309", "9" * 400)  # Python's decoder takes them all
+
+
+def _schema(node: dict[str, Any], components: dict[str, Any]) -> dict[str, Any]:
+    while "$ref" in node:
+        node = components[node["$ref"].rsplit("/", 1)[1]]
+    return node
+
+
+def _minimal(node: dict[str, Any], components: dict[str, Any]) -> Any:
+    """The smallest value the schema takes: required fields only (a message's text), first choices."""
+    node = _schema(node, components)
+    if "properties" in node:
+        required = node.get("required", []) + [n for b in node.get("anyOf", [])[:1] for n in b.get("required", [])]
+        return {name: _minimal(node["properties"][name], components) for name in required}
+    if "anyOf" in node:
+        return _minimal(node["anyOf"][0], components)
+    if "enum" in node:
+        return node["enum"][0]
+    return {"string": "x", "array": [], "object": {}, "boolean": False}.get(node.get("type", ""), 0)
+
+
+def _targets(node: dict[str, Any], components: dict[str, Any]) -> list[tuple[tuple[str, ...], Any]]:
+    """Each place in values of the schema where a number can go (free-form objects, any-typed values, number fields),
+    with the smallest value holding `MARK` there."""
+    node = _schema(node, components)
+    kind = node.get("type")
+    if "properties" not in node and "anyOf" in node:  # a union: each branch
+        return [t for branch in node["anyOf"] for t in _targets(branch, components)]
+    if kind in ("number", "integer") or (kind is None and "properties" not in node):
+        return [((), MARK)]
+    found: list[tuple[tuple[str, ...], Any]] = []
+    if kind == "array" and "items" in node:
+        found += [(("0", *at), [value]) for at, value in _targets(node["items"], components)]
+    if kind == "object":
+        base = _minimal(node, components)
+        if node.get("additionalProperties", True) is not False:  # names of its own: a number under one
+            found.append((("n",), {**base, "n": MARK}))
+        for name, prop in node.get("properties", {}).items():
+            found += [((name, *at), {**base, name: value}) for at, value in _targets(prop, components)]
+    return found
+
+
+def _url(path: str, op: dict[str, Any], thread_id: str) -> str:
+    for param in op.get("parameters", []):
+        if param["in"] == "path":
+            schema = param["schema"]
+            value = thread_id if param["name"] == "thread_id" else schema.get("enum", [str(uuid.uuid4())])[0]
+            path = path.replace("{" + param["name"] + "}", value)
+    return path
+
+
+async def _stored(app: FastAPI) -> dict[str, str]:
+    """A digest of every table's rows: what a refused request must leave as it was."""
+    async with app.state.runtime.sessions() as session:
+        query = text("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")
+        names = (await session.execute(query)).scalars().all()
+        digest = "SELECT md5(coalesce(string_agg(t::text, '|' ORDER BY t::text), '')) FROM \"{}\" t"
+        return {name: (await session.execute(text(digest.format(name)))).scalar_one() for name in names}
+
+
+async def test_non_finite_numbers_in_every_json_field_are_422_naming_it_and_store_nothing(app_factory: Any) -> None:
+    """Every operation of the document that takes JSON (a body, or a multipart part carried as JSON), a number JSON
+    cannot carry in each free-form or number field: 422 `invalid_request` naming the field, nothing written."""
+    app: FastAPI = await app_factory(_catalog())
+    async with client_for(app) as client:
+        document = (await client.get("/openapi.json")).json()
+        components = document["components"]["schemas"]
+        tid = await _thread(client)
+        await client.post(f"/threads/{tid}/messages", json={"content": "x", "metadata": {"n": 1.5, "m": [10**300]}})
+        tried: set[str] = set()
+        for route, item in document["paths"].items():
+            for method, op in item.items():
+                url = _url(route, op, tid)
+                for media, spec in op.get("requestBody", {}).get("content", {}).items():
+                    schema = spec["schema"]
+                    if media == "application/json":
+                        cases = [(at, json.dumps(body), None) for at, body in _targets(schema, components)]
+                    else:  # multipart: its parts carried as JSON
+                        form = {k: (None, str(v)) for k, v in _minimal(schema, components).items()}
+                        parts = [
+                            k for k, e in spec.get("encoding", {}).items() if e["contentType"] == "application/json"
+                        ]
+                        cases = [
+                            ((part, *at), json.dumps(value), part)
+                            for part in parts
+                            for at, value in _targets(schema["properties"][part], components)
+                        ]
+                    for at, body, part in cases:
+                        field = ".".join(at)
+                        tried.add(f"{method.upper()} {route} {media} {field}")
+                        for number in NON_FINITE:
+                            sent = body.replace(f'"{MARK}"', number)
+                            before = await _stored(app)
+                            if part is None:
+                                headers = {"content-type": "application/json"}
+                                response = await client.request(method, url, content=sent, headers=headers)
+                            else:
+                                files = {**form, part: (None, sent, "application/json")}
+                                response = await client.request(method, url, files=files)
+                            error = assert_error(response, 422, "invalid_request")
+                            assert error["details"]["problems"][0]["field"] == field, (method, route, sent)
+                            assert field in error["message"] and len(error["message"]) < 200
+                            assert await _stored(app) == before, (method, route, sent)
+        messages = (await client.get(f"/threads/{tid}/messages")).json()["messages"]
+    [queued] = messages  # large finite numbers are fine
+    assert queued["metadata"]["n"] == 1.5 and queued["metadata"]["m"] == [10**300]
+    assert {  # the walk reached every place JSON with numbers enters today
+        "POST /threads application/json env.n",
+        "POST /threads application/json messages.0.metadata.n",
+        "PATCH /threads/{thread_id} application/json env.n",
+        "POST /threads/{thread_id}/messages application/json metadata.n",
+        "POST /threads/{thread_id}/messages multipart/form-data metadata.n",
+        "POST /threads/{thread_id}/variables/{request_id} application/json env.n",
+    } <= tried, tried
+
+
+async def test_a_custom_endpoint_gets_json_without_non_finite_numbers(client: httpx.AsyncClient) -> None:
+    """The runtime hands an endpoint its JSON body checked alike (its handler reads it itself)."""
+    tid = await _thread(client)
+    json_type = {"content-type": "application/json"}
+    response = await client.post(f"/threads/{tid}/anything", content=b'{"a": [1, Infinity]}', headers=json_type)
+    error = assert_error(response, 422, "invalid_request")
+    assert error["details"]["problems"][0]["field"] == "a.1"
+    plain = await client.post(f"/threads/{tid}/anything", content=b'{"a": [1, 2]}', headers=json_type)
+    assert_error(plain, 404, "endpoint_not_found")  # a finite body reaches the dispatch
+
+
+def _problem_fields(response: httpx.Response, status: int = 422, code: str = "invalid_request") -> set[str]:
+    return {p["field"] for p in assert_error(response, status, code)["details"]["problems"]}
+
+
+async def test_tags_and_names_are_bounded_and_a_refused_patch_stores_nothing(app_factory: Any) -> None:
+    """The probe's 9 MB of tags (100 tags of 90,000 characters, under the body limit) is refused by name."""
+    app: FastAPI = await app_factory(_catalog())
+    async with client_for(app) as client:
+        tid = await _thread(client)
+        before = await _stored(app)
+        huge = await client.patch(f"/threads/{tid}", json={"tags": ["t" * 90_000] * 100})
+        assert "tags" in _problem_fields(huge)
+        assert _problem_fields(await client.patch(f"/threads/{tid}", json={"tags": ["t"] * 51})) == {"tags"}
+        assert _problem_fields(await client.patch(f"/threads/{tid}", json={"tags": ["t" * 129]})) == {"tags.0"}
+        assert _problem_fields(await client.patch(f"/threads/{tid}", json={"name": "n" * 501})) == {"name"}
+        created = await client.post("/threads", json={"agent": "assistant", "tags": ["t" * 129]})
+        assert _problem_fields(created) == {"tags.0"}
+        assert await _stored(app) == before
+        most = await client.patch(f"/threads/{tid}", json={"tags": [f"{i:03}" + "t" * 125 for i in range(50)]})
+        assert most.status_code == 200 and len(most.json()["tags"]) == 50
+
+
+async def test_metadata_and_attachments_are_bounded_and_refusals_store_nothing(app_factory: Any) -> None:
+    app: FastAPI = await app_factory(_catalog())
+    async with client_for(app) as client:
+        tid = await _thread(client)
+        before = await _stored(app)
+        big = {"k": "m" * schemas.METADATA_BYTES}
+        url = f"/threads/{tid}/messages"
+        assert _problem_fields(await client.post(url, json={"content": "x", "metadata": big})) == {"metadata"}
+        form: dict[str, Any] = {"content": (None, "x"), "metadata": (None, json.dumps(big), "application/json")}
+        assert _problem_fields(await client.post(url, files=form)) == {"metadata"}
+        nested = await client.post(
+            "/threads", json={"agent": "assistant", "messages": [{"content": "x", "metadata": big}]}
+        )
+        assert _problem_fields(nested) == {"messages.0.metadata"}
+        one = {"name": "a.txt", "mime_type": "text/plain", "data": base64.b64encode(b"a").decode()}
+        many = await client.post(url, json={"content": "x", "attachments": [one] * 21})
+        assert _problem_fields(many) == {"attachments"}
+        assert await _stored(app) == before
+        fits = {"k": "m" * (schemas.METADATA_BYTES - len('{"k":""}'))}
+        assert (await client.post(url, json={"content": "x", "metadata": fits})).status_code == 202
+
+
+async def test_parameters_are_bounded(client: httpx.AsyncClient) -> None:
+    tid = await _thread(client)
+    assert _problem_fields(await client.get("/threads", params={"tag": "t" * 1001})) == {"query.tag"}
+    assert _problem_fields(await client.get("/threads", params={"cursor": "c" * 201})) == {"query.cursor"}
+    assert _problem_fields(await client.get(f"/agents/{'a' * 201}")) == {"path.name"}
+    stream = await client.get(f"/threads/{tid}/events", headers={"Last-Event-ID": "1" * 101})
+    assert _problem_fields(stream) == {"header.last-event-id"}
 
 
 @pytest.mark.slow  # a load test: ~20 s of decoding and parsing on purpose; its bounds hold on a quiet machine only

@@ -57,6 +57,82 @@ async def test_errors_are_the_envelope_and_auth_is_a_bearer_scheme(app: FastAPI)
             assert "404" in op["responses"], (method, path)
 
 
+def _unbounded(node: dict[str, Any], where: str, components: dict[str, Any]) -> list[str]:
+    """The places under a request schema with no documented bound: a string without `maxLength` (or `x-max-bytes`,
+    an enum, a UUID), an array without `maxItems`, an object open to more names without `maxProperties` and bounded
+    names, free-form JSON (any value) without `x-max-bytes`."""
+    if "$ref" in node:
+        return _unbounded(components[node["$ref"].rsplit("/", 1)[1]], where, components)
+    outer = {k: v for k, v in node.items() if k in ("maxLength", "maxItems", "maxProperties", "x-max-bytes")}
+    branches = [{**outer, **b} for b in node.get("anyOf", []) + node.get("oneOf", [])]  # the bounds beside apply
+    for branch in branches:  # a branch constraining properties the object bounds: those bounds hold in it too
+        if "properties" in branch:
+            branch["properties"] = {
+                k: v for k, v in branch["properties"].items() if k not in node.get("properties", {})
+            }
+    found = [p for branch in branches for p in _unbounded(branch, where, components)]
+    kind = node.get("type")
+    if "x-max-bytes" in node or "enum" in node or "const" in node:
+        return found  # bounded whole (free-form JSON by its encoding's size)
+    if kind == "string" and "maxLength" not in node and node.get("format") != "uuid":
+        found.append(where)
+    elif kind == "array":
+        found += [] if "maxItems" in node else [where]
+        found += _unbounded(node["items"], f"{where}[]", components) if "items" in node else []
+    elif kind == "object" or "properties" in node:
+        for name, prop in node.get("properties", {}).items():
+            found += _unbounded(prop, f"{where}.{name}", components)
+        extra = node.get("additionalProperties", kind == "object")  # JSON Schema's default: any further names
+        if extra is not False and kind == "object":
+            names = node.get("propertyNames", {})
+            found += [] if "maxProperties" in node and "maxLength" in names else [f"{where} (its names)"]
+            found += _unbounded(extra if isinstance(extra, dict) else {}, f"{where}.*", components)
+    elif kind is None and not node.get("anyOf") and not node.get("oneOf"):
+        found.append(where)  # any JSON value
+    return found
+
+
+def _request_fields(document: dict[str, Any]) -> list[str]:
+    components = document["components"]["schemas"]
+    found = []
+    for method, path, op in _operations(document):
+        for param in op.get("parameters", []):
+            found += _unbounded(param["schema"], f"{method} {path} {param['in']} {param['name']}", components)
+        for media, content in op.get("requestBody", {}).get("content", {}).items():
+            found += _unbounded(content["schema"], f"{method} {path} body ({media})", components)
+    return found
+
+
+async def test_every_request_field_is_bounded(app: FastAPI) -> None:
+    """Each string, array and object a request carries (body, query, path, header) has a documented limit, so a
+    route added later without one fails here (`http-api.md`, Limits)."""
+    assert _request_fields(await _document(app)) == []
+    walked = {  # the walk finds what it should
+        "type": "object",
+        "properties": {
+            "s": {"type": "string"},
+            "a": {"type": "array", "items": {"type": "string", "maxLength": 1}},
+            "free": {"type": "object"},
+            "map": {"type": "object", "additionalProperties": {"type": "string", "maxLength": 1}},
+            "any": {},
+            "ok": {"anyOf": [{"type": "string", "format": "uuid"}, {"type": "null"}]},
+            "json": {"type": "object", "x-max-bytes": 10},
+        },
+        "additionalProperties": False,
+    }
+    assert _unbounded(walked, "b", {}) == ["b.s", "b.a", "b.free (its names)", "b.free.*", "b.map (its names)", "b.any"]
+
+
+async def test_bounds_a_setting_decides_are_its_value(app_factory: Any) -> None:
+    app = await app_factory(catalog.load(ROOT / "agents"), env_max_variables=7, max_file_bytes=5000)
+    document = await _document(app)
+    env = document["components"]["schemas"]["ThreadPatch"]["properties"]["env"]
+    assert env["maxProperties"] == 7 and env["additionalProperties"]["x-max-bytes"] == 64 * 1024
+    files = document["paths"]["/threads/{thread_id}/messages"]["post"]["requestBody"]["content"]["multipart/form-data"]
+    assert files["schema"]["properties"]["files"]["items"]["x-max-bytes"] == 5000
+    assert "x-bounds-by-setting" not in str(document)
+
+
 async def test_a_thread_names_a_hosted_agent_and_links_to_its_operations(app: FastAPI) -> None:
     document = await _document(app)
     agent = document["components"]["schemas"]["ThreadIn"]["properties"]["agent"]

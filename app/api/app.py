@@ -59,7 +59,7 @@ def create_app(
         swagger_ui_parameters={"validatorUrl": None},  # Swagger UI would fetch a badge from validator.swagger.io
     )
     errors.install(app)
-    openapi.install(app, catalog)
+    openapi.install(app, catalog, settings)
 
     app.add_middleware(Guard, max_body_bytes=settings.max_body_bytes, max_file_bytes=settings.max_file_bytes)
     if settings.cors_origins:  # outermost: a preflight is answered before anything else looks at the request

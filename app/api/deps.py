@@ -138,7 +138,7 @@ async def stream_reader(
     request: Request,
     rt: RuntimeDep,
     _: Bearer,
-    token: Annotated[str | None, Query(description="a stream token, for browsers")] = None,
+    token: Annotated[str | None, Query(description="a stream token, for browsers", max_length=4096)] = None,
 ) -> Principal:
     """The caller of a stream route: as `stream_principal`, or a stream token (`POST /stream-tokens`) in the URL,
     for this stream, whose key is still valid (or, minted in open mode, while the server is still open)."""

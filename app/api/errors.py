@@ -20,6 +20,7 @@ log = logging.getLogger(__name__)
 STATUS: dict[type[errors.AgentsError], int] = {
     errors.Invalid: 400,
     errors.BadVariableName: 422,  # valid JSON, a name no variable may have
+    errors.BadNumber: 422,  # parsed, but a value no field can hold
     errors.Unauthorized: 401,
     errors.Forbidden: 403,
     errors.NotFound: 404,

@@ -14,7 +14,9 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
+from app.api import schemas
 from app.catalog import Catalog
+from app.settings import Settings
 
 ERROR = {"$ref": "#/components/schemas/Error"}
 NO_CONTROLS = "^[^\\u0000-\\u001f\\u007f-\\u009f]*$"
@@ -34,22 +36,33 @@ _COMMON: dict[str, str] = {
 }
 
 
-def install(app: FastAPI, catalog: Catalog) -> None:
+def install(app: FastAPI, catalog: Catalog, settings: Settings) -> None:
     """Serve the amended document at `/openapi.json` (built once, on first request)."""
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
             schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
-            amend(schema, sorted(catalog.agents))
+            amend(schema, sorted(catalog.agents), limits(settings))
             app.openapi_schema = schema
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
 
 
-def amend(schema: dict[str, Any], agents: list[str]) -> None:
+def limits(settings: Settings) -> dict[str, int]:
+    """The limits settings decide, by the names the schemas give them."""
+    return {
+        "MAX_BODY_BYTES": settings.max_body_bytes,
+        "MAX_FILE_BYTES": settings.max_file_bytes,
+        "ENV_MAX_VARIABLES": settings.env_max_variables,
+        "ENV_MAX_VALUE_BYTES": settings.env_max_value_bytes,
+    }
+
+
+def amend(schema: dict[str, Any], agents: list[str], limits: dict[str, int]) -> None:
     """Every operation's error responses use the envelope, and list the failures its inputs can meet; a thread's
-    `agent` is one of the `agents` this server hosts."""
+    `agent` is one of the `agents` this server hosts; a bound a setting decides is its number here (`limits`)."""
+    _bounds(schema, limits)
     for item in schema.get("paths", {}).values():
         for operation in item.values():
             if isinstance(operation, dict) and "responses" in operation:
@@ -61,6 +74,17 @@ def amend(schema: dict[str, Any], agents: list[str]) -> None:
     agent = components.get("ThreadIn", {}).get("properties", {}).get("agent")
     if agent is not None and agents:
         agent["enum"] = agents
+
+
+def _bounds(node: Any, limits: dict[str, int]) -> None:
+    if isinstance(node, dict):
+        for key, name in node.pop(schemas.BY_SETTING, {}).items():
+            node[key] = limits[name]  # a name no setting has fails the document's build, not a client
+        for value in node.values():
+            _bounds(value, limits)
+    elif isinstance(node, list):
+        for item in node:
+            _bounds(item, limits)
 
 
 def _errors(operation: dict[str, Any]) -> None:

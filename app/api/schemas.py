@@ -2,15 +2,26 @@
 
 from __future__ import annotations
 
+import json
 import re
 import uuid
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, StrictBool, ValidationInfo, model_validator
+from fastapi import Query
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic.config import JsonDict
 
-from app import db
+from app import db, environment
 from app.spec import definitions
 from app.spec.state import StateLog
 
@@ -34,14 +45,42 @@ TEXT = "[^\\s\\u001c-\\u001f\\u0085\\ufeff]"
 BASE64 = r"^(data:[^,]*,)?(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
 
 
-ENV_NAME: JsonDict = {"pattern": "^[A-Za-z_][A-Za-z0-9_]*$", "maxLength": 128}  # `env.check_name`, schema only
-ENV: JsonDict = {"propertyNames": ENV_NAME}  # (the check answers 422 `invalid_variable_name` wherever a name enters)
+# Every request field is bounded (`http-api.md`, Limits; `tests/test_openapi.py` fails on one that is not);
+# `x-max-bytes` bounds a value's size in UTF-8 bytes (for free-form JSON: its encoding). A bound a setting decides is
+# named under `BY_SETTING` and made the setting's number when the document is built (`openapi.amend`).
+BY_SETTING = "x-bounds-by-setting"
+AGENT_CHARS = 200
+NAME_CHARS = 500  # a thread's display name
+TAG_CHARS = 128
+MAX_TAGS = 50
+CONTENT_CHARS = 1_000_000  # a message's text (and the body's own limit, `MAX_BODY_BYTES`)
+MAX_FILES = 20  # files of one message: base64 `attachments`, or multipart file parts
+METADATA_BYTES = 16 * 1024  # a message's `metadata`, encoded as JSON
+MAX_MESSAGES = 100  # messages queued by `POST /threads`
+MAX_NAMES = 1000  # variable names in `secrets`, `env_delete`
+
+# schema only: `environment.check` answers 422 `invalid_variable_name`, 413 past the limits, wherever env enters
+ENV_NAME: JsonDict = {"pattern": "^[A-Za-z_][A-Za-z0-9_]*$", "maxLength": environment.NAME_CHARS}
+ENV: JsonDict = {
+    "description": "at most `ENV_MAX_VARIABLES` names, each value at most `ENV_MAX_VALUE_BYTES` bytes",
+    "propertyNames": ENV_NAME,
+    BY_SETTING: {"maxProperties": "ENV_MAX_VARIABLES"},
+    "additionalProperties": {"type": "string", BY_SETTING: {"x-max-bytes": "ENV_MAX_VALUE_BYTES"}},
+}
+Tag = Annotated[str, Field(max_length=TAG_CHARS)]
+EnvName = Annotated[str, Field(max_length=environment.NAME_CHARS)]
+# a cursor of a list (`cursors.encode`): some 100 characters; one this server did not give out is 400 `bad_cursor`
+Cursor = Annotated[str | None, Query(max_length=200)]
 
 
 class AttachmentIn(In):
     name: str = Field(min_length=1, max_length=255)
     mime_type: str = Field(min_length=1, max_length=200)
-    data: str = Field(description="base64 content (a `data:` URL prefix is allowed)", pattern=BASE64)
+    data: str = Field(
+        description="base64 content (a `data:` URL prefix is allowed), within the body's `MAX_BODY_BYTES`",
+        pattern=BASE64,
+        json_schema_extra={BY_SETTING: {"x-max-bytes": "MAX_BODY_BYTES"}},
+    )
 
 
 class MessageIn(In):
@@ -55,11 +94,21 @@ class MessageIn(In):
         },
     )
 
-    content: str | None = Field(default=None, max_length=1_000_000)
+    content: str | None = Field(default=None, max_length=CONTENT_CHARS)
     role: Literal["user", "assistant", "system"] = "user"
-    attachments: list[AttachmentIn] = Field(default_factory=list)
+    attachments: list[AttachmentIn] = Field(default_factory=list, max_length=MAX_FILES)
     silent: StrictBool = False
-    metadata: dict[str, Any] = Field(default_factory=dict)
+    metadata: dict[str, Any] = Field(
+        default_factory=dict,
+        description=f"free-form JSON, at most {METADATA_BYTES} bytes encoded",
+        json_schema_extra={"x-max-bytes": METADATA_BYTES},
+    )
+
+    @field_validator("metadata")
+    @classmethod
+    def _metadata_size(cls, value: dict[str, Any]) -> dict[str, Any]:
+        _json_within(value, METADATA_BYTES)
+        return value
 
     @model_validator(mode="after")
     def _not_empty(self, info: ValidationInfo) -> MessageIn:
@@ -71,29 +120,42 @@ class MessageIn(In):
         return self
 
 
+def _json_within(value: Any, limit: int) -> None:
+    """`ValueError` unless the JSON encoding of `value` has at most `limit` UTF-8 bytes."""
+    try:
+        size = len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass"))
+    except RecursionError:
+        raise ValueError("nests too deep") from None
+    if size > limit:
+        raise ValueError(f"at most {limit} bytes of JSON (this is {size})")
+
+
 class MessageEdit(In):
-    content: str = Field(max_length=1_000_000, description="the message's new text")
+    content: str = Field(max_length=CONTENT_CHARS, description="the message's new text")
 
 
 class ThreadIn(In):
-    agent: str = Field(validation_alias=AliasChoices("agent", "agent_id"), min_length=1, max_length=200)
+    agent: str = Field(validation_alias=AliasChoices("agent", "agent_id"), min_length=1, max_length=AGENT_CHARS)
     env: dict[str, str] = Field(default_factory=dict, json_schema_extra=ENV)
-    secrets: list[str] = Field(default_factory=list, max_length=1000)
-    tags: list[str] = Field(default_factory=list, max_length=100)
-    name: str | None = Field(default=None, max_length=500)
-    messages: list[MessageIn] = Field(default_factory=list, max_length=100)
+    secrets: list[EnvName] = Field(default_factory=list, max_length=MAX_NAMES)
+    tags: list[Tag] = Field(default_factory=list, max_length=MAX_TAGS)
+    name: str | None = Field(default=None, max_length=NAME_CHARS)
+    messages: list[MessageIn] = Field(default_factory=list, max_length=MAX_MESSAGES)
 
 
 class ThreadPatch(In):
-    tags: list[str] | None = Field(default=None, max_length=100)
-    name: str | None = Field(default=None, max_length=500)
+    tags: list[Tag] | None = Field(default=None, max_length=MAX_TAGS)
+    name: str | None = Field(default=None, max_length=NAME_CHARS)
     env: dict[str, str] = Field(default_factory=dict, json_schema_extra=ENV)
-    secrets: list[str] = Field(default_factory=list, max_length=1000)
-    env_delete: list[str] = Field(default_factory=list, max_length=1000)
+    secrets: list[EnvName] = Field(default_factory=list, max_length=MAX_NAMES)
+    env_delete: list[EnvName] = Field(default_factory=list, max_length=MAX_NAMES)
 
 
 class EnvIn(In):
-    value: str = Field(description="at most `ENV_MAX_VALUE_BYTES` bytes")
+    value: str = Field(
+        description="at most `ENV_MAX_VALUE_BYTES` bytes",
+        json_schema_extra={BY_SETTING: {"x-max-bytes": "ENV_MAX_VALUE_BYTES"}},
+    )
     type: Literal["text", "secret"] = "text"
 
 

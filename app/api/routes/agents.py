@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from typing import Annotated
+
+from fastapi import APIRouter, Path
 
 from app.api import bodies, schemas
 from app.api.deps import CatalogDep, CurrentUser
@@ -34,7 +36,9 @@ async def list_agents(catalog: CatalogDep, _: CurrentUser) -> list[schemas.Agent
 
 
 @router.get("/agents/{name}", responses={404: {"model": schemas.Error}})
-async def get_agent(name: str, catalog: CatalogDep, _: CurrentUser) -> schemas.AgentDetail:
+async def get_agent(
+    name: Annotated[str, Path(max_length=schemas.AGENT_CHARS)], catalog: CatalogDep, _: CurrentUser
+) -> schemas.AgentDetail:
     """One agent with its sides and prompt names."""
     agent = catalog.agent(name)
     sides = [s for s in (agent.side_a, agent.side_b) if s is not None]

@@ -21,7 +21,7 @@ from app import engine, errors, routing, threads
 from app.api import bodies
 from app.api.deps import CatalogDep, FernetDep, SessionsDep, StreamUser
 
-router = APIRouter(tags=["endpoints"], route_class=bodies.Route)
+router = APIRouter(tags=["endpoints"], route_class=bodies.OwnBody)
 log = logging.getLogger(__name__)
 
 

@@ -253,7 +253,7 @@ async def stream(
     include_silent: bool = False,
     depth: Annotated[int, Query(ge=0, le=100)] = 0,
     reasoning: bool = False,
-    last_event_id: Annotated[str | None, Header()] = None,
+    last_event_id: Annotated[str | None, Header(max_length=100)] = None,
 ) -> EventSourceResponse:
     """Stored events of the thread after `Last-Event-ID` (or `since`), then live ones."""
     async with rt.sessions() as session:
@@ -275,7 +275,7 @@ async def lifecycle(
     hub: HubDep,
     who: StreamReader,
     since: Annotated[int | None, Query(ge=0, le=2**62)] = None,
-    last_event_id: Annotated[str | None, Header()] = None,
+    last_event_id: Annotated[str | None, Header(max_length=100)] = None,
 ) -> EventSourceResponse:
     """`thread_created`, `thread_updated`, `thread_deleted` for the caller's threads (every thread for an admin)."""
     user = None if who.admin else who.user_id

@@ -7,10 +7,11 @@ import urllib.parse
 import uuid
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, Query, Request, Response
+from fastapi import APIRouter, Header, Path, Query, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic.config import JsonDict
 
-from app import blobs, files, threads, thumbnails
+from app import blobs, files, patterns, threads, thumbnails
 from app.api import bodies, schemas
 from app.api.deps import CurrentUser, SessionDep, SessionsDep, SettingsDep
 
@@ -43,6 +44,9 @@ INLINE = {
     "video/ogg",
 }
 SANDBOX = {"Content-Security-Policy": "sandbox", "X-Content-Type-Options": "nosniff"}
+# bounds the route's own checks enforce (400 `pattern_too_long`, 400 `bad_path`), documented here
+PATTERN: JsonDict = {"maxLength": patterns.MAX_LENGTH}
+FilePath = Annotated[str, Path(json_schema_extra={"maxLength": files.MAX_PATH})]
 MEDIA_TYPE = re.compile(r"[\w!#$&^.+-]+/[\w!#$&^.+-]+( *;[ -~]*)?", re.ASCII)  # type/subtype, printable params
 
 
@@ -69,8 +73,12 @@ async def root(
     session: SessionDep,
     who: CurrentUser,
     stats: bool = False,
-    grep: Annotated[str | None, Query(description="a regular expression: matching lines of text files")] = None,
-    find: Annotated[str | None, Query(description="a glob (`*.md`, `/reports/**/*.pdf`): matching paths")] = None,
+    grep: Annotated[
+        str | None, Query(description="a regular expression: matching lines of text files", json_schema_extra=PATTERN)
+    ] = None,
+    find: Annotated[
+        str | None, Query(description="a glob (`*.md`, `/reports/**/*.pdf`): matching paths", json_schema_extra=PATTERN)
+    ] = None,
 ) -> schemas.FileList | schemas.FileUsage | schemas.GrepResult:
     """The root directory's entries; `?stats=1` the thread's file usage; `?grep=` or `?find=` a search."""
     thread = await threads.get(session, thread_id, who)
@@ -100,11 +108,11 @@ DOWNLOAD: dict[int | str, dict[str, Any]] = {  # a file's own type, a JPEG thumb
 @router.get("/threads/{thread_id}/fs/{path:path}", responses={**ERRORS, **DOWNLOAD}, response_model=None)
 async def download(
     thread_id: uuid.UUID,
-    path: str,
+    path: FilePath,
     session: SessionDep,
     sessions: SessionsDep,
     who: CurrentUser,
-    if_none_match: Annotated[str | None, Header()] = None,
+    if_none_match: Annotated[str | None, Header(max_length=2000)] = None,
     thumbnail: bool = False,
 ) -> Response:
     """A file's bytes, streamed (a directory gives its listing); `?thumbnail=1` a JPEG thumbnail of an image."""
@@ -136,7 +144,7 @@ async def download(
 @router.put("/threads/{thread_id}/fs/{path:path}", status_code=201, responses={**ERRORS, 413: {"model": schemas.Error}})
 async def upload(
     thread_id: uuid.UUID,
-    path: str,
+    path: FilePath,
     request: Request,
     session: SessionDep,
     who: CurrentUser,
@@ -151,7 +159,7 @@ async def upload(
 
 
 @router.delete("/threads/{thread_id}/fs/{path:path}", responses=ERRORS)
-async def remove(thread_id: uuid.UUID, path: str, session: SessionDep, who: CurrentUser) -> dict[str, str]:
+async def remove(thread_id: uuid.UUID, path: FilePath, session: SessionDep, who: CurrentUser) -> dict[str, str]:
     """Delete a file, or an empty directory."""
     thread = await threads.get(session, thread_id, who, lock=True)
     entry = await files.stat(session, thread.id, path)

@@ -23,7 +23,7 @@ async def list_logs(
     who: CurrentUser,
     kind: Literal["llm", "tool", "hook"] | None = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    cursor: str | None = None,
+    cursor: schemas.Cursor = None,
 ) -> schemas.LogList:
     """The thread's logs, oldest first."""
     thread = await threads.get(session, thread_id, who)

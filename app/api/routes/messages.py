@@ -40,7 +40,7 @@ router = APIRouter(tags=["messages"], route_class=bodies.Route)
 ERRORS: dict[int | str, dict[str, Any]] = {401: {"model": schemas.Error}, 404: {"model": schemas.Error}}
 
 
-MAX_UPLOADS = 20  # files in one multipart message
+MAX_UPLOADS = schemas.MAX_FILES  # files in one multipart message
 MAX_WAIT = 300  # seconds `?wait=` may ask for
 
 
@@ -116,7 +116,7 @@ def _from_form(form: FormData) -> tuple[schemas.MessageIn, list[UploadFile]]:
             fields[key] = {"true": True, "false": False}.get(value.strip().lower(), value)  # else: a 422
         elif key == "metadata":
             try:
-                fields[key] = bodies.loads(value)
+                fields[key] = bodies.loads(value, at="metadata")
             except ValueError:
                 raise errors.Invalid("The `metadata` field must be a JSON object.") from None
         else:
@@ -134,19 +134,27 @@ _BODY = {
             "schema": {
                 "type": "object",
                 "properties": {
-                    "content": {"type": "string", "maxLength": 1_000_000},
+                    "content": {"type": "string", "maxLength": schemas.CONTENT_CHARS},
                     "role": {"type": "string", "enum": ["user", "assistant", "system"]},
                     "silent": {"type": "boolean"},
-                    "metadata": {"type": "object", "description": "a JSON object"},
+                    "metadata": {
+                        "type": "object",
+                        "description": f"a JSON object of at most {schemas.METADATA_BYTES} bytes",
+                        "x-max-bytes": schemas.METADATA_BYTES,
+                    },
                     "files": {
                         "type": "array",
-                        "items": {"type": "string", "format": "binary"},
+                        "items": {
+                            "type": "string",
+                            "format": "binary",
+                            schemas.BY_SETTING: {"x-max-bytes": "MAX_FILE_BYTES"},
+                        },
                         "maxItems": MAX_UPLOADS,
                         "description": "file parts (any part with a file name)",
                     },
                 },
                 "additionalProperties": False,
-                "anyOf": [  # text or a file, as for JSON
+                "anyOf": [  # text or a file, as for JSON (the properties bound them)
                     {"required": ["content"], "properties": {"content": {"type": "string", "pattern": schemas.TEXT}}},
                     {"required": ["files"], "properties": {"files": {"type": "array", "minItems": 1}}},
                 ],
@@ -334,7 +342,7 @@ async def list_messages(
     session: SessionDep,
     who: CurrentUser,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    cursor: str | None = None,
+    cursor: schemas.Cursor = None,
     order: Literal["asc", "desc"] = "asc",
     include_silent: bool = False,
     depth: Annotated[int, Query(ge=0, le=100)] = 0,

@@ -16,6 +16,7 @@ from app.api.deps import CatalogDep, CurrentUser, EnvLimits, FernetDep, SessionD
 router = APIRouter(tags=["threads"], route_class=bodies.Route)
 
 ERRORS: dict[int | str, dict[str, Any]] = {401: {"model": schemas.Error}, 404: {"model": schemas.Error}}
+TAG_FILTER_CHARS = 1000  # `?tag=`: tags the runtime sets (`name:<subagent name>`) are not bounded as a client's are
 
 
 async def view(session: AsyncSession, row: tables.Thread, children: int | None = None) -> schemas.Thread:
@@ -109,14 +110,16 @@ async def create_thread(
 async def list_threads(
     session: SessionDep,
     who: CurrentUser,
-    agent: str | None = None,
-    tag: str | None = None,
+    agent: Annotated[str | None, Query(max_length=schemas.AGENT_CHARS)] = None,
+    tag: Annotated[
+        str | None, Query(max_length=TAG_FILTER_CHARS, description="a tag; the runtime's own may be longer")
+    ] = None,
     parent_id: Annotated[
         uuid.UUID | Literal["none"] | None, Query(description="a thread id, or `none` for top-level threads")
     ] = None,
     status: Literal["idle", "queued", "running", "waiting", "stopped", "terminated"] | None = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    cursor: str | None = None,
+    cursor: schemas.Cursor = None,
 ) -> schemas.ThreadList:
     """The caller's threads, newest first; each shows its env's names and types, not its values (`env` is null)."""
     rows, next_cursor = await threads.list_(
