@@ -19,7 +19,16 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from app import children, errors, keys, tables, threads
 from app.catalog import Catalog
 from app.llm.base import LLMRequest
-from app.spec import ThreadState, ToolResult, define_agent, define_hook, define_model, define_prompt, define_tool
+from app.spec import (
+    ThreadState,
+    ToolEntry,
+    ToolResult,
+    define_agent,
+    define_hook,
+    define_model,
+    define_prompt,
+    define_tool,
+)
 from tests.conftest import client_for, wait_for
 from tests.test_engine import event_types, stored
 
@@ -830,6 +839,33 @@ async def test_the_bootstrap_flow_end_to_end(app_factory: Any, drive: Any) -> No
     assert report["content"].startswith(f"Subagent (reference: {cid}) has returned the following result:\n\nlooks good")
     assert (await client.get(endpoint)).json()["child_thread_id"] == cid
     assert (await client.get(f"/threads/{tid}/variables/{uuid.uuid4()}")).status_code == 404
+
+
+async def test_the_scoped_check_leaves_out_a_disabled_branch_of_the_childs_graph(app_factory: Any, drive: Any) -> None:
+    """A branch of the child's graph whose `optional` flag is off requires nothing; the flag is read in the env the
+    child will have — here the copy of the parent's thread env it gets (§6.6, §6.7)."""
+    cat = catalog(Brain(delegate()), {"name": "qa"})
+    aide = define_prompt(name="aide", model="m", prompt="aide.",
+                         variables=[{"name": "TOKEN", "required": True, "scoped": True}])  # fmt: skip
+    helper = define_agent(name="helper", type="dual_ai", expose_as_tool=True, tool_description="Helps.",
+                          max_session_turns=2, side_a={"prompt": "aide"}, side_b={"prompt": "aide"})  # fmt: skip
+    worker = cat.prompts["worker"]
+    worker = worker.model_copy(update={"tools": [*worker.tools, ToolEntry(name="helper", optional="USE_HELPER")]})
+    cat = dataclasses.replace(
+        cat, prompts={**cat.prompts, "aide": aide, "worker": worker}, agents={**cat.agents, "helper": helper}
+    )
+    app = await app_factory(cat)
+    client = client_for(app)
+    for env, asked in (({}, False), ({"USE_HELPER": "no"}, False), ({"USE_HELPER": "yes"}, True)):
+        tid = (await client.post("/threads", json={"agent": "boss", "env": env})).json()["id"]
+        await client.post(f"/threads/{tid}/messages", json={"content": "go"})
+        rows = await ran(drive, app, client, tid, said("boss saw"))
+        tool = next(r for r in rows if r["role"] == "tool")
+        if asked:
+            assert tool["metadata"]["error_code"] == "subagent_env_required", tool
+            assert tool["metadata"]["error_data"]["missing"] == ["TOKEN"]
+        else:
+            assert tool["tool_status"] == "success" and tool["content"].startswith("looks good"), (env, tool)
 
 
 async def test_an_immediate_instance_waiting_for_a_value_keeps_its_own_scoped_values(app_factory: Any) -> None:

@@ -53,15 +53,17 @@ class Answered:
 
 
 def available(entry: ToolEntry, env: Env | None) -> bool:
-    """`optional: NAME`: the subagent exists for this prompt only when NAME resolves to true, 1 or yes (§6.6)."""
-    if entry.optional is None:
-        return True
+    """Whether the entry is available to a step that resolves `env` (`ToolEntry.enabled`, §6.6)."""
     if env is None:
-        return False
-    try:
-        return env.get(entry.optional).strip().lower() in ("true", "1", "yes")
-    except LookupError:
-        return False
+        return entry.optional is None
+
+    def value(name: str) -> str | None:
+        try:
+            return env.get(name)
+        except LookupError:
+            return None
+
+    return entry.enabled(value)
 
 
 def _targets(
@@ -219,7 +221,7 @@ async def call(
     name = str(label) if isinstance(label, str | int | float) and str(label) else None
     blocking = entry.blocking and not nonblocking
     creation = children.Creation(agent.name, entry, side, content, blocking=blocking, paths=paths, name=name)
-    required, missing = await children.missing_scoped(session, catalog, parent, agent.name, set())
+    required, missing = await children.missing_scoped(session, catalog, fernet, parent, agent.name, {})
     if missing:  # nothing is created: the values come through the bootstrap routes (§6.7)
         request = await variable_requests.create(session, fernet, parent, agent.name, required, missing, creation)
         return Answered(_env_required(parent, agent.name, request))
@@ -366,7 +368,7 @@ async def spawn_immediate(
                 spawn_group_id=group_id,
             )
             required, missing = await children.missing_scoped(
-                session, catalog, parent, agent.name, set(group["scoped"])
+                session, catalog, fernet, parent, agent.name, group["scoped"]
             )
             if missing:  # no child yet: the values come through the bootstrap routes (§6.7)
                 request = await variable_requests.create(

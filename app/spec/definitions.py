@@ -228,6 +228,14 @@ class ToolEntry(Definition):
     def _tenvs(cls, data: Any) -> Any:
         return _tenvs_to_env(data, "tool entry")
 
+    def enabled(self, value: Callable[[str], str | None]) -> bool:
+        """Whether the entry is available: with `optional: NAME`, only when NAME's value (`value(NAME)`, None when
+        nothing defines it) is `true`, `1` or `yes` in any case (§6.6). The one place this rule lives."""
+        if self.optional is None:
+            return True
+        found = value(self.optional)
+        return found is not None and found.strip().lower() in ("true", "1", "yes")
+
     @property
     def fields_set(self) -> set[str]:
         """The kind-specific fields the author wrote (name excluded)."""
