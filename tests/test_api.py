@@ -99,6 +99,7 @@ async def test_agents(client: httpx.AsyncClient) -> None:
     listed = {a["name"]: a for a in (await client.get("/agents")).json()}
     assert listed["assistant"]["type"] == "ai_human"
     assert {v["name"] for v in listed["needs_var"]["variables"]} == {"API_TOKEN", "REGION"}
+    assert {v["description"] for v in listed["needs_var"]["variables"]} == {""}  # the spec's "" when not provided
     detail = (await client.get("/agents/assistant")).json()
     assert detail["side_a"]["prompt"] == "assistant" and detail["prompts"] == ["assistant"]
     assert_error(await client.get("/agents/nope"), 404, "agent_not_found")

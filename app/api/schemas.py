@@ -242,7 +242,7 @@ class Variable(BaseModel):
     type: str
     required: bool
     scoped: bool
-    description: str | None
+    description: str = Field(description='"" when the declaration gives none (the spec\'s `VariableDefinition`)')
 
 
 class Agent(BaseModel):

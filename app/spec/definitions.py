@@ -55,7 +55,15 @@ class VariableDefinition(Definition):
     type: Literal["text", "secret"] = "text"
     required: bool = False
     scoped: bool = False
-    description: str | None = None
+    description: str = ""  # the spec's `VariableDefinition.description`: "" when not provided
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_description(cls, data: Any) -> Any:
+        """An explicit `description: None` is "not provided" too."""
+        if isinstance(data, dict) and data.get("description", "") is None:
+            return {k: v for k, v in data.items() if k != "description"}
+        return data
 
 
 class ModelCapabilities(Definition):
