@@ -250,7 +250,7 @@ class Agent(BaseModel):
     type: str
     title: str | None
     description: str | None
-    icon: str | None
+    icon: str | None = Field(description="the agent's `icon`; an absolute path as a full URL on the server's base")
     expose_as_tool: bool
     variables: list[Variable]
 
