@@ -76,10 +76,11 @@ class Runner:
         problem = arguments_problem(prompt, arguments)
         if problem is not None:
             return _error(f"Invalid arguments for tool `{name}`: {problem}")
-        paths = arguments.get(entry.init_attachments_property) if entry.init_attachments_property else None
+        prop = entry.init_attachments_property or "attachments"  # the default, as a subagent's (§6.2, §7.2)
+        paths = arguments.get(prop)
         paths = [paths] if isinstance(paths, str) else paths or []
         if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
-            return _error(f"Invalid arguments for tool `{name}`: `{entry.init_attachments_property}` must be paths")
+            return _error(f"Invalid arguments for tool `{name}`: `{prop}` must be paths")
         execution = state.execution
         assert execution is not None
         side = execution.side

@@ -280,11 +280,19 @@ class PromptDefinition(Definition):
         return [ToolEntry(name=t) if isinstance(t, str) else t for t in self.tools]
 
     def schema_for_tool(self) -> dict[str, Any]:
-        """The JSON Schema this prompt takes when called as a tool."""
+        """The JSON Schema this prompt takes when called as a tool: its `required_schema`, else `{message,
+        attachments?}` (§7.2: `initUserMessageProperty` and `initAttachmentsProperty` default to these)."""
         if self.required_schema is None:
             return {
                 "type": "object",
-                "properties": {"message": {"type": "string"}},
+                "properties": {
+                    "message": {"type": "string"},
+                    "attachments": {
+                        "type": "array",
+                        "items": {"type": "string"},
+                        "description": "paths of files of this thread to attach",
+                    },
+                },
                 "required": ["message"],
                 "additionalProperties": False,
             }
