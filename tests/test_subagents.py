@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app import children, errors, keys, tables, threads
 from app.catalog import Catalog
+from app.engine import child_tools
 from app.llm.base import LLMRequest
 from app.spec import (
     ThreadState,
@@ -617,6 +618,56 @@ async def test_resumable_create_limit_message_and_later_sessions(app_factory: An
     assert entry_["resumable"] is True and entry_["status"] == "idle"
     worker_inputs = [r["content"] for r in await stored(client, cid) if r["role"] == "user" and r["side"] == "b"]
     assert worker_inputs[:1] == ["first job"] and "second job" in worker_inputs
+
+
+def test_a_resumable_subagent_at_its_cap_leaves_the_create_enum() -> None:
+    """Only the capped agent leaves `subagent_create`'s enum; with none left there is no `subagent_create`, while
+    `subagent_message` stays (skill guide 0.14.1)."""
+    cat = catalog(Brain(lambda request: "x"), {"name": "qa", "resumable": {"receives_messages": "side_a"}})
+    aux = cat.agents["qa"].model_copy(update={"name": "aux"})
+    boss = cat.prompts["boss"]
+    aux_entry = ToolEntry.model_validate({"name": "aux", "resumable": {"receives_messages": "side_a"}})
+    boss = boss.model_copy(update={"tools": [*boss.tools, aux_entry]})
+    cat = dataclasses.replace(cat, prompts={**cat.prompts, "boss": boss}, agents={**cat.agents, "aux": aux})
+
+    def offer(full: frozenset[str]) -> dict[str, Any]:
+        return {t.name: t.parameters for t in child_tools.offered(cat, cat.prompts["boss"], None, full)}
+
+    assert offer(frozenset())["subagent_create"]["properties"]["agent"]["enum"] == ["qa", "aux"]
+    assert offer(frozenset({"qa"}))["subagent_create"]["properties"]["agent"]["enum"] == ["aux"]
+    assert set(offer(frozenset({"qa", "aux"}))) == {"subagent_message"}
+
+
+async def test_a_resumable_subagent_at_its_cap_is_offered_for_messages_only(app_factory: Any, drive: Any) -> None:
+    """At `max_instances` live instances, `subagent_create` is no longer offered (0.14.1: "when reached the tool is
+    hidden and new messages route to existing instances"), counted afresh at every step: a stale create still gets
+    the limit error, and once the instance is terminated creation is offered again."""
+    create = {"name": "subagent_create", "arguments": {"agent": "qa", "message": "a job", "attachments": []}}
+    script = [
+        create,
+        lambda r: {"name": "subagent_message",
+                   "arguments": {"referenceId": reference(r), "message": "more", "attachments": []}},
+        create,  # stale: the tool is not offered
+    ]  # fmt: skip
+    brain = Brain(manager(script))
+    entry = {"name": "qa", "resumable": {"receives_messages": "side_a", "max_instances": 1}}
+    app, client, tid = await start(app_factory, catalog(brain, entry), worker=False)
+    await client.post(f"/threads/{tid}/messages", json={"content": "start"})
+    rows = await ran(drive, app, client, tid, said("boss saw"))
+    offered = [{t.name for t in request.tools} for request in brain.seen["boss"]]
+    assert "subagent_create" in offered[0] and "subagent_message" in offered[0]
+    assert all("subagent_create" not in names and "subagent_message" in names for names in offered[1:]), offered
+    results = [r for r in rows if r["role"] == "tool"]
+    cid = results[0]["subagent_id"]
+    assert results[1]["content"] == f"looks good\n\nReference: {cid}"  # the message reached the existing one
+    assert results[2]["content"] == (
+        'Subagent instance limit reached for "qa" (1). Use subagent_message with an existing reference instead. '
+        f"Active references: {cid}"
+    )
+    assert (await client.post(f"/threads/{cid}/terminate")).status_code == 200
+    await client.post(f"/threads/{tid}/messages", json={"content": "again"})
+    await ran(drive, app, client, tid, lambda rs: sum(said("boss saw")([r]) for r in rs) >= 2)
+    assert "subagent_create" in {t.name for t in brain.seen["boss"][-1].tools}
 
 
 async def test_explicit_communication_sends_only_what_the_child_says(app_factory: Any, drive: Any) -> None:

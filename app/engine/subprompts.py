@@ -36,7 +36,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import attachments, errors, event_types, events, files, logs, messages, tables
+from app import attachments, children, errors, event_types, events, files, logs, messages, tables
 from app.catalog import Catalog
 from app.engine import calls, child_tools, context, hooks, tools
 from app.engine.state import RunState, Transaction
@@ -124,9 +124,10 @@ class Runner:
                 "metadata_": {"subprompt_call": execution.tool_call_id, "subprompt_run": run},
             }
             rows = [r for r in await messages.history(session, thread.id) if r.depth == 0]
+            full = child_tools.at_cap(self._catalog, prompt, env, await children.of(session, thread))
             try:
                 request = context.build_request(
-                    self._catalog, prompt, SideConfig(prompt=name), side, rows, _CHAT_ONLY, env
+                    self._catalog, prompt, SideConfig(prompt=name), side, rows, _CHAT_ONLY, env, full
                 )
             except context.MissingVariable as exc:
                 return _error(f"Subprompt `{name}` failed: {exc}")
