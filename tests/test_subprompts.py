@@ -672,3 +672,42 @@ def test_arguments_problem_uses_a_pydantic_schema_or_the_default_message_schema(
     assert subprompts.arguments_problem(plain, {"message": "hi"}) is None
     assert subprompts.arguments_problem(plain, {"message": "hi", "attachments": ["/attachments/a.txt"]}) is None
     assert subprompts.arguments_problem(plain, {"message": "hi", "extra": 1}) == "unknown `extra`"
+
+
+async def test_a_subprompt_step_is_offered_creation_only_below_max_instances(app_factory: Any, drive: Any) -> None:
+    """A subprompt's step counts the thread's live children afresh, as the step loop does (0.14.1)."""
+    entry = {"name": "qa", "resumable": {"receives_messages": "side_a", "max_instances": 1}}
+    seen: list[set[str]] = []
+
+    class Creating(test_subagents.Brain):
+        async def __call__(self, request: LLMRequest) -> Any:
+            if (request.messages[0].content or "").startswith("delegator."):
+                seen.append({t.name for t in request.tools})
+                arguments = {"agent": "qa", "message": "check the report", "attachments": []}
+                return {"tool_calls": [{"name": "subagent_create", "arguments": arguments}]}
+            return await super().__call__(request)
+
+    def boss(request: LLMRequest) -> Any:
+        last = test_subagents.last_of(request)
+        if last.role == "user" and last.content in ("go", "again"):
+            return {"tool_calls": [{"name": "delegator", "arguments": {"message": "hand it on"}}]}
+        return f"boss saw: {last.content}"
+
+    cat = test_subagents.catalog(Creating(boss), entry)
+    delegator = define_prompt(
+        name="delegator", model="m", prompt="delegator. Hand work on.", tool_description="Delegates.", tools=[entry]
+    )
+    boss_prompt = define_prompt(
+        name="boss", model="m", prompt="boss. Delegate.", include_chat=True, tools=["delegator"]
+    )
+    cat = dataclasses.replace(cat, prompts={**cat.prompts, "boss": boss_prompt, "delegator": delegator})
+    app: FastAPI = await app_factory(cat)
+    client = client_for(app)
+    tid = (await client.post("/threads", json={"agent": "boss"})).json()["id"]
+    for text in ("go", "again"):
+        await client.post(f"/threads/{tid}/messages", json={"content": text})
+        await drive(app)
+    assert seen == [{"subagent_create", "subagent_message"}, {"subagent_message"}]
+    assert len(await test_subagents.registry(client, tid)) == 1
+    answers = [m["content"] for m in await listed(client, tid, depth=1) if m["depth"] == 1 and m["role"] == "tool"]
+    assert answers[1].startswith('Subagent instance limit reached for "qa" (1).')  # the call made anyway
