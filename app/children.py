@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -258,14 +259,26 @@ def terminal(agent: AgentDefinition) -> bool:
 
 
 async def missing_scoped(
-    session: AsyncSession, catalog: Catalog, parent: tables.Thread, agent: str, provided: set[str]
+    session: AsyncSession,
+    catalog: Catalog,
+    fernet: Fernet,
+    parent: tables.Thread,
+    agent: str,
+    provided: Mapping[str, str],
 ) -> tuple[list[str], list[str]]:
     """(required, missing) scoped variables of the child's graph: what the creation provides, the child's own
-    definitions and the user's and instance's values count — the parent's thread env does not (§6.7)."""
+    definitions and the user's and instance's values count — the parent's thread env does not (§6.7), though the
+    copy of it the child gets decides, with them, which `optional` branches of that graph are on (§6.6)."""
     required = sorted({v.name for v in catalog.variables_of_agent(agent) if v.scoped and v.required})
     if not required:
         return [], []
-    return required, await environment.unresolved(session, catalog, agent, parent.user_id, provided, scoped=True)
+    scoped = {v.name for v in catalog.variables_of_agent(agent) if v.scoped}
+    stored = await environment.layers(session, fernet, parent.id, parent.user_id)
+    inherited = {name: v.value for name, v in stored.thread.items() if name not in scoped}
+    missing = await environment.unresolved(
+        session, fernet, catalog, agent, parent.user_id, provided, scoped=True, inherited=inherited
+    )
+    return required, missing
 
 
 @dataclass(frozen=True)

@@ -79,11 +79,23 @@ def check(values: Mapping[str, str], limits: Limits) -> None:
 
 
 async def unresolved(
-    session: AsyncSession, catalog: Catalog, agent: str, user_id: str, provided: Collection[str], *, scoped: bool
+    session: AsyncSession,
+    fernet: Fernet,
+    catalog: Catalog,
+    agent: str,
+    user_id: str,
+    provided: Mapping[str, str],
+    *,
+    scoped: bool,
+    inherited: Mapping[str, str] | None = None,
 ) -> list[str]:
     """Required variables of the agent's graph (the scoped ones, or the others) that neither `provided`, the user's
-    and the instance's values nor the definitions' `env` define (`Catalog.unresolved`, §8)."""
-    return catalog.unresolved(agent, set(provided) | await names(session, user_id), scoped=scoped)
+    and the instance's values nor the definitions' `env` define (`Catalog.unresolved`, §8). Its `optional` branches
+    are on or off by the values the new thread will resolve: `provided`, then `inherited` (what a child copies from
+    its parent's thread env, which satisfies no scoped variable), then the user's and the instance's (§6.6)."""
+    shared = await shared_values(session, fernet, user_id)
+    values = {**shared, **(inherited or {}), **provided}
+    return catalog.unresolved(agent, set(provided) | set(shared), scoped=scoped, values=values)
 
 
 def missing(
@@ -167,17 +179,21 @@ async def public(session: AsyncSession, scope: str, owner: str) -> tuple[dict[st
     return env, types
 
 
-async def names(session: AsyncSession, user_id: str) -> set[str]:
-    """Names the user's and the instance's values define (what a new thread of the user inherits)."""
+async def shared_values(session: AsyncSession, fernet: Fernet, user_id: str) -> dict[str, str]:
+    """The user's and the instance's values (the user's win), secrets decrypted: what a new thread of the user
+    inherits."""
     rows = await session.execute(
-        select(tables.EnvValue.name).where(
+        select(tables.EnvValue.scope, tables.EnvValue.name, tables.EnvValue.type, tables.EnvValue.value).where(
             or_(
                 (tables.EnvValue.scope == "user") & (tables.EnvValue.owner == user_id),
                 (tables.EnvValue.scope == "instance") & (tables.EnvValue.owner == INSTANCE),
             )
         )
     )
-    return set(rows.scalars())
+    found: dict[str, str] = {}
+    for r in sorted(rows, key=lambda r: r.scope == "user"):  # the instance's first, so the user's overwrite them
+        found[r.name] = crypto.decrypt(fernet, r.value) if r.type == "secret" else r.value
+    return found
 
 
 _LAYERS = (

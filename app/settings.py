@@ -7,6 +7,7 @@ import os
 import re
 from pathlib import Path
 from typing import Annotated, Literal
+from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -57,6 +58,11 @@ class Settings(BaseSettings):
         default_factory=list,
         description="in open mode, host names served besides loopback ones (comma-separated): any other `Host` is "
         "refused, so a web page cannot reach the API by DNS rebinding",
+    )
+    public_url: str | None = Field(
+        default=None,
+        description="the server's address as clients reach it (`https://agents.example.com`, a path prefix allowed): "
+        "the base of the full URLs the API makes of absolute paths (agent icons); unset: each request's own base URL",
     )
     playground: bool | None = Field(
         default=None, description="serve the browser playground at `/`; unset: on when the API binds to loopback"
@@ -123,6 +129,19 @@ class Settings(BaseSettings):
                 f"`agents keys create` makes); make one with: {MAKE_A_KEY}"
             )
         return plain
+
+    @field_validator("public_url", mode="before")
+    @classmethod
+    def _base_url(cls, value: object) -> object:
+        if value is None or (isinstance(value, str) and not value.strip()):
+            return None  # compose passes an unset variable as ""
+        if not isinstance(value, str):
+            return value
+        url = value.strip()
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.netloc or parts.query or parts.fragment:
+            raise ValueError("must be an http(s) URL without a query or fragment, e.g. `https://agents.example.com`")
+        return url.rstrip("/")
 
     @field_validator("allowed_hosts", "cors_origins", mode="before")
     @classmethod

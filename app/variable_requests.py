@@ -78,8 +78,8 @@ async def fulfil(
     if parent.terminated_at is not None:
         raise errors.ThreadTerminated()
     creation = children.Creation.of(request.payload, fernet)
-    provided = set(values) | set(creation.scoped_env)  # an immediate instance's own values count too
-    _, missing = await children.missing_scoped(session, catalog, parent, request.agent, provided)
+    provided = {**creation.scoped_env, **values}  # an immediate instance's own values count too
+    _, missing = await children.missing_scoped(session, catalog, fernet, parent, request.agent, provided)
     if missing:
         raise environment.missing(missing, errors.StillMissing)
     scoped_env = {**creation.scoped_env, **values}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import uuid
 from collections.abc import AsyncIterator
@@ -99,9 +100,38 @@ async def test_agents(client: httpx.AsyncClient) -> None:
     listed = {a["name"]: a for a in (await client.get("/agents")).json()}
     assert listed["assistant"]["type"] == "ai_human"
     assert {v["name"] for v in listed["needs_var"]["variables"]} == {"API_TOKEN", "REGION"}
+    assert {v["description"] for v in listed["needs_var"]["variables"]} == {""}  # the spec's "" when not provided
     detail = (await client.get("/agents/assistant")).json()
     assert detail["side_a"]["prompt"] == "assistant" and detail["prompts"] == ["assistant"]
     assert_error(await client.get("/agents/nope"), 404, "agent_not_found")
+
+
+async def test_an_absolute_icon_path_is_a_full_url_in_responses(app_factory: Any) -> None:
+    """Spec `AgentDefinition.icon`: absolute paths are converted to full URLs in API responses — on the request's
+    base URL, or on `PUBLIC_URL` when set; URLs, relative paths and other text stay as they are."""
+    base = _catalog()
+    icons = {
+        "boss": "/icons/boss.svg",
+        "web": "https://example.com/icon.svg",
+        "cdn": "//cdn.example.com/i.svg",
+        "rel": "icons/rel.svg",
+        "emoji": "🧪",
+    }
+    agents = {name: define_agent(name=name, side_a={"prompt": "needs_var"}, icon=icon) for name, icon in icons.items()}
+    cat = dataclasses.replace(base, agents={**base.agents, **agents})
+    expected = {**icons, "boss": "http://localhost/icons/boss.svg"}
+    async with client_for(await app_factory(cat)) as client:
+        listed = {a["name"]: a["icon"] for a in (await client.get("/agents")).json()}
+        assert {name: listed[name] for name in icons} == expected
+        assert listed["assistant"] is None
+        for name, icon in expected.items():
+            assert (await client.get(f"/agents/{name}")).json()["icon"] == icon
+    app = await app_factory(cat, public_url="https://agents.example.com/api/")
+    async with client_for(app) as client:
+        listed = {a["name"]: a["icon"] for a in (await client.get("/agents")).json()}
+        assert listed["boss"] == "https://agents.example.com/api/icons/boss.svg" and listed["rel"] == "icons/rel.svg"
+        detail = (await client.get("/agents/boss")).json()
+        assert detail["icon"] == "https://agents.example.com/api/icons/boss.svg"
 
 
 async def test_create_thread_errors(client: httpx.AsyncClient) -> None:

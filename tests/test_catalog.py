@@ -9,6 +9,7 @@ import pytest
 
 from app import catalog
 from app.errors import AgentNotFound
+from app.spec.definitions import VariableDefinition
 
 FIXTURES = Path(__file__).parent / "fixtures" / "catalog"
 
@@ -269,3 +270,10 @@ def test_a_provider_tool_is_refused_with_the_reason(tmp_path: Path) -> None:
     assert unknown.message == "unknown tool `lookup`" and unknown.fix.endswith(
         "(provider-executed tools are not supported)"
     )
+
+
+def test_a_variable_without_a_description_has_the_empty_one() -> None:
+    """The spec's `VariableDefinition.description` is `""` when not provided (seeds/002), `None` included."""
+    assert VariableDefinition(name="X").description == ""
+    assert VariableDefinition.model_validate({"name": "X", "description": None}).description == ""
+    assert VariableDefinition.model_validate({"name": "X", "description": "the x"}).description == "the x"

@@ -238,6 +238,63 @@ async def test_required_variables_resolve_where_they_are_read(app_factory: Any) 
         assert (await client.post("/threads", json={"agent": "agent", "env": env})).status_code == 201
 
 
+def optional_branch(*, agent_env: dict[str, str] | None = None, prompt_env: dict[str, str] | None = None) -> Catalog:
+    """An agent whose prompt lists `kid` as `{"optional": "USE_X", "immediate": true}`; a tool of `kid`'s side A
+    requires `NEEDX`."""
+    model = define_model(name="m", provider="test", script=["ok"])
+    needs = dataclasses.replace(read_x, variables=[VariableDefinition(name="NEEDX", required=True)])
+    prompts = {
+        "top": define_prompt(
+            name="top",
+            model="m",
+            prompt="sys",
+            env=prompt_env or {},
+            tools=[{"name": "kid", "optional": "USE_X", "immediate": True}],
+        ),
+        "kidp": define_prompt(name="kidp", model="m", prompt="k", tools=["read_x"]),
+    }
+    agents = {
+        "agent": define_agent(name="agent", side_a={"prompt": "top"}, env=agent_env or {}),
+        "kid": define_agent(
+            name="kid",
+            type="dual_ai",
+            expose_as_tool=True,
+            tool_description="k",
+            side_a={"prompt": "kidp"},
+            side_b={"prompt": "kidp"},
+        ),
+    }
+    return Catalog(root=Path("."), models={"m": model}, prompts=prompts, agents=agents, tools={"read_x": needs})
+
+
+async def test_a_disabled_optional_branch_requires_nothing(app_factory: Any) -> None:
+    """A subagent entry whose `optional` flag is off is not available (spec "Subagents" §5.1), so creating a thread
+    does not ask for the variables of its graph; the flag is read where a step reads it: the posted env, the user's
+    and the instance's values, then the agent's and the prompt's `env` (§6.6, §8)."""
+    app = await app_factory(optional_branch())
+    alice, admin = await key(app, "alice"), await key(app, "root", admin=True)
+    async with client_for(app, alice) as client, client_for(app, admin) as root:
+        for env in ({}, {"USE_X": "no"}, {"USE_X": "0"}):
+            created = await client.post("/threads", json={"agent": "agent", "env": env})
+            assert created.status_code == 201, (env, created.text)
+        for env in ({"USE_X": "YES"}, {"USE_X": " true "}, {"USE_X": "1"}):
+            created = await client.post("/threads", json={"agent": "agent", "env": env})
+            refused = assert_error(created, 422, "missing_variables")
+            assert refused["details"]["missing"] == ["NEEDX"], env
+        env = {"USE_X": "yes", "NEEDX": "x"}
+        assert (await client.post("/threads", json={"agent": "agent", "env": env})).status_code == 201
+        assert (await root.put("/env/instance/USE_X", json={"value": "yes", "type": "secret"})).status_code == 200
+        assert_error(await client.post("/threads", json={"agent": "agent"}), 422, "missing_variables")
+        assert (await client.put("/env/user/USE_X", json={"value": "no"})).status_code == 200  # the user's win
+        assert (await client.post("/threads", json={"agent": "agent"})).status_code == 201
+    for cat in (optional_branch(agent_env={"USE_X": "yes"}), optional_branch(prompt_env={"USE_X": "yes"})):
+        app = await app_factory(cat)
+        async with client_for(app, await key(app, "bob")) as client:
+            assert_error(await client.post("/threads", json={"agent": "agent"}), 422, "missing_variables")
+            created = await client.post("/threads", json={"agent": "agent", "env": {"USE_X": "no"}})
+            assert created.status_code == 201, created.text  # the thread's value wins
+
+
 def family() -> Catalog:
     """A parent that starts two resumable children, sets X, then messages both: `kid` inherits X, `walled` declares
     it scoped (its own agent `env` gives it)."""

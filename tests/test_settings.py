@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import pytest
+from pydantic import ValidationError
 
 from app.settings import Settings, is_loopback, normalise_url, plain_url
 
@@ -66,3 +67,14 @@ def test_the_playground_is_on_by_default_on_loopback_only(
     if value is not None:
         monkeypatch.setenv("PLAYGROUND", value)
     assert Settings().playground_enabled is enabled
+
+
+def test_public_url_is_an_http_base_without_a_trailing_slash(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PUBLIC_URL", "https://agents.example.com/api/")
+    assert Settings().public_url == "https://agents.example.com/api"
+    monkeypatch.setenv("PUBLIC_URL", "")
+    assert Settings().public_url is None  # compose passes an unset variable as ""
+    for bad in ("agents.example.com", "ftp://agents.example.com", "https://agents.example.com/?x=1", "https://"):
+        monkeypatch.setenv("PUBLIC_URL", bad)
+        with pytest.raises(ValidationError, match="http\\(s\\) URL"):
+            Settings()

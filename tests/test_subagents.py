@@ -18,8 +18,18 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app import children, errors, keys, tables, threads
 from app.catalog import Catalog
+from app.engine import child_tools
 from app.llm.base import LLMRequest
-from app.spec import ThreadState, ToolResult, define_agent, define_hook, define_model, define_prompt, define_tool
+from app.spec import (
+    ThreadState,
+    ToolEntry,
+    ToolResult,
+    define_agent,
+    define_hook,
+    define_model,
+    define_prompt,
+    define_tool,
+)
 from tests.conftest import client_for, wait_for
 from tests.test_engine import event_types, stored
 
@@ -610,6 +620,56 @@ async def test_resumable_create_limit_message_and_later_sessions(app_factory: An
     assert worker_inputs[:1] == ["first job"] and "second job" in worker_inputs
 
 
+def test_a_resumable_subagent_at_its_cap_leaves_the_create_enum() -> None:
+    """Only the capped agent leaves `subagent_create`'s enum; with none left there is no `subagent_create`, while
+    `subagent_message` stays (skill guide 0.14.1)."""
+    cat = catalog(Brain(lambda request: "x"), {"name": "qa", "resumable": {"receives_messages": "side_a"}})
+    aux = cat.agents["qa"].model_copy(update={"name": "aux"})
+    boss = cat.prompts["boss"]
+    aux_entry = ToolEntry.model_validate({"name": "aux", "resumable": {"receives_messages": "side_a"}})
+    boss = boss.model_copy(update={"tools": [*boss.tools, aux_entry]})
+    cat = dataclasses.replace(cat, prompts={**cat.prompts, "boss": boss}, agents={**cat.agents, "aux": aux})
+
+    def offer(full: frozenset[str]) -> dict[str, Any]:
+        return {t.name: t.parameters for t in child_tools.offered(cat, cat.prompts["boss"], None, full)}
+
+    assert offer(frozenset())["subagent_create"]["properties"]["agent"]["enum"] == ["qa", "aux"]
+    assert offer(frozenset({"qa"}))["subagent_create"]["properties"]["agent"]["enum"] == ["aux"]
+    assert set(offer(frozenset({"qa", "aux"}))) == {"subagent_message"}
+
+
+async def test_a_resumable_subagent_at_its_cap_is_offered_for_messages_only(app_factory: Any, drive: Any) -> None:
+    """At `max_instances` live instances, `subagent_create` is no longer offered (0.14.1: "when reached the tool is
+    hidden and new messages route to existing instances"), counted afresh at every step: a stale create still gets
+    the limit error, and once the instance is terminated creation is offered again."""
+    create = {"name": "subagent_create", "arguments": {"agent": "qa", "message": "a job", "attachments": []}}
+    script = [
+        create,
+        lambda r: {"name": "subagent_message",
+                   "arguments": {"referenceId": reference(r), "message": "more", "attachments": []}},
+        create,  # stale: the tool is not offered
+    ]  # fmt: skip
+    brain = Brain(manager(script))
+    entry = {"name": "qa", "resumable": {"receives_messages": "side_a", "max_instances": 1}}
+    app, client, tid = await start(app_factory, catalog(brain, entry), worker=False)
+    await client.post(f"/threads/{tid}/messages", json={"content": "start"})
+    rows = await ran(drive, app, client, tid, said("boss saw"))
+    offered = [{t.name for t in request.tools} for request in brain.seen["boss"]]
+    assert "subagent_create" in offered[0] and "subagent_message" in offered[0]
+    assert all("subagent_create" not in names and "subagent_message" in names for names in offered[1:]), offered
+    results = [r for r in rows if r["role"] == "tool"]
+    cid = results[0]["subagent_id"]
+    assert results[1]["content"] == f"looks good\n\nReference: {cid}"  # the message reached the existing one
+    assert results[2]["content"] == (
+        'Subagent instance limit reached for "qa" (1). Use subagent_message with an existing reference instead. '
+        f"Active references: {cid}"
+    )
+    assert (await client.post(f"/threads/{cid}/terminate")).status_code == 200
+    await client.post(f"/threads/{tid}/messages", json={"content": "again"})
+    await ran(drive, app, client, tid, lambda rs: sum(said("boss saw")([r]) for r in rs) >= 2)
+    assert "subagent_create" in {t.name for t in brain.seen["boss"][-1].tools}
+
+
 async def test_explicit_communication_sends_only_what_the_child_says(app_factory: Any, drive: Any) -> None:
     create = {"name": "subagent_create", "arguments": {"agent": "qa", "message": "explicit job", "attachments": []}}
     brain = Brain(manager([create]))
@@ -830,6 +890,33 @@ async def test_the_bootstrap_flow_end_to_end(app_factory: Any, drive: Any) -> No
     assert report["content"].startswith(f"Subagent (reference: {cid}) has returned the following result:\n\nlooks good")
     assert (await client.get(endpoint)).json()["child_thread_id"] == cid
     assert (await client.get(f"/threads/{tid}/variables/{uuid.uuid4()}")).status_code == 404
+
+
+async def test_the_scoped_check_leaves_out_a_disabled_branch_of_the_childs_graph(app_factory: Any, drive: Any) -> None:
+    """A branch of the child's graph whose `optional` flag is off requires nothing; the flag is read in the env the
+    child will have — here the copy of the parent's thread env it gets (§6.6, §6.7)."""
+    cat = catalog(Brain(delegate()), {"name": "qa"})
+    aide = define_prompt(name="aide", model="m", prompt="aide.",
+                         variables=[{"name": "TOKEN", "required": True, "scoped": True}])  # fmt: skip
+    helper = define_agent(name="helper", type="dual_ai", expose_as_tool=True, tool_description="Helps.",
+                          max_session_turns=2, side_a={"prompt": "aide"}, side_b={"prompt": "aide"})  # fmt: skip
+    worker = cat.prompts["worker"]
+    worker = worker.model_copy(update={"tools": [*worker.tools, ToolEntry(name="helper", optional="USE_HELPER")]})
+    cat = dataclasses.replace(
+        cat, prompts={**cat.prompts, "aide": aide, "worker": worker}, agents={**cat.agents, "helper": helper}
+    )
+    app = await app_factory(cat)
+    client = client_for(app)
+    for env, asked in (({}, False), ({"USE_HELPER": "no"}, False), ({"USE_HELPER": "yes"}, True)):
+        tid = (await client.post("/threads", json={"agent": "boss", "env": env})).json()["id"]
+        await client.post(f"/threads/{tid}/messages", json={"content": "go"})
+        rows = await ran(drive, app, client, tid, said("boss saw"))
+        tool = next(r for r in rows if r["role"] == "tool")
+        if asked:
+            assert tool["metadata"]["error_code"] == "subagent_env_required", tool
+            assert tool["metadata"]["error_data"]["missing"] == ["TOKEN"]
+        else:
+            assert tool["tool_status"] == "success" and tool["content"].startswith("looks good"), (env, tool)
 
 
 async def test_an_immediate_instance_waiting_for_a_value_keeps_its_own_scoped_values(app_factory: Any) -> None:

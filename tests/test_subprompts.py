@@ -141,7 +141,14 @@ async def test_offered_as_a_tool_with_its_schema(app_factory: Any, drive: Any) -
         "Polishes text.",
         {
             "type": "object",
-            "properties": {"message": {"type": "string"}},
+            "properties": {
+                "message": {"type": "string"},
+                "attachments": {
+                    "type": "array",
+                    "items": {"type": "string"},
+                    "description": "paths of files of this thread to attach",
+                },
+            },
             "required": ["message"],
             "additionalProperties": False,
         },
@@ -274,6 +281,43 @@ async def test_first_message_and_attachments_from_the_arguments(app_factory: Any
         "Provided attachment path(s) not found in this thread: /attachments/missing.txt. Use an exact "
         "/attachments/... path that exists in this thread, then try again.",
         "Invalid arguments for tool `helper`: `text` must be of type string",
+    ]
+    assert len(sub.requests) == 1
+
+
+async def test_attachments_is_the_default_attachments_argument(app_factory: Any, drive: Any) -> None:
+    """A subprompt without `required_schema` takes `{message, attachments?}` (§7.2): the files reach its first
+    `user` message, as the model of the subprompt sees it."""
+    main = Recorder(
+        call("helper", message="Summarise this.", attachments=["/attachments/note.txt"]),
+        call("helper", message="again", attachments=["/attachments/missing.txt"]),
+        call("helper", message="wrong", attachments=[1]),
+        "ok",
+    )
+    sub = Recorder("A note.")
+    _, client, tid = await start(app_factory, catalog(main, sub))
+    put = await client.put(
+        f"/threads/{tid}/fs/attachments/note.txt", content=b"hello", headers={"content-type": "text/plain"}
+    )
+    assert put.status_code == 201
+    await say(drive, client, tid, "summarise my note")
+    assert sub.seen(0)[-1] == (
+        "user",
+        "Summarise this.\n\nAttached files:\n- /attachments/note.txt (text/plain, 5 bytes)",
+    )
+    first = next(m for m in await listed(client, tid, depth=1) if m["depth"] == 1)
+    assert first["attachments"] == [
+        {"path": "/attachments/note.txt", "name": "note.txt", "mime_type": "text/plain", "size": 5}
+    ]
+    results = [(m["tool_status"], m["content"]) for m in await listed(client, tid) if m["role"] == "tool"]
+    assert results == [
+        ("success", "A note."),
+        (
+            "error",
+            "Provided attachment path(s) not found in this thread: /attachments/missing.txt. Use an exact "
+            "/attachments/... path that exists in this thread, then try again.",
+        ),
+        ("error", "Invalid arguments for tool `helper`: `attachments` must be paths"),
     ]
     assert len(sub.requests) == 1
 
@@ -626,4 +670,44 @@ def test_arguments_problem_uses_a_pydantic_schema_or_the_default_message_schema(
     assert subprompts.arguments_problem(typed, {}) == "`q`: Field required"
     plain = define_prompt(name="p", model="m", prompt="x")
     assert subprompts.arguments_problem(plain, {"message": "hi"}) is None
+    assert subprompts.arguments_problem(plain, {"message": "hi", "attachments": ["/attachments/a.txt"]}) is None
     assert subprompts.arguments_problem(plain, {"message": "hi", "extra": 1}) == "unknown `extra`"
+
+
+async def test_a_subprompt_step_is_offered_creation_only_below_max_instances(app_factory: Any, drive: Any) -> None:
+    """A subprompt's step counts the thread's live children afresh, as the step loop does (0.14.1)."""
+    entry = {"name": "qa", "resumable": {"receives_messages": "side_a", "max_instances": 1}}
+    seen: list[set[str]] = []
+
+    class Creating(test_subagents.Brain):
+        async def __call__(self, request: LLMRequest) -> Any:
+            if (request.messages[0].content or "").startswith("delegator."):
+                seen.append({t.name for t in request.tools})
+                arguments = {"agent": "qa", "message": "check the report", "attachments": []}
+                return {"tool_calls": [{"name": "subagent_create", "arguments": arguments}]}
+            return await super().__call__(request)
+
+    def boss(request: LLMRequest) -> Any:
+        last = test_subagents.last_of(request)
+        if last.role == "user" and last.content in ("go", "again"):
+            return {"tool_calls": [{"name": "delegator", "arguments": {"message": "hand it on"}}]}
+        return f"boss saw: {last.content}"
+
+    cat = test_subagents.catalog(Creating(boss), entry)
+    delegator = define_prompt(
+        name="delegator", model="m", prompt="delegator. Hand work on.", tool_description="Delegates.", tools=[entry]
+    )
+    boss_prompt = define_prompt(
+        name="boss", model="m", prompt="boss. Delegate.", include_chat=True, tools=["delegator"]
+    )
+    cat = dataclasses.replace(cat, prompts={**cat.prompts, "boss": boss_prompt, "delegator": delegator})
+    app: FastAPI = await app_factory(cat)
+    client = client_for(app)
+    tid = (await client.post("/threads", json={"agent": "boss"})).json()["id"]
+    for text in ("go", "again"):
+        await client.post(f"/threads/{tid}/messages", json={"content": text})
+        await drive(app)
+    assert seen == [{"subagent_create", "subagent_message"}, {"subagent_message"}]
+    assert len(await test_subagents.registry(client, tid)) == 1
+    answers = [m["content"] for m in await listed(client, tid, depth=1) if m["depth"] == 1 and m["role"] == "tool"]
+    assert answers[1].startswith('Subagent instance limit reached for "qa" (1).')  # the call made anyway

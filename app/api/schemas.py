@@ -304,7 +304,7 @@ class Variable(BaseModel):
     type: str
     required: bool
     scoped: bool
-    description: str | None
+    description: str = Field(description='"" when the declaration gives none (the spec\'s `VariableDefinition`)')
 
 
 class Agent(BaseModel):
@@ -312,7 +312,7 @@ class Agent(BaseModel):
     type: str
     title: str | None
     description: str | None
-    icon: str | None
+    icon: str | None = Field(description="the agent's `icon`; an absolute path as a full URL on the server's base")
     expose_as_tool: bool
     variables: list[Variable]
 

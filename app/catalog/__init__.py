@@ -60,53 +60,61 @@ class Catalog:
             return "agent"
         return None
 
-    def unresolved(self, name: str, provided: Collection[str], *, scoped: bool) -> list[str]:
+    def unresolved(
+        self, name: str, provided: Collection[str], *, scoped: bool, values: Mapping[str, str] | None = None
+    ) -> list[str]:
         """Required variables of the agent's graph (the scoped ones, or the others) that neither `provided` nor the
         `env` of the definitions around the place that reads them define (§8): a callable sees its agent's, its
         prompt's and its tool entry's `env`; a prompt (a subprompt too) its agent's and its own; a subagent or a
-        handoff target starts over with its own agent's `env`, since only the thread env crosses to it."""
+        handoff target starts over with its own agent's `env`, since only the thread env crosses to it. A subagent
+        entry whose `optional` flag is off — looked up as a step would: `values` (the stored thread, user and
+        instance values), then the agent's and the prompt's `env` — is left out with its graph: a disabled branch
+        is not available, so it requires nothing (§6.6)."""
         given = set(provided)
+        stored: Mapping[str, str] = values or {}
         missing: set[str] = set()
-        seen: set[tuple[str, str, frozenset[str]]] = set()
+        seen_prompts: set[tuple[str, frozenset[tuple[str, str]], frozenset[tuple[str, str]]]] = set()
+        seen_agents: set[str] = set()
 
-        def need(variables: list[VariableDefinition], visible: frozenset[str]) -> None:
+        def need(variables: list[VariableDefinition], visible: Collection[str]) -> None:
             for v in variables:
                 if v.required and v.scoped == scoped and v.name not in given and v.name not in visible:
                     missing.add(v.name)
 
-        def prompt(node: str, agent_env: frozenset[str], visible: frozenset[str]) -> None:
-            if (node, "prompt", visible) in seen or node not in self.prompts:
+        def prompt(node: str, agent_env: Mapping[str, str], prompt_env: Mapping[str, str]) -> None:
+            key = (node, frozenset(agent_env.items()), frozenset(prompt_env.items()))
+            if key in seen_prompts or node not in self.prompts:
                 return
-            seen.add((node, "prompt", visible))
+            seen_prompts.add(key)
             definition = self.prompts[node]
+            visible = {*agent_env, *prompt_env}
             need(definition.variables, visible)
             for included in references.included(definition):
-                prompt(included, agent_env, visible)  # rendered with the including prompt's env
+                prompt(included, agent_env, prompt_env)  # rendered with the including prompt's env
             for entry in definition.tool_entries():
                 kind = self.kind_of(entry.name)
                 if kind == "callable":
                     need(self.tools[entry.name].variables, visible | set(entry.env))
                 elif kind == "prompt":
-                    prompt(entry.name, agent_env, agent_env | set(self.prompts[entry.name].env))
-                elif kind == "agent":
+                    prompt(entry.name, agent_env, self.prompts[entry.name].env)
+                elif kind == "agent" and entry.enabled(lambda n: stored.get(n, agent_env.get(n, prompt_env.get(n)))):
                     agent(entry.name)
 
         def agent(node: str) -> None:
-            if (node, "agent", frozenset()) in seen:
+            if node in seen_agents:
                 return
-            seen.add((node, "agent", frozenset()))
+            seen_agents.add(node)
             definition = self.agents[node]
-            agent_env = frozenset(definition.env)
             sides = [side for side in (definition.side_a, definition.side_b) if side is not None]
             # the agent's own variables must resolve whichever side's prompt is active
             shared = frozenset.intersection(*(frozenset(self.prompts[s.prompt].env) for s in sides))
-            need(definition.variables, agent_env | shared)
+            need(definition.variables, {*definition.env, *shared})
             for side in sides:
-                visible = agent_env | set(self.prompts[side.prompt].env)
-                prompt(side.prompt, agent_env, visible)
+                side_env = self.prompts[side.prompt].env
+                prompt(side.prompt, definition.env, side_env)
                 for tool in side.session_tool_names():
                     if tool in self.tools:
-                        need(self.tools[tool].variables, visible)
+                        need(self.tools[tool].variables, {*definition.env, *side_env})
 
         agent(self.agent(name).name)
         return sorted(missing)

@@ -53,15 +53,17 @@ class Answered:
 
 
 def available(entry: ToolEntry, env: Env | None) -> bool:
-    """`optional: NAME`: the subagent exists for this prompt only when NAME resolves to true, 1 or yes (§6.6)."""
-    if entry.optional is None:
-        return True
+    """Whether the entry is available to a step that resolves `env` (`ToolEntry.enabled`, §6.6)."""
     if env is None:
-        return False
-    try:
-        return env.get(entry.optional).strip().lower() in ("true", "1", "yes")
-    except LookupError:
-        return False
+        return entry.optional is None
+
+    def value(name: str) -> str | None:
+        try:
+            return env.get(name)
+        except LookupError:
+            return None
+
+    return entry.enabled(value)
 
 
 def _targets(
@@ -98,9 +100,30 @@ def _arguments_problem(catalog: Catalog, agent: AgentDefinition, arguments: dict
     return subprompts.shape_problem(_schema(catalog, agent), arguments)
 
 
-def offered(catalog: Catalog, prompt: PromptDefinition, env: Env | None = None) -> list[OfferedTool]:
-    """Non-resumable subagents as tools named after them; resumable ones behind `subagent_create` /
-    `subagent_message`."""
+def live(rows: list[tables.Thread], agent: str) -> list[tables.Thread]:
+    """The parent's live (not terminated) children of `agent`, among its children `rows`: what `max_instances`
+    counts (§6.3)."""
+    return [c for c in rows if c.agent == agent and c.terminated_at is None]
+
+
+def at_cap(catalog: Catalog, prompt: PromptDefinition, env: Env | None, rows: list[tables.Thread]) -> frozenset[str]:
+    """The prompt's resumable subagents whose live instances (among the parent's children `rows`) reached their
+    `max_instances`: no longer offered for creation (skill guide 0.14.1: "when reached the tool is hidden and new
+    messages route to existing instances")."""
+    return frozenset(
+        agent.name
+        for entry, agent in _targets(catalog, prompt, env)
+        if entry.resumable
+        and entry.resumable.max_instances is not None
+        and len(live(rows, agent.name)) >= entry.resumable.max_instances
+    )
+
+
+def offered(
+    catalog: Catalog, prompt: PromptDefinition, env: Env | None = None, full: frozenset[str] = frozenset()
+) -> list[OfferedTool]:
+    """Non-resumable subagents as tools named after them; resumable ones behind `subagent_create` (those not in
+    `full`, the ones `at_cap`; without any left, no `subagent_create`) and `subagent_message`."""
     tools: list[OfferedTool] = []
     resumable: list[str] = []
     for entry, agent in _targets(catalog, prompt, env):
@@ -108,12 +131,13 @@ def offered(catalog: Catalog, prompt: PromptDefinition, env: Env | None = None) 
             resumable.append(agent.name)
             continue
         tools.append(OfferedTool(agent.name, "subagent", entry, agent.tool_description or "", _schema(catalog, agent)))
-    if resumable:
-        names = ", ".join(f"`{n}` ({catalog.agents[n].tool_description})" for n in resumable)
+    creatable = [name for name in resumable if name not in full]
+    if creatable:
+        names = ", ".join(f"`{n}` ({catalog.agents[n].tool_description})" for n in creatable)
         create = {
             "type": "object",
             "properties": {
-                "agent": {"type": "string", "enum": resumable},
+                "agent": {"type": "string", "enum": creatable},
                 "message": {"type": "string"},
                 "attachments": PATHS,
                 "name": {"type": "string", "description": "a name for this instance"},
@@ -121,13 +145,14 @@ def offered(catalog: Catalog, prompt: PromptDefinition, env: Env | None = None) 
             "required": ["agent", "message", "attachments"],
             "additionalProperties": False,
         }
+        tools.append(OfferedTool(CREATE, CREATE, ToolEntry(name=CREATE), f"Start a subagent: {names}.", create))
+    if resumable:
         send = {
             "type": "object",
             "properties": {"referenceId": {"type": "string"}, "message": {"type": "string"}, "attachments": PATHS},
             "required": ["referenceId", "message", "attachments"],
             "additionalProperties": False,
         }
-        tools.append(OfferedTool(CREATE, CREATE, ToolEntry(name=CREATE), f"Start a subagent: {names}.", create))
         tools.append(
             OfferedTool(MESSAGE, MESSAGE, ToolEntry(name=MESSAGE), "Send a message to a subagent you started.", send)
         )
@@ -197,11 +222,10 @@ async def call(
             return _error("`message` must be a string")
         content, paths_arg, label = arguments["message"], arguments.get("attachments"), arguments.get("name")
         limit = entry.resumable.max_instances if entry.resumable else None
-        if limit is not None:
-            live = [c for c in await children.of_parent(session, parent.id) if c.agent == agent.name]
-            live = [c for c in live if c.terminated_at is None]
-            if len(live) >= limit:
-                ids = ", ".join(str(c.id) for c in live)
+        if limit is not None:  # a call made while the cap hid the tool (a stale call, a queued one) is refused
+            running = live(await children.of_parent(session, parent.id), agent.name)
+            if len(running) >= limit:
+                ids = ", ".join(str(c.id) for c in running)
                 return _error(LIMIT.format(agent=agent.name, limit=limit, ids=ids))
     else:
         entry, agent = tool.entry, catalog.agents[tool.name]
@@ -219,7 +243,7 @@ async def call(
     name = str(label) if isinstance(label, str | int | float) and str(label) else None
     blocking = entry.blocking and not nonblocking
     creation = children.Creation(agent.name, entry, side, content, blocking=blocking, paths=paths, name=name)
-    required, missing = await children.missing_scoped(session, catalog, parent, agent.name, set())
+    required, missing = await children.missing_scoped(session, catalog, fernet, parent, agent.name, {})
     if missing:  # nothing is created: the values come through the bootstrap routes (§6.7)
         request = await variable_requests.create(session, fernet, parent, agent.name, required, missing, creation)
         return Answered(_env_required(parent, agent.name, request))
@@ -366,7 +390,7 @@ async def spawn_immediate(
                 spawn_group_id=group_id,
             )
             required, missing = await children.missing_scoped(
-                session, catalog, parent, agent.name, set(group["scoped"])
+                session, catalog, fernet, parent, agent.name, group["scoped"]
             )
             if missing:  # no child yet: the values come through the bootstrap routes (§6.7)
                 request = await variable_requests.create(

@@ -151,9 +151,14 @@ def session_tool_schema(side: SideConfig, name: str) -> dict[str, Any]:
 
 
 def offered_tools(
-    catalog: Catalog, prompt: PromptDefinition, side: SideConfig, env: Env | None = None
+    catalog: Catalog,
+    prompt: PromptDefinition,
+    side: SideConfig,
+    env: Env | None = None,
+    full: frozenset[str] = frozenset(),
 ) -> list[OfferedTool]:
-    """Callables of the prompt plus the side's session tools (built in when no callable has the name)."""
+    """Callables of the prompt plus the side's session tools (built in when no callable has the name), and its
+    subagent tools (`full`: resumable subagents at their cap, not offered for creation)."""
     offered: dict[str, OfferedTool] = {}
     for entry in prompt.tool_entries():
         tool = catalog.tools.get(entry.name)
@@ -178,7 +183,7 @@ def offered_tools(
 
     from app.engine import child_tools  # it builds on `OfferedTool`: imported here, not at the top
 
-    for child_tool in child_tools.offered(catalog, prompt, env):
+    for child_tool in child_tools.offered(catalog, prompt, env, full):
         offered.setdefault(child_tool.name, child_tool)
     return list(offered.values())
 
@@ -322,8 +327,9 @@ def build_request(
     rows: Sequence[HistoryRow],
     turn_start: int,
     env: Env,
+    full: frozenset[str] = frozenset(),
 ) -> LLMRequest:
-    """Everything the model of `prompt` is sent for the acting side's next step."""
+    """Everything the model of `prompt` is sent for the acting side's next step (`full`: see `offered_tools`)."""
     model = catalog.models[prompt.model]
     past = history(rows, acting, prompt, turn_start)
     recent = len(past) - prompt.recent_image_threshold
@@ -331,7 +337,7 @@ def build_request(
         if index < recent or not model.capabilities.supports_images:
             message.images = []
     messages = [LLMMessage("system", render_prompt(catalog, prompt, env)), *past]
-    tools = [LLMTool(t.name, t.description, t.parameters) for t in offered_tools(catalog, prompt, side, env)]
+    tools = [LLMTool(t.name, t.description, t.parameters) for t in offered_tools(catalog, prompt, side, env, full)]
     return LLMRequest(
         model=model.model or model.name,
         messages=messages,

@@ -381,8 +381,10 @@ class Engine(ToolPhase):
         assembled: Sequence[context.HistoryRow] = held.seen()
         if hook_runner.runs("filter_messages"):
             assembled = await hook_runner.filter_messages(rows, side, prompt, turn_start)
+        kids = await children.of(session, thread)  # as they are now: the registry, and who is at `max_instances`
+        full = child_tools.at_cap(self._catalog, prompt, env, kids)
         try:
-            request = context.build_request(self._catalog, prompt, side_config, side, assembled, turn_start, env)
+            request = context.build_request(self._catalog, prompt, side_config, side, assembled, turn_start, env, full)
         except context.MissingVariable as exc:
             await turns.end_session(
                 session, thread, stops.Verdict("session", "llm_error", threads.SessionStatus.FAILURE)
@@ -390,7 +392,7 @@ class Engine(ToolPhase):
             await events.append(session, thread.id, "error", {"code": "missing_variable", "message": str(exc)})
             return None
         request.messages = await hook_runner.prefilter_llm_history(request.messages)
-        registry = children.registry_message(await children.of(session, thread))
+        registry = children.registry_message(kids)
         if registry is not None:  # after the history, so the model sees its children's current state
             request.messages.append(LLMMessage("system", registry))
         await calls.inline_images(session, thread.id, request.messages)

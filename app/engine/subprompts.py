@@ -36,7 +36,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import attachments, errors, event_types, events, files, logs, messages, tables
+from app import attachments, children, errors, event_types, events, files, logs, messages, tables
 from app.catalog import Catalog
 from app.engine import calls, child_tools, context, hooks, tools
 from app.engine.state import RunState, Transaction
@@ -76,10 +76,11 @@ class Runner:
         problem = arguments_problem(prompt, arguments)
         if problem is not None:
             return _error(f"Invalid arguments for tool `{name}`: {problem}")
-        paths = arguments.get(entry.init_attachments_property) if entry.init_attachments_property else None
+        prop = entry.init_attachments_property or "attachments"  # the default, as a subagent's (§6.2, §7.2)
+        paths = arguments.get(prop)
         paths = [paths] if isinstance(paths, str) else paths or []
         if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
-            return _error(f"Invalid arguments for tool `{name}`: `{entry.init_attachments_property}` must be paths")
+            return _error(f"Invalid arguments for tool `{name}`: `{prop}` must be paths")
         execution = state.execution
         assert execution is not None
         side = execution.side
@@ -123,9 +124,10 @@ class Runner:
                 "metadata_": {"subprompt_call": execution.tool_call_id, "subprompt_run": run},
             }
             rows = [r for r in await messages.history(session, thread.id) if r.depth == 0]
+            full = child_tools.at_cap(self._catalog, prompt, env, await children.of(session, thread))
             try:
                 request = context.build_request(
-                    self._catalog, prompt, SideConfig(prompt=name), side, rows, _CHAT_ONLY, env
+                    self._catalog, prompt, SideConfig(prompt=name), side, rows, _CHAT_ONLY, env, full
                 )
             except context.MissingVariable as exc:
                 return _error(f"Subprompt `{name}` failed: {exc}")

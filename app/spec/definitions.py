@@ -55,7 +55,15 @@ class VariableDefinition(Definition):
     type: Literal["text", "secret"] = "text"
     required: bool = False
     scoped: bool = False
-    description: str | None = None
+    description: str = ""  # the spec's `VariableDefinition.description`: "" when not provided
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_description(cls, data: Any) -> Any:
+        """An explicit `description: None` is "not provided" too."""
+        if isinstance(data, dict) and data.get("description", "") is None:
+            return {k: v for k, v in data.items() if k != "description"}
+        return data
 
 
 class ModelCapabilities(Definition):
@@ -228,6 +236,14 @@ class ToolEntry(Definition):
     def _tenvs(cls, data: Any) -> Any:
         return _tenvs_to_env(data, "tool entry")
 
+    def enabled(self, value: Callable[[str], str | None]) -> bool:
+        """Whether the entry is available: with `optional: NAME`, only when NAME's value (`value(NAME)`, None when
+        nothing defines it) is `true`, `1` or `yes` in any case (§6.6). The one place this rule lives."""
+        if self.optional is None:
+            return True
+        found = value(self.optional)
+        return found is not None and found.strip().lower() in ("true", "1", "yes")
+
     @property
     def fields_set(self) -> set[str]:
         """The kind-specific fields the author wrote (name excluded)."""
@@ -264,11 +280,19 @@ class PromptDefinition(Definition):
         return [ToolEntry(name=t) if isinstance(t, str) else t for t in self.tools]
 
     def schema_for_tool(self) -> dict[str, Any]:
-        """The JSON Schema this prompt takes when called as a tool."""
+        """The JSON Schema this prompt takes when called as a tool: its `required_schema`, else `{message,
+        attachments?}` (§7.2: `initUserMessageProperty` and `initAttachmentsProperty` default to these)."""
         if self.required_schema is None:
             return {
                 "type": "object",
-                "properties": {"message": {"type": "string"}},
+                "properties": {
+                    "message": {"type": "string"},
+                    "attachments": {
+                        "type": "array",
+                        "items": {"type": "string"},
+                        "description": "paths of files of this thread to attach",
+                    },
+                },
                 "required": ["message"],
                 "additionalProperties": False,
             }

@@ -78,7 +78,7 @@ async def create_thread(
     if unknown_secrets:
         raise errors.Invalid(f"`secrets` names variables not in `env`: {', '.join(unknown_secrets)}")
     # required, non-scoped variables of the agent's graph that nothing defines where they are read (§8)
-    missing = await environment.unresolved(session, catalog, agent.name, who.user_id, body.env, scoped=False)
+    missing = await environment.unresolved(session, fernet, catalog, agent.name, who.user_id, body.env, scoped=False)
     if missing:
         raise environment.missing(missing)
     row = await threads.create(session, agent, who, name=body.name, tags=body.tags)
