@@ -554,6 +554,11 @@ async def test_an_unexpected_error_fails_the_session_with_secrets_masked(drive: 
     )
     result = await drive(cat, "hi", prepare=store_secret)
     assert result.of("error") == [{"code": "internal_error", "message": "RuntimeError: cannot reach ***"}]
+    [failed] = [r for r in result.rows if r.status == "failed"]  # the answer it was writing says why too
+    assert failed.metadata_["error"] == {
+        "code": "internal_error",
+        "message": "The run failed: RuntimeError: cannot reach ***",
+    }
     assert (result.thread.session_status, result.thread.session_reason) == ("failure", "crashed")
     assert result.thread.status == "idle" and released(result)
     assert "sk-live-123" not in str(result.events)

@@ -383,11 +383,11 @@ class Engine(ToolPhase):
             assembled = await hook_runner.filter_messages(rows, side, prompt, turn_start)
         try:
             request = context.build_request(self._catalog, prompt, side_config, side, assembled, turn_start, env)
-        except context.MissingVariable as exc:
+        except context.MissingVariable as exc:  # the error first: a wait ends on the status that follows
+            await events.append(session, thread.id, "error", {"code": "missing_variable", "message": str(exc)})
             await turns.end_session(
                 session, thread, stops.Verdict("session", "llm_error", threads.SessionStatus.FAILURE)
             )
-            await events.append(session, thread.id, "error", {"code": "missing_variable", "message": str(exc)})
             return None
         request.messages = await hook_runner.prefilter_llm_history(request.messages)
         registry = children.registry_message(await children.of(session, thread))
@@ -431,11 +431,11 @@ class Engine(ToolPhase):
             self._catalog, self._fernet, session, thread, step.side, env=step.env, context=self._context(thread)
         )
         if isinstance(response, ProviderError):
-            await messages.save(
-                session, message, **await hook_runner.before_update_message(message, {"status": messages.Status.FAILED})
-            )
+            error = messages.failure("llm_error", response.message)  # masked already (`calls._Recorder.close`)
+            failed = messages.failed(message, error)
+            await messages.save(session, message, **await hook_runner.before_update_message(message, failed))
             await hook_runner.after_update_message(message)
-            await events.append(session, thread.id, "error", {"code": "llm_error", "message": response.message})
+            await events.append(session, thread.id, "error", error)
             await events.append(
                 session, thread.id, "step_completed", {"step": step.number, "side": step.side, "stopped": True}
             )
@@ -466,7 +466,7 @@ class Engine(ToolPhase):
             f"{thread.session_number}; the session was failed instead of trying again."
         )
         log.error("thread %s: %s", thread.id, message)
-        await control.close_open_work(session, thread, message)
+        await control.close_open_work(session, thread, message, "crashed")
         await events.append(session, thread.id, "error", {"code": "crashed", "message": message})
         if thread.session_status == threads.SessionStatus.RUNNING:
             await turns.end_session(session, thread, stops.Verdict("session", "crashed", threads.SessionStatus.FAILURE))
@@ -480,7 +480,7 @@ class Engine(ToolPhase):
             with contextlib.suppress(errors.AgentsError):  # e.g. a secret the current key cannot decrypt
                 known = (await context.load_env(session, self._fernet, self._catalog, thread, None)).secrets()
             text = masking.scrub(message, known)
-            await control.close_open_work(session, thread, f"The run failed: {text}")
+            await control.close_open_work(session, thread, f"The run failed: {text}", code)
             await events.append(session, thread.id, "error", {"code": code, "message": text})
             if thread.session_status == threads.SessionStatus.RUNNING:
                 await turns.end_session(
