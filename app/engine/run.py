@@ -431,11 +431,11 @@ class Engine(ToolPhase):
             self._catalog, self._fernet, session, thread, step.side, env=step.env, context=self._context(thread)
         )
         if isinstance(response, ProviderError):
-            error = messages.failure("llm_error", response.message)  # masked already (`calls._Recorder.close`)
-            failed = messages.failed(message, error)
+            # the message says why as the event does (masked already: `calls._Recorder.close`)
+            failed = messages.failed(message, messages.failure("llm_error", response.message))
             await messages.save(session, message, **await hook_runner.before_update_message(message, failed))
             await hook_runner.after_update_message(message)
-            await events.append(session, thread.id, "error", error)
+            await events.append(session, thread.id, "error", {"code": "llm_error", "message": response.message})
             await events.append(
                 session, thread.id, "step_completed", {"step": step.number, "side": step.side, "stopped": True}
             )
