@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from app.settings import Settings, is_loopback, normalise_url, plain_url
@@ -66,3 +68,17 @@ def test_the_playground_is_on_by_default_on_loopback_only(
     if value is not None:
         monkeypatch.setenv("PLAYGROUND", value)
     assert Settings().playground_enabled is enabled
+
+
+def test_origin_says_whether_a_value_came_from_the_environment_or_the_env_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    key = "sa_" + "f" * 40
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("ADMIN_API_KEY", raising=False)
+    (tmp_path / ".env").write_text(f"ADMIN_API_KEY={key}\n")
+    from_file = Settings()
+    assert from_file.admin_api_key is not None and from_file.admin_api_key.get_secret_value() == key
+    assert from_file.origin("admin_api_key") == str(tmp_path / ".env")
+    monkeypatch.setenv("ADMIN_API_KEY", key)
+    assert Settings().origin("admin_api_key") == "the environment"  # the environment wins over the file
