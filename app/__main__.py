@@ -21,7 +21,21 @@ import uvicorn
 from pydantic import ValidationError
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import catalog, crypto, db, environment, errors, jsonlog, keys, liveness, llm, migrations, postgres, tokens
+from app import (
+    catalog,
+    crypto,
+    db,
+    environment,
+    errors,
+    jsonlog,
+    keys,
+    liveness,
+    llm,
+    migrations,
+    postgres,
+    tables,
+    tokens,
+)
 from app.catalog import Catalog
 from app.settings import MAKE_A_KEY, Settings
 
@@ -67,17 +81,18 @@ async def _migrate(settings: Settings) -> None:
         await engine.dispose()
 
 
-async def _bootstrap(settings: Settings, session: AsyncSession) -> str | None:
-    """Store `ADMIN_API_KEY`'s key if it is set and not stored yet; what became of it."""
+async def _bootstrap(settings: Settings, session: AsyncSession) -> tuple[tables.ApiKey, str] | None:
+    """Store `ADMIN_API_KEY`'s key if it is set and not stored yet; its row, and what became of it."""
     if settings.admin_api_key is None:
         return None
     row, created = await keys.bootstrap(session, settings.admin_api_key.get_secret_value())
     if row.revoked_at is not None:
-        return (
+        return row, (
             f"ADMIN_API_KEY's key {row.prefix}… was revoked on {row.revoked_at:%Y-%m-%d} and stays revoked: "
             "choose another ADMIN_API_KEY, or unset it"
         )
-    return f"ADMIN_API_KEY's admin key {row.prefix}… for user {row.user_id} {'stored' if created else 'is stored'}"
+    said = f"ADMIN_API_KEY's admin key {row.prefix}… for user {row.user_id} {'stored' if created else 'is stored'}"
+    return row, said
 
 
 async def _migrate_and_bootstrap(settings: Settings) -> str | None:
@@ -86,9 +101,10 @@ async def _migrate_and_bootstrap(settings: Settings) -> str | None:
     engine = db.create_engine(settings.database_url, 1)
     try:
         async with db.sessionmaker(engine)() as session, session.begin():
-            return await _bootstrap(settings, session)
+            stored = await _bootstrap(settings, session)
     finally:
         await engine.dispose()
+    return stored[1] if stored else None
 
 
 async def _before_serving(settings: Settings) -> None:
@@ -99,12 +115,14 @@ async def _before_serving(settings: Settings) -> None:
     engine = db.create_engine(settings.database_url, 1)
     try:
         async with db.sessionmaker(engine)() as session, session.begin():
-            if said := await _bootstrap(settings, session):
-                log.info("%s", said)
+            if stored := await _bootstrap(settings, session):
+                log.info("%s", stored[1])
             count = await keys.active_count(session)
             hidden = await keys.open_threads(session) if count else 0
     finally:
         await engine.dispose()
+    if count and settings.loopback:  # not the open mode a developer on this machine may expect: say why, loudly
+        log.warning("%s", _keys_required(settings, count, stored[0] if stored else None))
     if hidden:
         log.warning("%s", _hidden_threads(hidden, "<id>"))
     if count == 0 and not settings.loopback:
@@ -113,6 +131,24 @@ async def _before_serving(settings: Settings) -> None:
             f"(make one with: {MAKE_A_KEY}), or create one with `agents keys create --user <id>` "
             "(in compose: `docker compose run --rm api agents keys create --user <id>`), or bind to 127.0.0.1"
         )
+
+
+def _keys_required(settings: Settings, count: int, admin: tables.ApiKey | None) -> str:
+    """Why a server on loopback is not open: what each request needs, where the admin key came from, and how to
+    serve open again."""
+    said = (
+        f"API keys are REQUIRED ({count} active key(s)): every request needs `Authorization: Bearer <key>` "
+        "(the playground: paste one at the top), else 401."
+    )
+    how = "revoke the active keys (`agents keys list`, `agents keys revoke <id>`)"
+    if admin is not None and admin.revoked_at is None:
+        where = settings.origin("admin_api_key")
+        said += f" The admin key {admin.prefix}… is ADMIN_API_KEY from {where}."
+        unset = "unset it" if where == "the environment" else f"remove it from {where}"
+        how = f"{unset} and revoke its key: `agents keys revoke {admin.prefix}…`" + (
+            " (and the other keys: `agents keys list`)" if count > 1 else ""
+        )
+    return f"{said} To serve open on loopback again, {how}."
 
 
 def _listen(settings: Settings) -> socket.socket:

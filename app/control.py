@@ -31,13 +31,14 @@ async def _revoke(session: AsyncSession, thread: tables.Thread) -> None:
         await session.execute(select(func.pg_notify(CONTROL_CHANNEL, f"{thread.id}:{revoked}")))
 
 
-async def close_open_work(session: AsyncSession, thread: tables.Thread, reason: str) -> None:
-    """Fail the pending message and answer every open tool call of the current session with an error."""
+async def close_open_work(session: AsyncSession, thread: tables.Thread, reason: str, code: str) -> None:
+    """Fail the pending message (`metadata.error` `{code, message: reason}`) and answer every open tool call of the
+    current session with an error."""
     rows = await messages.history(session, thread.id, session_number=thread.session_number)
     answered = {r.tool_call_id for r in rows if r.role == "tool"}
     for row in rows:
         if row.status == messages.Status.PENDING:
-            await messages.save(session, row, status=messages.Status.FAILED)
+            await messages.save(session, row, **messages.failed(row, messages.failure(code, reason)))
         elif row.role != "tool" and row.tool_calls:
             for call in row.tool_calls:
                 if call["id"] in answered:
@@ -61,7 +62,7 @@ async def stop(session: AsyncSession, thread: tables.Thread) -> None:
         raise errors.ThreadTerminated()
     if thread.stopped:
         return
-    await close_open_work(session, thread, STOPPED)
+    await close_open_work(session, thread, STOPPED, "stopped_by_user")
     await messages.add(session, thread.id, "system", content=STOPPED, session_number=thread.session_number)
     for child in await children.of_parent(session, thread.id):  # the blocking child it waits on (§11)
         if child.parent_call_id is not None and child.terminated_at is None:
@@ -101,7 +102,7 @@ async def terminate(session: AsyncSession, thread: tables.Thread) -> list[uuid.U
         row = thread if thread_id == thread.id else await session.get(tables.Thread, thread_id, with_for_update=NKU)
         if row is None or row.terminated_at is not None:
             continue
-        await close_open_work(session, row, "Thread terminated")
+        await close_open_work(session, row, "Thread terminated", "terminated")
         running = row.session_status == threads.SessionStatus.RUNNING
         if running:
             await threads.end_session(session, row, threads.SessionStatus.FAILURE, "terminated")

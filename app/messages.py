@@ -14,7 +14,7 @@ from typing import Any
 from sqlalchemy import Select, delete, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import errors, events, inputs, queue, statements, tables, threads
+from app import errors, event_types, events, inputs, queue, statements, tables, threads
 from app.spec.definitions import Side
 
 
@@ -25,6 +25,16 @@ class Status(StrEnum):
     # listing of queued input, input still waiting to be delivered
     COMPLETED = "completed"  # written in full: the history the model sees is made of these
     FAILED = "failed"  # its call failed or was interrupted (a stop); or queued input set aside (never delivered)
+
+
+def failure(code: str, message: str) -> event_types.Error:
+    """Why a message failed, as its `metadata.error` and the `error` event say it."""
+    return {"code": code, "message": message}
+
+
+def failed(row: tables.Message, error: event_types.Error) -> dict[str, Any]:
+    """The fields that fail a message: its status, and `error` added to its metadata."""
+    return {"status": Status.FAILED, "metadata_": {**(row.metadata_ or {}), "error": error}}
 
 
 def side_of(role: str, tool_side: Side | None = None) -> Side | None:

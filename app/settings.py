@@ -9,9 +9,11 @@ from pathlib import Path
 from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
+from dotenv import dotenv_values
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+ENV_FILE = Path(".env")  # read from the working directory, below the environment
 DEFAULT_TOOL_TIMEOUT = 300.0  # seconds
 KEY_FORMAT = re.compile(r"sa_[A-Za-z0-9_-]{32,200}")  # what `agents keys create` makes: `sa_` + 43 random characters
 MAKE_A_KEY = "python3 -c 'import secrets; print(\"sa_\" + secrets.token_urlsafe(32))'"
@@ -20,7 +22,7 @@ MAKE_A_KEY = "python3 -c 'import secrets; print(\"sa_\" + secrets.token_urlsafe(
 class Settings(BaseSettings):
     """Every knob of the runtime; the only reader of `os.environ`."""
 
-    model_config = SettingsConfigDict(env_file=".env", extra="ignore")
+    model_config = SettingsConfigDict(env_file=ENV_FILE, extra="ignore")
 
     database_url: str | None = Field(default=None, description="Postgres URL; unset = embedded Postgres")
     agents_dir: Path = Field(default=Path("agents"), description="folder of agents, prompts, models, tools")
@@ -149,6 +151,15 @@ class Settings(BaseSettings):
         if isinstance(value, str):
             return [item.strip().lower().rstrip("/") for item in value.split(",") if item.strip()]
         return value
+
+    def origin(self, field: str) -> str:
+        """Where a setting's value came from, for messages: the environment, else the `.env` file (by its path)."""
+        name = field.upper()
+        if any(key.upper() == name for key in self.process_env):
+            return "the environment"
+        if ENV_FILE.is_file() and name in {key.upper() for key in dotenv_values(ENV_FILE)}:
+            return str(ENV_FILE.resolve())
+        return "the settings"
 
     @property
     def loopback(self) -> bool:

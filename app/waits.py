@@ -6,6 +6,10 @@ The input's turn has ended once, after its delivery (the `message_data` of its i
 turn of its own later; either way its own delivery comes first. Before its delivery, a stop parks it (it waits for a
 human message or `continue`), and a delivery that fails sets it aside: both end the wait too.
 
+How it ended (`Turn.outcome`) is read from the same log, after the input's delivery: `completed`, unless an `error`
+event or a `session_ended` with status `failure` says it `failed` (`Turn.error` says why), or the thread was stopped
+(`stopped`) or terminated (`terminated`); a delivery that failed is `failed` too (`input_set_aside`).
+
 The log is read from a position taken before the input was queued, and followed through the hub (which hears every
 process's events by `NOTIFY`) as the event streams follow it, holding no connection while it waits.
 """
@@ -16,7 +20,7 @@ import asyncio
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -25,6 +29,15 @@ from app.hub import Batch, Hub, Live, Overflow, Subscription
 
 RESTING = frozenset({threads.Status.IDLE, threads.Status.STOPPED, threads.Status.TERMINATED})
 PAGE = 500  # stored events read per query
+SET_ASIDE = "input_set_aside"  # the `error` code of an input whose delivery failed (`Engine._run_all`)
+Outcome = Literal["completed", "failed", "stopped", "terminated"]
+
+# why a session that ended `failure` without an `error` event failed, by its `session_ended` reason
+_ENDED = {
+    "max_total_steps": "The session reached its step limit (MAX_SESSION_STEPS) and was failed.",
+    "max_session_turns": "The session reached its agent's max_session_turns and was failed.",
+    "session_fail": "A side ended the session as failed (its session_fail tool).",
+}
 
 
 @dataclass
@@ -38,6 +51,8 @@ class Turn:
     parked: bool = False  # stopped (or terminated) before its delivery: nothing runs it until someone acts
     check_aside: bool = False  # an input was set aside before this one's delivery: perhaps this one
     produced: dict[uuid.UUID, None] = field(default_factory=dict)  # messages of the turn, in order (depth 0)
+    failure: dict[str, str] | None = None  # the last `error` event after its delivery: `{code, message}`
+    ended: dict[str, Any] | None = None  # the `session_ended` after its delivery
 
     def see(self, type_: str, data: dict[str, Any]) -> None:
         if self.done:
@@ -59,13 +74,47 @@ class Turn:
         elif type_ == "thread_terminated":  # ends its turn, or leaves it never delivered
             self.status = threads.Status.TERMINATED
             self.done, self.parked = self.delivered, not self.delivered
-        elif type_ == "error" and data.get("code") == "input_set_aside" and not self.delivered:
+        elif type_ == "error" and data.get("code") == SET_ASIDE and not self.delivered:
             self.check_aside = True
+        elif type_ == "error" and data.get("code") != SET_ASIDE and self.delivered:  # another input's is not its own
+            self.failure = {"code": str(data.get("code")), "message": str(data.get("message"))}
+        elif type_ == "session_ended" and self.delivered:
+            self.ended = data
+
+    def set_aside(self, reason: str) -> None:
+        """Its delivery failed: the input was set aside, which ends the wait."""
+        self.done = True
+        self.failure = {"code": SET_ASIDE, "message": reason}
 
     @property
     def over(self) -> bool:
         """Nothing more to wait for: the turn ended, or the input cannot run until someone acts."""
         return self.done or self.parked
+
+    @property
+    def outcome(self) -> Outcome | None:
+        """How the turn ended; `None` while it has not."""
+        if not self.done:
+            return None
+        reason = (self.ended or {}).get("reason")
+        if self.status == threads.Status.TERMINATED or reason == "terminated":
+            return "terminated"
+        if self.status == threads.Status.STOPPED or reason == "stopped_by_user":
+            return "stopped"
+        return "failed" if self.error is not None else "completed"
+
+    @property
+    def error(self) -> dict[str, str] | None:
+        """Why the turn failed: its `error` event, else the reason its session ended `failure`; `None` otherwise."""
+        if self.failure is not None:
+            return self.failure
+        ended = self.ended or {}
+        reason = str(ended.get("reason"))
+        if ended.get("status") != threads.SessionStatus.FAILURE or reason in ("terminated", "stopped_by_user"):
+            return None
+        result = ended.get("result")
+        said = result.get("content") if isinstance(result, dict) else None
+        return {"code": reason, "message": str(said) if said else _ENDED.get(reason, f"The session failed: {reason}.")}
 
 
 async def queued(session: AsyncSession, thread_id: uuid.UUID, message_id: uuid.UUID) -> tables.Inbox | None:
@@ -91,10 +140,11 @@ async def follow(
         async with sessions() as session:
             return await events.read(session, thread_id, position, PAGE)
 
-    async def aside() -> bool:
+    async def aside() -> str | None:
+        """Why the input was set aside, if it was."""
         async with sessions() as session:
             row = await queued(session, thread_id, turn.message_id)
-            return row is not None and row.set_aside_at is not None
+            return (row.error or "") if row is not None and row.set_aside_at is not None else None
 
     position = after
     while True:
@@ -111,8 +161,8 @@ async def follow(
                 while not turn.over:
                     if turn.check_aside:
                         turn.check_aside = False
-                        if await asyncio.shield(aside()):
-                            turn.done = True
+                        if (reason := await asyncio.shield(aside())) is not None:
+                            turn.set_aside(reason)
                             return
                     await sub.wait()
                     position, caught_up = _take(sub, position, turn)

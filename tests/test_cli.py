@@ -23,11 +23,11 @@ pytestmark = pytest.mark.slow  # every test runs `python -m app …` as a real p
 FIXTURES = ROOT / "tests" / "fixtures" / "catalog"
 
 
-def agents(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def agents(*args: str, env: dict[str, str] | None = None, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "SECRET_KEY", "AGENTS_DIR")}
     return subprocess.run(
         [sys.executable, "-m", "app", *args],
-        cwd=ROOT,
+        cwd=cwd,
         env={**base, **(env or {})},
         capture_output=True,
         text=True,
@@ -186,6 +186,35 @@ def test_serve_refuses_a_public_bind_without_keys(database_url: str, tmp_path: P
         stored = agents("api", "--host", "0.0.0.0", "--port", str(port), env=chosen)
     assert "ADMIN_API_KEY's admin key sa_sssssss… for user admin stored" in stored.stderr
     assert f"error: cannot listen on 0.0.0.0:{port} (another process is listening on it)" in stored.stderr
+
+
+def test_serve_on_loopback_says_loudly_that_keys_are_required_and_where_the_admin_key_came_from(
+    database_url: str, tmp_path: Path
+) -> None:
+    """The deploy step that once wrote `ADMIN_API_KEY` into the `.env` that `agents serve` reads here: every request
+    then gets 401, and `serve` says so at start-up, naming the file and how to be open again."""
+    chosen = "sa_" + "d" * 40
+    (tmp_path / ".env").write_text(f"ADMIN_API_KEY={chosen}\n")
+    env = {"DATABASE_URL": database_url, "DATA_DIR": str(tmp_path / "data"), "AGENTS_DIR": str(ROOT / "agents")}
+    taken = socket.socket()  # it says it before it binds: here it then finds its port taken, and exits
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    env["PORT"] = str(taken.getsockname()[1])
+    try:
+        started = agents("serve", env=env, cwd=tmp_path)
+        environ = agents("api", env={**env, "ADMIN_API_KEY": chosen}, cwd=tmp_path)
+        assert agents("keys", "revoke", "sa_ddddddd…", env=env, cwd=tmp_path).returncode == 0
+        (tmp_path / ".env").unlink()  # as it says: then nothing requires keys, and nothing says so
+        opened = agents("serve", env=env, cwd=tmp_path)
+    finally:
+        taken.close()
+    [line] = [line for line in started.stderr.splitlines() if "API keys are REQUIRED" in line]
+    assert " WARNING " in line and "every request needs `Authorization: Bearer <key>`" in line
+    assert f"is ADMIN_API_KEY from {tmp_path / '.env'}" in line and chosen not in started.stderr
+    assert f"remove it from {tmp_path / '.env'} and revoke its key: `agents keys revoke sa_ddddddd…`" in line
+    assert "is ADMIN_API_KEY from the environment" in environ.stderr and "unset it and revoke" in environ.stderr
+    assert "cannot listen on" in started.stderr
+    assert "API keys are REQUIRED" not in opened.stderr and "cannot listen on" in opened.stderr
 
 
 def test_serve_refuses_a_public_bind_without_a_secret_key(database_url: str, tmp_path: Path) -> None:

@@ -116,6 +116,7 @@ async def test_stop_aborts_a_slow_call_and_parks_the_thread(app_factory: Any) ->
         ("assistant", "failed", None),
         ("system", "completed", "Execution stopped by user"),
     ]
+    assert rows[1]["metadata"]["error"] == {"code": "stopped_by_user", "message": "Execution stopped by user"}
     names = [e for e, _ in await event_types(client, tid)]
     assert "stopped_by_user" in names and "llm_response" not in names
     assert (await client.get(f"/threads/{tid}")).json()["status"] == "stopped"
@@ -181,6 +182,7 @@ async def test_terminate_aborts_and_refuses_later_input(app_factory: Any) -> Non
     await ended(running)
     rows = await stored(client, tid)
     assert [(r["role"], r["status"]) for r in rows] == [("user", "completed"), ("assistant", "failed")]
+    assert rows[1]["metadata"]["error"] == {"code": "terminated", "message": "Thread terminated"}
     assert "thread_terminated" in [e for e, _ in await event_types(client, tid)]
 
 

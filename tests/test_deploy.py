@@ -6,7 +6,6 @@ import asyncio
 import json
 import os
 import re
-import secrets
 import signal
 import subprocess
 import sys
@@ -17,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+from dotenv import dotenv_values
 
 from app import __main__
 from tests import processes
@@ -65,21 +65,37 @@ def _start_order(services: dict[str, Any]) -> list[str]:
     return order
 
 
-_VARIABLE = re.compile(r"\$\{(\w+)(?::([?-])([^}]*))?\}")
+SECRETS = "deploy.env"  # the compose services' `env_file`: kept apart from the `.env` that `agents serve` reads
 
 
-def _interpolate(value: str, shell: dict[str, str]) -> str:
-    """Compose's `${VAR}`, `${VAR:-default}` and `${VAR:?message}` (unset or empty counts as missing)."""
+def _deploy_blocks() -> list[str]:
+    """The `sh` blocks of the README's Deploying section and of docs/deployment.md's docker compose section."""
+    readme = (ROOT / "README.md").read_text().split("\n## Deploying\n", 1)[1].split("\n## ", 1)[0]
+    guide = (ROOT / "docs" / "deployment.md").read_text().split("\n## docker compose\n", 1)[1].split("\n## ", 1)[0]
+    return [block for text in (readme, guide) for block in re.findall(r"```sh\n(.+?)\n```", text, re.S)]
 
-    def one(match: re.Match[str]) -> str:
-        name, kind, text = match.groups()
-        if shell.get(name):
-            return shell[name]
-        if kind == "?":
-            raise LookupError(f"{name}: {text}")
-        return text if kind == "-" else ""
 
-    return _VARIABLE.sub(one, value)
+def _write_secrets(folder: Path) -> dict[str, str]:
+    """Run the README's deploy commands that write files (not `docker` or `curl`) in `folder`, as pasted; what the
+    compose services then read from `deploy.env`."""
+    [block] = _deploy_blocks()[:1]
+    script = "\n".join(line for line in block.splitlines() if not line.startswith(("docker ", "curl ")))
+    subprocess.run(["bash", "-euc", script], cwd=folder, check=True, timeout=60)
+    return {k: v for k, v in dotenv_values(folder / SECRETS).items() if v is not None}
+
+
+def test_the_deploy_commands_keep_their_secrets_out_of_dotenv() -> None:
+    """`agents serve` reads `.env` in its folder: a deploy step that wrote `ADMIN_API_KEY` there made every request of
+    the development server a 401. The documented commands write `deploy.env`, which only compose reads, which git and
+    the image's build context leave out."""
+    blocks = _deploy_blocks()
+    assert len(blocks) == 2
+    for block in blocks:
+        assert not re.search(r"(?<![\w.-])\.env\b", block), block  # never `.env` (`deploy.env` is another file)
+        assert f">> {SECRETS}" in block and f"chmod 600 {SECRETS}" in block
+        assert "export " not in block  # nor the shell: the next terminal would not have them
+    assert SECRETS in (ROOT / ".gitignore").read_text().splitlines()
+    assert {".env", SECRETS} <= set((ROOT / ".dockerignore").read_text().splitlines())
 
 
 def test_compose_file_has_the_production_shape() -> None:
@@ -103,11 +119,13 @@ def test_compose_file_has_the_production_shape() -> None:
     assert services["api"]["environment"]["PORT"] == "8000" and services["api"]["command"] == ["agents", "api"]
     assert "ports" not in services["worker"]
     assert services["worker"]["depends_on"]["api"]["condition"] == "service_started"
-    for name in ("migrate", "api"):  # they store the operator's key; the worker never holds it
-        assert services[name]["environment"]["ADMIN_API_KEY"] == "${ADMIN_API_KEY:-}"
-    assert "ADMIN_API_KEY" not in services["worker"]["environment"]
-    with pytest.raises(LookupError, match="SECRET_KEY"):
-        _interpolate(services["api"]["environment"]["SECRET_KEY"], {})
+    for name in ("migrate", "api", "worker"):  # secrets from deploy.env only, never in the file itself
+        assert services[name]["env_file"] == SECRETS
+        assert "SECRET_KEY" not in services[name]["environment"]
+    for name in ("migrate", "api"):  # they store the operator's key (from deploy.env); the worker never holds it
+        assert "ADMIN_API_KEY" not in services[name]["environment"]
+    assert services["worker"]["environment"]["ADMIN_API_KEY"] == ""  # `environment` wins over `env_file`
+    assert "$" not in json.dumps(compose)  # nothing interpolated: `.env` reaches no container
 
 
 def test_the_health_checks_name_commands_the_image_has() -> None:
@@ -130,15 +148,20 @@ async def test_the_compose_file_runs(database_url: str, tmp_path: Path) -> None:
     """No Docker here: run each service's command as a process, in compose's order, with the environment the compose
     file gives it (its container paths mapped through its volumes, DATABASE_URL at the test database, its port free);
     wait on each dependency's condition, run the health checks, and use the API with the operator's key."""
-    admin_key = "sa_" + secrets.token_urlsafe(32)
-    shell = {"SECRET_KEY": secrets.token_urlsafe(48), "ADMIN_API_KEY": admin_key}
+    project = tmp_path / "project"
+    project.mkdir()
+    given_secrets = _write_secrets(project)  # deploy.env, as the README's commands write it
+    assert set(given_secrets) == {"SECRET_KEY", "ADMIN_API_KEY"} and not (project / ".env").exists()
+    assert (project / SECRETS).stat().st_mode & 0o777 == 0o600
+    admin_key = given_secrets["ADMIN_API_KEY"]
     services = _compose()["services"]
     port = processes.free_port()
     base = {k: v for k, v in os.environ.items() if k not in ("SECRET_KEY", "AGENTS_DIR", "HOST", "PORT")}
 
     def environment(name: str) -> dict[str, str]:
         service = services[name]
-        given = {k: _interpolate(str(v), shell) for k, v in service["environment"].items()}
+        assert service["env_file"] == SECRETS
+        given = {**given_secrets, **{k: str(v) for k, v in service["environment"].items()}}  # `environment` wins
         for volume in service.get("volumes", []):
             outside, inside = volume.split(":")[:2]
             given = {k: str(ROOT / outside) if v == inside else v for k, v in given.items()}

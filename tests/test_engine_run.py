@@ -408,6 +408,8 @@ async def test_a_missing_prompt_variable_ends_the_session_before_any_call(drive:
     (error,) = result.of("error")
     assert error["code"] == "missing_variable" and "`WHO`" in error["message"]
     assert (result.thread.session_status, result.thread.session_reason) == ("failure", "llm_error")
+    # the error before the end it causes: a wait (`app/waits.py`) stops reading at the `idle` that follows
+    assert result.kinds()[-3:] == ["error", "session_ended", "thread_status"]
 
 
 async def test_a_thread_variable_is_rendered_into_the_prompt(drive: Drive) -> None:
@@ -554,6 +556,11 @@ async def test_an_unexpected_error_fails_the_session_with_secrets_masked(drive: 
     )
     result = await drive(cat, "hi", prepare=store_secret)
     assert result.of("error") == [{"code": "internal_error", "message": "RuntimeError: cannot reach ***"}]
+    [failed] = [r for r in result.rows if r.status == "failed"]  # the answer it was writing says why too
+    assert failed.metadata_["error"] == {
+        "code": "internal_error",
+        "message": "The run failed: RuntimeError: cannot reach ***",
+    }
     assert (result.thread.session_status, result.thread.session_reason) == ("failure", "crashed")
     assert result.thread.status == "idle" and released(result)
     assert "sk-live-123" not in str(result.events)

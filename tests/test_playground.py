@@ -143,8 +143,10 @@ class Server:
 
 
 @asynccontextmanager
-async def _server(database_url: str, tmp_path: Path, key_for: str | None = None, **extra: str) -> AsyncIterator[Server]:
-    env = {k: v for k, v in os.environ.items() if k not in ("SECRET_KEY", "AGENTS_DIR", "PLAYGROUND")}
+async def _server(
+    database_url: str, tmp_path: Path, key_for: str | None = None, unset: tuple[str, ...] = (), **extra: str
+) -> AsyncIterator[Server]:
+    env = {k: v for k, v in os.environ.items() if k not in ("SECRET_KEY", "AGENTS_DIR", "PLAYGROUND", *unset)}
     env |= {"DATABASE_URL": database_url, "DATA_DIR": str(tmp_path), "POLL_INTERVAL": "0.2", **extra}
     server = Server(env, tmp_path / "serve.log")
     if key_for:
@@ -284,6 +286,34 @@ async def test_the_playground_with_an_api_key(database_url: str, tmp_path: Path)
         await page.wait_for_selector("#key-state:has-text('needs an API key')")
         assert await page.evaluate("sessionStorage.length") == 0
     assert [p for p in problems if "401" not in p and "ERR_CONNECTION_REFUSED" not in p] == []
+
+
+@pytest.mark.slow  # a real server and Chromium
+async def test_a_failed_answer_shows_why(database_url: str, tmp_path: Path) -> None:
+    """`AGENTS_PROVIDER=openai` without `OPENAI_API_KEY`: the assistant's call fails at once (no network), and its
+    failed message shows the error it stored, during the chat and after a reload (read back from `GET /messages`)."""
+    problems: list[str] = []
+    unset = ("OPENAI_API_KEY", "AGENTS_MODEL", "AGENTS_BASE_URL")
+    async with _server(database_url, tmp_path, unset=unset, AGENTS_PROVIDER="openai") as server, _browser() as browser:
+        page = await _page(browser, problems)
+        await page.goto(f"{server.base}/")
+        await page.wait_for_selector("#agent option[value=assistant]", state="attached")
+        await page.select_option("#agent", "assistant")
+        await page.click("#create")
+        await page.wait_for_selector("#stream-state:has-text('live')")
+        await page.fill("#input", "What is 12 * (3 + 4)?")
+        await page.press("#input", "Enter")
+        shown = page.locator(".msg.assistant.failed .error")
+        await shown.filter(has_text="OPENAI_API_KEY").wait_for()
+        assert (await shown.inner_text()).endswith("(llm_error)")
+        await page.locator(".line.error").filter(has_text="OPENAI_API_KEY").wait_for()  # the `error` event
+        assert "live" in await page.inner_text("#stream-state")  # news of the thread, not a broken connection
+        await page.reload()  # what is stored says it too
+        await page.locator(".msg.assistant.failed .error").filter(has_text="OPENAI_API_KEY").wait_for()
+        await page.wait_for_selector("#stream-state:has-text('live')")
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        await page.screenshot(path=ARTIFACTS / "playground-failed.png")
+    assert problems == []
 
 
 @pytest.mark.slow  # a real server and Chromium

@@ -122,7 +122,8 @@ async def test_the_walkthroughs_run_as_written(database_url: str, tmp_path: Path
 
     first = out["A first thread with `curl` 0"]
     assert '"name":"assistant"' in first
-    assert first.count("The answer is 84.") >= 2 and '"done":true,"status":"idle"' in first  # waited, then listed
+    assert first.count("The answer is 84.") >= 2  # waited, then listed
+    assert '"done":true,"status":"idle","outcome":"completed","error":null' in first
 
     files = out["Files and attachments 0"]
     assert '"text":"- TODO water the plants"' in files and '"path":"/notes/todo.md"' in files

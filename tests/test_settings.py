@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from pydantic import ValidationError
 
@@ -78,3 +80,17 @@ def test_public_url_is_an_http_base_without_a_trailing_slash(monkeypatch: pytest
         monkeypatch.setenv("PUBLIC_URL", bad)
         with pytest.raises(ValidationError, match="http\\(s\\) URL"):
             Settings()
+
+
+def test_origin_says_whether_a_value_came_from_the_environment_or_the_env_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    key = "sa_" + "f" * 40
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("ADMIN_API_KEY", raising=False)
+    (tmp_path / ".env").write_text(f"ADMIN_API_KEY={key}\n")
+    from_file = Settings()
+    assert from_file.admin_api_key is not None and from_file.admin_api_key.get_secret_value() == key
+    assert from_file.origin("admin_api_key") == str(tmp_path / ".env")
+    monkeypatch.setenv("ADMIN_API_KEY", key)
+    assert Settings().origin("admin_api_key") == "the environment"  # the environment wins over the file

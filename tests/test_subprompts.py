@@ -356,7 +356,9 @@ async def test_an_llm_error_is_an_error_result_and_the_caller_goes_on(app_factor
     assert result_of(top)["content"] == "Subprompt `helper` failed: model refused"
     assert top[-1]["content"] == "It failed, sorry."
     failed = [m for m in await listed(client, tid, depth=1) if m["depth"] == 1 and m["role"] == "assistant"]
-    assert [m["status"] for m in failed] == ["failed"]
+    assert [(m["status"], m["metadata"]["error"]) for m in failed] == [
+        ("failed", {"code": "llm_error", "message": "model refused"})
+    ]
     thread = (await client.get(f"/threads/{tid}")).json()
     assert thread["session"]["status"] == "running"
 

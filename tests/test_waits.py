@@ -21,6 +21,7 @@ from tests import processes
 from tests.conftest import ROOT, client_for, wait_for
 
 GATES: dict[str, asyncio.Event] = {}  # `gate` calls wait on these; a test opens them
+SECRET = "hush-hush-4242"  # a thread's secret value, which the failing model's error names
 
 
 @define_tool(description="Waits until the test opens the gate.")
@@ -29,11 +30,20 @@ async def gate(state: ThreadState) -> str:
     return "opened"
 
 
+@define_tool(description="Always raises.")
+async def boom(state: ThreadState) -> str:
+    raise RuntimeError("the tool broke")
+
+
 async def respond(request: LLMRequest) -> Any:
     """`gate` calls the tool that waits for the test; anything else is answered at once."""
     last = request.messages[-1]
     if last.role == "user" and last.content == "gate":
         return {"tool_calls": [{"name": "gate"}]}
+    if last.role == "user" and last.content == "fail":  # not retried: the step fails with `llm_error`
+        return {"error": f"upstream refused the key {SECRET}", "status": 400}
+    if last.role == "user" and last.content == "boom":
+        return {"tool_calls": [{"name": "boom"}]}
     if last.role == "user" and last.content == "slow":  # the turn's last call: it ends the turn
         await GATES["llm"].wait()
         return "slow answer"
@@ -44,10 +54,14 @@ async def respond(request: LLMRequest) -> Any:
 
 def gated() -> Catalog:
     model = define_model(name="m", provider="test", respond=respond)
-    prompt = define_prompt(name="p", model="m", prompt="Be brief.", include_chat=True, tools=["gate"])
+    prompt = define_prompt(name="p", model="m", prompt="Be brief.", include_chat=True, tools=["gate", "boom"])
     agent = define_agent(name="agent", side_a={"prompt": "p"})
     return Catalog(
-        root=Path("."), models={"m": model}, prompts={"p": prompt}, agents={"agent": agent}, tools={"gate": gate}
+        root=Path("."),
+        models={"m": model},
+        prompts={"p": prompt},
+        agents={"agent": agent},
+        tools={"gate": gate, "boom": boom},
     )
 
 
@@ -130,6 +144,7 @@ async def test_time_up_answers_with_the_status_so_far(app_factory: Any) -> None:
         assert asyncio.get_running_loop().time() - started >= 0.1
         turn = response.json()
         assert response.status_code == 200 and turn["done"] is False and turn["status"] == "queued"
+        assert turn["outcome"] is None and turn["error"] is None  # not over: nothing to say yet
         [queued] = turn["messages"]
         assert queued["id"] == turn["message_id"] and queued["status"] == "pending" and queued["metadata"]["queued"]
         missing = await client.post(
@@ -189,6 +204,47 @@ async def test_input_after_a_turns_last_call_waits_for_a_turn_of_its_own(app_fac
         assert stored == ["slow", "slow answer", "next", "answer to next"]
 
 
+async def test_a_failed_turn_says_so(app_factory: Any) -> None:
+    """A model call that fails (after its retries and fallbacks) fails the turn: the wait answers `outcome: failed`
+    with the error, and the failed message carries it, stored and streamed alike, the thread's secrets masked."""
+    api, _ = await apps(app_factory, gated())
+    async with client_for(api) as client:
+        created = await client.post("/threads", json={"agent": "agent", "env": {"TOKEN": SECRET}, "secrets": ["TOKEN"]})
+        tid = created.json()["id"]
+        response = await client.post(f"/threads/{tid}/messages?wait=20", json={"content": "fail"})
+        assert response.status_code == 200 and SECRET not in response.text
+        turn = response.json()
+        assert turn["done"] is True and turn["status"] == "idle" and turn["outcome"] == "failed"
+        error = {"code": "llm_error", "message": "upstream refused the key ***"}
+        assert turn["error"] == error
+        asked, failed = turn["messages"]
+        assert asked["content"] == "fail" and failed["role"] == "assistant" and failed["status"] == "failed"
+        assert failed["metadata"]["error"] == error
+        assert (await client.get(f"/threads/{tid}/messages")).json()["messages"][-1] == failed  # stored
+        async with api.state.runtime.sessions() as session:
+            logged = await events.read(session, uuid.UUID(tid), 0, 500)
+        streamed = [e.data["data"] for e in logged if e.type == "message_data" and e.data["message_id"] == failed["id"]]
+        assert (streamed[-1]["status"], streamed[-1]["metadata"]) == ("failed", failed["metadata"])  # and streamed
+        assert SECRET not in str([e.data for e in logged])
+
+        again = (await client.post(f"/threads/{tid}/messages?wait=20", json={"content": "hello"})).json()
+        assert again["outcome"] == "completed" and again["error"] is None  # one field to branch on
+
+
+async def test_a_tool_error_completes_the_turn_and_the_step_cap_fails_it(app_factory: Any) -> None:
+    api = await app_factory(gated())
+    await app_factory(gated(), with_worker=True, max_session_steps=2)
+    async with client_for(api) as client:
+        tid = await thread(client, "agent")
+        tool = (await client.post(f"/threads/{tid}/messages?wait=20", json={"content": "boom"})).json()
+        assert tool["outcome"] == "completed" and tool["error"] is None  # the model sees the error and answers
+        assert [m["tool_status"] for m in tool["messages"]] == [None, None, "error", None]
+        capped = (await client.post(f"/threads/{tid}/messages?wait=20", json={"content": "hi"})).json()
+        assert capped["done"] is True and capped["status"] == "idle" and capped["outcome"] == "failed"
+        assert capped["error"]["code"] == "max_total_steps" and "MAX_SESSION_STEPS" in capped["error"]["message"]
+        assert [m["content"] for m in capped["messages"]] == ["hi"]  # no step was taken
+
+
 async def test_a_stop_ends_the_wait(app_factory: Any) -> None:
     GATES["gate"] = asyncio.Event()
     api, _ = await apps(app_factory, gated())
@@ -203,6 +259,7 @@ async def test_a_stop_ends_the_wait(app_factory: Any) -> None:
         assert (await client.post(f"/threads/{tid}/stop")).status_code == 200
         turn = (await waiting).json()
         assert turn["done"] is True and turn["status"] == "stopped"
+        assert turn["outcome"] == "stopped" and turn["error"] is None
         assert summary(turn)[0] == ("user", "gate") and turn["messages"][-1]["role"] == "system"
 
         # a system message wakes no stopped thread: the answer is at once, the input still queued
@@ -210,7 +267,7 @@ async def test_a_stop_ends_the_wait(app_factory: Any) -> None:
         parked = await client.post(f"/threads/{tid}/messages?wait=20", json={"content": "note", "role": "system"})
         assert asyncio.get_running_loop().time() - started < 5
         turn = parked.json()
-        assert turn["done"] is False and turn["status"] == "stopped"
+        assert turn["done"] is False and turn["status"] == "stopped" and turn["outcome"] is None
         assert [(m["content"], m["status"]) for m in turn["messages"]] == [("note", "pending")]
         GATES["gate"].set()
 
@@ -221,7 +278,7 @@ async def test_a_two_sided_session_is_waited_for_to_its_end(app_factory: Any) ->
         tid = await thread(client, "haiku_review")
         response = await client.post(f"/threads/{tid}/messages?wait=20", json={"content": "A haiku about the sea"})
         turn = response.json()
-        assert turn["done"] is True and turn["status"] == "idle"
+        assert turn["done"] is True and turn["status"] == "idle" and turn["outcome"] == "completed"
         assert {m["side"] for m in turn["messages"]} == {"a", "b"}
         session = (await client.get(f"/threads/{tid}")).json()["session"]
         assert session["status"] == "success"
@@ -260,8 +317,10 @@ async def test_input_set_aside_ends_the_wait(app_factory: Any) -> None:
             await queue.set_aside(session, row.id, "input message could not be delivered: KeyError: 'id'")
             await events.append(session, uuid.UUID(tid), "error", {"code": "input_set_aside", "message": "..."})
         turn = (await waiting).json()
-        assert turn["done"] is True
+        assert turn["done"] is True and turn["outcome"] == "failed"
+        why = {"code": "input_set_aside", "message": "input message could not be delivered: KeyError: 'id'"}
         [message] = turn["messages"]
+        assert turn["error"] == why and message["metadata"]["error"] == why
         assert message["status"] == "failed" and message["metadata"]["set_aside"] is True
         # it will never be delivered: it cannot be edited, but it can be deleted (and is then gone from the list)
         url = f"/threads/{tid}/messages/{message['id']}"
@@ -310,9 +369,33 @@ def test_what_the_log_says_of_a_turn() -> None:
     turn.see("message_data", data(uuid.uuid4()))  # the next turn's: not this one's
     assert list(turn.produced) == [mine, other]
 
+    assert turn.outcome == "completed" and turn.error is None
+
     never = waits.Turn(mine)
     never.see("thread_terminated", {})
-    assert never.over and not never.done and never.status == "terminated"
+    assert never.over and not never.done and never.status == "terminated" and never.outcome is None
+
+    crashed = waits.Turn(mine)
+    crashed.see("error", {"code": "internal_error", "message": "a turn before its delivery"})  # not its own
+    crashed.see("message_data", data(mine))
+    crashed.see("error", {"code": "input_set_aside", "message": "another input's"})  # not its own either
+    assert crashed.error is None and crashed.outcome is None
+    crashed.see("error", {"code": "crashed", "message": "The run crashed 3 times"})
+    crashed.see("session_ended", {"status": "failure", "reason": "crashed"})
+    crashed.see("thread_status", {"status": "idle"})
+    assert crashed.outcome == "failed" and crashed.error == {"code": "crashed", "message": "The run crashed 3 times"}
+
+    ended = waits.Turn(mine)  # a session that ended failed without an `error` event: its reason says why
+    ended.see("message_data", data(mine))
+    ended.see("session_ended", {"status": "failure", "reason": "session_fail", "result": {"content": "no rhyme"}})
+    ended.see("thread_status", {"status": "idle"})
+    assert ended.outcome == "failed" and ended.error == {"code": "session_fail", "message": "no rhyme"}
+
+    terminated = waits.Turn(mine)
+    terminated.see("message_data", data(mine))
+    terminated.see("session_ended", {"status": "failure", "reason": "terminated"})
+    terminated.see("thread_terminated", {})
+    assert terminated.outcome == "terminated" and terminated.error is None
 
 
 @pytest.mark.slow  # a real API process, stopped

@@ -200,7 +200,9 @@ async def test_poison_input_is_set_aside_once_and_the_thread_takes_new_input(app
         ("done", "completed"),
         ("poison", "failed"),
     ]
-    assert listed[2]["metadata"]["set_aside"] is True and "id: Field required" in listed[2]["metadata"]["error"]
+    why = listed[2]["metadata"]["error"]
+    assert listed[2]["metadata"]["set_aside"] is True and why["code"] == "input_set_aside"
+    assert "id: Field required" in why["message"]
     async with app.state.runtime.sessions() as session:
         row = (await session.execute(select(tables.Thread).where(tables.Thread.id == tid))).scalar_one()
     assert (row.runnable_since, row.lease_token) == (None, None)

@@ -286,6 +286,13 @@ class Queued(BaseModel):
     status: Literal["queued"] = "queued"
 
 
+class TurnError(BaseModel):
+    """Why a turn failed: the `error` event's `{code, message}` (known secret values masked)."""
+
+    code: str
+    message: str
+
+
 class Turn(BaseModel):
     """`POST /threads/{id}/messages?wait=`: the posted input's turn, ended (`done`) or as far as it got."""
 
@@ -294,6 +301,11 @@ class Turn(BaseModel):
     status: Literal["idle", "queued", "running", "waiting", "stopped", "terminated"] = Field(
         description="the thread's status as the turn ended, or now"
     )
+    outcome: Literal["completed", "failed", "stopped", "terminated"] | None = Field(
+        description="how the turn ended: `completed`, `failed` (`error` says why), `stopped` or `terminated`; "
+        "null while it has not (`done: false`)"
+    )
+    error: TurnError | None = Field(description="why the turn failed (`outcome: failed`); null otherwise")
     messages: list[Message] = Field(
         description="the input, then the messages its turn wrote (depth 0, silent ones left out), as they are now"
     )

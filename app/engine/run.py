@@ -385,11 +385,11 @@ class Engine(ToolPhase):
         full = child_tools.at_cap(self._catalog, prompt, env, kids)
         try:
             request = context.build_request(self._catalog, prompt, side_config, side, assembled, turn_start, env, full)
-        except context.MissingVariable as exc:
+        except context.MissingVariable as exc:  # the error first: a wait ends on the status that follows
+            await events.append(session, thread.id, "error", {"code": "missing_variable", "message": str(exc)})
             await turns.end_session(
                 session, thread, stops.Verdict("session", "llm_error", threads.SessionStatus.FAILURE)
             )
-            await events.append(session, thread.id, "error", {"code": "missing_variable", "message": str(exc)})
             return None
         request.messages = await hook_runner.prefilter_llm_history(request.messages)
         registry = children.registry_message(kids)
@@ -433,9 +433,9 @@ class Engine(ToolPhase):
             self._catalog, self._fernet, session, thread, step.side, env=step.env, context=self._context(thread)
         )
         if isinstance(response, ProviderError):
-            await messages.save(
-                session, message, **await hook_runner.before_update_message(message, {"status": messages.Status.FAILED})
-            )
+            # the message says why as the event does (masked already: `calls._Recorder.close`)
+            failed = messages.failed(message, messages.failure("llm_error", response.message))
+            await messages.save(session, message, **await hook_runner.before_update_message(message, failed))
             await hook_runner.after_update_message(message)
             await events.append(session, thread.id, "error", {"code": "llm_error", "message": response.message})
             await events.append(
@@ -468,7 +468,7 @@ class Engine(ToolPhase):
             f"{thread.session_number}; the session was failed instead of trying again."
         )
         log.error("thread %s: %s", thread.id, message)
-        await control.close_open_work(session, thread, message)
+        await control.close_open_work(session, thread, message, "crashed")
         await events.append(session, thread.id, "error", {"code": "crashed", "message": message})
         if thread.session_status == threads.SessionStatus.RUNNING:
             await turns.end_session(session, thread, stops.Verdict("session", "crashed", threads.SessionStatus.FAILURE))
@@ -482,7 +482,7 @@ class Engine(ToolPhase):
             with contextlib.suppress(errors.AgentsError):  # e.g. a secret the current key cannot decrypt
                 known = (await context.load_env(session, self._fernet, self._catalog, thread, None)).secrets()
             text = masking.scrub(message, known)
-            await control.close_open_work(session, thread, f"The run failed: {text}")
+            await control.close_open_work(session, thread, f"The run failed: {text}", code)
             await events.append(session, thread.id, "error", {"code": code, "message": text})
             if thread.session_status == threads.SessionStatus.RUNNING:
                 await turns.end_session(

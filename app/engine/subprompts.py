@@ -169,7 +169,10 @@ class Runner:
                     session,
                     message,
                     **hooks.tagged(
-                        await inside.before_update_message(message, {"status": messages.Status.FAILED}), tags
+                        await inside.before_update_message(
+                            message, messages.failed(message, messages.failure("llm_error", response.message))
+                        ),
+                        tags,
                     ),
                 )
                 await inside.after_update_message(message)

@@ -296,8 +296,9 @@ async function openStream(since) {
     $("stream-state").className = "small live";
     setComposer(true);
   });
-  source.addEventListener("error", () => {
-    if (state.source !== source) return;
+  source.addEventListener("error", (event) => {
+    // the server's own `error` event (it has data) is news of the thread, not of the connection: HANDLERS show it
+    if (state.source !== source || typeof event.data === "string") return;
     $("stream-state").textContent = "reconnecting…";
     $("stream-state").className = "small warn";
     // refused (a stream token past its lifetime, a database away): mint a new one, resume after the last event
@@ -414,6 +415,10 @@ function renderMessage(m) {
     el("div", { class: "who", text: who.join(" · ") }),
     el("div", { class: "text", text: m.content || "" }),
   );
+  const error = m.status === "failed" ? (m.metadata || {}).error : null; // why it failed: `{code, message}`
+  if (error && typeof error === "object") {
+    node.append(el("div", { class: "error", text: `${error.message} (${error.code})` }));
+  }
   if (state.streamed.has(m.id)) node.dataset.streamed = "true";
   if (m.role === "tool" && m.tool_call_id) markCall(m.tool_call_id, m.tool_status || "done");
   for (const call of m.tool_calls || []) {

@@ -278,7 +278,14 @@ async def _waited(
         if not out and (row := await waits.queued(session, thread.id, turn.message_id)) is not None:
             out.append(_queued(row))  # still waiting, or set aside
     status = turn.status if turn.done and turn.status in waits.RESTING else thread.status
-    result = schemas.Turn(message_id=turn.message_id, done=turn.done, status=status, messages=out)
+    result = schemas.Turn(
+        message_id=turn.message_id,
+        done=turn.done,
+        status=status,
+        outcome=turn.outcome,
+        error=turn.error,
+        messages=out,
+    )
     return JSONResponse(result.model_dump(mode="json"))
 
 
@@ -311,7 +318,8 @@ def _id_of(value: Any, inbox_id: int) -> uuid.UUID:
 def _queued(row: tables.Inbox) -> schemas.Message:
     """Input not delivered yet (`pending`), or set aside because its delivery kept failing (`failed`, with why)."""
     p = row.payload
-    aside = {"set_aside": True, "error": row.error} if row.set_aside_at is not None else {}
+    why = {"code": waits.SET_ASIDE, "message": row.error or ""}
+    aside = {"set_aside": True, "error": why} if row.set_aside_at is not None else {}
     role = str(p.get("role")) if p.get("role") in ("user", "assistant", "system") else "user"
     return schemas.Message(
         id=_id_of(p.get("id"), row.id),
