@@ -21,7 +21,7 @@ from app import dsn
 # (bench/README.md, "plans").
 SERVER_SETTINGS = {"plan_cache_mode": "force_generic_plan"}
 
-POOL_CONNECT_TIMEOUT = 60.0  # seconds a pooled connection may take to open when the URL sets no `connect_timeout`
+CONNECT_TIMEOUT = 60.0  # seconds a connection may take to open when neither the URL nor the caller says (asyncpg's)
 
 NUL_REFUSED = "text must not contain NUL (\\u0000) characters"
 
@@ -43,7 +43,7 @@ class Unreachable(ConnectionError):
     `OSError`, so whatever waits out a database that is down waits this out too)."""
 
 
-async def connect(url: str, connect_timeout: float = 10.0) -> asyncpg.Connection:
+async def connect(url: str, connect_timeout: float = CONNECT_TIMEOUT) -> asyncpg.Connection:
     """A raw asyncpg connection (LISTEN, claims, heartbeats, live deltas) with the engine's server settings, to a
     `DATABASE_URL` in any accepted spelling; it waits `connect_timeout` seconds at most (the URL's, when shorter)."""
     target = dsn.target(url)
@@ -54,7 +54,8 @@ def create_engine(url: str, pool_size: int = 10, max_overflow: int | None = None
     """An asyncpg engine; JSONB values go through the standard json module.
 
     Its connections are opened by `_open`, as the raw ones are: SQLAlchemy would hand the URL's query parameters
-    (`sslmode`, …) to `asyncpg.connect` as keyword arguments, which it refuses.
+    (`sslmode`, …) to `asyncpg.connect` as keyword arguments, which it refuses, and cannot parse libpq's several
+    hosts (`h1:5432,h2:5432`); so it is given the dialect alone.
 
     No `pool_pre_ping`: with asyncpg it costs three round trips (BEGIN, a query, ROLLBACK) before every transaction.
     A pooled connection the server closed (a Postgres restart) is noticed for free instead: asyncpg marks it closed
@@ -64,10 +65,10 @@ def create_engine(url: str, pool_size: int = 10, max_overflow: int | None = None
     """
     target = dsn.target(url)
     engine = create_async_engine(
-        dsn.normalise(url),
+        "postgresql+asyncpg://",
         pool_size=pool_size,
         max_overflow=pool_size if max_overflow is None else max_overflow,
-        async_creator=lambda: _open(target, target.timeout or POOL_CONNECT_TIMEOUT),
+        async_creator=lambda: _open(target, target.timeout or CONNECT_TIMEOUT),
     )
     event.listen(engine.sync_engine, "checkout", _closed_is_disconnected)
     return engine

@@ -166,6 +166,10 @@ async def test_a_provider_url_with_libpq_parameters_opens_pools_raw_connections_
             {"url": "postgresql://postgres@127.0.0.1:1/postgres"},
             "connection refused (is the server up, and are the host and port right?)",
         ),
+        (  # libpq's several hosts, which SQLAlchemy's URL parser cannot read: each is tried
+            {"url": "postgres://u:hunter2@127.0.0.1:1,127.0.0.1:2/d?target_session_attrs=read-write"},
+            "connection refused",
+        ),
         ({"database": "no_such_database"}, 'database "no_such_database" does not exist'),
         ({"username": "no_such_role", "password": "hunter2"}, 'refused: role "no_such_role" does not exist'),
         ({"host": "no-such-host.invalid"}, "unknown host"),
