@@ -25,6 +25,7 @@ from app import (
     catalog,
     crypto,
     db,
+    dsn,
     environment,
     errors,
     jsonlog,
@@ -45,6 +46,8 @@ if TYPE_CHECKING:  # imported by the commands that serve (`_serve`, `_worker`): 
     from app.runtime import Runtime
 
 log = logging.getLogger("app")
+
+UNUSABLE_DATABASE = 2  # the exit code when DATABASE_URL is not a Postgres URL, or no connection to it opens
 
 
 @contextlib.contextmanager
@@ -446,7 +449,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         read = Settings()
     except ValidationError as exc:
-        raise SystemExit(f"error: invalid setting: {errors.problems(exc.errors(), spell=str.upper)}") from None
+        print(f"error: invalid setting: {errors.problems(exc.errors(), spell=str.upper)}", file=sys.stderr)
+        url_refused = any(e["loc"] == ("database_url",) for e in exc.errors())
+        raise SystemExit(UNUSABLE_DATABASE if url_refused else 1) from None
     logging.basicConfig(level=read.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if read.log_format == "json":
         for handler in logging.getLogger().handlers:
@@ -488,6 +493,10 @@ def main(argv: list[str] | None = None) -> int:
                 asyncio.run(_env(settings, args))
     except errors.AgentsError as exc:
         raise SystemExit(f"error: {exc.message}") from exc
+    except db.Unreachable as exc:
+        where = f"DATABASE_URL ({dsn.redacted(read.database_url)})" if read.database_url else "the embedded Postgres"
+        print(f"error: cannot connect to {where}: {exc}", file=sys.stderr)
+        raise SystemExit(UNUSABLE_DATABASE) from None
     return 0
 
 

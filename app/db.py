@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import socket
+import ssl
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -10,11 +13,15 @@ import asyncpg
 from sqlalchemy import event, exc
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
 
+from app import dsn
+
 # Every connection plans a prepared statement once and reuses the plan. Postgres' default re-plans each of the
 # first five executions per connection, and for good whenever a plan for the given values looks cheaper: the hot
 # path's statements are key lookups where that never pays, and planning was most of their server-side cost
 # (bench/README.md, "plans").
 SERVER_SETTINGS = {"plan_cache_mode": "force_generic_plan"}
+
+CONNECT_TIMEOUT = 60.0  # seconds a connection may take to open when neither the URL nor the caller says (asyncpg's)
 
 NUL_REFUSED = "text must not contain NUL (\\u0000) characters"
 
@@ -31,13 +38,24 @@ def has_nul(value: Any) -> bool:
     return False
 
 
-async def connect(dsn: str, connect_timeout: float) -> asyncpg.Connection:
-    """A raw asyncpg connection (LISTEN, claims, heartbeats, live deltas) with the engine's server settings."""
-    return await asyncpg.connect(dsn, timeout=connect_timeout, server_settings=SERVER_SETTINGS)
+class Unreachable(ConnectionError):
+    """No connection to the database could be opened; the message says why in one line, never the password (an
+    `OSError`, so whatever waits out a database that is down waits this out too)."""
+
+
+async def connect(url: str, connect_timeout: float = CONNECT_TIMEOUT) -> asyncpg.Connection:
+    """A raw asyncpg connection (LISTEN, claims, heartbeats, live deltas) with the engine's server settings, to a
+    `DATABASE_URL` in any accepted spelling; it waits `connect_timeout` seconds at most (the URL's, when shorter)."""
+    target = dsn.target(url)
+    return await _open(target, min(connect_timeout, target.timeout or connect_timeout))
 
 
 def create_engine(url: str, pool_size: int = 10, max_overflow: int | None = None) -> AsyncEngine:
     """An asyncpg engine; JSONB values go through the standard json module.
+
+    Its connections are opened by `_open`, as the raw ones are: SQLAlchemy would hand the URL's query parameters
+    (`sslmode`, …) to `asyncpg.connect` as keyword arguments, which it refuses, and cannot parse libpq's several
+    hosts (`h1:5432,h2:5432`); so it is given the dialect alone.
 
     No `pool_pre_ping`: with asyncpg it costs three round trips (BEGIN, a query, ROLLBACK) before every transaction.
     A pooled connection the server closed (a Postgres restart) is noticed for free instead: asyncpg marks it closed
@@ -45,14 +63,47 @@ def create_engine(url: str, pool_size: int = 10, max_overflow: int | None = None
     that dies while checked out fails its statement, SQLAlchemy then recycles every connection older than it, and the
     engine (`errors.Unavailable`) or the API (503) handles that one failure.
     """
+    target = dsn.target(url)
     engine = create_async_engine(
-        url,
+        "postgresql+asyncpg://",
         pool_size=pool_size,
         max_overflow=pool_size if max_overflow is None else max_overflow,
-        connect_args={"server_settings": SERVER_SETTINGS},
+        async_creator=lambda: _open(target, target.timeout or CONNECT_TIMEOUT),
     )
     event.listen(engine.sync_engine, "checkout", _closed_is_disconnected)
     return engine
+
+
+async def _open(target: dsn.Target, seconds: float) -> asyncpg.Connection:
+    try:
+        return await asyncpg.connect(target.dsn, timeout=seconds, server_settings=SERVER_SETTINGS)
+    except (OSError, ValueError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
+        raise Unreachable(" ".join(cause(error, target, seconds).split())) from error
+
+
+def cause(error: BaseException, target: dsn.Target, timeout: float) -> str:
+    """Why a connection could not be opened, in words: the server's own for what it refused (they name the user or
+    the database, never the password)."""
+    if isinstance(error, socket.gaierror):
+        return f"unknown host ({error.strerror})"
+    if isinstance(error, ssl.SSLCertVerificationError):
+        return f"TLS: the server's certificate is not trusted ({error.verify_message}); see sslmode and sslrootcert"
+    if isinstance(error, ssl.SSLError):
+        return f"TLS failed ({error.reason or error})"
+    if isinstance(error, TimeoutError):
+        return f"no answer within {timeout:g} s"
+    if isinstance(error, ConnectionRefusedError) or "Connect call failed" in str(error):
+        return "connection refused (is the server up, and are the host and port right?)"
+    if isinstance(error, OSError) and error.filename:
+        return f"cannot read {error.filename} ({error.strerror})"
+    if isinstance(error, FileNotFoundError | PermissionError | IsADirectoryError):  # the ssl module names no file
+        unreadable = [f"{name}={path}" for name, path in target.files if not os.access(path, os.R_OK)]
+        if unreadable:
+            return f"cannot read {', '.join(unreadable)} ({error.strerror})"
+        return f"no server listens at that socket ({error.strerror})"  # a Unix socket's folder in `host`
+    if isinstance(error, asyncpg.InvalidAuthorizationSpecificationError):  # a bad password, no such role, pg_hba
+        return f"refused: {error}"
+    return str(error) or type(error).__name__
 
 
 def worker_pool(worker_concurrency: int) -> tuple[int, int]:

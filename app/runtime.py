@@ -24,7 +24,7 @@ from app.catalog import Catalog
 from app.engine.run import Engine, llm_http
 from app.hub import Hub, Publisher
 from app.metrics import Meter
-from app.settings import Settings, plain_url
+from app.settings import Settings
 from app.worker import Worker
 
 log = logging.getLogger(__name__)
@@ -80,7 +80,7 @@ class Runtime:
             hub: Hub | None = None
             open_mode = False
             if api:
-                hub = Hub(plain_url(url), settings.sse_buffer, sessions)
+                hub = Hub(url, settings.sse_buffer, sessions)
                 await hub.start()
                 stack.push_async_callback(hub.stop)
                 open_mode = await _open_mode(settings, sessions)
@@ -91,7 +91,7 @@ class Runtime:
                     worker_db = db.create_engine(url, *db.worker_pool(settings.worker_concurrency))
                     stack.push_async_callback(worker_db.dispose)
                     worker_sessions = db.sessionmaker(worker_db)
-                publisher = Publisher(plain_url(url))
+                publisher = Publisher(url)
                 stack.push_async_callback(publisher.close)
                 if http is None:
                     http = llm_http()

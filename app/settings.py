@@ -13,6 +13,8 @@ from dotenv import dotenv_values
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from app import dsn
+
 ENV_FILE = Path(".env")  # read from the working directory, below the environment
 DEFAULT_TOOL_TIMEOUT = 300.0  # seconds
 KEY_FORMAT = re.compile(r"sa_[A-Za-z0-9_-]{32,200}")  # what `agents keys create` makes: `sa_` + 43 random characters
@@ -24,7 +26,9 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_file=ENV_FILE, extra="ignore")
 
-    database_url: str | None = Field(default=None, description="Postgres URL; unset = embedded Postgres")
+    database_url: str | None = Field(
+        default=None, description="Postgres URL (libpq's sslmode and friends in its query); unset = embedded Postgres"
+    )
     agents_dir: Path = Field(default=Path("agents"), description="folder of agents, prompts, models, tools")
     data_dir: Path = Field(default=Path(".data"), description="embedded Postgres data and the generated key")
     secret_key: str | None = Field(default=None, description="encrypts secrets at rest")
@@ -111,8 +115,8 @@ class Settings(BaseSettings):
 
     @field_validator("database_url")
     @classmethod
-    def _asyncpg_driver(cls, value: str | None) -> str | None:
-        return normalise_url(value) if value else None
+    def _postgres_url(cls, value: str | None) -> str | None:
+        return dsn.normalise(value) if value else None
 
     @field_validator("worker_heartbeat_file", mode="before")
     @classmethod
@@ -170,19 +174,6 @@ class Settings(BaseSettings):
     def playground_enabled(self) -> bool:
         """Whether `/` serves the playground: `PLAYGROUND` when set, else whether the API binds to loopback."""
         return self.loopback if self.playground is None else self.playground
-
-
-def normalise_url(url: str) -> str:
-    """Point any `postgres://` / `postgresql://` URL at the asyncpg driver."""
-    for prefix in ("postgres://", "postgresql://", "postgresql+psycopg2://", "postgresql+psycopg://"):
-        if url.startswith(prefix):
-            return "postgresql+asyncpg://" + url[len(prefix) :]
-    return url
-
-
-def plain_url(url: str) -> str:
-    """The libpq spelling of a SQLAlchemy URL, for raw asyncpg connections."""
-    return url.replace("postgresql+asyncpg://", "postgresql://", 1)
 
 
 def is_loopback(host: str) -> bool:

@@ -23,7 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from app import blobs, control, db, effects, errors, events, liveness, queue
 from app.engine.run import Engine
 from app.heartbeat import Heartbeat
-from app.settings import Settings, plain_url
+from app.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ class Worker:
         """Claim and execute until `stop` is set; then cancel what runs and hand its leases back."""
         assert self._settings.database_url is not None
         heartbeat = Heartbeat(
-            plain_url(self._settings.database_url),
+            self._settings.database_url,
             self._settings.lease_seconds,
             self._settings.watchdog_seconds,
             lambda: [c for c, _ in tuple(self._running.values())],
@@ -110,7 +110,7 @@ class Worker:
         assert self._settings.database_url is not None
         if listener is not None:
             log.info("listener connection lost; reconnecting")
-        conn = await db.connect(plain_url(self._settings.database_url), connect_timeout=10)
+        conn = await db.connect(self._settings.database_url, connect_timeout=10)
         await conn.add_listener(queue.WAKEUP_CHANNEL, lambda *_: self._notified())
         await conn.add_listener(control.CONTROL_CHANNEL, lambda *args: self._abandon(args[3]))
         return conn
@@ -120,7 +120,7 @@ class Worker:
         if claimer is not None and not claimer.is_closed():
             return claimer
         assert self._settings.database_url is not None
-        return await db.connect(plain_url(self._settings.database_url), connect_timeout=10)
+        return await db.connect(self._settings.database_url, connect_timeout=10)
 
     def _notified(self) -> None:
         self._notices += 1

@@ -31,8 +31,7 @@ from typing import Any
 import asyncpg
 import httpx
 
-from app import db, migrations
-from app.settings import normalise_url
+from app import db, dsn, migrations
 from bench.harness import ROOT, PrivatePostgres, Process, free_port, setup
 
 AGENTS = ROOT / "bench" / "chaos_agents"
@@ -296,7 +295,7 @@ async def main(args: argparse.Namespace) -> int:
     failed = 1
     pg = PrivatePostgres(work / "pg")
     try:
-        engine = db.create_engine(normalise_url(pg.url), 1)
+        engine = db.create_engine(dsn.normalise(pg.url), 1)
         await migrations.upgrade(engine)
         await engine.dispose()
         conn = await asyncpg.connect(pg.url)

@@ -26,12 +26,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import asyncpg
 import httpx
 from sqlalchemy.engine import make_url
 
-from app import db, migrations, postgres
-from app.settings import Settings, normalise_url, plain_url
+from app import db, dsn, migrations, postgres
+from app.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 AGENTS = ROOT / "bench" / "agents"
@@ -90,7 +89,7 @@ def postgres_server() -> Iterator[str]:
     """The URL of a Postgres server: `DATABASE_URL`'s, or an embedded one started for the block."""
     url = os.environ.get("DATABASE_URL")
     if url:
-        yield normalise_url(url)
+        yield dsn.normalise(url)
         return
     with (
         tempfile.TemporaryDirectory(prefix="bench-pg-") as tmp,
@@ -103,7 +102,7 @@ def postgres_server() -> Iterator[str]:
 async def database(server_url: str) -> AsyncIterator[str]:
     """A fresh, migrated database on `server_url`, dropped afterwards."""
     name = f"agents_bench_{uuid.uuid4().hex[:10]}"
-    admin = await asyncpg.connect(plain_url(server_url))
+    admin = await db.connect(server_url)
     await admin.execute(f'CREATE DATABASE "{name}"')
     url = make_url(server_url).set(database=name).render_as_string(hide_password=False)
     engine = db.create_engine(url, 1)
@@ -117,7 +116,7 @@ async def database(server_url: str) -> AsyncIterator[str]:
 
 
 async def postgres_version(url: str) -> str:
-    conn = await asyncpg.connect(plain_url(url))
+    conn = await db.connect(url)
     try:
         return str(await conn.fetchval("SHOW server_version"))
     finally:

@@ -6,8 +6,8 @@ import asyncio
 
 from alembic import context
 from sqlalchemy import Connection
-from sqlalchemy.ext.asyncio import create_async_engine
 
+from app import db
 from app.settings import Settings
 from app.tables import Base
 
@@ -21,7 +21,7 @@ def _run(connection: Connection) -> None:
 
 
 async def _run_from_url(url: str) -> None:
-    engine = create_async_engine(url)
+    engine = db.create_engine(url, 1)  # the one translation of DATABASE_URL's query (sslmode, …)
     async with engine.begin() as conn:
         await conn.run_sync(_run)
     await engine.dispose()

@@ -26,11 +26,11 @@ from fastapi.routing import APIRoute
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
-from app import db, migrations
+from app import db, dsn, migrations
 from app.api.app import create_app
 from app.catalog import Catalog
 from app.engine.run import llm_http
-from app.settings import Settings, normalise_url, plain_url
+from app.settings import Settings
 from tests import harness
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,7 +45,7 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
 
 def _server_url(tmp: Path) -> Iterator[str]:
     if os.environ.get("DATABASE_URL"):
-        yield normalise_url(os.environ["DATABASE_URL"])
+        yield dsn.normalise(os.environ["DATABASE_URL"])
         return
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -81,7 +81,7 @@ def _with_database(url: str, name: str) -> str:
 
 
 async def _admin(url: str) -> asyncpg.Connection:
-    return await asyncpg.connect(plain_url(url))
+    return await db.connect(url)
 
 
 @pytest.fixture(scope="session")

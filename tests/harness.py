@@ -14,7 +14,6 @@ from app import db, queue, statements
 from app.engine.run import Engine
 from app.hub import Publisher
 from app.runtime import Runtime
-from app.settings import plain_url
 
 LEASE_SECONDS = 300  # nothing renews a harness's leases: long enough for any execution a test awaits
 
@@ -52,7 +51,7 @@ async def harness(app: FastAPI, http: httpx.AsyncClient) -> AsyncIterator[Harnes
     rt: Runtime = app.state.runtime
     url = rt.settings.database_url
     assert url is not None
-    publisher = Publisher(plain_url(url))
+    publisher = Publisher(url)
     try:
         engine = Engine(rt.settings, rt.sessions, rt.catalog, publisher, rt.fernet, http, rt.meter)
         yield Harness(engine, app)

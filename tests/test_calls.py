@@ -8,18 +8,16 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import asyncpg
 import httpx
 import pytest
 from sqlalchemy import func, select
 
-from app import environment, masking, tables
+from app import db, environment, masking, tables
 from app.catalog import Catalog
 from app.engine import calls, context
 from app.engine.context import Env
 from app.llm import retry
 from app.llm.base import LLMRequest, LLMResponse, Usage
-from app.settings import plain_url
 from app.spec import ToolResult, define_agent, define_model, define_prompt
 from tests.conftest import client_for, wait_for
 from tests.test_control import execution
@@ -255,7 +253,7 @@ async def test_a_call_redone_after_a_lost_lease_takes_the_same_script_entry(
     async def lease_lost_after_the_answer(self: calls.Caller, *args: Any, **kwargs: Any) -> calls.Result:
         result = await original(self, *args, **kwargs)
         if not stolen:  # another worker takes the lease while this one holds the answer
-            conn = await asyncpg.connect(plain_url(database_url))
+            conn = await db.connect(database_url)
             try:
                 thread_id = args[1]
                 token = await conn.fetchval(
@@ -277,7 +275,7 @@ async def test_a_call_redone_after_a_lost_lease_takes_the_same_script_entry(
     async with app.state.runtime.sessions() as session:
         logged = select(func.count()).select_from(tables.Log).where(tables.Log.thread_id == uuid.UUID(tid))
         assert await session.scalar(logged) == 0  # nothing of the call was committed
-    conn = await asyncpg.connect(plain_url(database_url))
+    conn = await db.connect(database_url)
     try:  # the thief dies: its lease expires and the worker claims the thread again
         await conn.execute("UPDATE leases SET expires_at = now() - interval '1 second' WHERE thread_id = $1", stolen[0])
     finally:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app import catalog, keys, threads
@@ -401,3 +402,44 @@ async def test_an_idle_connection_outlasts_the_clients_keep_alive(database_url: 
             assert [m["content"] for m in stored] == (["hi"] if answered else [])
         finally:
             assert processes.stop(proc) == 0
+
+
+def _unusable(result: subprocess.CompletedProcess[str]) -> str:
+    """The one line a command says on stderr when it cannot use DATABASE_URL (exit 2, no traceback)."""
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr and len(result.stderr.splitlines()) == 1, result.stderr
+    assert "DATABASE_URL" in result.stderr and "hunter2" not in result.stderr
+    return result.stderr
+
+
+@pytest.mark.parametrize(
+    ("url", "said"),
+    [
+        ("mysql://u:hunter2@127.0.0.1/db", "the scheme mysql:// is not Postgres"),
+        ("postgresql://u:hunter2@127.0.0.1/db?sslmod=require", "unknown query parameter sslmod"),
+        ("postgresql://u:hunter2@127.0.0.1:1/db", "connection refused"),
+        ("postgresql://u:hunter2@no-such-host.invalid/db", "unknown host"),
+    ],
+)
+def test_migrate_says_in_one_line_why_database_url_cannot_be_used(url: str, said: str) -> None:
+    assert said in _unusable(agents("migrate", env={"DATABASE_URL": url}))
+
+
+def test_a_missing_database_or_role_is_one_line(server_url: str) -> None:
+    url = make_url(server_url)
+    missing = url.set(database="no_such_database").render_as_string(hide_password=False)
+    assert 'database "no_such_database" does not exist' in _unusable(agents("migrate", env={"DATABASE_URL": missing}))
+    nobody = url.set(username="no_such_role", password="hunter2").render_as_string(hide_password=False)
+    assert 'role "no_such_role" does not exist' in _unusable(agents("migrate", env={"DATABASE_URL": nobody}))
+
+
+@pytest.mark.parametrize(
+    "command", [["serve"], ["api"], ["worker"], ["keys", "list"], ["env", "list"], ["serve", "--no-migrate"]]
+)
+def test_every_command_on_the_database_says_so_in_one_line(command: list[str], tmp_path: Path) -> None:
+    env = {"DATABASE_URL": "postgres://u:hunter2@127.0.0.1:1/db?sslmode=require", "DATA_DIR": str(tmp_path)}
+    said = _unusable(agents(*command, env=env))
+    assert said == (
+        "error: cannot connect to DATABASE_URL (postgresql://u@127.0.0.1:1/db): connection refused (is the server "
+        "up, and are the host and port right?)\n"
+    )

@@ -25,7 +25,7 @@ import httpx
 import pytest
 
 from app import catalog, crypto, db, environment, keys, messages, threads
-from app.settings import Settings, plain_url
+from app.settings import Settings
 from tests.conftest import ROOT
 from tests.processes import free_port, start, stop, until_ready
 
@@ -113,7 +113,7 @@ ClusterFactory = Callable[..., Awaitable[Cluster]]
 async def cluster(fresh_database_url: str, tmp_path: Path) -> AsyncIterator[ClusterFactory]:
     """Start `workers` × `agents worker` (and `agents api`) on the crash fixture agents, on a database of their own
     (processes that are killed mid-write); stopped at teardown."""
-    conn = await asyncpg.connect(plain_url(fresh_database_url))
+    conn = await db.connect(fresh_database_url)
     clusters: list[Cluster] = []
 
     async def make(workers: int, *, api: bool = True, **overrides: str) -> Cluster:

@@ -5,17 +5,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import urllib.parse
 import uuid
 from typing import Any
 
 import pytest
 from sqlalchemy import inspect as sa_inspect
 from sqlalchemy import select, text
+from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app import db, errors, keys, messages, statements, tables, threads
-from app.settings import plain_url
+from app import db, errors, keys, messages, migrations, statements, tables, threads
 from app.spec import define_agent
 
 AGENT = define_agent(name="a", side_a={"prompt": "p"})
@@ -116,12 +117,84 @@ async def test_every_connection_plans_a_statement_once_and_a_worker_pool_keeps_i
 ) -> None:
     async with sessions() as s:
         assert (await s.execute(text("SHOW plan_cache_mode"))).scalar_one() == "force_generic_plan"
-    raw = await db.connect(plain_url(database_url), connect_timeout=10)
+    raw = await db.connect(database_url, connect_timeout=10)
     try:
         assert await raw.fetchval("SHOW plan_cache_mode") == "force_generic_plan"
     finally:
         await raw.close()
     assert db.worker_pool(50) == (54, 0)  # an overflow connection would be closed on return, and opened again
+
+
+def _with_query(url: str, **query: str) -> str:
+    return url + ("&" if "?" in url else "?") + urllib.parse.urlencode(query, quote_via=urllib.parse.quote)
+
+
+async def test_a_provider_url_with_libpq_parameters_opens_pools_raw_connections_and_migrates(database_url: str) -> None:
+    """SQLAlchemy's asyncpg dialect passed the query to `asyncpg.connect` as keyword arguments (`unexpected keyword
+    argument 'sslmode'`); every connection now takes it as libpq does (`prefer`: TLS if offered, which this test
+    server need not)."""
+    url = _with_query(
+        database_url.replace("postgresql+asyncpg://", "postgres://", 1),
+        sslmode="prefer",
+        application_name="agents-test",
+        options="-c work_mem=7MB",
+        connect_timeout="5",
+    )
+    engine = db.create_engine(url, 1)
+    try:
+        await migrations.upgrade(engine)
+        async with engine.connect() as conn:
+            found = await conn.execute(text("SELECT current_setting('application_name'), current_setting('work_mem')"))
+            assert tuple(found.one()) == ("agents-test", "7MB")
+            assert (await conn.execute(text("SHOW plan_cache_mode"))).scalar_one() == "force_generic_plan"
+    finally:
+        await engine.dispose()
+    raw = await db.connect(url)
+    try:
+        assert (await raw.fetchval("SHOW application_name"), await raw.fetchval("SHOW work_mem")) == (
+            "agents-test",
+            "7MB",
+        )
+    finally:
+        await raw.close()
+
+
+@pytest.mark.parametrize(
+    ("change", "said"),
+    [
+        (
+            {"url": "postgresql://postgres@127.0.0.1:1/postgres"},
+            "connection refused (is the server up, and are the host and port right?)",
+        ),
+        (  # libpq's several hosts, which SQLAlchemy's URL parser cannot read: each is tried
+            {"url": "postgres://u:hunter2@127.0.0.1:1,127.0.0.1:2/d?target_session_attrs=read-write"},
+            "connection refused",
+        ),
+        ({"database": "no_such_database"}, 'database "no_such_database" does not exist'),
+        ({"username": "no_such_role", "password": "hunter2"}, 'refused: role "no_such_role" does not exist'),
+        ({"host": "no-such-host.invalid"}, "unknown host"),
+        (
+            {"query": {"sslmode": "verify-full", "sslrootcert": "/no/such/ca.pem"}},
+            "cannot read sslrootcert=/no/such/ca",
+        ),
+        ({"query": {"options": "-c no_such_setting=1"}}, 'unrecognized configuration parameter "no_such_setting"'),
+    ],
+)
+async def test_a_connection_that_cannot_be_opened_says_why_in_one_line(
+    server_url: str, change: dict[str, Any], said: str
+) -> None:
+    url = change.get("url") or make_url(server_url).set(**change).render_as_string(hide_password=False)
+    with pytest.raises(db.Unreachable) as raw:
+        await db.connect(url)
+    engine = db.create_engine(url, 1)
+    try:
+        with pytest.raises(db.Unreachable) as pooled:
+            await migrations.upgrade(engine)
+    finally:
+        await engine.dispose()
+    for refused in (raw.value, pooled.value):
+        assert said in str(refused) and "\n" not in str(refused) and "hunter2" not in str(refused)
+        assert errors.Unavailable.of(refused)  # the API answers 503, the engine hands the execution back
 
 
 async def test_a_connection_busy_with_another_operation_is_unavailable_not_an_internal_error(

@@ -21,7 +21,7 @@ from app import db, environment, events, hub, inputs, keys, messages, metrics, q
 from app.catalog import Catalog
 from app.engine import inbox, run
 from app.llm.base import LLMRequest
-from app.settings import Settings, plain_url
+from app.settings import Settings
 from app.spec import ThreadState, define_agent, define_model, define_prompt, define_tool, definitions
 from tests.tools import add
 
@@ -129,7 +129,7 @@ async def drive(
         thread_id: uuid.UUID | None = None,
         **overrides: Any,
     ) -> Outcome:
-        publisher, http = hub.Publisher(plain_url(database_url)), httpx.AsyncClient()
+        publisher, http = hub.Publisher(database_url), httpx.AsyncClient()
         opened.append((publisher, http))
         engine = run.Engine(
             settings.model_copy(update=overrides), sessions, cat, publisher, FERNET, http, metrics.Meter()

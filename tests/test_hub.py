@@ -12,7 +12,6 @@ import pytest
 
 from app import catalog, db, event_types, events, hub, keys
 from app.hub import Batch, Live, Overflow, Stored, Subscription
-from app.settings import plain_url
 from tests.conftest import ROOT, client_for, wait_for
 from tests.test_api import read_events
 
@@ -136,7 +135,7 @@ async def test_a_delta_waits_for_the_events_announced_before_it(
     gate, _ = _gated_reads(monkeypatch)
     sub: Subscription = app.state.runtime.hub.subscribe(thread_id)
     [seq] = await _append(app, thread_id, 1)
-    publisher = hub.Publisher(plain_url(app.state.runtime.settings.database_url))
+    publisher = hub.Publisher(app.state.runtime.settings.database_url)
     try:
         publisher.publish(thread_id, "message_chunk", {"message_id": "m", "chunk": "hi", "offset": 0})
         await wait_for(lambda: asyncio.sleep(0, bool(held(app, thread_id))), interval=0.01)
@@ -303,7 +302,7 @@ async def _listening(dsn: str) -> tuple[Any, list[dict[str, Any]]]:
 
 
 async def test_deltas_queued_meanwhile_go_out_together_in_order(database_url: str) -> None:
-    dsn = plain_url(database_url)
+    dsn = database_url
     listener, heard = await _listening(dsn)
     publisher = hub.Publisher(dsn)
     sent: list[int] = []
@@ -364,7 +363,7 @@ def test_a_delta_is_split_so_every_piece_fits_in_a_notify() -> None:
 
 
 async def test_a_waiter_is_served_even_when_a_sender_was_cut_off(database_url: str) -> None:
-    dsn = plain_url(database_url)
+    dsn = database_url
     listener, heard = await _listening(dsn)
     publisher = hub.Publisher(dsn)
     try:

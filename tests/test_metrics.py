@@ -16,7 +16,7 @@ from sqlalchemy import text as sql
 from app import db, keys, metrics, queue
 from app.api.app import create_app
 from app.catalog import Catalog
-from app.settings import Settings, plain_url
+from app.settings import Settings
 from app.spec import define_agent, define_model, define_prompt
 from tests.conftest import ROOT, client_for, wait_for
 from tests.processes import free_port, start, stop, until_ready
@@ -156,7 +156,7 @@ async def test_queue_gauges_describe_the_database(app_factory: Any, database_url
         assert value(waiting, "agents_inbox_depth") == 3
         assert value(waiting, "agents_executions_in_flight") == 0
         assert (value(waiting, "agents_queue_oldest_seconds") or 0) > 0
-        conn = await db.connect(plain_url(database_url), connect_timeout=10)
+        conn = await db.connect(database_url, connect_timeout=10)
         try:
             claimed = await queue.claim(conn, "test", 30)
             assert claimed is not None

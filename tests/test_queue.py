@@ -7,14 +7,12 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 
-import asyncpg
 import pytest
 from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from app import db, errors, events, inputs, keys, queue, statements, tables, threads
 from app.heartbeat import Heartbeat
-from app.settings import plain_url
 from app.spec import define_agent
 
 AGENT = define_agent(name="a", side_a={"prompt": "p"})
@@ -68,7 +66,7 @@ async def test_input_enqueued_alongside_rides_with_the_held_events(
     async with sessions() as s, s.begin():
         ids = [(await threads.create(s, AGENT, keys.OPEN)).id for _ in range(3)]
     woken: list[str] = []
-    listener = await asyncpg.connect(plain_url(database_url))
+    listener = await db.connect(database_url)
     await listener.add_listener(queue.WAKEUP_CHANNEL, lambda *a: woken.append(a[-1]))
     try:
         for tid, status in zip(ids, (threads.Status.QUEUED, None, None), strict=True):
@@ -191,7 +189,7 @@ async def test_a_release_rides_with_the_held_events(
     claim = await _claim(sessions)
     assert claim is not None
     woken: list[str] = []
-    listener = await asyncpg.connect(plain_url(database_url))
+    listener = await db.connect(database_url)
     await listener.add_listener(queue.WAKEUP_CHANNEL, lambda *a: woken.append(a[-1]))
     try:
         async with sessions() as s, s.begin():
@@ -233,7 +231,7 @@ async def test_a_release_without_events_goes_at_the_last_flush_or_at_once(
     """Held but with no event to write, the release still rides in one statement and announces no event; with
     nothing held it is a release of its own, at once."""
     announced: list[str] = []
-    listener = await asyncpg.connect(plain_url(database_url))
+    listener = await db.connect(database_url)
     await listener.add_listener(events.CHANNEL, lambda *a: announced.append(a[-1]))
     try:
         for held in (True, False):
@@ -272,7 +270,7 @@ async def test_a_posted_message_is_one_statement_or_nothing(
             await s.execute(text(f"UPDATE threads SET {column}{value} WHERE id = :id"), {"id": tid})
     woken: list[str] = []
     announced: list[str] = []
-    listener = await asyncpg.connect(plain_url(database_url))
+    listener = await db.connect(database_url)
     await listener.add_listener(queue.WAKEUP_CHANNEL, lambda *a: woken.append(a[-1]))
     await listener.add_listener(events.CHANNEL, lambda *a: announced.append(a[-1]))
     try:
@@ -338,7 +336,7 @@ async def test_heartbeat_renews_held_leases_and_reports_lost_ones(
     await asyncio.sleep(0.1)
     thief = await _claim(sessions, "thief")
     assert thief is not None and thief.thread_id == stolen.thread_id
-    conn = await asyncpg.connect(plain_url(database_url))
+    conn = await db.connect(database_url)
     try:
         lost = await queue.heartbeat(conn, [kept, stolen], 30)
     finally:
@@ -361,7 +359,7 @@ async def test_heartbeat_renews_a_lease_whose_thread_row_a_transaction_holds(
     await _runnable(sessions, 2)
     busy, free = await _claim(sessions, lease=30), await _claim(sessions, lease=30)
     assert busy is not None and free is not None
-    conn = await asyncpg.connect(plain_url(database_url))
+    conn = await db.connect(database_url)
     try:
         async with sessions() as s, s.begin():
             await queue.fence(s, busy)  # holds the row lock until this block ends
@@ -387,7 +385,7 @@ async def test_a_transaction_stalled_past_the_lease_keeps_it_and_nobody_else_cla
     claim = await _claim(sessions, lease=lease)
     assert claim is not None
     lost: list[set[tuple[uuid.UUID, uuid.UUID]]] = []
-    beat = Heartbeat(plain_url(database_url), lease, 60, lambda: [claim], lost.append)
+    beat = Heartbeat(database_url, lease, 60, lambda: [claim], lost.append)
     beat.start()
     try:
         async with sessions() as s, s.begin():
@@ -431,7 +429,7 @@ async def test_enqueue_notifies_listeners_at_commit(
     sessions: async_sessionmaker[AsyncSession], database_url: str
 ) -> None:
     got = asyncio.Event()
-    conn = await asyncpg.connect(plain_url(database_url))
+    conn = await db.connect(database_url)
     await conn.add_listener(queue.WAKEUP_CHANNEL, lambda *_: got.set())
     try:
         async with sessions() as s, s.begin():

@@ -13,8 +13,7 @@ import asyncpg
 import httpx
 import pytest
 
-from app import db, migrations
-from app.settings import normalise_url
+from app import db, dsn, migrations
 from bench.harness import PrivatePostgres
 from tests.conftest import outside_pytest_temp
 from tests.processes import free_port, start, stop, until_ready
@@ -36,7 +35,7 @@ def private_pg() -> Iterator[PrivatePostgres]:
 async def test_a_database_restart_mid_run_is_waited_out_and_the_runs_finish(
     private_pg: PrivatePostgres, tmp_path: Path
 ) -> None:
-    engine = db.create_engine(normalise_url(private_pg.url), 1)
+    engine = db.create_engine(dsn.normalise(private_pg.url), 1)
     await migrations.upgrade(engine)
     await engine.dispose()
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "SECRET_KEY")}

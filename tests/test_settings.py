@@ -5,24 +5,27 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from app.settings import Settings, is_loopback, normalise_url, plain_url
+from app import errors
+from app.settings import Settings, is_loopback
 
 
 @pytest.mark.parametrize(
     ("url", "expected"),
     [
         ("postgres://u:p@h:5432/d", "postgresql+asyncpg://u:p@h:5432/d"),
-        ("postgresql://u@h/d", "postgresql+asyncpg://u@h/d"),
+        ("postgresql://u@h/d?sslmode=require", "postgresql+asyncpg://u@h/d?sslmode=require"),
         ("postgresql+asyncpg://u@h/d", "postgresql+asyncpg://u@h/d"),
     ],
 )
-def test_urls_are_normalised_to_asyncpg(url: str, expected: str) -> None:
-    assert normalise_url(url) == expected
+def test_database_url_is_read_in_the_asyncpg_spelling(url: str, expected: str) -> None:
     assert Settings(database_url=url).database_url == expected
 
 
-def test_plain_url_is_libpq_spelling() -> None:
-    assert plain_url("postgresql+asyncpg://u@h/d") == "postgresql://u@h/d"
+def test_a_database_url_that_is_not_postgres_is_refused_when_settings_are_read() -> None:
+    with pytest.raises(ValidationError) as refused:
+        Settings(database_url="mysql://u:hunter2@h/d")
+    assert "mysql://" in str(refused.value) and "is not Postgres" in str(refused.value)
+    assert "hunter2" not in errors.problems(refused.value.errors())
 
 
 @pytest.mark.parametrize(

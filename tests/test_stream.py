@@ -18,17 +18,15 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import asyncpg
 import httpx
 import pytest
 import uvicorn
 from fastapi import FastAPI
 from sqlalchemy import func, select
 
-from app import events, keys, messages, tokens
+from app import db, events, keys, messages, tokens
 from app.api import schemas
 from app.catalog import Catalog
-from app.settings import plain_url
 from app.spec import define_agent, define_model, define_prompt
 from tests.conftest import ROOT, Server, wait_for
 from tests.processes import free_port, start, stop, until_ready
@@ -213,7 +211,7 @@ async def test_clients_dropping_at_random_rebuild_every_transcript(
         catalog(RUN, chunk_size=4, delay_ms=20), with_worker=True, worker_concurrency=count, db_pool_size=15
     )
     base = await serve(app)
-    db = await asyncpg.connect(plain_url(database_url))
+    conn = await db.connect(database_url)
     limits = httpx.Limits(max_connections=2 * count)
     async with httpx.AsyncClient(base_url=base, timeout=20, limits=limits) as client:
         created = await asyncio.gather(*(client.post("/threads", json={"agent": "agent"}) for _ in range(count)))
@@ -252,7 +250,7 @@ async def test_clients_dropping_at_random_rebuild_every_transcript(
             )
 
             async def all_settled() -> bool:
-                done = await db.fetchval(
+                done = await conn.fetchval(
                     "SELECT count(*) FROM threads WHERE status = 'idle' AND session_turns = 1"
                     " AND lease_owner IS NULL AND runnable_since IS NULL"
                 )
@@ -264,7 +262,7 @@ async def test_clients_dropping_at_random_rebuild_every_transcript(
         finally:
             for task in readers:
                 task.cancel()
-            await db.close()
+            await conn.close()
 
         for tid in tids:
             out = seen[tid]
@@ -300,7 +298,7 @@ async def test_events_from_a_worker_process_reach_subscribers_of_api_processes(
     procs = [start(["api", "--port", str(port)], env, log) for port, log in zip(ports, logs[:2], strict=True)]
     procs.append(start(["worker"], env, logs[2]))
     bases = [f"http://127.0.0.1:{port}" for port in ports]
-    db = await asyncpg.connect(plain_url(database_url))
+    conn = await db.connect(database_url)
     try:
         await asyncio.gather(
             *(until_ready(base, proc, log) for base, proc, log in zip(bases, procs[:2], logs[:2], strict=True))
@@ -324,7 +322,7 @@ async def test_events_from_a_worker_process_reach_subscribers_of_api_processes(
             await asyncio.wait_for(asyncio.gather(*readers), 20)
         stored = [
             (r["seq"], r["type"], json.loads(r["data"]))
-            for r in await db.fetch("SELECT seq, type, data FROM events WHERE thread_id = $1 ORDER BY seq", tid)
+            for r in await conn.fetch("SELECT seq, type, data FROM events WHERE thread_id = $1 ORDER BY seq", tid)
         ]
         for out in outs:
             seen = stored_frames(out)  # every stored event up to the second turn's end, once, in order
@@ -336,7 +334,7 @@ async def test_events_from_a_worker_process_reach_subscribers_of_api_processes(
             assert [f["data"]["offset"] for f in chunks] == [0, 8, 16]  # live from the worker, in order
         assert not any("started with" in log.read_text() for log in logs[:2])  # the API processes run no worker
     finally:
-        await db.close()
+        await conn.close()
         for proc, log in zip(procs, logs, strict=True):
             assert stop(proc) == 0, log.read_text()
 
