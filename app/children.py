@@ -127,21 +127,6 @@ async def copy_files(
     return [await attachments.copy(session, source, path, destination) for path in paths]
 
 
-def status_of(child: tables.Thread) -> str:
-    """The registry status: `terminated`, the free text of the last status report, or the run state."""
-    if child.terminated_at is not None:
-        return "terminated"
-    if child.status_text:
-        return child.status_text
-    if child.status in (threads.Status.RUNNING, threads.Status.QUEUED):
-        return "running"
-    if child.status == threads.Status.WAITING:
-        return "waiting"
-    if child.session_status == threads.SessionStatus.FAILURE:
-        return "failed"
-    return "idle"
-
-
 def entry(child: tables.Thread) -> event_types.SubagentEntry:
     """The spec's `SubagentRegistryEntry` (snake_case)."""
     return {
@@ -154,7 +139,7 @@ def entry(child: tables.Thread) -> event_types.SubagentEntry:
         "thread_name": child.name,
         "spawn_group_id": str(child.spawn_group_id) if child.spawn_group_id else None,
         "created_at": child.created_at.isoformat(),
-        "status": status_of(child),
+        "status": threads.registry_status(child),
         "parent_communication": child.parent_communication or "implicit",
     }
 
@@ -376,21 +361,6 @@ async def start(
     return child
 
 
-def projection(child: tables.Thread) -> dict[str, Any]:
-    """The `subagent_*` fields of a message that speaks for `child` (§6.5)."""
-    e = entry(child)
-    return {
-        "subagent_name": e["name"],
-        "subagent_title": e["title"],
-        "subagent_description": e["description"],
-        "subagent_status": e["status"],
-        "subagent_resumable": e["resumable"],
-        "subagent_blocking": e["blocking"],
-        "subagent_thread_name": e["thread_name"],
-        "subagent_spawn_group_id": e["spawn_group_id"],
-    }
-
-
 async def projections(
     session: AsyncSession, parent_id: uuid.UUID, ids: set[uuid.UUID]
 ) -> dict[uuid.UUID, dict[str, Any]]:
@@ -399,7 +369,7 @@ async def projections(
     if not ids:
         return {}
     query = select(tables.Thread).where(tables.Thread.id.in_(ids), tables.Thread.parent_id == parent_id)
-    return {child.id: projection(child) for child in (await session.execute(query)).scalars()}
+    return {child.id: messages.projection(child) for child in (await session.execute(query)).scalars()}
 
 
 def registry_message(children: list[tables.Thread]) -> str | None:

@@ -87,13 +87,6 @@ async def resume(session: AsyncSession, thread: tables.Thread, side: Side) -> No
         await threads.set_status(session, thread, threads.Status.QUEUED)
 
 
-async def unpark(session: AsyncSession, thread: tables.Thread) -> None:
-    """A human message ends a stop: the queued input runs again."""
-    if thread.stopped:
-        thread.stopped = False
-        await threads.set_status(session, thread, threads.Status.QUEUED)
-
-
 async def terminate(session: AsyncSession, thread: tables.Thread) -> list[uuid.UUID]:
     """End the thread and its descendants for good; later input is refused. Returns the terminated ids."""
     ids = await threads.descendants(session, thread.id)

@@ -91,13 +91,25 @@ async def announce(session: AsyncSession, row: tables.Message) -> None:
 async def _projected(session: AsyncSession, row: tables.Message) -> dict[str, Any]:
     """The `subagent_*` fields of a message that speaks for a child of its thread (§6.5). The child comes from the
     session when it holds it (a subagent call's own transaction: no SQL), else by its key."""
-    from app import children  # it builds on this module
-
     with session.no_autoflush:  # the engine's deferred writes stay deferred
         child = await session.get(tables.Thread, row.subagent_id)
     if child is None or child.parent_id != row.thread_id:
         return {}
-    return children.projection(child)
+    return projection(child)
+
+
+def projection(child: tables.Thread) -> dict[str, Any]:
+    """The `subagent_*` fields of a message that speaks for `child` (§6.5)."""
+    return {
+        "subagent_name": child.agent,
+        "subagent_title": child.title,
+        "subagent_description": child.description,
+        "subagent_status": threads.registry_status(child),
+        "subagent_resumable": child.resumable,
+        "subagent_blocking": child.blocking,
+        "subagent_thread_name": child.name,
+        "subagent_spawn_group_id": str(child.spawn_group_id) if child.spawn_group_id else None,
+    }
 
 
 async def add(session: AsyncSession, thread_id: uuid.UUID, role: str, **fields: Any) -> tables.Message:
@@ -284,8 +296,6 @@ async def enqueue(
     A `metadata.subagent_id` is kept on the stored message (the child it speaks for). `posted`: a client's message
     (the API), which ends a stop unless it is a `system` one, and whose inbox row goes with the events the
     transaction holds (`queue.enqueue_alongside`)."""
-    from app import control  # it builds on this module
-
     if thread.terminated_at is not None:
         raise errors.ThreadTerminated()
     message_id, queued = payload(role, content, silent=silent, metadata=metadata, attachments=attachments)
@@ -294,7 +304,7 @@ async def enqueue(
     else:
         await queue.enqueue_alongside(session, thread.id, inputs.Kind.MESSAGE, queued)
         if role != "system":
-            await control.unpark(session, thread)
+            await threads.unpark(session, thread)
     if thread.status == threads.Status.IDLE:
         await threads.set_status(session, thread, threads.Status.QUEUED)
     return message_id

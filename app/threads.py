@@ -180,6 +180,28 @@ async def set_status(session: AsyncSession, thread: tables.Thread, status: Statu
     await events.append(session, thread.id, "thread_status", {"status": status})
 
 
+async def unpark(session: AsyncSession, thread: tables.Thread) -> None:
+    """A human message ends a stop: the queued input runs again."""
+    if thread.stopped:
+        thread.stopped = False
+        await set_status(session, thread, Status.QUEUED)
+
+
+def registry_status(child: tables.Thread) -> str:
+    """A child's registry status: `terminated`, the free text of its last status report, or its run state."""
+    if child.terminated_at is not None:
+        return "terminated"
+    if child.status_text:
+        return child.status_text
+    if child.status in (Status.RUNNING, Status.QUEUED):
+        return "running"
+    if child.status == Status.WAITING:
+        return "waiting"
+    if child.session_status == SessionStatus.FAILURE:
+        return "failed"
+    return "idle"
+
+
 async def end_session(
     session: AsyncSession,
     thread: tables.Thread,
