@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from app.catalog.problems import Problem
-from app.spec.define import ToolDefinition
+from app.spec.define import HookDefinition, ToolDefinition
 from app.spec.definitions import (
     CALLABLE_FIELDS,
     HANDOFF_FIELDS,
@@ -23,8 +23,21 @@ from app.spec.definitions import (
     VariableDefinition,
 )
 
-if TYPE_CHECKING:  # app.catalog imports this module to check what it loaded
-    from app.catalog import Catalog
+
+class Definitions(Protocol):
+    """What the checks read of a `Catalog` (the package imports this module, never the other way round)."""
+
+    @property
+    def models(self) -> Mapping[str, ModelDefinition]: ...
+    @property
+    def prompts(self) -> Mapping[str, PromptDefinition]: ...
+    @property
+    def agents(self) -> Mapping[str, AgentDefinition]: ...
+    @property
+    def tools(self) -> Mapping[str, ToolDefinition]: ...
+    @property
+    def hooks(self) -> Mapping[str, HookDefinition]: ...
+
 
 RESERVED = frozenset({"subagent_create", "subagent_message"})
 # Built-in tools a provider runs itself (the spec's "provider tool"): OpenAI's Responses API tools and Anthropic's
@@ -49,9 +62,9 @@ _ENTRY_FIELDS = {  # what a `tools` entry is → the object-form fields that fit
 }
 
 
-def check(c: Catalog, origins: Mapping[tuple[str, str], str]) -> list[Problem]:
+def check(c: Definitions, origins: Mapping[tuple[str, str], str]) -> list[Problem]:
     """The reference checks of `authoring.md` (Agents), each problem placed in its definition's file."""
-    checks: list[tuple[str, Mapping[str, Any], Callable[[Catalog, Any], Iterator[Problem]]]] = [
+    checks: list[tuple[str, Mapping[str, Any], Callable[[Definitions, Any], Iterator[Problem]]]] = [
         ("tools", c.tools, _check_tool),
         ("models", c.models, _check_model),
         ("prompts", c.prompts, _check_prompt),
@@ -70,12 +83,12 @@ def included(prompt: PromptDefinition) -> list[str]:
     return [part.prompt for part in _parts(prompt) if isinstance(part, PromptIncludePart)]
 
 
-def _check_tool(c: Catalog, tool: ToolDefinition) -> Iterator[Problem]:
+def _check_tool(c: Definitions, tool: ToolDefinition) -> Iterator[Problem]:
     if tool.name in RESERVED:
         yield Problem("", "", f"`{tool.name}` is a reserved tool name", "rename the file")
 
 
-def _check_model(c: Catalog, model: ModelDefinition) -> Iterator[Problem]:
+def _check_model(c: Definitions, model: ModelDefinition) -> Iterator[Problem]:
     for i, fallback in enumerate(model.fallbacks):
         if fallback == model.name:
             yield Problem("", f"fallbacks[{i}]", "a model cannot fall back to itself", f"remove `{fallback}`")
@@ -83,7 +96,7 @@ def _check_model(c: Catalog, model: ModelDefinition) -> Iterator[Problem]:
             yield _unknown(f"fallbacks[{i}]", "model", fallback, c.models)
 
 
-def _check_prompt(c: Catalog, prompt: PromptDefinition) -> Iterator[Problem]:
+def _check_prompt(c: Definitions, prompt: PromptDefinition) -> Iterator[Problem]:
     if prompt.name in RESERVED:
         yield Problem("", "name", f"`{prompt.name}` is a reserved tool name", "rename it")
     if prompt.model not in c.models:
@@ -106,7 +119,7 @@ def _check_prompt(c: Catalog, prompt: PromptDefinition) -> Iterator[Problem]:
     yield from _check_hooks(c, prompt.hooks)
 
 
-def _check_entry(c: Catalog, where: str, entry: ToolEntry) -> Iterator[Problem]:
+def _check_entry(c: Definitions, where: str, entry: ToolEntry) -> Iterator[Problem]:
     name = entry.name
     kinds = [k for k, defs in (("tool", c.tools), ("prompt", c.prompts), ("agent", c.agents)) if name in defs]
     if not kinds and name in PROVIDER_TOOLS:
@@ -141,13 +154,13 @@ def _check_entry(c: Catalog, where: str, entry: ToolEntry) -> Iterator[Problem]:
         yield Problem("", f"{where}.{field}", f"`{field}` does not fit `{name}`, which is a {what}", fix)
 
 
-def _check_hooks(c: Catalog, hooks: list[str] | None) -> Iterator[Problem]:
+def _check_hooks(c: Definitions, hooks: list[str] | None) -> Iterator[Problem]:
     for i, hook in enumerate(hooks or []):
         if hook not in c.hooks:
             yield _unknown(f"hooks[{i}]", "hook", hook, c.hooks)
 
 
-def _check_agent(c: Catalog, agent: AgentDefinition) -> Iterator[Problem]:
+def _check_agent(c: Definitions, agent: AgentDefinition) -> Iterator[Problem]:
     if agent.name in RESERVED:
         yield Problem("", "name", f"`{agent.name}` is a reserved tool name", "rename it")
     yield from _check_hooks(c, agent.hooks)
@@ -183,7 +196,7 @@ def _check_agent(c: Catalog, agent: AgentDefinition) -> Iterator[Problem]:
         yield Problem("", "", message, "bind a terminal tool on one side", "warning")
 
 
-def _variables(c: Catalog) -> Iterator[VariableDefinition]:
+def _variables(c: Definitions) -> Iterator[VariableDefinition]:
     yield from (v for p in c.prompts.values() for v in p.variables)
     yield from (v for a in c.agents.values() for v in a.variables)
     yield from (v for t in c.tools.values() for v in t.variables)
@@ -202,7 +215,7 @@ def _parts(prompt: PromptDefinition) -> list[Any]:
     return [] if isinstance(prompt.prompt, str) else list(prompt.prompt)
 
 
-def _include_path(c: Catalog, start: str, goal: str, seen: set[str]) -> list[str] | None:
+def _include_path(c: Definitions, start: str, goal: str, seen: set[str]) -> list[str] | None:
     """A chain of includes leading from prompt `start` to prompt `goal`."""
     if start == goal:
         return [goal]
