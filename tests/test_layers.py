@@ -21,6 +21,19 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
 }
 STORAGE_FORBIDDEN = ("app.engine", "app.api", "app.worker", "app.runtime", "app.__main__")
 ENTRY = {"app.runtime", "app.__main__"}  # the composition root and the CLI may import anything
+# the storage modules that build on each other, lowest first: each imports none named after it (issue 31)
+STORAGE_ORDER = (
+    "app.tables",
+    "app.db",
+    "app.statements",
+    "app.events",
+    "app.threads",
+    "app.queue",
+    "app.messages",
+    "app.files",
+    "app.children",
+    "app.control",
+)
 
 
 def _name(path: Path) -> str:
@@ -73,6 +86,14 @@ def test_each_module_imports_only_what_its_layer_may(path: Path) -> None:
         i for i in _imports(path) if any(i.startswith(f) if f.endswith(".") else _under(i, f) for f in forbidden)
     )
     assert not wrong, f"{module} imports {wrong}: see ARCHITECTURE.md's layers"
+
+
+@pytest.mark.parametrize("module", STORAGE_ORDER)
+def test_storage_modules_import_only_those_below_them(module: str) -> None:
+    above = STORAGE_ORDER[STORAGE_ORDER.index(module) + 1 :]
+    path = ROOT.joinpath(*module.split(".")).with_suffix(".py")
+    wrong = sorted(i for i in _imports(path) if any(_under(i, a) for a in above))
+    assert not wrong, f"{module} imports {wrong}, which build on it: see ARCHITECTURE.md's layers"
 
 
 def test_the_rules_catch_a_forbidden_import(tmp_path: Path) -> None:
