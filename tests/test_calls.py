@@ -15,7 +15,7 @@ from sqlalchemy import func, select
 from app import db, environment, masking, tables
 from app.catalog import Catalog
 from app.engine import calls, context
-from app.engine.context import Env
+from app.engine.types import Env
 from app.llm import retry
 from app.llm.base import LLMRequest, LLMResponse, Usage
 from app.spec import ToolResult, define_agent, define_model, define_prompt

@@ -16,7 +16,7 @@ from sqlalchemy import select
 
 from app import events, queue, tables
 from app.catalog import Catalog
-from app.engine import subprompts, tools
+from app.engine import subprompts, types
 from app.llm.base import LLMRequest
 from app.spec import (
     StateMessage,
@@ -608,12 +608,12 @@ def test_shape_of_a_plain_answer() -> None:
     assert subprompts.shape(ToolEntry(name="x"), "  text  ", []) == "text"
 
 
-def _outcome(name: str, arguments: dict[str, Any] | None, status: str, text: str) -> tools.Outcome:
+def _outcome(name: str, arguments: dict[str, Any] | None, status: str, text: str) -> types.Outcome:
     call: ToolCall = {"id": "c", "type": "function", "function": {"name": name, "arguments": '{"raw": 1}'}}
     result = (
         ToolResult(status="success", result=text) if status == "success" else ToolResult(status="error", error=text)
     )
-    return tools.Outcome(call, result, arguments)
+    return types.Outcome(call, result, arguments)
 
 
 SHAPED = [_outcome("add", {"a": 1}, "success", "2"), _outcome("explode", None, "error", "kaboom")]

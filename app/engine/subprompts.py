@@ -38,8 +38,8 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import attachments, children, errors, event_types, events, files, logs, messages, tables
 from app.catalog import Catalog
-from app.engine import calls, child_tools, context, hooks, tools
-from app.engine.state import RunState, Transaction
+from app.engine import calls, child_tools, context, hooks, tool_arguments, tools, types
+from app.engine.state import RunState
 from app.llm.base import ProviderError
 from app.spec.definitions import PromptDefinition, Side, SideConfig, ToolEntry
 from app.spec.messages import LLMMessage, ToolCall
@@ -129,7 +129,7 @@ class Runner:
                 request = context.build_request(
                     self._catalog, prompt, SideConfig(prompt=name), side, rows, _CHAT_ONLY, env, full
                 )
-            except context.MissingVariable as exc:
+            except types.MissingVariable as exc:
                 return _error(f"Subprompt `{name}` failed: {exc}")
             request.tools = [t for t in request.tools if t.name in offered]
             if not rerun:  # the step runs: it is one of the session's (an interrupted run of it counted already)
@@ -195,7 +195,9 @@ class Runner:
         # its final text as stored: what a `before_update_message` hook made of the answer
         return ToolResult(status="success", result=shape(entry, message.content or "", outcomes))
 
-    def _hooks(self, state: RunState, thread: tables.Thread, prompt: PromptDefinition, tx: Transaction) -> hooks.Hooks:
+    def _hooks(
+        self, state: RunState, thread: tables.Thread, prompt: PromptDefinition, tx: types.Transaction
+    ) -> hooks.Hooks:
         """The hooks of the subprompt's prompt (else its agent's), with a state running in `tx`."""
         assert state.execution is not None
         return hooks.bind(self._catalog, state._fernet, thread, prompt, state._env, state.execution, tx, state._context)
@@ -204,11 +206,11 @@ class Runner:
         self,
         state: RunState,
         prompt: PromptDefinition,
-        offered: dict[str, context.OfferedTool],
+        offered: dict[str, types.OfferedTool],
         call: ToolCall,
         side: Side,
         tags: dict[str, Any],
-    ) -> tools.Outcome:
+    ) -> types.Outcome:
         """Run one tool call of the subprompt's answer and store its result beside the answer, through the tool
         hooks (its events carry the depth, so streams that leave deeper messages out leave them out too). A
         subagent tool runs non-blocking (§7.4): the child's result arrives later as a message to the thread."""
@@ -237,7 +239,7 @@ class Runner:
                     session, thread, inside, call, done.result, side, child=done.child, tags=tags
                 )
                 await _log(session, thread.id, call, done.result, 0.0, state, row)
-            return tools.Outcome(call, result, None)
+            return types.Outcome(call, result, None)
         async with state._transaction() as (session, thread):
             await events.append(session, thread.id, "tool_started", data)
         started = time.perf_counter()
@@ -272,7 +274,7 @@ async def _log(
     await logs.add(session, logged)
 
 
-def shape(entry: ToolEntry, text: str, outcomes: list[tools.Outcome]) -> str:
+def shape(entry: ToolEntry, text: str, outcomes: list[types.Outcome]) -> str:
     """The result text of a subprompt run, as the module docstring describes it."""
     sections = []
     if entry.include_text_response and text.strip():
@@ -286,7 +288,7 @@ def shape(entry: ToolEntry, text: str, outcomes: list[tools.Outcome]) -> str:
     return "\n\n".join(sections)
 
 
-def _line(outcome: tools.Outcome) -> str:
+def _line(outcome: types.Outcome) -> str:
     function = outcome.call["function"]
     arguments = json.dumps(outcome.arguments) if outcome.arguments is not None else function["arguments"]
     return f"- {function['name']} {arguments} → {outcome.result.text}"
@@ -309,7 +311,7 @@ def arguments_problem(prompt: PromptDefinition, arguments: dict[str, Any]) -> st
         try:
             schema.model_validate(arguments)
         except ValidationError as exc:
-            return tools.problems(exc)
+            return tool_arguments.problems(exc)
         return None
     return shape_problem(prompt.schema_for_tool(), arguments)
 
