@@ -633,49 +633,6 @@ def test_shape_leaves_out_what_the_entry_turns_off() -> None:
     )
 
 
-SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "properties": {"q": {"type": "string"}, "n": {"type": "integer"}, "x": {"type": "number"}},
-    "required": ["q"],
-    "additionalProperties": False,
-}
-
-
-@pytest.mark.parametrize(
-    ("arguments", "problem"),
-    [
-        ({"q": "a", "n": 2, "x": 1}, None),  # an integer is a number
-        ({"q": "a", "x": 1.5}, None),
-        ({}, "missing `q`"),
-        ({"q": "a", "z": 1}, "unknown `z`"),
-        ({"q": 1}, "`q` must be of type string"),
-        ({"q": "a", "n": 1.5}, "`n` must be of type integer"),
-        ({"q": "a", "n": True}, "`n` must be of type integer"),  # a boolean is no integer in JSON
-        ({"q": "a", "x": False}, "`x` must be of type number"),
-    ],
-)
-def test_shape_problem_checks_the_top_level_of_a_schema(arguments: dict[str, Any], problem: str | None) -> None:
-    assert subprompts.shape_problem(SCHEMA, arguments) == problem
-
-
-def test_an_open_schema_lets_unknown_arguments_through() -> None:
-    assert subprompts.shape_problem({**SCHEMA, "additionalProperties": True}, {"q": "a", "z": 1}) is None
-
-
-class _Question(BaseModel):
-    q: str
-
-
-def test_arguments_problem_uses_a_pydantic_schema_or_the_default_message_schema() -> None:
-    typed = define_prompt(name="t", model="m", prompt="x", required_schema=_Question)
-    assert subprompts.arguments_problem(typed, {"q": "a"}) is None
-    assert subprompts.arguments_problem(typed, {}) == "`q`: Field required"
-    plain = define_prompt(name="p", model="m", prompt="x")
-    assert subprompts.arguments_problem(plain, {"message": "hi"}) is None
-    assert subprompts.arguments_problem(plain, {"message": "hi", "attachments": ["/attachments/a.txt"]}) is None
-    assert subprompts.arguments_problem(plain, {"message": "hi", "extra": 1}) == "unknown `extra`"
-
-
 async def test_a_subprompt_step_is_offered_creation_only_below_max_instances(app_factory: Any, drive: Any) -> None:
     """A subprompt's step counts the thread's live children afresh, as the step loop does (0.14.1)."""
     entry = {"name": "qa", "resumable": {"receives_messages": "side_a", "max_instances": 1}}

@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import children, errors, events, files, tables, threads, variable_requests
 from app.catalog import Catalog
-from app.engine import subprompts, tool_arguments, types
+from app.engine import tool_arguments, types
 from app.spec.definitions import AgentDefinition, PromptDefinition, Side, ToolEntry
 from app.spec.messages import ToolCall
 from app.spec.results import ToolResult
@@ -94,8 +94,8 @@ def _arguments_problem(catalog: Catalog, agent: AgentDefinition, arguments: dict
     """What is wrong with a non-resumable subagent call's arguments by the schema it is offered with (§6.2)."""
     prompt = catalog.prompts[agent.side_a.prompt]
     if prompt.required_schema is not None:
-        return subprompts.arguments_problem(prompt, arguments)
-    return subprompts.shape_problem(_schema(catalog, agent), arguments)
+        return tool_arguments.prompt_problem(prompt, arguments)
+    return tool_arguments.shape_problem(_schema(catalog, agent), arguments)
 
 
 def live(rows: list[tables.Thread], agent: str) -> list[tables.Thread]:

@@ -33,7 +33,6 @@ import uuid
 from dataclasses import replace
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import attachments, children, errors, event_types, events, files, logs, messages, tables
@@ -47,14 +46,6 @@ from app.spec.results import ToolResult
 
 MAX_DEPTH = 8  # subprompts calling subprompts: a prompt that offers itself must not recurse forever
 _CHAT_ONLY = 2**62  # a turn start after every message: the whole chat is "earlier turns" to a subprompt
-_TYPES: dict[str, type | tuple[type, ...]] = {
-    "string": str,
-    "integer": int,
-    "number": (int, float),
-    "boolean": bool,
-    "array": list,
-    "object": dict,
-}
 
 
 def _error(text: str) -> ToolResult:
@@ -73,7 +64,7 @@ class Runner:
         """One step of prompt `entry.name` for the tool call `state.execution.tool_call_id`; its tool result."""
         name = entry.name
         prompt = self._catalog.prompts[name]
-        problem = arguments_problem(prompt, arguments)
+        problem = tool_arguments.prompt_problem(prompt, arguments)
         if problem is not None:
             return _error(f"Invalid arguments for tool `{name}`: {problem}")
         prop = entry.init_attachments_property or "attachments"  # the default, as a subagent's (§6.2, §7.2)
@@ -301,37 +292,6 @@ def _first_message(entry: ToolEntry, arguments: dict[str, Any]) -> str:
     if value is None:
         return json.dumps(arguments)
     return value if isinstance(value, str) else json.dumps(value)
-
-
-def arguments_problem(prompt: PromptDefinition, arguments: dict[str, Any]) -> str | None:
-    """What is wrong with a subprompt's arguments: its pydantic `required_schema`, else the top level of its JSON
-    Schema (required properties, their types, no others if it says so)."""
-    schema = prompt.required_schema
-    if isinstance(schema, type) and issubclass(schema, BaseModel):
-        try:
-            schema.model_validate(arguments)
-        except ValidationError as exc:
-            return tool_arguments.problems(exc)
-        return None
-    return shape_problem(prompt.schema_for_tool(), arguments)
-
-
-def shape_problem(shape_: dict[str, Any], arguments: dict[str, Any]) -> str | None:
-    """What is wrong with arguments by the top level of a JSON Schema: required properties, their types, no others
-    if it says so."""
-    props: dict[str, Any] = shape_.get("properties", {})
-    missing = [p for p in shape_.get("required", []) if p not in arguments]
-    if missing:
-        return "missing " + ", ".join(f"`{p}`" for p in missing)
-    if shape_.get("additionalProperties") is False:
-        unknown = [k for k in arguments if k not in props]
-        if unknown:
-            return "unknown " + ", ".join(f"`{k}`" for k in unknown)
-    for key, value in arguments.items():
-        expected = _TYPES.get(str((props.get(key) or {}).get("type")))
-        if expected is not None and (not isinstance(value, expected) or isinstance(value, bool) != (expected is bool)):
-            return f"`{key}` must be of type {props[key]['type']}"
-    return None
 
 
 async def _references(session: AsyncSession, thread_id: uuid.UUID, paths: list[str]) -> tuple[list[Any], list[str]]:
