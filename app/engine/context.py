@@ -11,7 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import environment, messages, tables
 from app.catalog import Catalog
-from app.engine import types
+from app.engine import child_tools, types
 from app.llm.base import LLMRequest, LLMTool
 from app.spec.define import close_objects
 from app.spec.definitions import PromptDefinition, PromptEnvPart, PromptIncludePart, Side, SideConfig, ToolEntry
@@ -98,8 +98,6 @@ def offered_tools(
                 f"Call `{name}` to end or report on the session.",
                 session_tool_schema(side, name),
             )
-
-    from app.engine import child_tools  # it builds on subprompts, which builds on this module: imported here
 
     for child_tool in child_tools.offered(catalog, prompt, env, full):
         offered.setdefault(child_tool.name, child_tool)
