@@ -14,8 +14,7 @@ from sqlalchemy import func, select
 
 from app import db, environment, masking, tables
 from app.catalog import Catalog
-from app.engine import calls, context
-from app.engine.context import Env
+from app.engine import calls, context, types
 from app.llm import retry
 from app.llm.base import LLMRequest, LLMResponse, Usage
 from app.spec import ToolResult, define_agent, define_model, define_prompt
@@ -142,13 +141,13 @@ async def test_usage_and_cost_are_logged(app_factory: Any, drive: Any) -> None:
 def test_keys_come_from_the_env_chain_then_the_process_env() -> None:
     model = define_model(name="m", provider="openai", model="gpt", api_key_env="MY_KEY")
     thread = {"MY_KEY": environment.Value("from-thread", "secret")}
-    assert calls.api_key(model, Env(thread, {}, {}), {"MY_KEY": "from-process"}) == "from-thread"
-    assert calls.api_key(model, Env({}, {"MY_KEY": "from-agent"}, {}), {}) == "from-agent"
-    assert calls.api_key(model, Env({}, {}, {}), {"MY_KEY": "from-process"}) == "from-process"
-    assert calls.api_key(model, Env({}, {}, {}), {}) is None
+    assert calls.api_key(model, types.Env(thread, {}, {}), {"MY_KEY": "from-process"}) == "from-thread"
+    assert calls.api_key(model, types.Env({}, {"MY_KEY": "from-agent"}, {}), {}) == "from-agent"
+    assert calls.api_key(model, types.Env({}, {}, {}), {"MY_KEY": "from-process"}) == "from-process"
+    assert calls.api_key(model, types.Env({}, {}, {}), {}) is None
     default = define_model(name="a", provider="anthropic", model="claude")
-    assert calls.api_key(default, Env({}, {}, {}), {"ANTHROPIC_API_KEY": "k"}) == "k"
-    assert calls.api_key(define_model(name="t", provider="test", script=[]), Env({}, {}, {}), {"X": "y"}) is None
+    assert calls.api_key(default, types.Env({}, {}, {}), {"ANTHROPIC_API_KEY": "k"}) == "k"
+    assert calls.api_key(define_model(name="t", provider="test", script=[]), types.Env({}, {}, {}), {"X": "y"}) is None
 
 
 def test_scrub_and_cost_without_prices() -> None:

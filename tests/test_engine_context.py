@@ -15,7 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app import environment, keys, masking, threads
 from app.catalog import Catalog
-from app.engine import context
+from app.engine import context, types
 from app.engine.history import Seen
 from app.spec import ThreadState, define_agent, define_model, define_prompt, define_tool
 from app.spec.definitions import PromptDefinition, SideConfig
@@ -28,69 +28,6 @@ def text(value: str) -> environment.Value:
 
 def secret(value: str) -> environment.Value:
     return environment.Value(value, "secret")
-
-
-# -- Env --------------------------------------------------------------------------------------------------
-
-
-def test_stored_layers_win_over_definitions_in_the_documented_order() -> None:
-    layered = context.Env(
-        thread={"A": text("thread")},
-        agent={"A": "agent", "B": "agent", "C": "agent", "D": "agent"},
-        prompt={"A": "prompt", "B": "prompt", "C": "prompt", "D": "prompt", "E": "prompt"},
-        user={"A": text("user"), "B": text("user")},
-        instance={"A": text("instance"), "B": text("instance"), "C": text("instance")},
-    )
-    tool_env = {"D": "tool", "E": "tool"}
-    assert [layered.get(n, tool_env) for n in "ABCDE"] == ["thread", "user", "instance", "agent", "tool"]
-    assert layered.get("E") == "prompt"  # without the tool's config env
-
-
-def test_an_unset_variable_names_itself() -> None:
-    with pytest.raises(context.MissingVariable) as caught:
-        context.Env(thread={}, agent={}, prompt={}).get("NOPE")
-    assert caught.value.name == "NOPE"
-    assert "`NOPE` is not set" in str(caught.value)
-
-
-def test_a_variable_is_secret_when_stored_so_or_declared_so() -> None:
-    layered = context.Env(
-        thread={"STORED": secret("s1"), "PLAIN": text("p")},
-        agent={"DECLARED": "d"},
-        prompt={},
-        declared_secret=frozenset({"DECLARED"}),
-    )
-    assert [layered.is_secret(n) for n in ("STORED", "PLAIN", "DECLARED", "UNKNOWN")] == [True, False, True, False]
-
-
-def test_secrets_are_the_secret_and_declared_values_longest_first() -> None:
-    layered = context.Env(
-        thread={"SHORT": secret("abc"), "EMPTY": secret(""), "PLAIN": text("not-a-secret")},
-        agent={"FROM_AGENT": "an-undeclared-agent-value"},
-        prompt={},
-        user={"LONG": secret("abcdef")},
-        instance={"DECLARED": text("declared-text")},
-        declared_secret=frozenset({"DECLARED"}),
-    )
-    assert layered.secrets() == ["declared-text", "abcdef", "abc"]
-
-
-def test_a_declared_secret_is_masked_wherever_its_value_comes_from() -> None:
-    layered = context.Env(
-        thread={}, agent={"SMTP_PASSWORD": "hunter2"}, prompt={}, declared_secret=frozenset({"SMTP_PASSWORD"})
-    )
-    assert layered.get("SMTP_PASSWORD") == "hunter2"
-    assert "hunter2" in layered.secrets()
-
-
-def test_mask_replaces_each_secret_whole_inside_data() -> None:
-    layered = context.Env(thread={"S": secret("abc"), "T": secret("abcdef")}, agent={}, prompt={})
-    assert layered.mask({"key abcdef": ["abc", "xabcdefx", 7]}) == {"key ***": ["***", "x***x", 7]}
-
-
-def test_mask_without_secrets_returns_the_value_itself() -> None:
-    value = {"a": ["b"]}
-    assert context.Env(thread={"P": text("b")}, agent={}, prompt={}).mask(value) is value
 
 
 # -- scrub ------------------------------------------------------------------------------------------------
@@ -151,27 +88,27 @@ def prompt(name: str = "p", **fields: Any) -> PromptDefinition:
     return define_prompt(**{"name": name, "model": "m", "prompt": "You are terse.", **fields})
 
 
-EMPTY_ENV = context.Env(thread={}, agent={}, prompt={})
+EMPTY_ENV = types.Env(thread={}, agent={}, prompt={})
 
 
 def test_render_expands_includes_and_variables_in_order() -> None:
     header = prompt("header", prompt=[{"type": "text", "content": "Hello "}, {"type": "env", "property": "WHO"}])
     main = prompt("main", prompt=[{"type": "include", "prompt": "header"}, {"type": "text", "content": "."}])
     cat = catalog(header, main)
-    rendered = context.render_prompt(cat, main, context.Env(thread={"WHO": text("Ada")}, agent={}, prompt={}))
+    rendered = context.render_prompt(cat, main, types.Env(thread={"WHO": text("Ada")}, agent={}, prompt={}))
     assert rendered == "Hello Ada."
 
 
 def test_render_refuses_a_secret_and_a_missing_variable() -> None:
     main = prompt("main", prompt=[{"type": "env", "property": "KEY"}])
     cat = catalog(main)
-    with pytest.raises(context.SecretInPrompt, match="never rendered"):
-        context.render_prompt(cat, main, context.Env(thread={"KEY": secret("sk")}, agent={}, prompt={}))
-    with pytest.raises(context.SecretInPrompt):  # declared secret, even with a plain value from the agent
+    with pytest.raises(types.SecretInPrompt, match="never rendered"):
+        context.render_prompt(cat, main, types.Env(thread={"KEY": secret("sk")}, agent={}, prompt={}))
+    with pytest.raises(types.SecretInPrompt):  # declared secret, even with a plain value from the agent
         context.render_prompt(
-            cat, main, context.Env(thread={}, agent={"KEY": "v"}, prompt={}, declared_secret=frozenset({"KEY"}))
+            cat, main, types.Env(thread={}, agent={"KEY": "v"}, prompt={}, declared_secret=frozenset({"KEY"}))
         )
-    with pytest.raises(context.MissingVariable):
+    with pytest.raises(types.MissingVariable):
         context.render_prompt(cat, main, EMPTY_ENV)
 
 
@@ -244,7 +181,7 @@ def test_an_optional_subagent_is_offered_only_when_its_flag_is_on(flag: str | No
     helper = prompt("helper")
     main = prompt("main", tools=[{"name": "team", "optional": "USE_TEAM"}])
     flags = {"USE_TEAM": text(flag)} if flag is not None else {}
-    layered = context.Env(thread=flags, agent={}, prompt={})
+    layered = types.Env(thread=flags, agent={}, prompt={})
     names = [
         t.name
         for t in context.offered_tools(
@@ -427,7 +364,7 @@ def test_a_request_starts_with_the_rendered_prompt_and_carries_the_prompt_settin
         provider_options={"temperature": 0.9},
     )
     config = SideConfig(prompt="p", session_stop="done")
-    layered = context.Env(thread={}, agent={}, prompt={"WHO": "Bob"})
+    layered = types.Env(thread={}, agent={}, prompt={"WHO": "Bob"})
     request = context.build_request(catalog(main), main, config, "a", [row("user", "q")], 0, layered)
     assert request.model == "test-1"
     assert shown(request.messages) == [("system", "Hi Bob"), ("user", "q")]
@@ -450,20 +387,6 @@ def test_a_model_without_image_support_gets_no_images() -> None:
     request = context.build_request(catalog(main, images=False), main, SideConfig(prompt="p"), "a", rows, 0, EMPTY_ENV)
     assert [len(m.images) for m in request.messages] == [0, 0]
     assert "/attachments/cat.png" in (request.messages[1].content or "")  # still named
-
-
-# -- parse_arguments --------------------------------------------------------------------------------------
-
-
-def test_arguments_parse_to_an_object_and_empty_means_none() -> None:
-    assert context.parse_arguments('{"a": 1}') == {"a": 1}
-    assert context.parse_arguments("") == {}
-
-
-@pytest.mark.parametrize("raw", ["[1]", '"text"', "null", "{not json"])
-def test_arguments_that_are_not_an_object_are_refused(raw: str) -> None:
-    with pytest.raises(ValueError, match=r"."):
-        context.parse_arguments(raw)
 
 
 # -- load_env (real Postgres) -----------------------------------------------------------------------------
@@ -503,7 +426,7 @@ async def test_load_env_reads_every_layer_of_a_thread_and_its_declared_secrets(
         "p",
     ]
     for absent in ("OTHER_USER", "OTHER_THREAD"):
-        with pytest.raises(context.MissingVariable):
+        with pytest.raises(types.MissingVariable):
             loaded.get(absent)
     assert loaded.is_secret("DECLARED") and loaded.is_secret("TOKEN") and not loaded.is_secret("REGION")
     assert loaded.secrets() == ["sk-thread", "d-user"]  # the declared one is masked though stored as text
@@ -515,5 +438,5 @@ async def test_load_env_without_a_prompt_has_no_prompt_layer(sessions: async_ses
     async with sessions() as s, s.begin():
         thread = await threads.create(s, cat.agents["agent"], keys.OPEN)
         loaded = await context.load_env(s, Fernet(Fernet.generate_key()), cat, thread, None)
-    with pytest.raises(context.MissingVariable):
+    with pytest.raises(types.MissingVariable):
         loaded.get("FROM_PROMPT")

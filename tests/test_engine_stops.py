@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from app import threads
-from app.engine import stops, tools
+from app.engine import stops, types
 from app.llm.base import LLMResponse
 from app.spec import ToolResult, define_agent
 from app.spec.definitions import SessionToolConfig, SideConfig
@@ -22,10 +22,10 @@ def call(name: str, arguments: Any = None, call_id: str = "c1") -> ToolCall:
 
 def outcome(
     name: str, arguments: dict[str, Any] | None = None, *, result: str = "ok", ok: bool = True
-) -> tools.Outcome:
+) -> types.Outcome:
     status = "success" if ok else "error"
     tool_result = ToolResult(status=status, result=result if ok else None, error=None if ok else result)
-    return tools.Outcome(call(name, arguments), tool_result, arguments)
+    return types.Outcome(call(name, arguments), tool_result, arguments)
 
 
 def side(**fields: Any) -> SideConfig:
@@ -104,7 +104,7 @@ def test_session_fail_wins_over_session_stop_in_the_same_step() -> None:
 def test_session_stop_ends_the_session_with_its_payload() -> None:
     config = side(session_stop={"name": "done", "messageProperty": "m"})
     verdict = stops.evaluate(AI_HUMAN, config, LLMResponse(), [outcome("done", {"m": "finished"})], 1)
-    assert verdict == stops.Verdict(
+    assert verdict == types.Verdict(
         "session", "session_stop", threads.SessionStatus.SUCCESS, {"content": "finished", "attachments": []}
     )
 
@@ -112,7 +112,7 @@ def test_session_stop_ends_the_session_with_its_payload() -> None:
 def test_a_session_tool_call_that_failed_does_not_end_the_session() -> None:
     config = side(session_stop="done", stop_on_response=False)
     verdict = stops.evaluate(AI_HUMAN, config, LLMResponse(), [outcome("done", ok=False)], 1)
-    assert verdict == stops.GO_ON
+    assert verdict == types.GO_ON
 
 
 def test_the_stop_tool_ends_the_turn_even_when_it_failed() -> None:
@@ -137,21 +137,21 @@ def test_stop_on_response_needs_text_and_no_tool_calls(text: str, calls: list[To
 def test_max_steps_ends_the_turn_only_once_reached() -> None:
     config = side(stop_on_response=False, max_steps=3)
     response = LLMResponse(text="more")
-    assert stops.evaluate(AI_HUMAN, config, response, [], 2) == stops.GO_ON
-    assert stops.evaluate(AI_HUMAN, config, response, [], 3) == stops.Verdict("turn", "max_steps")
+    assert stops.evaluate(AI_HUMAN, config, response, [], 2) == types.GO_ON
+    assert stops.evaluate(AI_HUMAN, config, response, [], 3) == types.Verdict("turn", "max_steps")
 
 
 def test_without_stop_on_response_an_answer_goes_on() -> None:
     config = side(stop_on_response=False)
-    assert stops.evaluate(AI_HUMAN, config, LLMResponse(text="done"), [], 50) == stops.GO_ON
+    assert stops.evaluate(AI_HUMAN, config, LLMResponse(text="done"), [], 50) == types.GO_ON
 
 
 # -- session_cap --------------------------------------------------------------------------------------------
 
 
 def test_the_session_cap_ends_a_dual_ai_session_once_reached() -> None:
-    assert stops.session_cap(DUAL, 3) == stops.GO_ON
-    assert stops.session_cap(DUAL, 4) == stops.Verdict("session", "max_session_turns", threads.SessionStatus.SUCCESS)
+    assert stops.session_cap(DUAL, 3) == types.GO_ON
+    assert stops.session_cap(DUAL, 4) == types.Verdict("session", "max_session_turns", threads.SessionStatus.SUCCESS)
 
 
 def test_a_subagent_owing_a_result_fails_at_the_cap() -> None:
@@ -160,8 +160,8 @@ def test_a_subagent_owing_a_result_fails_at_the_cap() -> None:
 
 def test_the_session_cap_never_applies_to_ai_human_or_without_a_limit() -> None:
     uncapped = define_agent(name="duo", type="dual_ai", side_a={"prompt": "p"}, side_b={"prompt": "q"})
-    assert stops.session_cap(AI_HUMAN, 1000) == stops.GO_ON
-    assert stops.session_cap(uncapped, 1000) == stops.GO_ON
+    assert stops.session_cap(AI_HUMAN, 1000) == types.GO_ON
+    assert stops.session_cap(uncapped, 1000) == types.GO_ON
 
 
 # -- stored_text --------------------------------------------------------------------------------------------

@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 from cryptography.fernet import Fernet
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app import files, keys, logs, tables, threads
 from app.catalog import Catalog
-from app.engine import context, hooks, tools
+from app.engine import context, hooks, tool_arguments, tools, types
 from app.engine.state import RunState
 from app.spec import ThreadState, ToolResult, define_agent, define_model, define_prompt, define_tool
 from app.spec.definitions import SideConfig, ToolEntry
@@ -77,7 +77,7 @@ def state(thread: tables.Thread | None = None, transaction: Any = no_transaction
     row = thread or tables.Thread(id=uuid.uuid4(), agent="agent", user_id="u")
     return RunState(
         row,
-        context.Env(thread={}, agent={}, prompt={}),
+        types.Env(thread={}, agent={}, prompt={}),
         transaction,
         ExecutionState(side="a", step=1, session=1, attempt=1),
         {},
@@ -91,13 +91,13 @@ def call(name: str, arguments: Any = None, call_id: str = "call_1") -> ToolCall:
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": raw}}
 
 
-def callable_tool(name: str, **entry: Any) -> context.OfferedTool:
+def callable_tool(name: str, **entry: Any) -> types.OfferedTool:
     definition = CATALOG.tools[name]
-    return context.OfferedTool(name, "callable", ToolEntry(name=name, **entry), "", definition.parameters())
+    return types.OfferedTool(name, "callable", ToolEntry(name=name, **entry), "", definition.parameters())
 
 
 DONE = SideConfig(prompt="p", session_stop={"name": "done", "message_property": "summary"})
-SESSION = context.OfferedTool("done", "session", ToolEntry(name="done"), "", context.session_tool_schema(DONE, "done"))
+SESSION = types.OfferedTool("done", "session", ToolEntry(name="done"), "", context.session_tool_schema(DONE, "done"))
 OFFERED = {t.name: t for t in (callable_tool("add"), callable_tool("explode"), SESSION)}
 
 
@@ -151,7 +151,7 @@ async def test_the_tool_sees_its_call_id_and_entry_options() -> None:
 
 
 async def test_a_kind_the_step_loop_runs_itself_cannot_be_called_here() -> None:
-    offered = {"team": context.OfferedTool("team", "subagent", ToolEntry(name="team"), "", {})}
+    offered = {"team": types.OfferedTool("team", "subagent", ToolEntry(name="team"), "", {})}
     outcome = await tools.execute(CATALOG, offered, call("team", {"message": "hi"}), state())
     assert outcome.result.error == "Tool `team` cannot be called here"
 
@@ -178,7 +178,7 @@ async def test_a_valid_session_tool_call_succeeds_without_running_anything() -> 
 async def test_a_session_tool_takes_one_path_or_a_list_of_paths() -> None:
     side = SideConfig(prompt="p", session_stop={"name": "done", "attachments_property": "files"})
     offered = {
-        "done": context.OfferedTool(
+        "done": types.OfferedTool(
             "done", "session", ToolEntry(name="done"), "", context.session_tool_schema(side, "done")
         )
     }
@@ -243,20 +243,6 @@ def test_a_returned_tool_result_is_kept_as_it_is() -> None:
     assert tools.normalise(given) is given
 
 
-def test_problems_name_the_field_or_the_whole_arguments() -> None:
-    with pytest.raises(ValidationError) as field:
-        AddArgs.model_validate({"a": 1})
-    assert tools.problems(field.value) == "`b`: Field required"
-    with pytest.raises(ValidationError) as whole:
-        AddArgs.model_validate([1])
-    assert tools.problems(whole.value).startswith("`arguments`: ")
-
-
-def test_missing_attachments_lists_the_paths() -> None:
-    text = tools.missing_attachments(["/a", "/b"])
-    assert text.startswith("Provided attachment path(s) not found in this thread: /a, /b. ")
-
-
 # -- log rows -----------------------------------------------------------------------------------------------
 
 
@@ -307,12 +293,12 @@ FILES = SideConfig(prompt="p", session_stop={"name": "done", "attachments_proper
 
 async def checked(
     sessions: async_sessionmaker[AsyncSession], paths: Any, side: SideConfig | None = FILES
-) -> tools.Outcome:
+) -> types.Outcome:
     """`check_attachments` of a successful `done` call naming `paths`, on a thread holding `/out/report.txt`."""
     async with sessions() as session, session.begin():
         thread = await threads.create(session, CATALOG.agents["agent"], keys.OPEN)
         await files.write_bytes(session, thread.id, "/out/report.txt", b"report", "text/plain")
-        ran = tools.Outcome(call("done", {"files": paths}), ToolResult(status="success", result="ok"), {"files": paths})
+        ran = types.Outcome(call("done", {"files": paths}), ToolResult(status="success", result="ok"), {"files": paths})
         return await tools.check_attachments(side, ran, state(thread, lambda: hooks.joined(session, thread)))
 
 
@@ -326,7 +312,7 @@ async def test_missing_directories_and_malformed_paths_are_named_in_the_error(
     sessions: async_sessionmaker[AsyncSession],
 ) -> None:
     outcome = await checked(sessions, ["/out/report.txt", "/nope.txt", "/out", "/../etc"])
-    assert outcome.result.error == tools.missing_attachments(["/nope.txt", "/out", "/../etc"])
+    assert outcome.result.error == tool_arguments.missing_attachments(["/nope.txt", "/out", "/../etc"])
 
 
 async def test_paths_that_are_not_strings_are_refused(sessions: async_sessionmaker[AsyncSession]) -> None:

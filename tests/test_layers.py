@@ -15,6 +15,9 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     "app.spec": ("app.llm", "app.catalog", "app.engine", "app.api", "app.worker", "app.runtime", "app.db"),
     "app.llm": ("app.catalog", "app.engine", "app.api", "app.worker", "app.runtime", "app.db", "app.tables"),
     "app.catalog": ("app.engine", "app.api", "app.worker", "app.runtime", "app.db", "app.tables"),
+    # the engine's value types and argument texts sit under every other engine module: they import none of them
+    "app.engine.types": ("app.engine", "app.api", "app.worker", "app.runtime", "app.__main__"),
+    "app.engine.tool_arguments": ("app.engine", "app.api", "app.worker", "app.runtime", "app.__main__"),
     "app.engine": ("app.api", "app.worker", "app.runtime", "app.__main__"),
     "app.api": ("app.engine.", "app.worker"),  # the engine's package functions only, never its modules
     "app.worker": ("app.api", "app.runtime", "app.__main__"),
@@ -100,6 +103,8 @@ def test_the_rules_catch_a_forbidden_import(tmp_path: Path) -> None:
     """The check itself: a storage module importing the engine is found."""
     assert any(i.startswith("app.engine") for i in _imports_of("from app.engine import run\n", tmp_path))
     assert _rules("app.messages") == STORAGE_FORBIDDEN and _rules("app.engine.run") == FORBIDDEN["app.engine"]
+    assert "app.engine.context" in _imports_of("from app.engine import context\n", tmp_path)
+    assert _rules("app.engine.types") == FORBIDDEN["app.engine.types"]
 
 
 def _imports_of(source: str, tmp_path: Path) -> set[str]:

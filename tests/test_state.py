@@ -20,8 +20,8 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import crypto, errors, events, tables
 from app.catalog import Catalog
-from app.engine.context import Env
 from app.engine.state import RunState
+from app.engine.types import Env
 from app.llm.base import LLMRequest
 from app.spec import (
     AttachmentRef,

@@ -16,7 +16,7 @@ from sqlalchemy import select
 
 from app import events, queue, tables
 from app.catalog import Catalog
-from app.engine import subprompts, tools
+from app.engine import subprompts, types
 from app.llm.base import LLMRequest
 from app.spec import (
     StateMessage,
@@ -608,12 +608,12 @@ def test_shape_of_a_plain_answer() -> None:
     assert subprompts.shape(ToolEntry(name="x"), "  text  ", []) == "text"
 
 
-def _outcome(name: str, arguments: dict[str, Any] | None, status: str, text: str) -> tools.Outcome:
+def _outcome(name: str, arguments: dict[str, Any] | None, status: str, text: str) -> types.Outcome:
     call: ToolCall = {"id": "c", "type": "function", "function": {"name": name, "arguments": '{"raw": 1}'}}
     result = (
         ToolResult(status="success", result=text) if status == "success" else ToolResult(status="error", error=text)
     )
-    return tools.Outcome(call, result, arguments)
+    return types.Outcome(call, result, arguments)
 
 
 SHAPED = [_outcome("add", {"a": 1}, "success", "2"), _outcome("explode", None, "error", "kaboom")]
@@ -631,49 +631,6 @@ def test_shape_leaves_out_what_the_entry_turns_off() -> None:
     assert subprompts.shape(ToolEntry(name="x", include_tool_calls=False), "  ", SHAPED) == (
         'Errors:\n- explode {"raw": 1} → kaboom'
     )
-
-
-SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "properties": {"q": {"type": "string"}, "n": {"type": "integer"}, "x": {"type": "number"}},
-    "required": ["q"],
-    "additionalProperties": False,
-}
-
-
-@pytest.mark.parametrize(
-    ("arguments", "problem"),
-    [
-        ({"q": "a", "n": 2, "x": 1}, None),  # an integer is a number
-        ({"q": "a", "x": 1.5}, None),
-        ({}, "missing `q`"),
-        ({"q": "a", "z": 1}, "unknown `z`"),
-        ({"q": 1}, "`q` must be of type string"),
-        ({"q": "a", "n": 1.5}, "`n` must be of type integer"),
-        ({"q": "a", "n": True}, "`n` must be of type integer"),  # a boolean is no integer in JSON
-        ({"q": "a", "x": False}, "`x` must be of type number"),
-    ],
-)
-def test_shape_problem_checks_the_top_level_of_a_schema(arguments: dict[str, Any], problem: str | None) -> None:
-    assert subprompts.shape_problem(SCHEMA, arguments) == problem
-
-
-def test_an_open_schema_lets_unknown_arguments_through() -> None:
-    assert subprompts.shape_problem({**SCHEMA, "additionalProperties": True}, {"q": "a", "z": 1}) is None
-
-
-class _Question(BaseModel):
-    q: str
-
-
-def test_arguments_problem_uses_a_pydantic_schema_or_the_default_message_schema() -> None:
-    typed = define_prompt(name="t", model="m", prompt="x", required_schema=_Question)
-    assert subprompts.arguments_problem(typed, {"q": "a"}) is None
-    assert subprompts.arguments_problem(typed, {}) == "`q`: Field required"
-    plain = define_prompt(name="p", model="m", prompt="x")
-    assert subprompts.arguments_problem(plain, {"message": "hi"}) is None
-    assert subprompts.arguments_problem(plain, {"message": "hi", "attachments": ["/attachments/a.txt"]}) is None
-    assert subprompts.arguments_problem(plain, {"message": "hi", "extra": 1}) == "unknown `extra`"
 
 
 async def test_a_subprompt_step_is_offered_creation_only_below_max_instances(app_factory: Any, drive: Any) -> None:

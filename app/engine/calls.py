@@ -17,8 +17,7 @@ import functools
 import logging
 import time
 import uuid
-from collections.abc import Callable, Mapping
-from contextlib import AbstractAsyncContextManager
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import httpx
@@ -26,7 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import errors, events, files, llm, logs, masking, messages, tables
 from app.catalog import Catalog
-from app.engine.context import Env, MissingVariable
+from app.engine import types
 from app.hub import Publisher
 from app.llm import recovery, retry
 from app.llm.base import (
@@ -43,7 +42,6 @@ from app.spec.definitions import ModelDefinition, PromptDefinition
 from app.spec.messages import LLMMessage
 from app.spec.results import ToolResult
 
-Transaction = Callable[[], AbstractAsyncContextManager[tuple[AsyncSession, tables.Thread]]]
 log = logging.getLogger(__name__)
 
 FLUSH_SECONDS = 0.2  # how often a streaming message's partial text reaches its row (`storage-and-queue.md`)
@@ -61,14 +59,14 @@ class Result:
     record: tables.Log | None = None  # the request's log row, until it is written (`write`)
 
 
-def api_key(definition: ModelDefinition, env: Env, process_env: Mapping[str, str]) -> str | None:
+def api_key(definition: ModelDefinition, env: types.Env, process_env: Mapping[str, str]) -> str | None:
     """The value of the model's key variable: the thread's env chain first, then the process env."""
     name = definition.api_key_env or DEFAULT_KEY_ENV.get(definition.provider)
     if name is None:
         return None
     try:
         return env.get(name)
-    except MissingVariable:
+    except types.MissingVariable:
         return process_env.get(name)
 
 
@@ -113,12 +111,12 @@ class Caller:
 
     async def call(
         self,
-        tx: Transaction,
+        tx: types.Transaction,
         thread_id: uuid.UUID,
         message_id: uuid.UUID,
         prompt: PromptDefinition,
         request: LLMRequest,
-        env: Env,
+        env: types.Env,
         depth: int = 0,
         *,
         opened: int | None = None,
@@ -171,11 +169,11 @@ class _Recorder:
     def __init__(
         self,
         caller: Caller,
-        tx: Transaction,
+        tx: types.Transaction,
         thread_id: uuid.UUID,
         message_id: uuid.UUID,
         prompt: PromptDefinition,
-        env: Env,
+        env: types.Env,
         depth: int,
         opened: int | None,
     ) -> None:
@@ -275,7 +273,7 @@ async def inline_images(session: AsyncSession, thread_id: uuid.UUID, messages: l
         message.images = kept
 
 
-async def _flush(tx: Transaction, message_id: uuid.UUID, partial: str) -> None:
+async def _flush(tx: types.Transaction, message_id: uuid.UUID, partial: str) -> None:
     """Store the partial text of a streaming message (no event: clients that reconnect read it from the row)."""
     async with tx() as (session, _):
         await messages.write_partial(session, message_id, partial)

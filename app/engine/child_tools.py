@@ -18,9 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import children, errors, events, files, tables, threads, variable_requests
 from app.catalog import Catalog
-from app.engine import subprompts
-from app.engine.context import Env, OfferedTool, parse_arguments
-from app.engine.tools import missing_attachments
+from app.engine import tool_arguments, types
 from app.spec.definitions import AgentDefinition, PromptDefinition, Side, ToolEntry
 from app.spec.messages import ToolCall
 from app.spec.results import ToolResult
@@ -52,7 +50,7 @@ class Answered:
     child: uuid.UUID | None = None
 
 
-def available(entry: ToolEntry, env: Env | None) -> bool:
+def available(entry: ToolEntry, env: types.Env | None) -> bool:
     """Whether the entry is available to a step that resolves `env` (`ToolEntry.enabled`, §6.6)."""
     if env is None:
         return entry.optional is None
@@ -67,7 +65,7 @@ def available(entry: ToolEntry, env: Env | None) -> bool:
 
 
 def _targets(
-    catalog: Catalog, prompt: PromptDefinition, env: Env | None = None
+    catalog: Catalog, prompt: PromptDefinition, env: types.Env | None = None
 ) -> list[tuple[ToolEntry, AgentDefinition]]:
     """The prompt's available subagent entries: agents of type `dual_ai` (an `ai_human` agent is a handoff)."""
     found = []
@@ -96,8 +94,8 @@ def _arguments_problem(catalog: Catalog, agent: AgentDefinition, arguments: dict
     """What is wrong with a non-resumable subagent call's arguments by the schema it is offered with (§6.2)."""
     prompt = catalog.prompts[agent.side_a.prompt]
     if prompt.required_schema is not None:
-        return subprompts.arguments_problem(prompt, arguments)
-    return subprompts.shape_problem(_schema(catalog, agent), arguments)
+        return tool_arguments.prompt_problem(prompt, arguments)
+    return tool_arguments.shape_problem(_schema(catalog, agent), arguments)
 
 
 def live(rows: list[tables.Thread], agent: str) -> list[tables.Thread]:
@@ -106,7 +104,9 @@ def live(rows: list[tables.Thread], agent: str) -> list[tables.Thread]:
     return [c for c in rows if c.agent == agent and c.terminated_at is None]
 
 
-def at_cap(catalog: Catalog, prompt: PromptDefinition, env: Env | None, rows: list[tables.Thread]) -> frozenset[str]:
+def at_cap(
+    catalog: Catalog, prompt: PromptDefinition, env: types.Env | None, rows: list[tables.Thread]
+) -> frozenset[str]:
     """The prompt's resumable subagents whose live instances (among the parent's children `rows`) reached their
     `max_instances`: no longer offered for creation (skill guide 0.14.1: "when reached the tool is hidden and new
     messages route to existing instances")."""
@@ -120,17 +120,19 @@ def at_cap(catalog: Catalog, prompt: PromptDefinition, env: Env | None, rows: li
 
 
 def offered(
-    catalog: Catalog, prompt: PromptDefinition, env: Env | None = None, full: frozenset[str] = frozenset()
-) -> list[OfferedTool]:
+    catalog: Catalog, prompt: PromptDefinition, env: types.Env | None = None, full: frozenset[str] = frozenset()
+) -> list[types.OfferedTool]:
     """Non-resumable subagents as tools named after them; resumable ones behind `subagent_create` (those not in
     `full`, the ones `at_cap`; without any left, no `subagent_create`) and `subagent_message`."""
-    tools: list[OfferedTool] = []
+    tools: list[types.OfferedTool] = []
     resumable: list[str] = []
     for entry, agent in _targets(catalog, prompt, env):
         if entry.resumable:
             resumable.append(agent.name)
             continue
-        tools.append(OfferedTool(agent.name, "subagent", entry, agent.tool_description or "", _schema(catalog, agent)))
+        tools.append(
+            types.OfferedTool(agent.name, "subagent", entry, agent.tool_description or "", _schema(catalog, agent))
+        )
     creatable = [name for name in resumable if name not in full]
     if creatable:
         names = ", ".join(f"`{n}` ({catalog.agents[n].tool_description})" for n in creatable)
@@ -145,7 +147,7 @@ def offered(
             "required": ["agent", "message", "attachments"],
             "additionalProperties": False,
         }
-        tools.append(OfferedTool(CREATE, CREATE, ToolEntry(name=CREATE), f"Start a subagent: {names}.", create))
+        tools.append(types.OfferedTool(CREATE, CREATE, ToolEntry(name=CREATE), f"Start a subagent: {names}.", create))
     if resumable:
         send = {
             "type": "object",
@@ -154,7 +156,9 @@ def offered(
             "additionalProperties": False,
         }
         tools.append(
-            OfferedTool(MESSAGE, MESSAGE, ToolEntry(name=MESSAGE), "Send a message to a subagent you started.", send)
+            types.OfferedTool(
+                MESSAGE, MESSAGE, ToolEntry(name=MESSAGE), "Send a message to a subagent you started.", send
+            )
         )
     return tools
 
@@ -184,7 +188,7 @@ async def _check_paths(session: AsyncSession, thread_id: uuid.UUID, paths: Any) 
             entry = None
         if entry is None or entry.is_dir:
             missing.append(path)
-    return _error(missing_attachments(missing)) if missing else list(paths)
+    return _error(tool_arguments.missing_attachments(missing)) if missing else list(paths)
 
 
 async def call(
@@ -193,9 +197,9 @@ async def call(
     parent: tables.Thread,
     side: Side,
     prompt: PromptDefinition,
-    tool: OfferedTool,
+    tool: types.OfferedTool,
     call: ToolCall,
-    env: Env | None,
+    env: types.Env | None,
     fernet: Fernet,
     *,
     nonblocking: bool = False,
@@ -207,7 +211,7 @@ async def call(
         await threads.set_status(session, parent, threads.Status.WAITING)
         return Parked(waiting.id)
     try:
-        arguments = parse_arguments(call["function"]["arguments"])
+        arguments = tool_arguments.parse_arguments(call["function"]["arguments"])
     except ValueError as exc:
         return _error(f"Invalid arguments for tool `{tool.name}`: {exc}")
     if tool.kind == MESSAGE:
@@ -267,7 +271,7 @@ def _env_required(parent: tables.Thread, agent: str, request: tables.VariableReq
 async def _message(
     session: AsyncSession,
     parent: tables.Thread,
-    tool: OfferedTool,
+    tool: types.OfferedTool,
     call: ToolCall,
     arguments: dict[str, Any],
     nonblocking: bool,
@@ -298,7 +302,7 @@ async def _wait_or_answer(
     parent: tables.Thread,
     child: tables.Thread,
     call: ToolCall,
-    tool: OfferedTool,
+    tool: types.OfferedTool,
     text: str,
     blocking: bool,
 ) -> Answered | Parked:
@@ -314,7 +318,7 @@ async def _wait_or_answer(
 STARTED = "You were started automatically by your parent thread."
 
 
-def _instances(entry: ToolEntry, env: Env, limit: int | None) -> list[dict[str, Any]]:
+def _instances(entry: ToolEntry, env: types.Env, limit: int | None) -> list[dict[str, Any]]:
     """The groups of an `immediate` entry: one for `true`; for the object form, instance 1 reads the scoped names
     as they are and instance k reads `NAME__k` while the first of them is defined (§6.6)."""
     config = entry.immediate
@@ -355,7 +359,7 @@ async def spawn_immediate(
     parent: tables.Thread,
     side: Side,
     prompt: PromptDefinition,
-    env: Env,
+    env: types.Env,
 ) -> int:
     """Start the prompt's `immediate` subagents that have no instance yet (non-blocking, §6.6); how many started."""
     started = 0

@@ -2,103 +2,30 @@
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from cryptography.fernet import Fernet
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import environment, masking, messages, tables
+from app import environment, messages, tables
 from app.catalog import Catalog
+from app.engine import child_tools, types
 from app.llm.base import LLMRequest, LLMTool
 from app.spec.define import close_objects
 from app.spec.definitions import PromptDefinition, PromptEnvPart, PromptIncludePart, Side, SideConfig, ToolEntry
 from app.spec.messages import LLMImage, LLMMessage, ToolCall
 
 
-class MissingVariable(LookupError):
-    """A variable nothing defines."""
-
-    def __init__(self, name: str, text: str | None = None) -> None:
-        super().__init__(
-            text
-            or f"Variable `{name}` is not set: define it on the thread, the user, the instance, the agent or the prompt"
-        )
-        self.name = name
-
-
-class SecretInPrompt(MissingVariable):
-    """A prompt `env` part that resolves to a secret value: secrets are never rendered into prompts."""
-
-    def __init__(self, name: str) -> None:
-        super().__init__(name, f"Variable `{name}` is secret and is never rendered into a prompt: read it in a tool")
-
-
-@dataclass(frozen=True)
-class Env:
-    """Variable resolution, highest first: thread → user → instance → agent → tool config → prompt (§8)."""
-
-    thread: dict[str, environment.Value]
-    agent: dict[str, str]
-    prompt: dict[str, str]
-    user: dict[str, environment.Value] = field(default_factory=dict)
-    instance: dict[str, environment.Value] = field(default_factory=dict)
-    declared_secret: frozenset[str] = frozenset()  # names the agent's graph declares `secret`
-
-    def _stored(self, name: str) -> environment.Value | None:
-        for layer in (self.thread, self.user, self.instance):
-            if name in layer:
-                return layer[name]
-        return None
-
-    def get(self, name: str, tool_env: dict[str, str] | None = None) -> str:
-        stored = self._stored(name)
-        if stored is not None:
-            return stored.value
-        for layer in (self.agent, tool_env or {}, self.prompt):
-            if name in layer:
-                return layer[name]
-        raise MissingVariable(name)
-
-    def is_secret(self, name: str) -> bool:
-        stored = self._stored(name)
-        return name in self.declared_secret or (stored is not None and stored.type == "secret")
-
-    def secrets(self) -> list[str]:
-        """Known secret values, for scrubbing (longest first, so none is left half-masked): every stored value of
-        type secret, and the value of every name the graph declares secret wherever it comes from (the agent's or
-        the prompt's `env` too: a declared secret is always masked, §8)."""
-        found = {
-            v.value
-            for layer in (self.thread, self.user, self.instance)
-            for name, v in layer.items()
-            if v.value and (v.type == "secret" or name in self.declared_secret)
-        }
-        found |= {
-            value
-            for layer in (self.agent, self.prompt)
-            for name, value in layer.items()
-            if value and name in self.declared_secret
-        }
-        return sorted(found, key=len, reverse=True)
-
-    def mask(self, value: Any) -> Any:
-        """`value` (text, or JSON-like data) with every known secret value replaced by `***`."""
-        secrets = self.secrets()
-        return masking.scrub_data(value, secrets) if secrets else value
-
-
 async def load_env(
     session: AsyncSession, fernet: Fernet, catalog: Catalog, thread: tables.Thread, prompt: PromptDefinition | None
-) -> Env:
+) -> types.Env:
     """The `Env` of a thread's step: its stored layers, its agent's and its prompt's `env` (the one place that
     builds one for a thread)."""
     agent = catalog.agent(thread.agent)
     stored = await environment.layers(session, fernet, thread.id, thread.user_id)
-    return Env(
+    return types.Env(
         stored.thread,
         dict(agent.env),
         dict(prompt.env) if prompt is not None else {},
@@ -108,7 +35,7 @@ async def load_env(
     )
 
 
-def render_prompt(catalog: Catalog, prompt: PromptDefinition, env: Env) -> str:
+def render_prompt(catalog: Catalog, prompt: PromptDefinition, env: types.Env) -> str:
     """The prompt's text with includes expanded and env parts resolved (cycles are refused at load)."""
     if isinstance(prompt.prompt, str):
         return prompt.prompt
@@ -118,22 +45,11 @@ def render_prompt(catalog: Catalog, prompt: PromptDefinition, env: Env) -> str:
             out.append(render_prompt(catalog, catalog.prompts[part.prompt], env))
         elif isinstance(part, PromptEnvPart):
             if env.is_secret(part.property):
-                raise SecretInPrompt(part.property)
+                raise types.SecretInPrompt(part.property)
             out.append(env.get(part.property))
         else:
             out.append(part.content)
     return "".join(out)
-
-
-@dataclass(frozen=True)
-class OfferedTool:
-    """A tool the acting side may call, and what backs it."""
-
-    name: str
-    kind: str  # "callable" | "session" | "subprompt" | "handoff" | "subagent" | "subagent_create" | "subagent_message"
-    entry: ToolEntry
-    description: str
-    parameters: dict[str, Any]
 
 
 def session_tool_schema(side: SideConfig, name: str) -> dict[str, Any]:
@@ -154,16 +70,16 @@ def offered_tools(
     catalog: Catalog,
     prompt: PromptDefinition,
     side: SideConfig,
-    env: Env | None = None,
+    env: types.Env | None = None,
     full: frozenset[str] = frozenset(),
-) -> list[OfferedTool]:
+) -> list[types.OfferedTool]:
     """Callables of the prompt plus the side's session tools (built in when no callable has the name), and its
     subagent tools (`full`: resumable subagents at their cap, not offered for creation)."""
-    offered: dict[str, OfferedTool] = {}
+    offered: dict[str, types.OfferedTool] = {}
     for entry in prompt.tool_entries():
         tool = catalog.tools.get(entry.name)
         if tool is not None:
-            offered[entry.name] = OfferedTool(entry.name, "callable", entry, tool.description, tool.parameters())
+            offered[entry.name] = types.OfferedTool(entry.name, "callable", entry, tool.description, tool.parameters())
         elif (composed := _composed(catalog, entry)) is not None:
             offered[entry.name] = composed
     for name in side.session_tool_names():
@@ -171,17 +87,17 @@ def offered_tools(
             continue
         tool = catalog.tools.get(name)
         if tool is not None:
-            offered[name] = OfferedTool(name, "callable", ToolEntry(name=name), tool.description, tool.parameters())
+            offered[name] = types.OfferedTool(
+                name, "callable", ToolEntry(name=name), tool.description, tool.parameters()
+            )
         else:
-            offered[name] = OfferedTool(
+            offered[name] = types.OfferedTool(
                 name,
                 "session",
                 ToolEntry(name=name),
                 f"Call `{name}` to end or report on the session.",
                 session_tool_schema(side, name),
             )
-
-    from app.engine import child_tools  # it builds on `OfferedTool`: imported here, not at the top
 
     for child_tool in child_tools.offered(catalog, prompt, env, full):
         offered.setdefault(child_tool.name, child_tool)
@@ -195,15 +111,15 @@ HANDOFF_SCHEMA: dict[str, Any] = {
 }
 
 
-def _composed(catalog: Catalog, entry: ToolEntry) -> OfferedTool | None:
+def _composed(catalog: Catalog, entry: ToolEntry) -> types.OfferedTool | None:
     """A prompt offered as a subprompt (§7.2), or an `ai_human` agent offered as a handoff (§7.3)."""
     prompt = catalog.prompts.get(entry.name)
     if prompt is not None:
         schema = close_objects(prompt.schema_for_tool())
-        return OfferedTool(entry.name, "subprompt", entry, prompt.tool_description or "", schema)
+        return types.OfferedTool(entry.name, "subprompt", entry, prompt.tool_description or "", schema)
     agent = catalog.agents.get(entry.name)
     if agent is not None and agent.type == "ai_human":
-        return OfferedTool(entry.name, "handoff", entry, agent.tool_description or "", HANDOFF_SCHEMA)
+        return types.OfferedTool(entry.name, "handoff", entry, agent.tool_description or "", HANDOFF_SCHEMA)
     return None
 
 
@@ -326,7 +242,7 @@ def build_request(
     acting: Side,
     rows: Sequence[HistoryRow],
     turn_start: int,
-    env: Env,
+    env: types.Env,
     full: frozenset[str] = frozenset(),
 ) -> LLMRequest:
     """Everything the model of `prompt` is sent for the acting side's next step (`full`: see `offered_tools`)."""
@@ -347,11 +263,3 @@ def build_request(
         reasoning=prompt.reasoning.model_dump(exclude_none=True) if prompt.reasoning else None,
         provider_options={**model.provider_options, **prompt.provider_options},
     )
-
-
-def parse_arguments(raw: str) -> dict[str, Any]:
-    """A tool call's JSON arguments as an object (anything else is an error the model sees)."""
-    value = json.loads(raw or "{}")
-    if not isinstance(value, dict):
-        raise ValueError("tool arguments must be a JSON object")
-    return value

@@ -16,14 +16,15 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app import effects, queue
 from app.catalog import Catalog
+from app.engine import types
 from app.engine.context import load_env
-from app.engine.state import RunState, Transaction, effect_args_problem
+from app.engine.state import RunState, effect_args_problem
 
 log = logging.getLogger(__name__)
 
 
 async def run_queued(
-    catalog: Catalog, fernet: Fernet, transaction: Transaction, sessions: async_sessionmaker[AsyncSession]
+    catalog: Catalog, fernet: Fernet, transaction: types.Transaction, sessions: async_sessionmaker[AsyncSession]
 ) -> None:
     """Run every effect waiting in the thread's inbox, oldest first, one at a time."""
     while True:

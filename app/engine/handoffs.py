@@ -12,9 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import events, tables
 from app.catalog import Catalog
-from app.engine import stops
-from app.engine.context import OfferedTool
-from app.engine.tools import Outcome
+from app.engine import types
 from app.spec.results import ToolResult
 
 RESULT = "Handoff complete"
@@ -41,10 +39,10 @@ async def switch(session: AsyncSession, thread: tables.Thread, catalog: Catalog,
 def next_turn(
     thread: tables.Thread,
     started_as: str,
-    offered: dict[str, OfferedTool],
-    outcomes: list[Outcome],
-    verdict: stops.Verdict,
-) -> stops.Verdict:
+    offered: dict[str, types.OfferedTool],
+    outcomes: list[types.Outcome],
+    verdict: types.Verdict,
+) -> types.Verdict:
     """After a step that handed off (a handoff tool, or `state.run_agent` in any of its calls: the thread no longer
     runs `started_as`), the new agent's side A acts next in this run, in a turn of its own (the old turn is not
     counted); only a verdict that ends the session still wins."""
@@ -58,4 +56,4 @@ def next_turn(
         return verdict
     thread.side = "a"
     thread.turn_steps = 0
-    return stops.GO_ON
+    return types.GO_ON

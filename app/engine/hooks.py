@@ -16,8 +16,9 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import attachments, event_types, events, logs, masking, messages, tables
 from app.catalog import Catalog
-from app.engine.context import Env, load_env, visible_rows
-from app.engine.state import RunState, Transaction
+from app.engine import types
+from app.engine.context import load_env, visible_rows
+from app.engine.state import RunState
 from app.spec.define import HookDefinition
 from app.spec.definitions import AgentDefinition, PromptDefinition, Side
 from app.spec.messages import LLMMessage, ToolCall
@@ -64,8 +65,8 @@ async def prepare(
     thread: tables.Thread,
     side: Side,
     *,
-    env: Env | None = None,
-    transaction: Transaction | None = None,
+    env: types.Env | None = None,
+    transaction: types.Transaction | None = None,
     context: dict[str, Any] | None = None,
     outside: bool = False,
 ) -> Hooks:
@@ -96,9 +97,9 @@ def bind(
     fernet: Fernet,
     thread: tables.Thread,
     prompt: PromptDefinition,
-    env: Env,
+    env: types.Env,
     execution: ExecutionState | None,
-    transaction: Transaction,
+    transaction: types.Transaction,
     context: dict[str, Any],
 ) -> Hooks:
     """The hooks active for `prompt` (a subprompt's own, run in its caller's thread), with the state they get."""
@@ -175,7 +176,7 @@ class Hooks:
         self,
         definitions: Sequence[HookDefinition] = (),
         state: RunState | None = None,
-        transaction: Transaction | None = None,
+        transaction: types.Transaction | None = None,
         secrets: Sequence[str] = (),
     ) -> None:
         self._by_name: dict[str, list[HookDefinition]] = {}
@@ -328,9 +329,9 @@ def _tool_result(value: Any) -> ToolResult:
 def _editable(value: Any) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise BadReturn(f"must return a dict, not {type(value).__name__}")
-    for key, types in EDITABLE.items():
-        if key in value and not isinstance(value[key], types):
-            raise BadReturn(f"`{key}` must be {' or '.join(t.__name__ for t in types)}")
+    for key, kinds in EDITABLE.items():
+        if key in value and not isinstance(value[key], kinds):
+            raise BadReturn(f"`{key}` must be {' or '.join(t.__name__ for t in kinds)}")
     return value
 
 

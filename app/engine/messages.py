@@ -13,7 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import attachments, children, db, errors, files, messages, tables
 from app.catalog import Catalog
-from app.engine.context import Env
+from app.engine import types
 from app.spec.results import ToolAttachment
 from app.spec.state import AttachmentRef, ExecutionState, MessagesResult, StateMessage
 
@@ -27,7 +27,7 @@ class MessageMethods:
 
     _transaction: Callable[[], AbstractAsyncContextManager[tuple[AsyncSession, tables.Thread]]]
     _thread: tables.Thread
-    _env: Env
+    _env: types.Env
     _execution: ExecutionState | None
     _context: dict[str, Any]
     _catalog: Catalog

@@ -24,7 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app import children, control, errors, events, masking, messages, queue, statements, tables, threads
 from app.catalog import Catalog
-from app.engine import calls, child_tools, context, effect_runs, handoffs, hooks, inbox, stops, subprompts, tools, turns
+from app.engine import calls, child_tools, context, effect_runs, handoffs, hooks, inbox, stops, subprompts, turns, types
 from app.engine.history import Histories, History
 from app.engine.step import OPEN_APART, RELEASED, OpenApart, Prepared, Released, Step
 from app.engine.tool_phase import ToolPhase
@@ -221,7 +221,7 @@ class Engine(ToolPhase):
         assert config is not None, f"agent {agent.name} has no side {side}"
         return config, self._catalog.prompts[config.prompt]
 
-    def _is_subagent(self, offered: dict[str, context.OfferedTool], call: ToolCall) -> bool:
+    def _is_subagent(self, offered: dict[str, types.OfferedTool], call: ToolCall) -> bool:
         name = call["function"]["name"]
         return name in offered and offered[name].kind in child_tools.KINDS
 
@@ -258,7 +258,7 @@ class Engine(ToolPhase):
                     prepared = await self._prepare_tool(session, thread, claim, step, offered, step.calls[0])
             if not step.calls:
                 return await self._then(claim, step, closed)
-        outcomes: list[tools.Outcome] = []
+        outcomes: list[types.Outcome] = []
         while len(outcomes) < len(step.calls):  # `state.queue_tool` may append to `step.calls` while they run
             call = step.calls[len(outcomes)]
             if self._is_subagent(offered, call):
@@ -298,8 +298,8 @@ class Engine(ToolPhase):
         thread: tables.Thread,
         claim: queue.Claim,
         step: Step,
-        offered: dict[str, context.OfferedTool],
-        outcomes: list[tools.Outcome],
+        offered: dict[str, types.OfferedTool],
+        outcomes: list[types.Outcome],
     ) -> Step | Released | OpenApart | None:
         """Evaluate the step's stops; open the next step when the turn goes on, else give the thread back."""
         assert step.agent is not None and step.response is not None and step.config is not None
@@ -307,7 +307,7 @@ class Engine(ToolPhase):
         thread.attempt = 1  # the step is done: the next one starts with a fresh crash budget
         thread.step_open = False
         if not step.response.text.strip() and not step.response.tool_calls:
-            verdict = stops.Verdict("turn", "empty_response")
+            verdict = types.Verdict("turn", "empty_response")
         else:
             verdict = stops.evaluate(agent, side_config, step.response, outcomes, thread.turn_steps)
         verdict = handoffs.next_turn(thread, agent.name, offered, outcomes, verdict)
@@ -367,7 +367,7 @@ class Engine(ToolPhase):
         redo = last is not None  # a call a crash interrupted (still `pending`): the same step again
         if thread.session_steps >= self._settings.max_session_steps and not redo:
             await turns.end_session(
-                session, thread, stops.Verdict("session", "max_total_steps", threads.SessionStatus.FAILURE)
+                session, thread, types.Verdict("session", "max_total_steps", threads.SessionStatus.FAILURE)
             )
             return None
         if not redo:
@@ -385,10 +385,10 @@ class Engine(ToolPhase):
         full = child_tools.at_cap(self._catalog, prompt, env, kids)
         try:
             request = context.build_request(self._catalog, prompt, side_config, side, assembled, turn_start, env, full)
-        except context.MissingVariable as exc:  # the error first: a wait ends on the status that follows
+        except types.MissingVariable as exc:  # the error first: a wait ends on the status that follows
             await events.append(session, thread.id, "error", {"code": "missing_variable", "message": str(exc)})
             await turns.end_session(
-                session, thread, stops.Verdict("session", "llm_error", threads.SessionStatus.FAILURE)
+                session, thread, types.Verdict("session", "llm_error", threads.SessionStatus.FAILURE)
             )
             return None
         request.messages = await hook_runner.prefilter_llm_history(request.messages)
@@ -442,7 +442,7 @@ class Engine(ToolPhase):
                 session, thread.id, "step_completed", {"step": step.number, "side": step.side, "stopped": True}
             )
             await turns.end_session(
-                session, thread, stops.Verdict("session", "llm_error", threads.SessionStatus.FAILURE)
+                session, thread, types.Verdict("session", "llm_error", threads.SessionStatus.FAILURE)
             )
             return None
         updates = {
@@ -471,7 +471,7 @@ class Engine(ToolPhase):
         await control.close_open_work(session, thread, message, "crashed")
         await events.append(session, thread.id, "error", {"code": "crashed", "message": message})
         if thread.session_status == threads.SessionStatus.RUNNING:
-            await turns.end_session(session, thread, stops.Verdict("session", "crashed", threads.SessionStatus.FAILURE))
+            await turns.end_session(session, thread, types.Verdict("session", "crashed", threads.SessionStatus.FAILURE))
         else:
             await threads.set_status(session, thread, threads.Status.IDLE)
 
@@ -486,7 +486,7 @@ class Engine(ToolPhase):
             await events.append(session, thread.id, "error", {"code": code, "message": text})
             if thread.session_status == threads.SessionStatus.RUNNING:
                 await turns.end_session(
-                    session, thread, stops.Verdict("session", "crashed", threads.SessionStatus.FAILURE)
+                    session, thread, types.Verdict("session", "crashed", threads.SessionStatus.FAILURE)
                 )
             else:
                 await threads.set_status(session, thread, threads.Status.IDLE)

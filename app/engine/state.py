@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Callable
-from contextlib import AbstractAsyncContextManager
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -29,8 +28,8 @@ from app import (
     threads,
 )
 from app.catalog import Catalog
-from app.engine import handoffs, tools
-from app.engine.context import Env, offered_tools
+from app.engine import handoffs, tool_arguments, tools, types
+from app.engine.context import offered_tools
 from app.engine.files import FileMethods
 from app.engine.messages import MessageMethods, as_uuid, check_page, refuse_nul
 from app.settings import DEFAULT_TOOL_TIMEOUT
@@ -48,8 +47,6 @@ from app.spec.state import (
 if TYPE_CHECKING:  # subprompts.py builds states itself
     from app.engine.subprompts import Runner
 
-Transaction = Callable[[], AbstractAsyncContextManager[tuple[AsyncSession, tables.Thread]]]
-
 
 class RunState(FileMethods, MessageMethods):
     """The state of one thread; inside its own execution every write is fenced by the lease.
@@ -62,8 +59,8 @@ class RunState(FileMethods, MessageMethods):
     def __init__(
         self,
         thread: tables.Thread,
-        env: Env,
-        transaction: Transaction,
+        env: types.Env,
+        transaction: types.Transaction,
         execution: ExecutionState | None,
         context: dict[str, Any],
         tool_env: dict[str, str] | None = None,
@@ -420,7 +417,7 @@ def effect_args_problem(definition: EffectDefinition, args: Any) -> str | None:
     try:
         definition.args_model.model_validate(args)
     except ValidationError as exc:
-        return f"invalid arguments for effect `{definition.name}`: {tools.problems(exc)}"
+        return f"invalid arguments for effect `{definition.name}`: {tool_arguments.problems(exc)}"
     return None
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from app import tables
-from app.engine import context, hooks
+from app.engine import hooks, types
 from app.engine.state import RunState
 from app.llm.base import LLMResponse
 from app.spec.definitions import AgentDefinition, Side, SideConfig
@@ -49,7 +49,7 @@ class Step:
     request: Any = None
     calls: list[ToolCall] = field(default_factory=list)  # tool calls still to run
     response: LLMResponse | None = None
-    env: context.Env | None = None
+    env: types.Env | None = None
     config: SideConfig | None = None  # the acting side's config, for its session tool bindings
     agent: AgentDefinition | None = None  # the thread's agent as the step began (a handoff switches it, §7.3)
     made: int | None = None  # requests made to the model before this step's, counted when its first was announced

@@ -3,30 +3,15 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from typing import Any, Literal
 
 from app import threads
-from app.engine.context import parse_arguments
-from app.engine.tools import Outcome
+from app.engine import tool_arguments, types
 from app.llm.base import LLMResponse
 from app.spec.definitions import AgentDefinition, SessionToolConfig, SideConfig
 
 
-@dataclass(frozen=True)
-class Verdict:
-    """What the step decided: go on, end the side's turn, or end the session."""
-
-    ends: Literal["nothing", "turn", "session"]
-    reason: str | None = None
-    status: threads.SessionStatus | None = None
-    result: dict[str, Any] | None = None
-
-
-GO_ON = Verdict("nothing")
-
-
-def payload(binding: SessionToolConfig, outcome: Outcome) -> dict[str, Any]:
+def payload(binding: SessionToolConfig, outcome: types.Outcome) -> dict[str, Any]:
     """The canonical payload of a session tool call: the mapped message and attachments, or the result text."""
     args = outcome.arguments or {}
     if binding.message_property is None and binding.attachments_property is None:
@@ -40,7 +25,7 @@ def payload(binding: SessionToolConfig, outcome: Outcome) -> dict[str, Any]:
     return {"content": content or "", "attachments": list(attachments or [])}  # `null` means none
 
 
-def stored_result(side: SideConfig | None, outcome: Outcome) -> tuple[str, list[str]]:
+def stored_result(side: SideConfig | None, outcome: types.Outcome) -> tuple[str, list[str]]:
     """The tool message of a call: a successful session tool bound in object form stores its mapped payload,
     with the paths of `attachmentsProperty` to attach (§5); anything else stores its result text."""
     if side is not None and outcome.result.status == "success":
@@ -57,7 +42,7 @@ def stored_result(side: SideConfig | None, outcome: Outcome) -> tuple[str, list[
     return outcome.result.text, []
 
 
-def _successful(binding: SessionToolConfig | None, outcomes: list[Outcome]) -> Outcome | None:
+def _successful(binding: SessionToolConfig | None, outcomes: list[types.Outcome]) -> types.Outcome | None:
     if binding is None:
         return None
     for outcome in outcomes:
@@ -70,9 +55,9 @@ def evaluate(
     agent: AgentDefinition,
     side: SideConfig,
     response: LLMResponse,
-    outcomes: list[Outcome],
+    outcomes: list[types.Outcome],
     turn_steps: int,
-) -> Verdict:
+) -> types.Verdict:
     """Session tools first, then the side's turn rules (stop tool, stop on response, max steps)."""
     bound: tuple[tuple[Literal["fail", "stop"], threads.SessionStatus], ...] = (
         ("fail", threads.SessionStatus.FAILURE),
@@ -82,24 +67,24 @@ def evaluate(
         binding = side.binding(which)
         outcome = _successful(binding, outcomes)
         if binding is not None and outcome is not None:
-            return Verdict("session", f"session_{which}", status, payload(binding, outcome))
+            return types.Verdict("session", f"session_{which}", status, payload(binding, outcome))
     called = {o.call["function"]["name"] for o in outcomes}
     if side.stop_tool is not None and side.stop_tool in called:
-        return Verdict("turn", "stop_tool")
+        return types.Verdict("turn", "stop_tool")
     if side.stop_on_response and response.text.strip() and not response.tool_calls:
-        return Verdict("turn", "stop_on_response")
+        return types.Verdict("turn", "stop_on_response")
     if side.max_steps is not None and turn_steps >= side.max_steps:
-        return Verdict("turn", "max_steps")
-    return GO_ON
+        return types.Verdict("turn", "max_steps")
+    return types.GO_ON
 
 
-def session_cap(agent: AgentDefinition, session_turns: int, *, owes_result: bool = False) -> Verdict:
+def session_cap(agent: AgentDefinition, session_turns: int, *, owes_result: bool = False) -> types.Verdict:
     """After a turn ends: `maxSessionTurns` counts both sides' turns together (`dual_ai` only). `owes_result`: a
     subagent whose agent has terminal session tools, for which reaching the cap without one is a failure (§5, §6.4)."""
     if agent.type == "dual_ai" and agent.max_session_turns is not None and session_turns >= agent.max_session_turns:
         status = threads.SessionStatus.FAILURE if owes_result else threads.SessionStatus.SUCCESS
-        return Verdict("session", "max_session_turns", status)
-    return GO_ON
+        return types.Verdict("session", "max_session_turns", status)
+    return types.GO_ON
 
 
 def stored_text(response: LLMResponse, side: SideConfig) -> str | None:
@@ -109,7 +94,9 @@ def stored_text(response: LLMResponse, side: SideConfig) -> str | None:
             if call["function"]["name"] != side.stop_tool:
                 continue
             try:
-                value = parse_arguments(call["function"]["arguments"]).get(side.stop_tool_response_property)
+                value = tool_arguments.parse_arguments(call["function"]["arguments"]).get(
+                    side.stop_tool_response_property
+                )
             except ValueError:
                 continue
             if isinstance(value, str):

@@ -33,13 +33,12 @@ import uuid
 from dataclasses import replace
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import attachments, children, errors, event_types, events, files, logs, messages, tables
 from app.catalog import Catalog
-from app.engine import calls, child_tools, context, hooks, tools
-from app.engine.state import RunState, Transaction
+from app.engine import calls, child_tools, context, hooks, tool_arguments, tools, types
+from app.engine.state import RunState
 from app.llm.base import ProviderError
 from app.spec.definitions import PromptDefinition, Side, SideConfig, ToolEntry
 from app.spec.messages import LLMMessage, ToolCall
@@ -47,14 +46,6 @@ from app.spec.results import ToolResult
 
 MAX_DEPTH = 8  # subprompts calling subprompts: a prompt that offers itself must not recurse forever
 _CHAT_ONLY = 2**62  # a turn start after every message: the whole chat is "earlier turns" to a subprompt
-_TYPES: dict[str, type | tuple[type, ...]] = {
-    "string": str,
-    "integer": int,
-    "number": (int, float),
-    "boolean": bool,
-    "array": list,
-    "object": dict,
-}
 
 
 def _error(text: str) -> ToolResult:
@@ -73,7 +64,7 @@ class Runner:
         """One step of prompt `entry.name` for the tool call `state.execution.tool_call_id`; its tool result."""
         name = entry.name
         prompt = self._catalog.prompts[name]
-        problem = arguments_problem(prompt, arguments)
+        problem = tool_arguments.prompt_problem(prompt, arguments)
         if problem is not None:
             return _error(f"Invalid arguments for tool `{name}`: {problem}")
         prop = entry.init_attachments_property or "attachments"  # the default, as a subagent's (§6.2, §7.2)
@@ -129,7 +120,7 @@ class Runner:
                 request = context.build_request(
                     self._catalog, prompt, SideConfig(prompt=name), side, rows, _CHAT_ONLY, env, full
                 )
-            except context.MissingVariable as exc:
+            except types.MissingVariable as exc:
                 return _error(f"Subprompt `{name}` failed: {exc}")
             request.tools = [t for t in request.tools if t.name in offered]
             if not rerun:  # the step runs: it is one of the session's (an interrupted run of it counted already)
@@ -195,7 +186,9 @@ class Runner:
         # its final text as stored: what a `before_update_message` hook made of the answer
         return ToolResult(status="success", result=shape(entry, message.content or "", outcomes))
 
-    def _hooks(self, state: RunState, thread: tables.Thread, prompt: PromptDefinition, tx: Transaction) -> hooks.Hooks:
+    def _hooks(
+        self, state: RunState, thread: tables.Thread, prompt: PromptDefinition, tx: types.Transaction
+    ) -> hooks.Hooks:
         """The hooks of the subprompt's prompt (else its agent's), with a state running in `tx`."""
         assert state.execution is not None
         return hooks.bind(self._catalog, state._fernet, thread, prompt, state._env, state.execution, tx, state._context)
@@ -204,11 +197,11 @@ class Runner:
         self,
         state: RunState,
         prompt: PromptDefinition,
-        offered: dict[str, context.OfferedTool],
+        offered: dict[str, types.OfferedTool],
         call: ToolCall,
         side: Side,
         tags: dict[str, Any],
-    ) -> tools.Outcome:
+    ) -> types.Outcome:
         """Run one tool call of the subprompt's answer and store its result beside the answer, through the tool
         hooks (its events carry the depth, so streams that leave deeper messages out leave them out too). A
         subagent tool runs non-blocking (§7.4): the child's result arrives later as a message to the thread."""
@@ -237,7 +230,7 @@ class Runner:
                     session, thread, inside, call, done.result, side, child=done.child, tags=tags
                 )
                 await _log(session, thread.id, call, done.result, 0.0, state, row)
-            return tools.Outcome(call, result, None)
+            return types.Outcome(call, result, None)
         async with state._transaction() as (session, thread):
             await events.append(session, thread.id, "tool_started", data)
         started = time.perf_counter()
@@ -272,7 +265,7 @@ async def _log(
     await logs.add(session, logged)
 
 
-def shape(entry: ToolEntry, text: str, outcomes: list[tools.Outcome]) -> str:
+def shape(entry: ToolEntry, text: str, outcomes: list[types.Outcome]) -> str:
     """The result text of a subprompt run, as the module docstring describes it."""
     sections = []
     if entry.include_text_response and text.strip():
@@ -286,7 +279,7 @@ def shape(entry: ToolEntry, text: str, outcomes: list[tools.Outcome]) -> str:
     return "\n\n".join(sections)
 
 
-def _line(outcome: tools.Outcome) -> str:
+def _line(outcome: types.Outcome) -> str:
     function = outcome.call["function"]
     arguments = json.dumps(outcome.arguments) if outcome.arguments is not None else function["arguments"]
     return f"- {function['name']} {arguments} → {outcome.result.text}"
@@ -299,37 +292,6 @@ def _first_message(entry: ToolEntry, arguments: dict[str, Any]) -> str:
     if value is None:
         return json.dumps(arguments)
     return value if isinstance(value, str) else json.dumps(value)
-
-
-def arguments_problem(prompt: PromptDefinition, arguments: dict[str, Any]) -> str | None:
-    """What is wrong with a subprompt's arguments: its pydantic `required_schema`, else the top level of its JSON
-    Schema (required properties, their types, no others if it says so)."""
-    schema = prompt.required_schema
-    if isinstance(schema, type) and issubclass(schema, BaseModel):
-        try:
-            schema.model_validate(arguments)
-        except ValidationError as exc:
-            return tools.problems(exc)
-        return None
-    return shape_problem(prompt.schema_for_tool(), arguments)
-
-
-def shape_problem(shape_: dict[str, Any], arguments: dict[str, Any]) -> str | None:
-    """What is wrong with arguments by the top level of a JSON Schema: required properties, their types, no others
-    if it says so."""
-    props: dict[str, Any] = shape_.get("properties", {})
-    missing = [p for p in shape_.get("required", []) if p not in arguments]
-    if missing:
-        return "missing " + ", ".join(f"`{p}`" for p in missing)
-    if shape_.get("additionalProperties") is False:
-        unknown = [k for k in arguments if k not in props]
-        if unknown:
-            return "unknown " + ", ".join(f"`{k}`" for k in unknown)
-    for key, value in arguments.items():
-        expected = _TYPES.get(str((props.get(key) or {}).get("type")))
-        if expected is not None and (not isinstance(value, expected) or isinstance(value, bool) != (expected is bool)):
-            return f"`{key}` must be of type {props[key]['type']}"
-    return None
 
 
 async def _references(session: AsyncSession, thread_id: uuid.UUID, paths: list[str]) -> tuple[list[Any], list[str]]:

@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app import attachments, children, errors, events, files, logs, messages, queue, tables
 from app.catalog import Catalog
-from app.engine import calls, child_tools, context, hooks, stops, subprompts, tools
+from app.engine import calls, child_tools, hooks, stops, subprompts, tools, types
 from app.engine.state import RunState
 from app.engine.step import Prepared, Step
 from app.metrics import Meter
@@ -44,7 +44,7 @@ class ToolPhase:
     async def _children(session: AsyncSession, thread: tables.Thread) -> list[SubagentEntry]:
         return [SubagentEntry.model_validate(children.entry(c)) for c in await children.of(session, thread)]
 
-    async def _subagent(self, claim: queue.Claim, step: Step, tool: context.OfferedTool, call: ToolCall) -> Any:
+    async def _subagent(self, claim: queue.Claim, step: Step, tool: types.OfferedTool, call: ToolCall) -> Any:
         """A subagent tool call (§6): its result now, or None when the parent parks on a blocking child."""
         name = call["function"]["name"]
         async with self._tx(claim) as (session, thread):
@@ -69,7 +69,7 @@ class ToolPhase:
             logged.message_id = row.id if row is not None else None
             await logs.add(session, logged)
         self.meter.tool_calls.labels(name, done.result.status).inc()  # a subagent tool: always one offered
-        return tools.Outcome(call, result, None)
+        return types.Outcome(call, result, None)
 
     async def _prepare_tool(
         self,
@@ -77,7 +77,7 @@ class ToolPhase:
         thread: tables.Thread,
         claim: queue.Claim,
         step: Step,
-        offered: dict[str, context.OfferedTool],
+        offered: dict[str, types.OfferedTool],
         call: ToolCall,
     ) -> Prepared:
         """Announce a tool call (`tool_started`) and build the state and hooks it runs with."""
@@ -121,10 +121,10 @@ class ToolPhase:
         self,
         claim: queue.Claim,
         step: Step,
-        offered: dict[str, context.OfferedTool],
+        offered: dict[str, types.OfferedTool],
         call: ToolCall,
         prepared: Prepared,
-    ) -> tuple[tools.Outcome, dict[str, Any] | None, tables.Log]:
+    ) -> tuple[types.Outcome, dict[str, Any] | None, tables.Log]:
         """Run the tool and its hooks, outside any transaction; returns the outcome, the fields of the result
         message to store (None: an `after_tool_call_*` hook removed the call and its result from history) and the
         call's log row."""
@@ -160,7 +160,7 @@ class ToolPhase:
         session: AsyncSession,
         thread: tables.Thread,
         call: ToolCall,
-        outcome: tools.Outcome,
+        outcome: types.Outcome,
         fields: dict[str, Any] | None,
         logged: tables.Log,
     ) -> tables.Message | None:

@@ -6,14 +6,13 @@ import asyncio
 import json
 import logging
 import uuid
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ValidationError
 
 from app import errors, logs, masking, tables
 from app.catalog import Catalog
-from app.engine.context import OfferedTool, parse_arguments
+from app.engine import tool_arguments, types
 from app.spec.define import ToolDefinition
 from app.spec.definitions import SideConfig
 from app.spec.messages import ToolCall
@@ -23,26 +22,6 @@ if TYPE_CHECKING:  # state.py runs tools itself (`invoke_tool`)
     from app.engine.state import RunState
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """What one tool call produced."""
-
-    call: ToolCall
-    result: ToolResult
-    arguments: dict[str, Any] | None
-
-
-MISSING_ATTACHMENTS = (
-    "Provided attachment path(s) not found in this thread: {paths}. Use an exact /attachments/... path that exists "
-    "in this thread, then try again."
-)
-
-
-def missing_attachments(paths: list[str]) -> str:
-    """The contract's error text for attachment paths that are not files of the thread (`semantics.md` §5)."""
-    return MISSING_ATTACHMENTS.format(paths=", ".join(paths))
 
 
 def json_secrets(secrets: list[str]) -> list[str]:
@@ -76,14 +55,8 @@ def _error(text: str) -> ToolResult:
     return ToolResult(status="error", error=text)
 
 
-def problems(exc: ValidationError) -> str:
-    """What pydantic found wrong with a call's arguments, one `field`: message per problem (`arguments` for the
-    whole)."""
-    return errors.problems(exc.errors(), whole="arguments", spell=lambda name: f"`{name}`")
-
-
 def _validation_text(name: str, exc: ValidationError) -> str:
-    return f"Invalid arguments for tool `{name}`: {problems(exc)}"
+    return f"Invalid arguments for tool `{name}`: {tool_arguments.problems(exc)}"
 
 
 def normalise(value: Any) -> ToolResult:
@@ -116,34 +89,36 @@ def _session_arguments_problem(schema: dict[str, Any], arguments: dict[str, Any]
     return None
 
 
-async def execute(catalog: Catalog, offered: dict[str, OfferedTool], call: ToolCall, state: RunState) -> Outcome:
+async def execute(
+    catalog: Catalog, offered: dict[str, types.OfferedTool], call: ToolCall, state: RunState
+) -> types.Outcome:
     """Run one tool call; never raises for a bad call or a failing tool."""
     name = call["function"]["name"]
     tool = offered.get(name)
     if tool is None:
         known = ", ".join(sorted(offered)) or "none"
-        return Outcome(call, _error(f"Unknown tool `{name}`. Available tools: {known}"), None)
+        return types.Outcome(call, _error(f"Unknown tool `{name}`. Available tools: {known}"), None)
     try:
-        arguments = parse_arguments(call["function"]["arguments"])
+        arguments = tool_arguments.parse_arguments(call["function"]["arguments"])
     except ValueError as exc:
-        return Outcome(call, _error(f"Invalid arguments for tool `{name}`: {exc}"), None)
+        return types.Outcome(call, _error(f"Invalid arguments for tool `{name}`: {exc}"), None)
     if tool.kind == "session":
         problem = _session_arguments_problem(tool.parameters, arguments)
         if problem:
-            return Outcome(call, _error(f"Invalid arguments for tool `{name}`: {problem}"), arguments)
-        return Outcome(call, ToolResult(status="success", result="ok"), arguments)
+            return types.Outcome(call, _error(f"Invalid arguments for tool `{name}`: {problem}"), arguments)
+        return types.Outcome(call, ToolResult(status="success", result="ok"), arguments)
     tool_state = state.with_tool(call["id"], tool.entry.options, tool.entry.env)
     if tool.kind == "subprompt":
-        return Outcome(call, await tool_state.run_subprompt(tool.entry, arguments), arguments)
+        return types.Outcome(call, await tool_state.run_subprompt(tool.entry, arguments), arguments)
     if tool.kind == "handoff":
-        return Outcome(call, await tool_state.hand_off(name), arguments)
+        return types.Outcome(call, await tool_state.hand_off(name), arguments)
     definition = catalog.tools.get(name)
     if definition is None:  # a kind this path cannot run (the step loop runs it itself)
-        return Outcome(call, _error(f"Tool `{name}` cannot be called here"), arguments)
-    return Outcome(call, await run(name, definition, arguments, tool_state), arguments)
+        return types.Outcome(call, _error(f"Tool `{name}` cannot be called here"), arguments)
+    return types.Outcome(call, await run(name, definition, arguments, tool_state), arguments)
 
 
-async def check_attachments(side: SideConfig | None, outcome: Outcome, state: RunState) -> Outcome:
+async def check_attachments(side: SideConfig | None, outcome: types.Outcome, state: RunState) -> types.Outcome:
     """A session tool's `attachmentsProperty` must name files of this thread; otherwise the call is an error the
     model sees (and the session does not end on it)."""
     if side is None or outcome.result.status != "success" or not outcome.arguments:
@@ -157,7 +132,9 @@ async def check_attachments(side: SideConfig | None, outcome: Outcome, state: Ru
         paths = [paths] if isinstance(paths, str) else paths
         if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
             text = f"`{binding.attachments_property}` must be a list of file paths"
-            return Outcome(outcome.call, _error(f"Invalid arguments for tool `{name}`: {text}"), outcome.arguments)
+            return types.Outcome(
+                outcome.call, _error(f"Invalid arguments for tool `{name}`: {text}"), outcome.arguments
+            )
         missing = []
         for path in paths:
             try:
@@ -167,7 +144,7 @@ async def check_attachments(side: SideConfig | None, outcome: Outcome, state: Ru
             if record is None or record.type != "file":
                 missing.append(path)
         if missing:
-            return Outcome(outcome.call, _error(missing_attachments(missing)), outcome.arguments)
+            return types.Outcome(outcome.call, _error(tool_arguments.missing_attachments(missing)), outcome.arguments)
     return outcome
 
 

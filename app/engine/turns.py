@@ -9,7 +9,7 @@ from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import children, events, messages, tables, threads
-from app.engine import stops, tools
+from app.engine import stops, types
 from app.spec.definitions import AgentDefinition, Side, SideConfig
 from app.spec.messages import ToolCall
 
@@ -38,7 +38,7 @@ async def after(session: AsyncSession, thread: tables.Thread, agent: AgentDefini
     return False
 
 
-async def end_session(session: AsyncSession, thread: tables.Thread, verdict: stops.Verdict) -> None:
+async def end_session(session: AsyncSession, thread: tables.Thread, verdict: types.Verdict) -> None:
     assert verdict.status is not None and verdict.reason is not None
     await threads.end_session(session, thread, verdict.status, verdict.reason, verdict.result)
     await threads.set_status(session, thread, threads.Status.IDLE)
@@ -46,7 +46,7 @@ async def end_session(session: AsyncSession, thread: tables.Thread, verdict: sto
 
 
 async def report_status(
-    session: AsyncSession, thread: tables.Thread, side: SideConfig, outcomes: list[tools.Outcome]
+    session: AsyncSession, thread: tables.Thread, side: SideConfig, outcomes: list[types.Outcome]
 ) -> None:
     """A successful `sessionStatus` call sets the thread's status text, and a child's entry in its parent's registry
     (`subagent_status` on the parent's stream); it never stops anything (§5)."""
