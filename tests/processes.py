@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import subprocess
 import sys
+import threading
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
@@ -51,3 +55,31 @@ def stop(proc: subprocess.Popen[bytes]) -> int:
     except subprocess.TimeoutExpired:
         proc.kill()
         raise
+
+
+@contextlib.contextmanager
+def page_server(page: Callable[[], bytes]) -> Iterator[int]:
+    """A second web server (another origin than the API's), on a port of its own, serving the HTML `page()` makes at
+    `/` to any host name (404 elsewhere), without logging; yields its port."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = page() if self.path == "/" else b""
+            self.send_response(200 if self.path == "/" else 404)
+            self.send_header("Content-Type", "text/html; charset=utf-8")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            """Quiet: the test's output is the browser's, not this server's request lines."""
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield int(server.server_address[1])
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()

@@ -12,11 +12,8 @@ import os
 import re
 import subprocess
 import sys
-import threading
 from collections.abc import AsyncIterator, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -130,28 +127,8 @@ function listen(url) {{  // an EventSource from an origin the API does not allow
 def pages() -> Iterator[int]:
     """A second web server, on a port of its own, serving the chat page (at `/`) to any host name."""
     body = page_html().encode()
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            self.send_response(200 if self.path == "/" else 404)
-            self.send_header("Content-Type", "text/html; charset=utf-8")
-            self.send_header("Content-Length", str(len(body) if self.path == "/" else 0))
-            self.end_headers()
-            if self.path == "/":
-                self.wfile.write(body)
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield int(server.server_address[1])
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
+    with processes.page_server(lambda: body) as port:
+        yield port
 
 
 @pytest.fixture

@@ -3,9 +3,7 @@ the ones in `CORS_ORIGINS` act as before; with keys the key decides, not the ori
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import httpx
@@ -15,6 +13,7 @@ from playwright.async_api import Page, Response, async_playwright
 
 from app import catalog, keys
 from app.api import origins
+from tests import processes
 from tests.conftest import ROOT, client_for
 from tests.test_playground import chromium
 
@@ -209,28 +208,8 @@ function post(api, tid) {{  // a plain HTML form, posted: a top-level navigation
 def elsewhere() -> Iterator[tuple[int, list[str]]]:
     """A web server of another origin, serving the page of `ATTACK` for the API whose address goes in the list."""
     api: list[str] = []
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            body = ATTACK.format(api=api[0]).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/html; charset=utf-8")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield int(server.server_address[1]), api
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
+    with processes.page_server(lambda: ATTACK.format(api=api[0]).encode()) as port:
+        yield port, api
 
 
 def _answers(page: Page, api: str) -> list[tuple[str, int]]:
