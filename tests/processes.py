@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -83,3 +84,21 @@ def page_server(page: Callable[[], bytes]) -> Iterator[int]:
         server.shutdown()
         server.server_close()
         thread.join()
+
+
+@contextlib.asynccontextmanager
+async def api(database_url: str, folder: Path, name: str, extra: dict[str, str] | None = None) -> AsyncIterator[int]:
+    """`agents api` on a free port of this machine, ready, with `extra` settings (no `SECRET_KEY`, `AGENTS_DIR` or
+    `KEEP_ALIVE_SECONDS` from this process's environment); yields its port. Its output is `folder/<name>.log`; it
+    must exit cleanly on SIGTERM."""
+    port = free_port()
+    log = folder / f"{name}.log"
+    unset = ("SECRET_KEY", "AGENTS_DIR", "KEEP_ALIVE_SECONDS")
+    env = {k: v for k, v in os.environ.items() if k not in unset}
+    env |= {"DATABASE_URL": database_url, "PORT": str(port), "DATA_DIR": str(folder), **(extra or {})}
+    proc = start(["api"], env, log)
+    try:
+        await until_ready(f"http://127.0.0.1:{port}", proc, log)
+        yield port
+    finally:
+        assert stop(proc) == 0

@@ -260,24 +260,18 @@ def test_a_bad_setting_is_named_not_traced() -> None:
 
 async def test_the_access_log_and_the_log_level_are_settings(database_url: str, tmp_path: Path) -> None:
     """One line per request by default; `ACCESS_LOG=false` drops them, `LOG_LEVEL=warning` the start-up lines."""
-    base_env = {k: v for k, v in os.environ.items() if k not in ("SECRET_KEY", "AGENTS_DIR")}
     logs = {}
     for name, extra in (
         ("default", {}),
         ("quiet", {"ACCESS_LOG": "false", "LOG_LEVEL": "warning"}),
         ("json", {"LOG_FORMAT": "json"}),
     ):
-        port = processes.free_port()
-        log = tmp_path / f"{name}.log"
-        env = {**base_env, "DATABASE_URL": database_url, "PORT": str(port), "DATA_DIR": str(tmp_path), **extra}
-        proc = processes.start(["api"], env, log)
-        try:
-            await processes.until_ready(f"http://127.0.0.1:{port}", proc, log)
-            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
-                assert (await client.get("/agents")).status_code == 200
-        finally:
-            assert processes.stop(proc) == 0
-        logs[name] = log.read_text()
+        async with (
+            processes.api(database_url, tmp_path, name, extra) as port,
+            httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client,
+        ):
+            assert (await client.get("/agents")).status_code == 200
+        logs[name] = (tmp_path / f"{name}.log").read_text()
     assert '"GET /agents HTTP/1.1" 200' in logs["default"] and "Application startup complete" in logs["default"]
     assert '"GET /agents' not in logs["quiet"] and "Application startup complete" not in logs["quiet"]
     lines = [json.loads(line) for line in logs["json"].splitlines() if line.strip()]  # every line, uvicorn's too
@@ -288,28 +282,22 @@ async def test_the_access_log_and_the_log_level_are_settings(database_url: str, 
 
 async def test_no_log_line_carries_a_stream_token(database_url: str, tmp_path: Path) -> None:
     """However the URL spells it (`%74oken=`, repeated, another name, percent-encoded), in text or JSON logs."""
-    base_env = {k: v for k, v in os.environ.items() if k not in ("SECRET_KEY", "AGENTS_DIR")}
     for name, extra in (("text", {}), ("json", {"LOG_FORMAT": "json"})):
-        port = processes.free_port()
-        log = tmp_path / f"{name}.log"
-        env = {**base_env, "DATABASE_URL": database_url, "PORT": str(port), "DATA_DIR": str(tmp_path), **extra}
-        proc = processes.start(["api"], env, log)
-        try:
-            await processes.until_ready(f"http://127.0.0.1:{port}", proc, log)
-            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
-                token = (await client.post("/stream-tokens", json={})).json()["token"]
-                encoded = "".join(f"%{ord(c):02X}" for c in token)
-                for query in (
-                    f"%74oken={token}",
-                    f"a=1&token={token}&token={token}",
-                    f"TOKEN={token}",
-                    f"t={encoded}",
-                    f"token={encoded}",
-                ):
-                    assert (await client.get(f"/agents?{query}")).status_code == 200
-        finally:
-            assert processes.stop(proc) == 0
-        text = log.read_text()
+        async with (
+            processes.api(database_url, tmp_path, name, extra) as port,
+            httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client,
+        ):
+            token = (await client.post("/stream-tokens", json={})).json()["token"]
+            encoded = "".join(f"%{ord(c):02X}" for c in token)
+            for query in (
+                f"%74oken={token}",
+                f"a=1&token={token}&token={token}",
+                f"TOKEN={token}",
+                f"t={encoded}",
+                f"token={encoded}",
+            ):
+                assert (await client.get(f"/agents?{query}")).status_code == 200
+        text = (tmp_path / f"{name}.log").read_text()
         assert "GET /agents?%74oken=*** HTTP/1.1" in text and "a=1&token=***&token=***" in text, text
         assert token[20:60] not in text and encoded[60:180] not in text, text
 
@@ -381,14 +369,9 @@ async def test_an_idle_connection_outlasts_the_clients_keep_alive(database_url: 
     idle connections `KEEP_ALIVE_SECONDS` (75 s), so it never closes one a client is about to reuse (issue 30, row
     13: with uvicorn's 5 s, one post of 400 met a closing connection). The setting is obeyed: at 1 s, a connection
     idle for longer is closed."""
-    base_env = {k: v for k, v in os.environ.items() if k not in ("SECRET_KEY", "AGENTS_DIR", "KEEP_ALIVE_SECONDS")}
     for keep_alive, idle, answered in ((None, 5.5, True), ("1", 1.5, False)):
-        port = processes.free_port()
-        log = tmp_path / f"api-{keep_alive}.log"
-        env = {**base_env, "DATABASE_URL": database_url, "PORT": str(port), "DATA_DIR": str(tmp_path)}
-        proc = processes.start(["api"], env | ({"KEEP_ALIVE_SECONDS": keep_alive} if keep_alive else {}), log)
-        try:
-            await processes.until_ready(f"http://127.0.0.1:{port}", proc, log)
+        extra = {"KEEP_ALIVE_SECONDS": keep_alive} if keep_alive else {}
+        async with processes.api(database_url, tmp_path, f"api-{keep_alive}", extra) as port:
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
             status, body = await _exchange(reader, writer, _post("/threads", {"agent": "assistant"}))
             assert status == 201, body
@@ -400,8 +383,6 @@ async def test_an_idle_connection_outlasts_the_clients_keep_alive(database_url: 
             async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
                 stored = (await client.get(f"/threads/{thread}/messages")).json()["messages"]
             assert [m["content"] for m in stored] == (["hi"] if answered else [])
-        finally:
-            assert processes.stop(proc) == 0
 
 
 def _unusable(result: subprocess.CompletedProcess[str]) -> str:
