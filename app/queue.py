@@ -1,16 +1,17 @@
 """The durable per-thread queue: enqueue (+NOTIFY), claim (SKIP LOCKED), fence, heartbeat, release, revoke.
 
-Every query the queue runs is here, named and commented, and so is every write of `inbox` and `leases` but two, each
-kept in another module's statement so that it costs no statement of its own:
+Every query the queue runs is here, named and commented, and so is every write of `inbox`, `leases` and the thread
+row's scheduling columns. Three of those writes ride in another module's statement, so that they cost no statement of
+their own:
 
 - `effects.claim_due` (`effects._CLAIM_DUE`, the effects timer): for each due effect, an `effect` inbox row
   (`inputs.Kind.EFFECT`, `{effect_id, name}`) and `runnable_since` set on its thread (kept if set), in the statement
   that marks the effects `queued`, then a NOTIFY on `WAKEUP_CHANNEL`. One statement, so an effect is never `queued`
   without its inbox row, nor its row there without the thread runnable. Those rows are read and removed here
   (`next_effect`, `drop`), never by `take_inbox`.
-- `events.releasing` (the engine's fenced transaction that ends a run): `RELEASE` without a refund, folded into the
-  statement that writes the transaction's held events: the lease row deleted, the lease columns cleared, the thread
-  left runnable only if input waits (`events.INPUT_WAITS`).
+- `MARKED` and `RELEASING`, written here as `events.Rider`s and carried by the statement that writes a transaction's
+  held events (`events.flush`): ENQUEUE's runnable mark and wake-up (`enqueue_alongside`), and RELEASE without a
+  refund when the engine's fenced transaction ends a run (`release_with_events`).
 
 Scheduling state lives on `threads`:
 `runnable_since` (set while input waits or a run must go on), `lease_token` / `lease_owner` (who runs it: the
@@ -24,6 +25,7 @@ ran out, and the stalled transaction would commit and start a tool while another
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import uuid
 from collections.abc import Sequence
@@ -79,14 +81,21 @@ async def enqueue(session: AsyncSession, thread_id: uuid.UUID, kind: str, payloa
     return inbox_id
 
 
-# INBOX_ADD: ENQUEUE's inbox row alone (`enqueue_alongside`).
+# INBOX_ADD: ENQUEUE's inbox row alone (`enqueue_alongside`), and MARKED its runnable mark and wake-up, in the
+# statement that writes the transaction's held events.
 _INBOX_ADD = "INSERT INTO inbox (thread_id, kind, payload) VALUES ($1, $2, CAST($3 AS jsonb))"
+MARKED = events.Rider(
+    sets="runnable_since = coalesce(runnable_since, now())",
+    columns=("runnable_since",),
+    args=(WAKEUP_CHANNEL,),
+    select="pg_notify($7, '')",
+)
 
 
 async def enqueue_alongside(session: AsyncSession, thread_id: uuid.UUID, kind: str, payload: dict[str, Any]) -> None:
     """`enqueue` in a transaction that holds the thread's events (`POST /messages`): the row, the runnable mark and
-    the wake-up go in the statement that writes the events (`statements.defer`)."""
-    if not events.runnable(session, thread_id, WAKEUP_CHANNEL):
+    the wake-up go in the statement that writes the events (`statements.defer`, `events.add_rider`)."""
+    if not events.add_rider(session, thread_id, MARKED):
         await enqueue(session, thread_id, kind, payload)
         return
     await statements.defer(session, _INBOX_ADD, [thread_id, kind, json.dumps(payload)])
@@ -140,15 +149,6 @@ async def post(driver: statements.Driver, thread_id: uuid.UUID, user_id: str | N
         WAKEUP_CHANNEL,
     )
     return found is not None
-
-
-# MARK_RUNNABLE: as in ENQUEUE, without input (a run that must go on); the statement is `events.RUNNABLE`.
-_MARK_RUNNABLE = events.RUNNABLE
-
-
-async def mark_runnable(session: AsyncSession, thread_id: uuid.UUID) -> None:
-    """Keep (or set) `runnable_since` and wake a worker when the transaction commits."""
-    await (await statements.driver(session)).execute(_MARK_RUNNABLE, thread_id, WAKEUP_CHANNEL)
 
 
 # CLAIM: the oldest runnable thread whose lease is absent or expired, skipping thread rows locked by another claimer
@@ -383,17 +383,36 @@ async def pending(session: AsyncSession, thread_id: uuid.UUID) -> list[tables.In
 # would use the snapshot from before the wait and could clear `runnable_since` over waiting input (a lost wake-up).
 _LOCK_HELD = "SELECT 1 FROM threads WHERE id = $1 AND lease_token = $2 FOR NO KEY UPDATE"
 
-# RELEASE: drop the lease; stay runnable only if input waits (set-aside rows do not count) or the run goes on, and
-# then wake a worker at commit.
-_RELEASE = """
+# RELEASE: drop the lease; stay runnable only if input waits (set-aside rows do not count) or the run goes on (`$3`),
+# and then wake a worker at commit; `$4` refunds the claim (`$6`: the attempt the row holds, if it changed it); the
+# row's other changes (`sets`, from `$7`) in the same UPDATE.
+_INPUT_WAITS = "EXISTS (SELECT 1 FROM inbox WHERE inbox.thread_id = threads.id AND inbox.set_aside_at IS NULL)"
+_RELEASED = ("lease_token", "lease_owner", "attempt", "runnable_since")  # the columns the release itself sets
+
+
+def _release(sets: str) -> str:
+    return f"""
     WITH dropped AS (DELETE FROM leases WHERE thread_id = $1 AND token = $2)
     UPDATE threads SET lease_token = NULL, lease_owner = NULL,
            attempt = CASE WHEN $4 THEN greatest(coalesce(CAST($6 AS integer), attempt) - 1, 0) ELSE 0 END,
-           runnable_since = CASE WHEN $3 OR {waits} THEN coalesce(runnable_since, now()) ELSE NULL END{sets}
+           runnable_since = CASE WHEN $3 OR {_INPUT_WAITS} THEN coalesce(runnable_since, now()) ELSE NULL END{sets}
     WHERE id = $1 AND lease_token = $2
     RETURNING runnable_since, attempt, CASE WHEN runnable_since IS NOT NULL THEN pg_notify($5, '') END
-""".replace("{waits}", events.INPUT_WAITS)
-_RELEASED = events.RELEASED  # the columns the release itself sets
+"""  # noqa: S608 -- `sets` is a SET list of mapped columns, its values parameters
+
+
+# RELEASING: RELEASE without a refund or `again` (`$7` the lease token, `$8` the wake-up channel), in the statement
+# that writes a fenced transaction's held events: the row lock its fence took keeps any new input's commit after this
+# one, so the inbox is looked at in the same statement.
+RELEASING = events.Rider(
+    sets="lease_token = NULL, lease_owner = NULL, attempt = 0, "
+    f"runnable_since = CASE WHEN {_INPUT_WAITS} THEN coalesce(runnable_since, now()) ELSE NULL END",
+    columns=_RELEASED,
+    where="lease_token = $7",
+    then="dropped AS (DELETE FROM leases WHERE thread_id = $1 AND token = $7)",
+    select="CASE WHEN next.runnable_since IS NOT NULL THEN pg_notify($8, '') END",
+    final=True,
+)
 
 
 async def release(
@@ -420,7 +439,7 @@ async def release(
         attempt = row.attempt if "attempt" in pending else None
         keys = tuple(sorted(k for k in pending if k not in _RELEASED))
         changes = statements.changes(row, keys, first=7) if keys else None
-    sql = _RELEASE.format(sets=f", {changes.sets}" if changes is not None else "")
+    sql = _release(f", {changes.sets}" if changes is not None else "")
     params = changes.params if changes is not None else []
     found = await driver.fetchrow(
         sql, claim.thread_id, claim.token, again, keep_attempt, WAKEUP_CHANNEL, attempt, *params
@@ -439,8 +458,10 @@ async def release(
 
 async def release_with_events(session: AsyncSession, claim: Claim, row: tables.Thread) -> None:
     """`release` (neither `again` nor a refund) in a fenced transaction: in the statement that writes its held events
-    when it has some (one round trip fewer), else on its own."""
-    if not events.releasing(session, row, claim.token, WAKEUP_CHANNEL):
+    when it holds them (one round trip fewer; mark nothing runnable after this), else on its own, as it is when input
+    deferred to that statement would escape its look at the inbox."""
+    rider = dataclasses.replace(RELEASING, args=(claim.token, WAKEUP_CHANNEL))
+    if "inbox" in statements.deferred_tables(session) or not events.add_rider(session, row.id, rider):
         await release(session, claim, fenced=True, row=row)
 
 
