@@ -147,16 +147,16 @@ def entry(child: tables.Thread) -> event_types.SubagentEntry:
 _CHILDREN = "SELECT * FROM threads WHERE parent_id = $1 ORDER BY created_at"
 
 
-async def of_parent(session: AsyncSession, parent_id: uuid.UUID) -> list[tables.Thread]:
+async def listed_by_id(session: AsyncSession, parent_id: uuid.UUID) -> list[tables.Thread]:
     """The parent's children, oldest first."""
     found = await (await statements.driver(session)).fetch(_CHILDREN, parent_id)
     return [statements.attach(session, tables.Thread, row) for row in found]
 
 
-async def of(session: AsyncSession, parent: tables.Thread) -> list[tables.Thread]:
-    """`of_parent` for a row the caller read in this transaction: none without a query for a thread that never had
+async def listed(session: AsyncSession, parent: tables.Thread) -> list[tables.Thread]:
+    """`listed_by_id` for a row the caller read in this transaction: none without a query for a thread that never had
     one (read at every step; most threads never spawn a child)."""
-    return await of_parent(session, parent.id) if parent.has_children else []
+    return await listed_by_id(session, parent.id) if parent.has_children else []
 
 
 async def waiting_on(session: AsyncSession, parent_id: uuid.UUID, call_id: str) -> tables.Thread | None:

@@ -35,7 +35,7 @@ async def state(
         side = agent.side(thread.side or "a")  # the acting side's prompt, as the engine resolves it
         prompt = catalog.prompts[side.prompt] if side is not None else None
         env = await load_env(session, fernet, catalog, thread, prompt)
-        registry = [SubagentEntry.model_validate(children.entry(c)) for c in await children.of(session, thread)]
+        registry = [SubagentEntry.model_validate(children.entry(c)) for c in await children.listed(session, thread)]
     return RunState(
         thread, env, transaction, None, {}, catalog=catalog, fernet=fernet, sessions=sessions, children=registry
     )

@@ -42,7 +42,7 @@ class ToolPhase:
 
     @staticmethod
     async def _children(session: AsyncSession, thread: tables.Thread) -> list[SubagentEntry]:
-        return [SubagentEntry.model_validate(children.entry(c)) for c in await children.of(session, thread)]
+        return [SubagentEntry.model_validate(children.entry(c)) for c in await children.listed(session, thread)]
 
     async def _subagent(self, claim: queue.Claim, step: Step, tool: types.OfferedTool, call: ToolCall) -> Any:
         """A subagent tool call (§6): its result now, or None when the parent parks on a blocking child."""
