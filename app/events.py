@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, overload
 
 import asyncpg
-from sqlalchemy import func, select, text
 from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm.attributes import set_committed_value
@@ -318,15 +317,14 @@ async def append(session: AsyncSession, thread_id: uuid.UUID, type_: str, data: 
     return seq
 
 
+# READ: a thread's events after a position, in order.
+_READ = "SELECT * FROM events WHERE thread_id = $1 AND seq > $2 ORDER BY seq LIMIT $3"
+
+
 async def read(session: AsyncSession, thread_id: uuid.UUID, after: int, limit: int = PAGE) -> list[tables.Event]:
     """Stored events of a thread with seq greater than `after`, in order."""
-    query = (
-        select(tables.Event)
-        .where(tables.Event.thread_id == thread_id, tables.Event.seq > after)
-        .order_by(tables.Event.seq)
-        .limit(limit)
-    )
-    return list((await session.execute(query)).scalars())
+    rows = await (await statements.driver(session)).fetch(_READ, thread_id, after, limit)
+    return [statements.attach(session, tables.Event, row) for row in rows]
 
 
 # READ_MANY: the next events of several threads, each after its own position, in one query; the payload as the text
@@ -354,20 +352,25 @@ async def read_many(
     return found
 
 
+# MISSED: a thread's last seq and the oldest one retention left.
+_MISSED = """
+    SELECT t.event_seq AS last, (SELECT min(seq) FROM events e WHERE e.thread_id = t.id) AS oldest
+    FROM threads t WHERE t.id = $1
+"""
+
+
 async def missed(session: AsyncSession, thread_id: uuid.UUID, after: int) -> int | None:
     """When retention removed events after `after`, the oldest seq still stored (the `events_missed` answer)."""
-    row = (
-        await session.execute(
-            text(
-                "SELECT t.event_seq, (SELECT min(seq) FROM events e WHERE e.thread_id = t.id) AS oldest "
-                "FROM threads t WHERE t.id = :id"
-            ),
-            {"id": thread_id},
-        )
-    ).one()
-    if after >= row.event_seq:
+    found = await (await statements.driver(session)).fetchrow(_MISSED, thread_id)
+    assert found is not None  # the caller read the thread
+    return _oldest_missed(found, after)
+
+
+def _oldest_missed(found: asyncpg.Record, after: int) -> int | None:
+    """From the `last` seq and the `oldest` one stored: the oldest after `after` if retention took any before it."""
+    if after >= found["last"]:
         return None
-    oldest = row.oldest if row.oldest is not None else row.event_seq + 1
+    oldest = found["oldest"] if found["oldest"] is not None else found["last"] + 1
     return int(oldest) if oldest > after + 1 else None
 
 
@@ -376,69 +379,75 @@ async def missed(session: AsyncSession, thread_id: uuid.UUID, after: int) -> int
 LIFECYCLE = uuid.UUID(int=0)  # the hub key of lifecycle subscribers
 
 
-async def append_lifecycle(session: AsyncSession, thread: tables.Thread, type_: LifecycleEvent) -> int:
-    """Record `thread_created` / `thread_updated` / `thread_deleted` for the thread's owner; returns its seq.
+# APPEND_LIFECYCLE: the seq from the `lifecycle` counter row under its lock (so seq order is commit order; low
+# volume), the event, and its NOTIFY (`$5`, delivered at commit) in one statement.
+_APPEND_LIFECYCLE = """
+    WITH next AS (UPDATE counters SET value = value + 1 WHERE name = 'lifecycle' RETURNING value)
+    INSERT INTO lifecycle_events (seq, user_id, thread_id, type, data)
+    SELECT next.value, $1, $2, $3, CAST($4 AS jsonb) FROM next
+    RETURNING seq, pg_notify($5, CAST($6 AS text) || ':' || seq)
+"""
 
-    The seq comes from the `lifecycle` counter row under its lock, so seq order is commit order (low volume).
-    """
-    seq: int = (
-        await session.execute(text("UPDATE counters SET value = value + 1 WHERE name = 'lifecycle' RETURNING value"))
-    ).scalar_one()
+
+async def append_lifecycle(session: AsyncSession, thread: tables.Thread, type_: LifecycleEvent) -> int:
+    """Record `thread_created` / `thread_updated` / `thread_deleted` for the thread's owner; returns its seq."""
     data = Lifecycle(thread_id=str(thread.id), agent=thread.agent, status=thread.status, name=thread.name)
-    session.add(tables.LifecycleEvent(seq=seq, user_id=thread.user_id, thread_id=thread.id, type=type_, data=data))
-    await session.execute(select(func.pg_notify(CHANNEL, f"{LIFECYCLE}:{seq}")))
+    args = (thread.user_id, thread.id, type_, json.dumps(data), CHANNEL, str(LIFECYCLE))
+    seq: int = await (await statements.driver(session)).fetchval(_APPEND_LIFECYCLE, *args)
     return seq
+
+
+# READ_LIFECYCLE: lifecycle events after a position, of every thread; READ_LIFECYCLE_OF: of one user's threads.
+_READ_LIFECYCLE = "SELECT * FROM lifecycle_events WHERE seq > $1 ORDER BY seq LIMIT $2"
+_READ_LIFECYCLE_OF = "SELECT * FROM lifecycle_events WHERE seq > $1 AND user_id = $3 ORDER BY seq LIMIT $2"
 
 
 async def read_lifecycle(
     session: AsyncSession, user_id: str | None, after: int, limit: int = PAGE
 ) -> list[tables.LifecycleEvent]:
     """Lifecycle events after `after`, of one user's threads (all threads when `user_id` is None)."""
-    query = select(tables.LifecycleEvent).where(tables.LifecycleEvent.seq > after)
-    if user_id is not None:
-        query = query.where(tables.LifecycleEvent.user_id == user_id)
-    return list((await session.execute(query.order_by(tables.LifecycleEvent.seq).limit(limit))).scalars())
+    driver = await statements.driver(session)
+    if user_id is None:
+        rows = await driver.fetch(_READ_LIFECYCLE, after, limit)
+    else:
+        rows = await driver.fetch(_READ_LIFECYCLE_OF, after, limit, user_id)
+    return [statements.attach(session, tables.LifecycleEvent, row) for row in rows]
+
+
+# MISSED_LIFECYCLE: the lifecycle stream's last seq and the oldest one retention left.
+_MISSED_LIFECYCLE = """
+    SELECT c.value AS last, (SELECT min(seq) FROM lifecycle_events) AS oldest FROM counters c WHERE c.name = 'lifecycle'
+"""
 
 
 async def missed_lifecycle(session: AsyncSession, after: int) -> int | None:
     """When retention removed lifecycle events after `after`, the oldest seq still stored."""
-    row = (
-        await session.execute(
-            text(
-                "SELECT c.value AS last, (SELECT min(seq) FROM lifecycle_events) AS oldest "
-                "FROM counters c WHERE c.name = 'lifecycle'"
-            )
+    found = await (await statements.driver(session)).fetchrow(_MISSED_LIFECYCLE)
+    assert found is not None  # the counter row is made by the first migration
+    return _oldest_missed(found, after)
+
+
+# EXPIRE: retention, in batches (`$2` rows) so a large backlog never holds one long transaction; how many went. One
+# statement for each table: `events` (its rows by `ctid`) and `lifecycle_events`.
+def _expire(table: str, key: str) -> str:
+    return f"""
+    WITH gone AS (
+        DELETE FROM {table} WHERE {key} IN (
+            SELECT {key} FROM {table} WHERE created_at < now() - make_interval(secs => $1) LIMIT $2
         )
-    ).one()
-    if after >= row.last:
-        return None
-    oldest = row.oldest if row.oldest is not None else row.last + 1
-    return int(oldest) if oldest > after + 1 else None
-
-
-# EXPIRE: retention, in batches so a large backlog never holds one long transaction.
-_EXPIRE = text(
-    """
-    DELETE FROM events WHERE ctid IN (
-        SELECT ctid FROM events WHERE created_at < now() - make_interval(secs => :age) LIMIT :batch
+        RETURNING 1
     )
-    """
-)
+    SELECT count(*) FROM gone
+"""  # noqa: S608 -- this module's table and column names
 
 
-_EXPIRE_LIFECYCLE = text(
-    """
-    DELETE FROM lifecycle_events WHERE seq IN (
-        SELECT seq FROM lifecycle_events WHERE created_at < now() - make_interval(secs => :age) LIMIT :batch
-    )
-    """
-)
+_EXPIRE = (_expire("events", "ctid"), _expire("lifecycle_events", "seq"))
 
 
 async def expire(session: AsyncSession, age_seconds: float, batch: int = 10_000) -> int:
     """Delete one batch of thread and lifecycle events older than `age_seconds`; returns how many went."""
+    driver = await statements.driver(session)
     gone = 0
-    for statement in (_EXPIRE, _EXPIRE_LIFECYCLE):
-        result = await session.execute(statement, {"age": age_seconds, "batch": batch})
-        gone += int(result.rowcount)  # type: ignore[attr-defined]
+    for statement in _EXPIRE:
+        gone += int(await driver.fetchval(statement, float(age_seconds), batch))
     return gone

@@ -33,7 +33,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
-from sqlalchemy import delete, func, select, text, update
 from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm.attributes import set_committed_value
@@ -199,8 +198,7 @@ async def claim(
 
 
 # FENCE: the token in the WHERE makes every write of a run conditional on still owning it; an expired lease (the
-# heartbeat could not renew it for a whole lease) is lost too, as another worker may claim it any moment. Built once:
-# SQLAlchemy then reuses its compiled form without deriving a cache key per call.
+# heartbeat could not renew it for a whole lease) is lost too, as another worker may claim it any moment.
 _FENCE = """
     SELECT * FROM threads t
     WHERE t.id = $1 AND t.lease_token = $2
@@ -243,6 +241,7 @@ HEARTBEAT = """
 # HEARTBEAT_WAITING: the rows the first statement skipped because they were locked, renewed in a transaction of
 # their own that waits for the locks (at most `lock_timeout`): the others are committed already, so no wait here can
 # cost them their lease.
+_LOCK_TIMEOUT = "SELECT set_config('lock_timeout', $1, true)"  # SET LOCAL, with the value as a parameter
 HEARTBEAT_WAITING = """
     UPDATE leases SET expires_at = now() + make_interval(secs => $3)
     WHERE (thread_id, token) IN (SELECT * FROM unnest($1::uuid[], $2::uuid[]))
@@ -262,7 +261,7 @@ async def heartbeat(
     if busy:
         with contextlib.suppress(asyncpg.LockNotAvailableError):
             async with conn.transaction():
-                await conn.execute(f"SET LOCAL lock_timeout = {int(lock_timeout * 1000)}")
+                await conn.execute(_LOCK_TIMEOUT, f"{int(lock_timeout * 1000)}ms")
                 await conn.execute(
                     HEARTBEAT_WAITING, [c.thread_id for c in busy], [c.token for c in busy], float(lease_seconds)
                 )
@@ -296,7 +295,7 @@ async def waiting(session: AsyncSession, thread_id: uuid.UUID) -> tuple[bool, bo
 
 # REVOKE: whatever lease the thread has, deleted in the transaction that stops, terminates or deletes it (`control`):
 # the holder's next fenced commit finds no lease (`FENCE`), and its heartbeat reports it lost.
-_REVOKE = delete(tables.Lease)
+_REVOKE = "DELETE FROM leases WHERE thread_id = $1"
 
 
 async def revoke(session: AsyncSession, thread: tables.Thread) -> uuid.UUID | None:
@@ -305,19 +304,19 @@ async def revoke(session: AsyncSession, thread: tables.Thread) -> uuid.UUID | No
     revoked = thread.lease_token
     thread.lease_token = None
     thread.lease_owner = None
-    await session.execute(_REVOKE.where(tables.Lease.thread_id == thread.id))
+    await (await statements.driver(session)).execute(_REVOKE, thread.id)
     thread.attempt = 0
     thread.runnable_since = None
     return revoked
 
 
 # CLEAR: all of the thread's inbox, set-aside rows included: a terminated thread runs nothing again.
-_CLEAR = delete(tables.Inbox)
+_CLEAR = "DELETE FROM inbox WHERE thread_id = $1"
 
 
 async def clear(session: AsyncSession, thread_id: uuid.UUID) -> None:
     """Drop everything waiting in the thread's inbox (`control.terminate`)."""
-    await session.execute(_CLEAR.where(tables.Inbox.thread_id == thread_id))
+    await (await statements.driver(session)).execute(_CLEAR, thread_id)
 
 
 # TAKE_INBOX: the thread's waiting input, removed as it is read. Effect rows stay: each is removed by `drop` in the
@@ -334,48 +333,57 @@ async def take_inbox(session: AsyncSession, thread_id: uuid.UUID) -> list[Input]
     return sorted((Input(r["id"], r["kind"], r["payload"]) for r in rows), key=lambda r: r.id)
 
 
+# SET_ASIDE: one input kept out of every later delivery, with the reason (poison input); SET_ASIDE_ALL: every input
+# still waiting for the thread.
+_SET_ASIDE = "UPDATE inbox SET set_aside_at = now(), error = $2 WHERE id = $1"
+_SET_ASIDE_ALL = """
+    UPDATE inbox SET set_aside_at = now(), error = $2 WHERE thread_id = $1 AND set_aside_at IS NULL RETURNING *
+"""
+
+
 async def set_aside(session: AsyncSession, inbox_id: int, error: str) -> None:
     """Keep an input whose delivery keeps failing out of every later delivery, with the reason (poison input)."""
-    await session.execute(
-        update(tables.Inbox).where(tables.Inbox.id == inbox_id).values(set_aside_at=func.now(), error=error)
-    )
+    await (await statements.driver(session)).execute(_SET_ASIDE, inbox_id, error)
 
 
 async def set_aside_all(session: AsyncSession, thread_id: uuid.UUID, error: str) -> list[tables.Inbox]:
     """Set aside every input still waiting for the thread (the crash budget ran out while delivering it)."""
-    query = (
-        update(tables.Inbox)
-        .where(tables.Inbox.thread_id == thread_id, tables.Inbox.set_aside_at.is_(None))
-        .values(set_aside_at=func.now(), error=error)
-        .returning(tables.Inbox)
-    )
-    return sorted((await session.execute(query)).scalars(), key=lambda r: r.id)
+    rows = await (await statements.driver(session)).fetch(_SET_ASIDE_ALL, thread_id, error)
+    return sorted((_inbox(session, row) for row in rows), key=lambda r: r.id)
+
+
+# NEXT_EFFECT: the thread's oldest effect row, left in place until its handler finished (`drop`).
+_NEXT_EFFECT = """
+    SELECT * FROM inbox WHERE thread_id = $1 AND kind = $2 AND set_aside_at IS NULL ORDER BY id LIMIT 1
+"""
 
 
 async def next_effect(session: AsyncSession, thread_id: uuid.UUID) -> tables.Inbox | None:
     """The thread's oldest effect inbox row, left in place until its handler finished."""
-    query = (
-        select(tables.Inbox)
-        .where(
-            tables.Inbox.thread_id == thread_id,
-            tables.Inbox.kind == inputs.Kind.EFFECT,
-            tables.Inbox.set_aside_at.is_(None),
-        )
-        .order_by(tables.Inbox.id)
-        .limit(1)
-    )
-    return (await session.execute(query)).scalar_one_or_none()
+    found = await (await statements.driver(session)).fetchrow(_NEXT_EFFECT, thread_id, inputs.Kind.EFFECT)
+    return None if found is None else _inbox(session, found)
+
+
+_DROP = "DELETE FROM inbox WHERE id = $1"
 
 
 async def drop(session: AsyncSession, inbox_id: int) -> None:
     """Remove one inbox row."""
-    await session.execute(delete(tables.Inbox).where(tables.Inbox.id == inbox_id))
+    await (await statements.driver(session)).execute(_DROP, inbox_id)
+
+
+# PENDING: the thread's undelivered input, set-aside rows included (they are shown as failed).
+_PENDING = "SELECT * FROM inbox WHERE thread_id = $1 ORDER BY id"
 
 
 async def pending(session: AsyncSession, thread_id: uuid.UUID) -> list[tables.Inbox]:
     """The thread's undelivered input, oldest first (set-aside rows included: they are shown as failed)."""
-    query = select(tables.Inbox).where(tables.Inbox.thread_id == thread_id).order_by(tables.Inbox.id)
-    return list((await session.execute(query)).scalars())
+    return [_inbox(session, row) for row in await (await statements.driver(session)).fetch(_PENDING, thread_id)]
+
+
+def _inbox(session: AsyncSession, row: asyncpg.Record) -> tables.Inbox:
+    found: tables.Inbox = statements.attach(session, tables.Inbox, row)
+    return found
 
 
 # LOCK_HELD: the release's first statement. It waits for any writer holding the row (an enqueue marking it runnable)
@@ -494,33 +502,31 @@ async def state(conn: statements.Driver) -> dict[str, float]:
 # parked on purpose (stopped, terminated, waiting on a blocking child). The release above makes this impossible; the
 # janitor looks anyway, repairs what it finds and says so loudly. Candidates are locked first and checked again by a
 # second statement, whose fresh snapshot sees whatever committed before the locks were taken (no false alarms).
-_STRANDED_CANDIDATES = text(
-    """
+_STRANDED_CANDIDATES = """
     SELECT t.id FROM threads t
     WHERE t.id IN (SELECT thread_id FROM inbox WHERE set_aside_at IS NULL)
       AND t.runnable_since IS NULL
     FOR NO KEY UPDATE OF t SKIP LOCKED
-    """
-)
-_STRANDED = text(
-    """
+"""
+_STRANDED = """
     UPDATE threads t SET runnable_since = now()
-    WHERE t.id = ANY(CAST(:ids AS uuid[]))
+    WHERE t.id = ANY(CAST($1 AS uuid[]))
       AND t.runnable_since IS NULL
       AND NOT EXISTS (SELECT 1 FROM leases l WHERE l.thread_id = t.id AND l.expires_at >= now())
       AND t.terminated_at IS NULL AND NOT t.stopped AND t.status <> 'waiting'
       AND EXISTS (SELECT 1 FROM inbox i WHERE i.thread_id = t.id AND i.set_aside_at IS NULL)
     RETURNING t.id
-    """
-)
+"""
+_WAKE = "SELECT pg_notify($1, '')"
 
 
 async def repair_stranded(session: AsyncSession) -> list[uuid.UUID]:
     """Make runnable any thread whose waiting input nothing would run; the ids repaired (expected: none)."""
-    candidates = [r.id for r in await session.execute(_STRANDED_CANDIDATES)]
+    driver = await statements.driver(session)
+    candidates = [r["id"] for r in await driver.fetch(_STRANDED_CANDIDATES)]
     if not candidates:
         return []
-    ids = [r.id for r in await session.execute(_STRANDED, {"ids": candidates})]
+    ids = [r["id"] for r in await driver.fetch(_STRANDED, candidates)]
     if ids:
-        await session.execute(select(func.pg_notify(WAKEUP_CHANNEL, "")))
+        await driver.execute(_WAKE, WAKEUP_CHANNEL)
     return ids
