@@ -196,19 +196,22 @@ def _response(
         async with factory() as session:
             return await read(session, position, events.PAGE)
 
+    async def oldest(position: int) -> int | None:
+        async with factory() as session:
+            return await missed(session, position)
+
     async def generate() -> AsyncIterator[ServerSentEvent | bytes]:
         position = after
         finished = _Finished()
         sub = hub.subscribe(key, who.key_id)  # subscribe first, then read the backlog: nothing falls between
         streams.inc()
         try:
-            async with factory() as session:
-                oldest = await missed(session, position)
-            if oldest is not None:  # retention removed part of what was asked for: say so, then go on
-                yield ServerSentEvent(event="events_missed", data=json.dumps(event_types.Missed(oldest_seq=oldest)))
+            # shielded, as the backlog's reads are: a client hanging up mid-query must not cost the pool its connection
+            kept = await asyncio.shield(oldest(position))
+            if kept is not None:  # retention removed part of what was asked for: say so, then go on
+                yield ServerSentEvent(event="events_missed", data=json.dumps(event_types.Missed(oldest_seq=kept)))
             while True:
-                # shielded: a client hanging up mid-query must not cost the pool its connection
-                rows = await asyncio.shield(backlog(position))
+                rows = await asyncio.shield(backlog(position))  # shielded, as above
                 if rows:
                     position = rows[-1].seq
                     for row in rows:
