@@ -20,7 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import crypto, errors, events, tables
 from app.catalog import Catalog
-from app.engine.state import RunState
+from app.engine.state import RunState, Shared
 from app.engine.types import Env
 from app.llm.base import LLMRequest
 from app.spec import (
@@ -28,6 +28,7 @@ from app.spec import (
     StateMessage,
     ThreadState,
     ToolAttachment,
+    ToolDefinition,
     define_agent,
     define_model,
     define_prompt,
@@ -275,6 +276,12 @@ def catalog(respond: Callable[[LLMRequest], Any], prompt: Any = "sys") -> Catalo
     return Catalog(root=Path("."), models={"m": model}, prompts={"p": p}, agents={"agent": agent}, tools=tools)
 
 
+def offering(cat: Catalog, *more: ToolDefinition) -> Catalog:
+    """`cat` with more tools, which its prompt offers too."""
+    cat.prompts["p"].tools.extend(t.name for t in more)
+    return dataclasses.replace(cat, tools={**cat.tools, **{t.name: t for t in more}})
+
+
 async def start(app_factory: Any, cat: Catalog, **body: Any) -> tuple[FastAPI, httpx.AsyncClient, str]:
     """An app without a worker (`settle` runs what is runnable) and a new thread of `agent`."""
     app: FastAPI = await app_factory(cat)
@@ -324,7 +331,7 @@ async def outside(app: FastAPI, tid: str) -> RunState:
     async with transaction() as (_, thread):
         pass
     runtime = app.state.runtime
-    return RunState(thread, Env({}, {}, {}), transaction, None, {}, catalog=runtime.catalog, fernet=runtime.fernet)
+    return Shared(thread, Env({}, {}, {}), transaction, catalog=runtime.catalog, fernet=runtime.fernet).state()
 
 
 # -- identity, definitions, reads ---------------------------------------------------------------------------
@@ -715,9 +722,7 @@ async def end_all(state: ThreadState) -> str:
 
 
 async def test_terminate_from_a_tool_ends_the_thread(app_factory: Any, drive: Any) -> None:
-    cat = catalog(Recorder(call("end_all"), "unreachable"))
-    cat = dataclasses.replace(cat, tools={**cat.tools, "end_all": end_all})
-    cat.prompts["p"].tools.append("end_all")
+    cat = offering(catalog(Recorder(call("end_all"), "unreachable")), end_all)
     _, client, tid = await start(app_factory, cat)
     assert (await client.post(f"/threads/{tid}/messages", json={"content": "go"})).status_code == 202
     await drive(client._transport.app)  # type: ignore[attr-defined]
