@@ -39,6 +39,11 @@ def creating() -> bool:
     return _running.get() in ("before_create_message", "after_create_message")
 
 
+def updating() -> bool:
+    """Whether a `before_update_message` or `after_update_message` hook is running in this task."""
+    return _running.get() in ("before_update_message", "after_update_message")
+
+
 class BadReturn(TypeError):
     """A hook returned something of the wrong type."""
 

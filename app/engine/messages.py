@@ -10,7 +10,7 @@ from pydantic import ValidationError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import attachments, children, db, errors, files, messages, tables
-from app.engine import hooks, types
+from app.engine import edits, hooks, types
 from app.spec.results import ToolAttachment
 from app.spec.state import AttachmentRef, ExecutionState, MessagesResult, StateMessage
 
@@ -136,16 +136,25 @@ class Messages:
         if metadata is not None:
             changes["metadata_"] = metadata
         async with self._transaction() as (session, thread):
-            row = await messages.save(session, await messages.get(session, thread.id, key), **changes)
+            row = await messages.get(session, thread.id, key)
+            if hooks.updating():  # an update hook's own update runs no update hooks: it would recurse
+                await messages.save(session, row, **changes)
+            else:  # through the acting side's update hooks, run inside this transaction as the engine's own updates
+                await edits.update(session, self._hooks_in(lambda: hooks.joined(session, thread)), row, changes)
             return state_message(row, await _projections(session, thread.id, [row]))
 
     async def delete_message(self, message_id: str) -> bool:
+        """Deleted as the HTTP delete deletes (`edits.delete`): a tool-call message with its results, never a result
+        alone (`ToolResultAlone`) nor what the running step still uses (`MessageBusy`)."""
         own(self._execution, "delete_message")
         key = as_uuid(message_id)
         if key is None:
             return False
         async with self._transaction() as (session, thread):
-            return bool(await messages.remove(session, thread.id, key))
+            try:
+                return bool(await edits.delete(session, thread, key))
+            except errors.MessageNotFound:
+                return False
 
 
 def state_message(row: tables.Message, projected: dict[uuid.UUID, dict[str, Any]] | None = None) -> StateMessage:

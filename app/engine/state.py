@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -299,7 +300,20 @@ class RunState:
     # -- tools ---------------------------------------------------------------------------------------------
 
     async def invoke_tool(self, name: str, args: dict[str, Any] | None = None) -> ToolResult:
-        return await self._invoke(name, dict(args or {}))
+        """Run a tool (or a subprompt) as a call inside the caller's; no message holds its result, but its `logs` row
+        is a step's call's (`tools.log_row`: its arguments, duration and masked error)."""
+        arguments = dict(args or {})
+        call: ToolCall = {
+            "id": f"call_{uuid.uuid4().hex[:24]}",  # its own: the model never saw this call
+            "type": "function",
+            "function": {"name": name, "arguments": json.dumps(arguments, default=str)},
+        }
+        started = time.perf_counter()
+        result = await self._invoke(name, arguments)
+        latency_ms = round((time.perf_counter() - started) * 1000, 2)
+        async with self._shared.transaction() as (session, thread):
+            await logs.add(session, tools.log_row(thread.id, call, result, latency_ms, self._shared.env.secrets()))
+        return result
 
     async def _invoke(self, name: str, arguments: dict[str, Any]) -> ToolResult:
         definition = self._shared.catalog.tools.get(name)
