@@ -5,7 +5,7 @@ call is answered, or parks the thread, inside one transaction (§6, §7).
 One after another by default. When the prompt sets `parallel_tool_calls`, the calls of one answer run at once (at
 most `TOOL_CONCURRENCY` callables at a time, children all started together): their results are stored in the order of
 the calls, each as soon as it and the ones before it are done, so a crash re-runs only the calls left unanswered;
-handoffs run last, after the others; a stop cancels them all (`semantics.md` §7.5).
+handoffs run last, after the others; a stop cancels them all (`semantics.md` §3, step 7).
 """
 
 from __future__ import annotations
