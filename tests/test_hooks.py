@@ -395,3 +395,27 @@ def test_define_hook_refuses_unknown_names_and_wrong_parameters() -> None:
 
     with pytest.raises(TypeError, match=r"hook `one_arg` must take \(state, tool_call, result\)"):
         define_hook("after_tool_call_success")(one_arg)
+
+
+async def test_a_session_tools_stored_result_goes_through_the_tool_hooks(app_factory: Any, drive: Any) -> None:
+    """A session tool bound in object form stores its mapped payload: the tool hooks see that payload and what they
+    return is what is stored (before, their output was thrown away for such a tool)."""
+    seen: list[str | None] = []
+
+    @define_hook("after_tool_call_success")
+    async def note(state: ThreadState, tool_call: dict[str, Any], result: ToolResult) -> ToolResult:
+        seen.append(result.result)
+        return ToolResult(status="success", result=f"{result.result} (noted)")
+
+    @define_hook("before_store_tool_result")
+    async def stamp(state: ThreadState, tool_call: dict[str, Any], result: ToolResult) -> ToolResult:
+        return ToolResult(status="success", result=f"{result.result} (stored)")
+
+    done = {"tool_calls": [{"name": "finish", "arguments": {"summary": "all good"}}]}
+    side = {"session_stop": {"name": "finish", "message_property": "summary"}, "stop_on_response": False}
+    client, tid = await driven(app_factory, drive, catalog(Model(done), [note, stamp], side=side), "do it")
+    assert seen == ["all good"]
+    tool = next(m for m in await stored(client, tid) if m["role"] == "tool")
+    assert tool["content"] == "all good (noted) (stored)"
+    session = (await client.get(f"/threads/{tid}")).json()["session"]  # the session's result is the call's own
+    assert (session["reason"], session["result"]) == ("session_stop", {"content": "all good", "attachments": []})

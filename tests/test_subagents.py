@@ -980,3 +980,42 @@ async def test_children_are_read_only_for_a_thread_that_has_had_one(sessions: as
         third = await spawn(s, fresh)
         assert fresh.has_children and [c.id for c in await children.of(s, fresh)] == [third.id]
         assert len(await children.of(s, parent)) == 2 and second.parent_id == parent.id
+
+
+# -- parallel tool calls --------------------------------------------------------------------------------------
+
+
+async def test_blocking_children_of_one_answer_run_at_once_in_one_spawn_group(app_factory: Any) -> None:
+    """With `parallel_tool_calls`, three blocking subagent calls of one answer start three children together (the
+    parent parks once, on all of them); they share a spawn group, and each result answers its own call."""
+
+    def boss(request: LLMRequest) -> Any:
+        last = last_of(request)
+        if last.role == "user" and last.content == "go":
+            return {"tool_calls": [{"name": "qa", "arguments": {"message": f"part {n}"}} for n in (1, 2, 3)]}
+        return f"boss saw: {last.content}"
+
+    hold = asyncio.Event()
+    cat = catalog(Brain(boss, hold=hold), {"name": "qa"})
+    parallel = cat.prompts["boss"].model_copy(update={"parallel_tool_calls": True})
+    cat = dataclasses.replace(cat, prompts={**cat.prompts, "boss": parallel})
+    _, client, tid = await start(app_factory, cat)
+    await client.post(f"/threads/{tid}/messages", json={"content": "go"})
+
+    async def all_started() -> list[dict[str, Any]] | None:
+        kids = await registry(client, tid)
+        return kids if len(kids) == 3 else None
+
+    kids = await wait_for(all_started)  # all three exist while every one of them is still held at its first step
+    assert [k["status"] for k in kids] == ["running"] * 3 and not hold.is_set()
+    groups = {k["spawn_group_id"] for k in kids}
+    assert len(groups) == 1 and None not in groups
+    hold.set()
+    rows = await until(client, tid, said("boss saw"))
+    planned = next(r for r in rows if r["role"] == "assistant" and r["tool_calls"])["tool_calls"]
+    answers = [r for r in rows if r["role"] == "tool"]
+    assert sorted(a["tool_call_id"] for a in answers) == sorted(c["id"] for c in planned)  # each once, as they end
+    assert {a["subagent_id"] for a in answers} == {k["reference"] for k in kids}
+    assert all(a["tool_status"] == "success" for a in answers)
+    firsts = {(await stored(client, k["reference"]))[0]["content"] for k in kids}
+    assert firsts == {"part 1", "part 2", "part 3"}
