@@ -292,6 +292,29 @@ async def test_after_tool_call_hooks_run_by_status_before_the_store_hook(app_fac
     assert tools == [("5 +success +stored", "success"), ("recovered +stored", "success")]
 
 
+async def test_a_tool_calls_log_row_holds_the_result_as_stored(app_factory: Any, drive: Any) -> None:
+    """What the hooks made of the result, with the message holding it (every path logs so: subagent calls and a
+    subprompt's calls too, `test_subagents`, `test_subprompts`); a dropped call's row has the result as returned."""
+
+    @define_hook("after_tool_call_success")
+    async def refuse(state: ThreadState, tool_call: dict[str, Any], result: ToolResult) -> ToolResult | None:
+        if tool_call["function"]["arguments"] == '{"a": 1, "b": 1}':
+            return None
+        return ToolResult(status="error", error=f"refused: {result.result}")
+
+    calls = {
+        "tool_calls": [{"name": "add", "arguments": {"a": 2, "b": 3}}, {"name": "add", "arguments": {"a": 1, "b": 1}}]
+    }
+    client, tid = await driven(app_factory, drive, catalog(Model(calls, "ok"), [refuse]), "go")
+    [tool] = [m for m in await stored(client, tid) if m["role"] == "tool"]
+    assert (tool["content"], tool["tool_status"]) == ("refused: 5", "error")
+    logged = (await client.get(f"/threads/{tid}/logs", params={"kind": "tool"})).json()["logs"]
+    assert [(r["status"], r["error"], r["message_id"]) for r in logged] == [
+        ("error", "refused: 5", tool["id"]),
+        ("success", None, None),
+    ]
+
+
 async def test_none_from_after_tool_call_success_drops_the_call_and_its_result(app_factory: Any, drive: Any) -> None:
     @define_hook("after_tool_call_success")
     async def forget(state: ThreadState, tool_call: dict[str, Any], result: ToolResult) -> ToolResult | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from cryptography.fernet import Fernet
@@ -314,6 +315,7 @@ async def _wait_or_answer(
         return Answered(ToolResult(status="success", result=text), child.id)
     child.parent_call_id = call["id"]
     child.parent_call_name = tool.name
+    child.parent_call_at = datetime.now(UTC)  # the call's log row, written with its result, runs from here
     await threads.set_status(session, parent, threads.Status.WAITING)
     await children.announce(session, child)
     return Parked(child.id)

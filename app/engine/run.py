@@ -288,11 +288,14 @@ class Engine:
         assert step.agent is not None and step.response is not None and step.config is not None
         agent, side_config = step.agent, step.config
         thread.attempt = 1  # the step is done: the next one starts with a fresh crash budget
+        made_calls = thread.step_open or bool(step.response.tool_calls)  # even calls a hook dropped from it since
         thread.step_open = False
-        if not step.response.text.strip() and not step.response.tool_calls:
+        if not step.response.text.strip() and not made_calls:
             verdict = types.Verdict("turn", "empty_response")
         else:
-            verdict = stops.evaluate(agent, side_config, step.response, outcomes, thread.turn_steps)
+            verdict = stops.evaluate(
+                agent, side_config, step.response, outcomes, thread.turn_steps, made_calls=made_calls
+            )
         verdict = handoffs.next_turn(thread, agent.name, offered, outcomes, verdict)
         await events.append(
             session,

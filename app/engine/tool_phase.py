@@ -24,7 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app import attachments, children, errors, events, files, logs, messages, queue, tables
 from app.catalog import Catalog
-from app.engine import calls, child_tools, hooks, stops, subprompts, tools, types
+from app.engine import calls, child_tools, hooks, results, stops, subprompts, tools, types
 from app.engine.state import RunState
 from app.engine.step import OpenApart, Released, Step
 from app.metrics import Meter
@@ -333,13 +333,17 @@ class ToolPhase:
             hook_runner = await hooks.prepare(
                 self._catalog, self._fernet, session, thread, step.side, env=step.env, context=self._context(thread)
             )
-            result, row = await hooks.store_result(
-                session, thread, hook_runner, call, done.result, step.side, child=done.child
+            result, _ = await results.store(
+                session,
+                thread,
+                hook_runner,
+                call,
+                done.result,
+                step.side,
+                latency_ms=latency_ms,
+                secrets=step.env.secrets(),
+                child=done.child,
             )
-            # the log row holds the result as stored, after its hooks, as a callable's does
-            logged = tools.log_row(thread.id, call, result, latency_ms, step.env.secrets())
-            logged.message_id = row.id if row is not None else None
-            await logs.add(session, logged)
         self._meter.tool_calls.labels(name, done.result.status).inc()  # a subagent tool: always one offered
         return types.Outcome(call, result, None)
 
