@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
-from sqlalchemy import delete, func, select, text, update
+from sqlalchemy import Delete, delete, func, select, text, update
 from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm.attributes import set_committed_value
@@ -318,6 +318,22 @@ _CLEAR = delete(tables.Inbox)
 async def clear(session: AsyncSession, thread_id: uuid.UUID) -> None:
     """Drop everything waiting in the thread's inbox (`control.terminate`)."""
     await session.execute(_CLEAR.where(tables.Inbox.thread_id == thread_id))
+
+
+# WITHDRAW: the thread's waiting messages that speak for these children (`metadata.subagent_id`, as `messages.enqueue`
+# stores it): their reports and notes, never to be delivered.
+def _withdraw(thread_id: uuid.UUID, children: list[uuid.UUID]) -> Delete:
+    inbox = tables.Inbox
+    return delete(inbox).where(
+        inbox.thread_id == thread_id,
+        inbox.kind == inputs.Kind.MESSAGE,
+        inbox.payload["metadata"]["subagent_id"].astext.in_([str(c) for c in children]),
+    )
+
+
+async def withdraw(session: AsyncSession, thread_id: uuid.UUID, children: list[uuid.UUID]) -> None:
+    """Drop the thread's waiting messages from these children."""
+    await session.execute(_withdraw(thread_id, children))
 
 
 # TAKE_INBOX: the thread's waiting input, removed as it is read. Effect rows stay: each is removed by `drop` in the

@@ -333,6 +333,29 @@ async def test_after_tool_call_hooks_run_by_status_before_the_store_hook(app_fac
     assert tools == [("5 +success +stored", "success"), ("recovered +stored", "success")]
 
 
+async def test_a_tool_calls_log_row_holds_the_result_as_stored(app_factory: Any, drive: Any) -> None:
+    """What the hooks made of the result, with the message holding it (every path logs so: subagent calls and a
+    subprompt's calls too, `test_subagents`, `test_subprompts`); a dropped call's row has the result as returned."""
+
+    @define_hook("after_tool_call_success")
+    async def refuse(state: ThreadState, tool_call: dict[str, Any], result: ToolResult) -> ToolResult | None:
+        if tool_call["function"]["arguments"] == '{"a": 1, "b": 1}':
+            return None
+        return ToolResult(status="error", error=f"refused: {result.result}")
+
+    calls = {
+        "tool_calls": [{"name": "add", "arguments": {"a": 2, "b": 3}}, {"name": "add", "arguments": {"a": 1, "b": 1}}]
+    }
+    client, tid = await driven(app_factory, drive, catalog(Model(calls, "ok"), [refuse]), "go")
+    [tool] = [m for m in await stored(client, tid) if m["role"] == "tool"]
+    assert (tool["content"], tool["tool_status"]) == ("refused: 5", "error")
+    logged = (await client.get(f"/threads/{tid}/logs", params={"kind": "tool"})).json()["logs"]
+    assert [(r["status"], r["error"], r["message_id"]) for r in logged] == [
+        ("error", "refused: 5", tool["id"]),
+        ("success", None, None),
+    ]
+
+
 async def test_none_from_after_tool_call_success_drops_the_call_and_its_result(app_factory: Any, drive: Any) -> None:
     @define_hook("after_tool_call_success")
     async def forget(state: ThreadState, tool_call: dict[str, Any], result: ToolResult) -> ToolResult | None:
@@ -436,3 +459,27 @@ def test_define_hook_refuses_unknown_names_and_wrong_parameters() -> None:
 
     with pytest.raises(TypeError, match=r"hook `one_arg` must take \(state, tool_call, result\)"):
         define_hook("after_tool_call_success")(one_arg)
+
+
+async def test_a_session_tools_stored_result_goes_through_the_tool_hooks(app_factory: Any, drive: Any) -> None:
+    """A session tool bound in object form stores its mapped payload: the tool hooks see that payload and what they
+    return is what is stored (before, their output was thrown away for such a tool)."""
+    seen: list[str | None] = []
+
+    @define_hook("after_tool_call_success")
+    async def note(state: ThreadState, tool_call: dict[str, Any], result: ToolResult) -> ToolResult:
+        seen.append(result.result)
+        return ToolResult(status="success", result=f"{result.result} (noted)")
+
+    @define_hook("before_store_tool_result")
+    async def stamp(state: ThreadState, tool_call: dict[str, Any], result: ToolResult) -> ToolResult:
+        return ToolResult(status="success", result=f"{result.result} (stored)")
+
+    done = {"tool_calls": [{"name": "finish", "arguments": {"summary": "all good"}}]}
+    side = {"session_stop": {"name": "finish", "message_property": "summary"}, "stop_on_response": False}
+    client, tid = await driven(app_factory, drive, catalog(Model(done), [note, stamp], side=side), "do it")
+    assert seen == ["all good"]
+    tool = next(m for m in await stored(client, tid) if m["role"] == "tool")
+    assert tool["content"] == "all good (noted) (stored)"
+    session = (await client.get(f"/threads/{tid}")).json()["session"]  # the session's result is the call's own
+    assert (session["reason"], session["result"]) == ("session_stop", {"content": "all good", "attachments": []})

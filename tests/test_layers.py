@@ -46,13 +46,13 @@ STORAGE_ORDER = (
 # the graph is one-way; a new engine module is declared here
 ENGINE_LAYERS: tuple[tuple[str, ...], ...] = (
     ("types", "tool_arguments"),  # value types and argument texts
-    ("stops", "history", "handoffs", "child_tools", "files", "tools", "calls"),  # decisions, one tool, the model
+    ("stops", "history", "handoffs", "child_tools", "files", "tools", "calls", "step"),  # decisions, a tool, the model
     ("turns", "context"),
     ("hooks",),  # over `spec.ThreadState`: nothing from `state`
-    ("edits",),
+    ("edits", "results"),  # a message edit; a result becomes its stored message
     ("messages",),
     ("state",),  # `RunState` and its one factory
-    ("subprompts", "step", "effect_runs", "inbox"),
+    ("subprompts", "effect_runs", "inbox"),
     ("tool_phase",),
     ("run",),
     ("__init__",),  # the package: what the API and the worker use

@@ -13,7 +13,7 @@ from typing import Any
 from sqlalchemy import inspect
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import attachments, event_types, events, logs, masking, messages, tables
+from app import events, logs, masking, messages, tables
 from app.catalog import Catalog
 from app.engine import types
 from app.engine.context import visible_rows
@@ -69,55 +69,6 @@ def tagged(fields: dict[str, Any], tags: dict[str, Any]) -> dict[str, Any]:
     if not engine or "metadata_" not in fields:
         return fields
     return {**fields, "metadata_": {**(fields["metadata_"] or {}), **engine}}
-
-
-async def store_result(
-    session: AsyncSession,
-    thread: tables.Thread,
-    hook_runner: Hooks,
-    call: ToolCall,
-    result: ToolResult,
-    side: Side,
-    *,
-    child: uuid.UUID | None,
-    refs: list[dict[str, Any]] | None = None,
-    tags: dict[str, Any] | None = None,
-) -> tuple[ToolResult, tables.Message | None]:
-    """Store a tool call's result as its `tool` message through the hooks (`after_tool_call_*`,
-    `before_store_tool_result`, `before_create_message`, `after_create_message`, §10) run inside the caller's
-    transaction, files it returned under `/attachments/`, and announce `tool_completed`; returns the result as
-    stored (as given when a hook dropped the call) and its message. For the calls the step loop does not run as
-    callables: subagent calls, and the tool calls of a subprompt step (`tags` place its messages one level deeper)."""
-    kept = await hook_runner.tool_result(call, result)
-    tags = tags or {}
-    row = None
-    if kept is None:  # an `after_tool_call_*` hook removed the call and its result from history
-        await messages.drop_call(session, thread.id, call["id"])
-    else:
-        fields: dict[str, Any] = {
-            "side": side,
-            "name": call["function"]["name"],
-            "tool_call_id": call["id"],
-            "content": kept.text,
-            "tool_status": kept.status,
-            "subagent_id": child,
-        }
-        fields["metadata_"] = dict(tags.get("metadata_") or {})
-        if kept.error_code:
-            fields["metadata_"].update(error_code=kept.error_code, error_data=kept.error_data)
-        stored = list(refs or []) + await attachments.returned(session, thread.id, kept.attachments)
-        if stored:
-            fields["attachments"] = stored
-        fields = tagged(await hook_runner.before_create_message("tool", fields), tags)
-        placed = {"session_number": thread.session_number, **tags, **fields}  # a subprompt's: one level deeper
-        row = await messages.add(session, thread.id, "tool", **placed)
-        await hook_runner.after_create_message(row)
-    done = kept or result
-    data = event_types.ToolCompleted(tool=call["function"]["name"], tool_call_id=call["id"], status=done.status)
-    if tags.get("depth"):
-        data["depth"] = tags["depth"]
-    await events.append(session, thread.id, "tool_completed", data)
-    return done, row
 
 
 class Hooks:

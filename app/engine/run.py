@@ -27,15 +27,15 @@ from app.catalog import Catalog
 from app.engine import calls, child_tools, context, effect_runs, handoffs, inbox, stops, subprompts, turns, types
 from app.engine.history import Histories, History
 from app.engine.state import prepare_hooks
-from app.engine.step import OPEN_APART, RELEASED, OpenApart, Prepared, Released, Step
-from app.engine.tool_phase import ToolPhase
+from app.engine.step import OPEN_APART, RELEASED, OpenApart, Released, Step
+from app.engine.tool_phase import Closed, Prepared, ToolPhase
 from app.hub import Publisher
 from app.llm import retry
 from app.llm.base import LLMResponse, ProviderError
 from app.metrics import Meter
 from app.settings import Settings
 from app.spec.definitions import AgentDefinition, PromptDefinition, Side, SideConfig
-from app.spec.messages import LLMMessage, ToolCall
+from app.spec.messages import LLMMessage
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ def llm_http() -> httpx.AsyncClient:
     return httpx.AsyncClient(timeout=httpx.Timeout(connect=10.0, read=None, write=30.0, pool=10.0))
 
 
-class Engine(ToolPhase):
+class Engine:
     """Runs claimed threads."""
 
     def __init__(
@@ -71,6 +71,16 @@ class Engine(ToolPhase):
         self._contexts: dict[uuid.UUID, dict[str, Any]] = {}  # per execution, by lease token
         self._histories = Histories()  # by thread, kept across its executions (`app/engine/history.py`)
         self._subprompts = subprompts.Runner(catalog, self._caller, settings.max_session_steps)
+        self._tools = ToolPhase(
+            settings=settings,
+            sessions=sessions,
+            catalog=catalog,
+            fernet=fernet,
+            runner=self._subprompts,
+            meter=meter,
+            tx=self._tx,
+            context=self._context,
+        )
 
     @asynccontextmanager
     async def _tx(self, claim: queue.Claim) -> AsyncIterator[tuple[AsyncSession, tables.Thread]]:
@@ -222,10 +232,6 @@ class Engine(ToolPhase):
         assert config is not None, f"agent {agent.name} has no side {side}"
         return config, self._catalog.prompts[config.prompt]
 
-    def _is_subagent(self, offered: dict[str, types.OfferedTool], call: ToolCall) -> bool:
-        name = call["function"]["name"]
-        return name in offered and offered[name].kind in child_tools.KINDS
-
     async def _step(self, claim: queue.Claim, step: Step) -> Step | Released | None:
         """The LLM call of an open step and the tools it asked for; returns the next step, or how the run ended."""
         assert step.agent is not None and step.env is not None
@@ -255,43 +261,20 @@ class Engine(ToolPhase):
                 step.response, step.calls = response, list(response.tool_calls)
                 if not step.calls:
                     closed = await self._close(session, thread, claim, step, offered, [])
-                elif not self._is_subagent(offered, step.calls[0]):
-                    prepared = await self._prepare_tool(session, thread, claim, step, offered, step.calls[0])
+                else:
+                    first = self._tools.batch(step.calls, offered, prompt.parallel_tool_calls)
+                    if any(not self._tools.is_subagent(offered, c) for c in first):
+                        prepared = await self._tools.announce(session, thread, claim, step, offered, first)
             if not step.calls:
                 return await self._then(claim, step, closed)
-        outcomes: list[types.Outcome] = []
-        while len(outcomes) < len(step.calls):  # `state.queue_tool` may append to `step.calls` while they run
-            call = step.calls[len(outcomes)]
-            if self._is_subagent(offered, call):
-                outcome = await self._subagent(claim, step, offered[call["function"]["name"]], call)
-                if outcome is None:  # parked on a blocking subagent: the child's result resumes this step
-                    return None
-                outcomes.append(outcome)
-                continue
-            if prepared is None:
-                async with self._tx(claim) as (session, thread):
-                    prepared = await self._prepare_tool(session, thread, claim, step, offered, call)
-            hook_runner = prepared.hooks
-            outcome, fields, logged = await self._execute_tool(claim, step, offered, call, prepared)
-            outcomes.append(outcome)
-            prepared, closed, row = None, None, None
-            # an `after_create_message` hook runs between the result's commit and what follows it; without one, the
-            # result's transaction goes on to the next call's start, or closes the step
-            carry_on = fields is None or not hook_runner.runs("after_create_message")
-            async with self._tx(claim) as (session, thread):
-                row = await self._record_tool(session, thread, call, outcome, fields, logged)
-                if carry_on and len(outcomes) == len(step.calls):
-                    closed = await self._close(session, thread, claim, step, offered, outcomes)
-                elif carry_on and not self._is_subagent(offered, step.calls[len(outcomes)]):
-                    following = step.calls[len(outcomes)]
-                    prepared = await self._prepare_tool(session, thread, claim, step, offered, following)
-            if carry_on and len(outcomes) == len(step.calls):
-                return await self._then(claim, step, closed)
-            if row is not None:
-                await hook_runner.after_create_message(row)
-        async with self._tx(claim) as (session, thread):
-            closed = await self._close(session, thread, claim, step, offered, outcomes)
-        return await self._then(claim, step, closed)
+
+        async def close(session: AsyncSession, thread: tables.Thread, outcomes: list[types.Outcome]) -> Closed:
+            return await self._close(session, thread, claim, step, offered, outcomes)
+
+        done = await self._tools.run(claim, step, offered, prepared, close, parallel=prompt.parallel_tool_calls)
+        if done is None:  # parked on a blocking subagent: the child's result resumes this step
+            return None
+        return await self._then(claim, step, done.closed)
 
     async def _close(
         self,
@@ -306,11 +289,14 @@ class Engine(ToolPhase):
         assert step.agent is not None and step.response is not None and step.config is not None
         agent, side_config = step.agent, step.config
         thread.attempt = 1  # the step is done: the next one starts with a fresh crash budget
+        made_calls = thread.step_open or bool(step.response.tool_calls)  # even calls a hook dropped from it since
         thread.step_open = False
-        if not step.response.text.strip() and not step.response.tool_calls:
+        if not step.response.text.strip() and not made_calls:
             verdict = types.Verdict("turn", "empty_response")
         else:
-            verdict = stops.evaluate(agent, side_config, step.response, outcomes, thread.turn_steps)
+            verdict = stops.evaluate(
+                agent, side_config, step.response, outcomes, thread.turn_steps, made_calls=made_calls
+            )
         verdict = handoffs.next_turn(thread, agent.name, offered, outcomes, verdict)
         await events.append(
             session,
@@ -364,7 +350,7 @@ class Engine(ToolPhase):
         if last is not None and last.status == messages.Status.COMPLETED:
             # a crash between the model's answer and its tool results, or a subagent's result: run what is left
             response = LLMResponse(text=last.content or "", tool_calls=list(last.tool_calls or []))
-            return Step(side, thread.session_steps, calls=missing, response=response, env=env, agent=agent)
+            return Step(side, thread.session_steps, last.id, calls=missing, response=response, env=env, agent=agent)
         redo = last is not None  # a call a crash interrupted (still `pending`): the same step again
         if thread.session_steps >= self._settings.max_session_steps and not redo:
             await turns.end_session(

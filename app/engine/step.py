@@ -1,5 +1,4 @@
-"""What a step is between its transactions: opened (`Step`), a tool call announced (`Prepared`), or how the run
-ended (`RELEASED`, `OPEN_APART`)."""
+"""What a step is between its transactions: opened (`Step`), or how the run ended (`RELEASED`, `OPEN_APART`)."""
 
 from __future__ import annotations
 
@@ -8,8 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from app import tables
-from app.engine import hooks, types
-from app.engine.state import RunState
+from app.engine import types
 from app.llm.base import LLMResponse
 from app.spec.definitions import AgentDefinition, Side, SideConfig
 from app.spec.messages import ToolCall
@@ -29,14 +27,6 @@ class OpenApart:
 
 
 OPEN_APART = OpenApart()
-
-
-@dataclass
-class Prepared:
-    """A tool call announced (`tool_started`) in a transaction, with the state and hooks it runs with."""
-
-    state: RunState
-    hooks: hooks.Hooks
 
 
 @dataclass

@@ -8,7 +8,8 @@ asks. It sees the chat (depth 0) only with `include_chat`, earlier tool traffic 
 Crash safety: every message of a run is tagged (`metadata.subprompt_call`, `metadata.subprompt_run`) with the tool
 call it runs in and the execution that ran it. A crash leaves that call unanswered and the resumed step runs it
 again; the new run first deletes what runs of the same call by earlier executions stored (and what their nested
-subprompts stored), so nothing is duplicated. Runs of one execution keep each other's messages.
+subprompts stored), so nothing is duplicated, and ends the non-blocking children they started: terminated, and what
+they said to the thread taken back (the rerun starts its own). Runs of one execution keep each other's messages.
 
 The result, sections joined by a blank line, each present when its flag is on and it has something to say:
 
@@ -35,9 +36,9 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import attachments, children, errors, event_types, events, files, logs, messages, tables
+from app import attachments, children, control, errors, event_types, events, files, messages, tables
 from app.catalog import Catalog
-from app.engine import calls, child_tools, context, hooks, tool_arguments, tools, types
+from app.engine import calls, child_tools, context, hooks, results, tool_arguments, tools, types
 from app.engine.state import RunState
 from app.llm.base import ProviderError
 from app.spec.definitions import PromptDefinition, Side, SideConfig, ToolEntry
@@ -98,7 +99,11 @@ class Runner:
             if thread.session_steps >= self._max_steps:  # the next step of the caller ends the session (§3)
                 return _error(f"Subprompt `{name}` not run: the session reached its cap of {self._max_steps} steps")
             run = hashlib.sha256((thread.lease_token or uuid.UUID(int=0)).bytes).hexdigest()[:16]
-            rerun = await messages.forget_runs(session, thread.id, execution.tool_call_id or "", run)
+            forgotten = await messages.forget_runs(session, thread.id, execution.tool_call_id or "", run)
+            await _end_children(
+                session, thread, [c for c, tool in forgotten.reached.items() if tool != child_tools.MESSAGE]
+            )
+            rerun = forgotten.count > 0
             tags: dict[str, Any] = {
                 "depth": depth,
                 "parent_id": parent.id if parent is not None else None,
@@ -196,6 +201,7 @@ class Runner:
         if tool is not None and tool.kind in child_tools.KINDS:
             async with shared.transaction() as (session, thread):
                 await events.append(session, thread.id, "tool_started", data)
+                started = time.perf_counter()
                 done = await child_tools.call(
                     session,
                     self._catalog,
@@ -210,11 +216,10 @@ class Runner:
                 )
                 assert isinstance(done, child_tools.Answered)  # a non-blocking call never parks
                 self._caller.meter.tool_call(name, done.result.status, offered)
-                inside = state.hooks_of(prompt, lambda: hooks.joined(session, thread))
-                result, row = await hooks.store_result(
-                    session, thread, inside, call, done.result, side, child=done.child, tags=tags
+                latency_ms = round((time.perf_counter() - started) * 1000, 2)
+                result, _ = await self._store(
+                    session, thread, state, prompt, call, side, tags, done.result, latency_ms, done.child
                 )
-                await _log(session, thread.id, call, done.result, 0.0, shared.env, row)
             return types.Outcome(call, result, None)
         async with shared.transaction() as (session, thread):
             await events.append(session, thread.id, "tool_started", data)
@@ -224,30 +229,46 @@ class Runner:
         self._caller.meter.tool_call(name, outcome.result.status, offered)
         outcome = replace(outcome, result=calls.scrub_result(outcome.result, shared.env.secrets()))
         async with shared.transaction() as (session, thread):
-            inside = state.hooks_of(prompt, lambda: hooks.joined(session, thread))
-            result, row = await hooks.store_result(
-                session, thread, inside, call, outcome.result, side, child=None, tags=tags
+            result, row = await self._store(
+                session, thread, state, prompt, call, side, tags, outcome.result, latency_ms, None
             )
-            await _log(session, thread.id, call, outcome.result, latency_ms, shared.env, row)
         if row is not None and row.attachments:  # its files are named in the result, as a message's are
             text = context.described(result.text, row.attachments)
             result = result.model_copy(update={"error": text} if result.status == "error" else {"result": text})
         return replace(outcome, result=result)
 
+    async def _store(
+        self,
+        session: AsyncSession,
+        thread: tables.Thread,
+        state: RunState,
+        prompt: PromptDefinition,
+        call: ToolCall,
+        side: Side,
+        tags: dict[str, Any],
+        result: ToolResult,
+        latency_ms: float,
+        child: uuid.UUID | None,
+    ) -> tuple[ToolResult, tables.Message | None]:
+        """`results.store` with the subprompt's own tool hooks, inside the transaction of `session`."""
+        inside = state.hooks_of(prompt, lambda: hooks.joined(session, thread))
+        secrets = state.shared.env.secrets()
+        return await results.store(
+            session, thread, inside, call, result, side, latency_ms=latency_ms, secrets=secrets, child=child, tags=tags
+        )
 
-async def _log(
-    session: AsyncSession,
-    thread_id: uuid.UUID,
-    call: ToolCall,
-    result: ToolResult,
-    latency_ms: float,
-    env: types.Env,
-    row: tables.Message | None,
-) -> None:
-    """The call's `logs` row, as a top-level call's (`tools.log_row`), with the transaction that stores its result."""
-    logged = tools.log_row(thread_id, call, result, latency_ms, env.secrets())
-    logged.message_id = row.id if row is not None else None
-    await logs.add(session, logged)
+
+async def _end_children(session: AsyncSession, thread: tables.Thread, started: list[uuid.UUID]) -> None:
+    """The children an interrupted run started, ended with it: terminated (with theirs) without a word to the
+    thread, and what they said to it already taken back. Nothing the thread keeps names them any more (the rerun
+    starts its own), so their work and their reports would reach the model as from nowhere, twice over."""
+    if not started:
+        return
+    for child_id in started:
+        child = await session.get(tables.Thread, child_id, with_for_update=control.NKU)
+        if child is not None:
+            await control.terminate(session, child, quiet=True)
+    await children.withdraw(session, thread.id, started)
 
 
 def shape(entry: ToolEntry, text: str, outcomes: list[types.Outcome]) -> str:

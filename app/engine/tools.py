@@ -31,9 +31,16 @@ def json_secrets(secrets: list[str]) -> list[str]:
 
 
 def log_row(
-    thread_id: uuid.UUID, call: ToolCall, result: ToolResult, latency_ms: float, secrets: list[str]
+    thread_id: uuid.UUID,
+    call: ToolCall,
+    result: ToolResult,
+    latency_ms: float | None,
+    secrets: list[str],
+    *,
+    child: uuid.UUID | None = None,
 ) -> tables.Log:
-    """The `logs` row of one tool call (`logs.tool`), known secret values masked in its arguments and its error."""
+    """The `logs` row of one tool call (`logs.tool`), known secret values masked in its arguments and its error;
+    `child`: the subagent its result speaks for."""
     raw: Any = call["function"].get("arguments") or ""
     raw = raw if isinstance(raw, str) else json.dumps(raw, default=str)
     return logs.tool(
@@ -45,6 +52,7 @@ def log_row(
         latency_ms=latency_ms,
         arguments=(masking.scrub(raw, json_secrets(secrets)), len(raw.encode())),
         error_code=result.error_code,
+        subagent_id=str(child) if child is not None else None,
     )
 
 
