@@ -258,6 +258,47 @@ async def test_after_update_message_sees_the_updated_message(app_factory: Any, d
     assert updated == [("completed", "done", "done")]
 
 
+@define_tool(description="Renames the first message, then tags it.")
+async def rename_first(state: ThreadState) -> str:
+    first = (await state.get_messages(limit=1)).messages[0]
+    await state.update_message(first.id, content="renamed")
+    return (await state.update_message(first.id, metadata={"by": "tool"})).content or ""
+
+
+async def test_state_update_message_runs_the_update_hooks(app_factory: Any, drive: Any) -> None:
+    """`state.update_message` changes a stored message as the engine's own updates do: through
+    `before_update_message` (its edits are what is stored) and `after_update_message`; what an update hook updates
+    itself runs none (no loop)."""
+    seen: list[tuple[str, Any, Any]] = []
+
+    @define_hook("before_update_message")
+    async def shout(state: ThreadState, message_id: str, updates: dict[str, Any]) -> dict[str, Any]:
+        seen.append(("before", updates["content"], updates["metadata"]))
+        updates["content"] = (updates["content"] or "").upper()
+        return updates
+
+    @define_hook("after_update_message")
+    async def note(state: ThreadState, message: StateMessage) -> None:
+        seen.append(("after", message.content, message.metadata))
+        if message.metadata.get("by") == "tool":
+            await state.update_message(message.id, metadata={"by": "tool", "noted": True})
+
+    cat = catalog(Model({"tool_calls": [{"name": "rename_first"}]}, "ok"), [shout, note])
+    cat = dataclasses.replace(cat, tools={**cat.tools, "rename_first": rename_first})
+    cat.prompts["p"].tools.append("rename_first")
+    client, tid = await driven(app_factory, drive, cat, "go")
+    rows = await stored(client, tid)
+    assert (rows[0]["content"], rows[0]["metadata"]) == ("RENAMED", {"by": "tool", "noted": True})
+    assert next(m["content"] for m in rows if m["role"] == "tool") == "RENAMED"
+    mine = [s for s in seen if s[1] and s[1].lower() == "renamed"]
+    assert mine == [
+        ("before", "renamed", {}),
+        ("after", "RENAMED", {}),
+        ("before", "RENAMED", {"by": "tool"}),
+        ("after", "RENAMED", {"by": "tool"}),  # its update of the message runs no hooks
+    ]
+
+
 async def test_before_store_tool_result_is_what_gets_stored(app_factory: Any, drive: Any) -> None:
     @define_hook("before_store_tool_result")
     async def redact(state: ThreadState, tool_call: dict[str, Any], result: ToolResult) -> ToolResult:

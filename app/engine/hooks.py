@@ -10,20 +10,18 @@ from contextlib import asynccontextmanager
 from contextvars import ContextVar
 from typing import Any
 
-from cryptography.fernet import Fernet
 from sqlalchemy import inspect
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import events, logs, masking, messages, tables
 from app.catalog import Catalog
 from app.engine import types
-from app.engine.context import load_env, visible_rows
-from app.engine.state import RunState
+from app.engine.context import visible_rows
 from app.spec.define import HookDefinition
 from app.spec.definitions import AgentDefinition, PromptDefinition, Side
 from app.spec.messages import LLMMessage, ToolCall
 from app.spec.results import ToolResult
-from app.spec.state import ExecutionState, StateMessage
+from app.spec.state import StateMessage, ThreadState
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +37,11 @@ _running: ContextVar[str | None] = ContextVar("hook", default=None)
 def creating() -> bool:
     """Whether a `before_create_message` or `after_create_message` hook is running in this task."""
     return _running.get() in ("before_create_message", "after_create_message")
+
+
+def updating() -> bool:
+    """Whether a `before_update_message` or `after_update_message` hook is running in this task."""
+    return _running.get() in ("before_update_message", "after_update_message")
 
 
 class BadReturn(TypeError):
@@ -58,58 +61,6 @@ async def joined(session: AsyncSession, thread: tables.Thread) -> AsyncIterator[
         yield session, thread
 
 
-async def prepare(
-    catalog: Catalog,
-    fernet: Fernet,
-    session: AsyncSession,
-    thread: tables.Thread,
-    side: Side,
-    *,
-    env: types.Env | None = None,
-    transaction: types.Transaction | None = None,
-    context: dict[str, Any] | None = None,
-    outside: bool = False,
-) -> Hooks:
-    """The hooks of the side's prompt and the state they get; without `transaction` they join `session`'s.
-    `outside`: run for a client (an HTTP edit), not inside the thread's execution: `state.execution` is `None`."""
-    agent = catalog.agent(thread.agent)
-    config = agent.side(side)
-    assert config is not None, f"agent {agent.name} has no side {side}"
-    prompt = catalog.prompts[config.prompt]
-    if not active(catalog, agent, prompt):
-        return Hooks()
-    if env is None:
-        env = await load_env(session, fernet, catalog, thread, prompt)
-    execution = None
-    if not outside:
-        execution = ExecutionState(
-            side=side,
-            step=thread.session_steps,
-            session=thread.session_number,
-            attempt=thread.attempt,
-        )
-    tx = transaction or (lambda: joined(session, thread))
-    return bind(catalog, fernet, thread, prompt, env, execution, tx, {} if context is None else context)
-
-
-def bind(
-    catalog: Catalog,
-    fernet: Fernet,
-    thread: tables.Thread,
-    prompt: PromptDefinition,
-    env: types.Env,
-    execution: ExecutionState | None,
-    transaction: types.Transaction,
-    context: dict[str, Any],
-) -> Hooks:
-    """The hooks active for `prompt` (a subprompt's own, run in its caller's thread), with the state they get."""
-    definitions = active(catalog, catalog.agent(thread.agent), prompt)
-    if not definitions:
-        return Hooks()
-    state = RunState(thread, env, transaction, execution, context, catalog=catalog, fernet=fernet)
-    return Hooks(definitions, state, transaction, env.secrets())
-
-
 def tagged(fields: dict[str, Any], tags: dict[str, Any]) -> dict[str, Any]:
     """`fields` as the hooks left them, with the engine's own metadata (`tags["metadata_"]`: a subprompt run's
     crash-safety tags) put back wherever hooks set the metadata: a hook that replaces it cannot hide the message
@@ -121,12 +72,13 @@ def tagged(fields: dict[str, Any], tags: dict[str, Any]) -> dict[str, Any]:
 
 
 class Hooks:
-    """The active hooks of one prompt, bound to the state they get; each runs on a copy of its input."""
+    """The active hooks of one prompt, bound to the state they get (made by `state.py`, which builds on this
+    module); each runs on a copy of its input."""
 
     def __init__(
         self,
         definitions: Sequence[HookDefinition] = (),
-        state: RunState | None = None,
+        state: ThreadState | None = None,
         transaction: types.Transaction | None = None,
         secrets: Sequence[str] = (),
     ) -> None:

@@ -17,7 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from app import errors, events, inputs, messages, queue, tables
 from app.catalog import Catalog
 from app.engine import child_tools, context, hooks, results
-from app.engine.state import deliver_tool
+from app.engine.state import deliver_tool, prepare_hooks
 from app.metrics import Meter
 from app.spec.definitions import AgentDefinition, Side
 from app.spec.messages import ToolCall
@@ -51,7 +51,7 @@ async def deliver(
     """Move the inbox into history; between turns, return the side the input makes act (§2)."""
     acting: Side | None = None
     first: int | None = None
-    hook_runner = await hooks.prepare(catalog, fernet, session, thread, thread.side or "a", context=context_)
+    hook_runner = await prepare_hooks(catalog, fernet, session, thread, thread.side or "a", context=context_)
     for row in await queue.take_inbox(session, thread.id):
         try:
             item = inputs.read(row.kind, row.payload)

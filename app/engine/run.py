@@ -24,8 +24,9 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app import children, control, errors, events, masking, messages, queue, statements, tables, threads
 from app.catalog import Catalog
-from app.engine import calls, child_tools, context, effect_runs, handoffs, hooks, inbox, stops, subprompts, turns, types
+from app.engine import calls, child_tools, context, effect_runs, handoffs, inbox, stops, subprompts, turns, types
 from app.engine.history import Histories, History
+from app.engine.state import prepare_hooks
 from app.engine.step import OPEN_APART, RELEASED, OpenApart, Released, Step
 from app.engine.tool_phase import Closed, Prepared, ToolPhase
 from app.hub import Publisher
@@ -361,7 +362,7 @@ class Engine:
             thread.session_steps += 1
         # `immediate` subagents start before the prompt's first LLM step (and again after a handoff to it)
         await child_tools.spawn_immediate(session, self._catalog, self._fernet, thread, side, prompt, env)
-        hook_runner = await hooks.prepare(
+        hook_runner = await prepare_hooks(
             self._catalog, self._fernet, session, thread, side, env=env, context=self._context(thread)
         )
         assembled: Sequence[context.HistoryRow] = held.seen()
@@ -415,7 +416,7 @@ class Engine:
         message = turns.attach_committed(session, step.message) or await messages.get(
             session, thread.id, step.message_id
         )
-        hook_runner = await hooks.prepare(
+        hook_runner = await prepare_hooks(
             self._catalog, self._fernet, session, thread, step.side, env=step.env, context=self._context(thread)
         )
         if isinstance(response, ProviderError):

@@ -76,24 +76,15 @@ class Runner:
         execution = state.execution
         assert execution is not None
         side = execution.side
-        env = replace(state._env, prompt=dict(prompt.env))  # the subprompt's own `env` layer
-        sub_state = RunState(
-            state._thread,
-            env,
-            state._transaction,
-            execution,
-            state._context,
-            catalog=self._catalog,
-            fernet=state._fernet,
-            subprompts=self,
-            tool_timeout=state.tool_timeout,
-        )
+        sub_state = state.in_subprompt(prompt)  # the subprompt's own `env` layer
+        shared = sub_state.shared
+        env = shared.env
         offered = {
             t.name: t
             for t in context.offered_tools(self._catalog, prompt, SideConfig(prompt=name), env)
             if t.kind != "handoff"  # a step inside a step cannot hand the thread over
         }
-        async with state._transaction() as (session, thread):
+        async with shared.transaction() as (session, thread):
             call_id = execution.tool_call_id
             parent = await messages.holding(session, thread.id, call_id) if call_id is not None else None
             depth = parent.depth + 1 if parent is not None else 1
@@ -131,7 +122,7 @@ class Runner:
             if not rerun:  # the step runs: it is one of the session's (an interrupted run of it counted already)
                 thread.session_steps += 1
             # its messages go through the message hooks of its own prompt (§10), inside this transaction
-            inside = self._hooks(sub_state, thread, prompt, lambda: hooks.joined(session, thread))
+            inside = sub_state.hooks_of(prompt, lambda: hooks.joined(session, thread))
             user = {"side": "b" if side == "a" else "a", "content": _first_message(entry, arguments), **tags}
             asked = await messages.add(
                 session,
@@ -153,13 +144,13 @@ class Runner:
             )
             await inside.after_create_message(pending)
         result = await self._caller.call(
-            state._transaction, thread.id, pending.id, prompt, request, env, depth, defer=True
+            shared.transaction, thread.id, pending.id, prompt, request, env, depth, defer=True
         )
         response = result.response
-        async with state._transaction() as (session, thread):
+        async with shared.transaction() as (session, thread):
             await calls.write(session, result)  # the request's log row commits with the message it answers
             message = await messages.get(session, thread.id, pending.id)
-            inside = self._hooks(sub_state, thread, prompt, lambda: hooks.joined(session, thread))
+            inside = sub_state.hooks_of(prompt, lambda: hooks.joined(session, thread))
             if isinstance(response, ProviderError):
                 await messages.save(
                     session,
@@ -191,13 +182,6 @@ class Runner:
         # its final text as stored: what a `before_update_message` hook made of the answer
         return ToolResult(status="success", result=shape(entry, message.content or "", outcomes))
 
-    def _hooks(
-        self, state: RunState, thread: tables.Thread, prompt: PromptDefinition, tx: types.Transaction
-    ) -> hooks.Hooks:
-        """The hooks of the subprompt's prompt (else its agent's), with a state running in `tx`."""
-        assert state.execution is not None
-        return hooks.bind(self._catalog, state._fernet, thread, prompt, state._env, state.execution, tx, state._context)
-
     async def _tool(
         self,
         state: RunState,
@@ -213,8 +197,9 @@ class Runner:
         name = call["function"]["name"]
         data = event_types.ToolStarted(tool=name, tool_call_id=call["id"], depth=tags["depth"])
         tool = offered.get(name)
+        shared = state.shared
         if tool is not None and tool.kind in child_tools.KINDS:
-            async with state._transaction() as (session, thread):
+            async with shared.transaction() as (session, thread):
                 await events.append(session, thread.id, "tool_started", data)
                 started = time.perf_counter()
                 done = await child_tools.call(
@@ -225,8 +210,8 @@ class Runner:
                     prompt,
                     tool,
                     call,
-                    state._env,
-                    state._fernet,
+                    shared.env,
+                    shared.fernet,
                     nonblocking=True,
                 )
                 assert isinstance(done, child_tools.Answered)  # a non-blocking call never parks
@@ -236,14 +221,14 @@ class Runner:
                     session, thread, state, prompt, call, side, tags, done.result, latency_ms, done.child
                 )
             return types.Outcome(call, result, None)
-        async with state._transaction() as (session, thread):
+        async with shared.transaction() as (session, thread):
             await events.append(session, thread.id, "tool_started", data)
         started = time.perf_counter()
         outcome = await tools.execute(self._catalog, offered, call, state)
         latency_ms = round((time.perf_counter() - started) * 1000, 2)
         self._caller.meter.tool_call(name, outcome.result.status, offered)
-        outcome = replace(outcome, result=calls.scrub_result(outcome.result, state._env.secrets()))
-        async with state._transaction() as (session, thread):
+        outcome = replace(outcome, result=calls.scrub_result(outcome.result, shared.env.secrets()))
+        async with shared.transaction() as (session, thread):
             result, row = await self._store(
                 session, thread, state, prompt, call, side, tags, outcome.result, latency_ms, None
             )
@@ -266,8 +251,8 @@ class Runner:
         child: uuid.UUID | None,
     ) -> tuple[ToolResult, tables.Message | None]:
         """`results.store` with the subprompt's own tool hooks, inside the transaction of `session`."""
-        inside = self._hooks(state, thread, prompt, lambda: hooks.joined(session, thread))
-        secrets = state._env.secrets()
+        inside = state.hooks_of(prompt, lambda: hooks.joined(session, thread))
+        secrets = state.shared.env.secrets()
         return await results.store(
             session, thread, inside, call, result, side, latency_ms=latency_ms, secrets=secrets, child=child, tags=tags
         )

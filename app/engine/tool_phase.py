@@ -25,7 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from app import attachments, children, errors, events, files, logs, messages, queue, tables
 from app.catalog import Catalog
 from app.engine import calls, child_tools, hooks, results, stops, subprompts, tools, types
-from app.engine.state import RunState
+from app.engine.state import RunState, Shared, prepare_hooks
 from app.engine.step import OpenApart, Released, Step
 from app.metrics import Meter
 from app.settings import Settings
@@ -229,22 +229,21 @@ class ToolPhase:
             side=step.side, step=step.number, session=thread.session_number, attempt=thread.attempt
         )
         assert step.env is not None
-        registry = [SubagentEntry.model_validate(children.entry(c)) for c in await children.of(session, thread)]
-        state = RunState(
+        registry = tuple(SubagentEntry.model_validate(children.entry(c)) for c in await children.of(session, thread))
+        state = Shared(
             thread,
             step.env,
             lambda: self._tx(claim),
-            execution,
-            self._context(thread),
             catalog=self._catalog,
             fernet=self._fernet,
+            context=self._context(thread),
             queue_call=step.calls.append,
             sessions=self._sessions,
             children=registry,
             subprompts=self._subprompts,
             tool_timeout=self._settings.tool_timeout,
-        )
-        hook_runner = await hooks.prepare(  # its hooks run between this step's transactions, not inside one
+        ).state(execution)
+        hook_runner = await prepare_hooks(  # its hooks run between this step's transactions, not inside one
             self._catalog,
             self._fernet,
             session,
@@ -330,7 +329,7 @@ class ToolPhase:
                 return None
             latency_ms = round((time.perf_counter() - started) * 1000, 2)
             # its hooks run as a callable's do, inside this transaction: the call and its answer commit together
-            hook_runner = await hooks.prepare(
+            hook_runner = await prepare_hooks(
                 self._catalog, self._fernet, session, thread, step.side, env=step.env, context=self._context(thread)
             )
             result, _ = await results.store(

@@ -6,7 +6,7 @@ import asyncio
 import json
 import logging
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
@@ -17,9 +17,6 @@ from app.spec.define import ToolDefinition
 from app.spec.definitions import SideConfig
 from app.spec.messages import ToolCall
 from app.spec.results import ToolResult
-
-if TYPE_CHECKING:  # state.py runs tools itself (`invoke_tool`)
-    from app.engine.state import RunState
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +95,7 @@ def _session_arguments_problem(schema: dict[str, Any], arguments: dict[str, Any]
 
 
 async def execute(
-    catalog: Catalog, offered: dict[str, types.OfferedTool], call: ToolCall, state: RunState
+    catalog: Catalog, offered: dict[str, types.OfferedTool], call: ToolCall, state: types.ToolState
 ) -> types.Outcome:
     """Run one tool call; never raises for a bad call or a failing tool."""
     name = call["function"]["name"]
@@ -126,7 +123,7 @@ async def execute(
     return types.Outcome(call, await run(name, definition, arguments, tool_state), arguments)
 
 
-async def check_attachments(side: SideConfig | None, outcome: types.Outcome, state: RunState) -> types.Outcome:
+async def check_attachments(side: SideConfig | None, outcome: types.Outcome, state: types.ToolState) -> types.Outcome:
     """A session tool's `attachmentsProperty` must name files of this thread; otherwise the call is an error the
     model sees (and the session does not end on it)."""
     if side is None or outcome.result.status != "success" or not outcome.arguments:
@@ -156,7 +153,7 @@ async def check_attachments(side: SideConfig | None, outcome: types.Outcome, sta
     return outcome
 
 
-async def run(name: str, definition: ToolDefinition, arguments: dict[str, Any], state: RunState) -> ToolResult:
+async def run(name: str, definition: ToolDefinition, arguments: dict[str, Any], state: types.ToolState) -> ToolResult:
     """Validate the arguments, call the tool, and turn anything it raises into an error result."""
     args: BaseModel | None = None
     if definition.args_model is not None:
