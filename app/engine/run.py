@@ -24,7 +24,20 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app import children, control, errors, events, masking, messages, queue, statements, tables, threads
 from app.catalog import Catalog
-from app.engine import calls, child_tools, context, effect_runs, handoffs, hooks, inbox, stops, subprompts, turns, types
+from app.engine import (
+    answers,
+    calls,
+    child_tools,
+    context,
+    effect_runs,
+    handoffs,
+    hooks,
+    inbox,
+    stops,
+    subprompts,
+    turns,
+    types,
+)
 from app.engine.history import Histories, History
 from app.engine.step import OPEN_APART, RELEASED, OpenApart, Released, Step
 from app.engine.tool_phase import Closed, Prepared, ToolPhase
@@ -411,19 +424,17 @@ class Engine:
     ) -> LLMResponse | None:
         """The model's answer (or its failure, which ends the session) into the step's pending message."""
         assert step.message_id is not None
-        response = result.response
         message = turns.attach_committed(session, step.message) or await messages.get(
             session, thread.id, step.message_id
         )
         hook_runner = await hooks.prepare(
             self._catalog, self._fernet, session, thread, step.side, env=step.env, context=self._context(thread)
         )
-        if isinstance(response, ProviderError):
-            # the message says why as the event does (masked already: `calls._Recorder.close`)
-            failed = messages.failed(message, messages.failure("llm_error", response.message))
-            await messages.save(session, message, **await hook_runner.before_update_message(message, failed))
-            await hook_runner.after_update_message(message)
-            await events.append(session, thread.id, "error", {"code": "llm_error", "message": response.message})
+        # the answer rides with the transaction's events: nothing reads it back before they are written
+        response = await answers.store(session, message, result, side, hook_runner, later=True)
+        if response is None:  # the model failed: the session ends as a failure
+            assert isinstance(result.response, ProviderError)
+            await events.append(session, thread.id, "error", {"code": "llm_error", "message": result.response.message})
             await events.append(
                 session, thread.id, "step_completed", {"step": step.number, "side": step.side, "stopped": True}
             )
@@ -431,18 +442,6 @@ class Engine:
                 session, thread, types.Verdict("session", "llm_error", threads.SessionStatus.FAILURE)
             )
             return None
-        updates = {
-            "status": messages.Status.COMPLETED,
-            "content": stops.stored_text(response, side),
-            "tool_calls": list(response.tool_calls) or None,
-            "reasoning_content": response.reasoning,
-            "reasoning_details": response.reasoning_details,
-            "model": result.model.name,
-            "usage": response.usage.as_dict(),
-        }
-        # the answer rides with the transaction's events: nothing reads it back before they are written
-        await messages.save(session, message, later=True, **await hook_runner.before_update_message(message, updates))
-        await hook_runner.after_update_message(message)
         thread.last_message_at = datetime.now(UTC)
         thread.step_open = bool(response.tool_calls)  # until the step's stops are evaluated
         return response
