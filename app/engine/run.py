@@ -39,7 +39,7 @@ from app.engine import (
     types,
 )
 from app.engine.history import Histories, History
-from app.engine.step import OPEN_APART, RELEASED, OpenApart, Released, Step
+from app.engine.step import OPEN_ON_ITS_OWN, RELEASED, OpenOnItsOwn, Released, Step
 from app.engine.tool_phase import Closed, Prepared, ToolPhase
 from app.hub import Publisher
 from app.llm import retry
@@ -148,7 +148,7 @@ class Engine:
 
     async def _run_all(self, claim: queue.Claim) -> bool:
         """Run; an input whose delivery fails is set aside (kept, marked, reported) and the rest goes on without it.
-        Input is delivered only in a transaction that opens a step and nothing else (`_open`), so the failed one's
+        Input is delivered only in a transaction that opens a step and nothing else (`_open_step`), so the failed one's
         rollback undoes nothing but that opening."""
         while True:
             try:
@@ -177,27 +177,27 @@ class Engine:
 
     async def _run(self, claim: queue.Claim) -> bool:
         """Run steps until the turn (and any the other side takes) ends; returns whether the thread was released."""
-        step: Step | Released | None = await self._open(claim, first=True)
+        step: Step | Released | None = await self._open_step(claim, first=True)
         while isinstance(step, Step):
             step = await self._step(claim, step)
         return step is RELEASED
 
-    async def _open(self, claim: queue.Claim, *, first: bool) -> Step | None:
+    async def _open_step(self, claim: queue.Claim, *, first: bool) -> Step | None:
         """Open the next step in a transaction of its own; due effects run first (§10)."""
         while True:
             async with self._tx(claim) as (session, thread):
-                opened = await self._open_in(session, thread, first=first)
-            if not isinstance(opened, OpenApart):
+                opened = await self._open_step_in(session, thread, first=first)
+            if not isinstance(opened, OpenOnItsOwn):
                 return opened
             await effect_runs.run_queued(self._catalog, self._fernet, lambda: self._tx(claim), self._sessions)
 
-    async def _then(
-        self, claim: queue.Claim, step: Step, closed: Step | Released | OpenApart | None
+    async def _after_close(
+        self, claim: queue.Claim, step: Step, closed: Step | Released | OpenOnItsOwn | None
     ) -> Step | Released | None:
         """After a step's closing transaction committed: count the step; the step it opened, or one opened apart."""
         assert step.agent is not None
         self.meter.step(step.agent.name)
-        return await self._open(claim, first=False) if isinstance(closed, OpenApart) else closed
+        return await self._open_step(claim, first=False) if isinstance(closed, OpenOnItsOwn) else closed
 
     async def _begin(self, session: AsyncSession, thread: tables.Thread, agent: AgentDefinition) -> bool:
         """The start of an execution: the crash budget, input delivered, the turn it starts or goes on with."""
@@ -260,10 +260,10 @@ class Engine:
                 prompt,
                 step.request,
                 step.env,
-                opened=step.made,
+                opened=step.requests_before,
                 defer=True,
             )
-            closed: Step | Released | OpenApart | None = None
+            closed: Step | Released | OpenOnItsOwn | None = None
             async with self._tx(claim) as (session, thread):
                 await calls.write(session, result)  # the request's log row commits with the message it answers
                 response = await self._store_response(session, thread, step, result, side_config)
@@ -278,7 +278,7 @@ class Engine:
                     if any(not self._tools.is_subagent(offered, c) for c in first):
                         prepared = await self._tools.announce(session, thread, claim, step, offered, first)
             if not step.calls:
-                return await self._then(claim, step, closed)
+                return await self._after_close(claim, step, closed)
 
         async def close(session: AsyncSession, thread: tables.Thread, outcomes: list[types.Outcome]) -> Closed:
             return await self._close(session, thread, claim, step, offered, outcomes)
@@ -286,7 +286,7 @@ class Engine:
         done = await self._tools.run(claim, step, offered, prepared, close, parallel=prompt.parallel_tool_calls)
         if done is None:  # parked on a blocking subagent: the child's result resumes this step
             return None
-        return await self._then(claim, step, done.closed)
+        return await self._after_close(claim, step, done.closed)
 
     async def _close(
         self,
@@ -296,7 +296,7 @@ class Engine:
         step: Step,
         offered: dict[str, types.OfferedTool],
         outcomes: list[types.Outcome],
-    ) -> Step | Released | OpenApart | None:
+    ) -> Step | Released | OpenOnItsOwn | None:
         """Evaluate the step's stops; open the next step when the turn goes on, else give the thread back."""
         assert step.agent is not None and step.response is not None and step.config is not None
         agent, side_config = step.agent, step.config
@@ -324,25 +324,25 @@ class Engine:
             verdict = stops.session_cap(agent, thread.session_turns, owes_result=owes_result)
             if verdict.ends == "nothing":
                 if await turns.after(session, thread, agent, step.side):
-                    return await self._open_in(session, thread, first=False, merged=True)
+                    return await self._open_step_in(session, thread, first=False, merged=True)
                 await queue.release_with_events(session, claim, thread)
                 return RELEASED
         if verdict.ends == "session":
             await turns.end_session(session, thread, verdict)
             await queue.release_with_events(session, claim, thread)
             return RELEASED
-        return await self._open_in(session, thread, first=False, merged=True)
+        return await self._open_step_in(session, thread, first=False, merged=True)
 
-    async def _open_in(
+    async def _open_step_in(
         self, session: AsyncSession, thread: tables.Thread, *, first: bool, merged: bool = False
-    ) -> Step | OpenApart | None:
+    ) -> Step | OpenOnItsOwn | None:
         """Deliver input, then either resume unanswered tool calls or open a new LLM call and announce its request.
         `first`: the execution's first step (`_begin`). `merged`: inside a closing transaction, which leaves waiting
         input and effects to a transaction of their own."""
         with session.no_autoflush:  # reads that do not depend on the thread row: its changes go in one UPDATE later
             input_waits, effects_wait = await queue.waiting(session, thread.id)
         if effects_wait or (merged and input_waits):
-            return OPEN_APART
+            return OPEN_ON_ITS_OWN
         agent = self._catalog.agent(thread.agent)  # a handoff may have switched it (§7.3)
         if first:
             if not await self._begin(session, thread, agent):
@@ -415,7 +415,9 @@ class Engine:
             await hook_runner.after_create_message(message)
         await events.append(session, thread.id, "step_started", {"step": thread.session_steps, "side": side})
         made = await calls.announce(session, thread.id, self._catalog.models[prompt.model], 1)
-        return Step(side, thread.session_steps, message.id, request, env=env, agent=agent, made=made, message=message)
+        return Step(
+            side, thread.session_steps, message.id, request, env=env, agent=agent, requests_before=made, message=message
+        )
 
     # -- the model -----------------------------------------------------------------------------------------
 

@@ -26,14 +26,14 @@ from app import attachments, children, errors, events, files, queue, tables
 from app.catalog import Catalog
 from app.engine import calls, child_tools, hooks, results, stops, subprompts, tools, types
 from app.engine.state import RunState
-from app.engine.step import OpenApart, Released, Step
+from app.engine.step import OpenOnItsOwn, Released, Step
 from app.metrics import Meter
 from app.settings import Settings
 from app.spec.messages import ToolCall
 from app.spec.results import ToolResult
 from app.spec.state import ExecutionState, SubagentEntry
 
-Closed = Step | Released | OpenApart | None  # what the transaction that closed a step opened next
+Closed = Step | Released | OpenOnItsOwn | None  # what the transaction that closed a step opened next
 Close = Callable[[AsyncSession, tables.Thread, list[types.Outcome]], Awaitable[Closed]]
 Tx = Callable[[queue.Claim], AbstractAsyncContextManager[tuple[AsyncSession, tables.Thread]]]
 _SPAWNS = uuid.UUID("7b1c2f0e-5a43-4d8e-9a55-3f2d9c6e1b20")  # the namespace of an answer's spawn group ids
