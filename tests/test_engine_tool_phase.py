@@ -11,7 +11,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from app.catalog import Catalog
-from app.spec import ThreadState, define_agent, define_model, define_prompt, define_tool
+from app.spec import ThreadState, ToolResult, define_agent, define_model, define_prompt, define_tool
 from tests.test_engine import event_types, run, stored
 
 
@@ -57,8 +57,13 @@ async def sleep_then_say(state: ThreadState, args: SleepArgs) -> str:
     return args.text
 
 
+@define_tool(description="Refuses with a code.")
+async def refuse_with_code(state: ThreadState) -> ToolResult:
+    return ToolResult(status="error", error="over quota", error_code="quota", error_data={"left": 0})
+
+
 def catalog(script: list[Any], *, parallel: bool) -> Catalog:
-    tools = {t.name: t for t in (meet, sleep_then_say)}
+    tools = {t.name: t for t in (meet, sleep_then_say, refuse_with_code)}
     model = define_model(name="m", provider="test", script=script)
     p = define_prompt(
         name="p",
@@ -118,3 +123,15 @@ async def test_results_are_stored_in_the_order_of_the_calls(app_factory: Any, dr
     assert completed == planned
     logged = (await client.get(f"/threads/{tid}/logs", params={"kind": "tool"})).json()["logs"]
     assert sorted(r["message_id"] for r in logged) == sorted(t["id"] for t in tools)  # one log row each
+
+
+async def test_a_callables_error_code_is_kept_with_its_result_as_a_subagents_is(app_factory: Any, drive: Any) -> None:
+    """Every path stores a result through `results.shape`/`write`: a callable's `error_code` and `error_data` go into
+    its message's metadata, as a subagent's do (the callable path used to leave them out)."""
+    cat = catalog([{"tool_calls": [{"name": "refuse_with_code"}]}, "ok"], parallel=False)
+    client, tid = await run(app_factory, drive, cat, "go")
+    tool = next(m for m in await stored(client, tid) if m["role"] == "tool")
+    assert (tool["tool_status"], tool["content"]) == ("error", "over quota")
+    assert tool["metadata"] == {"error_code": "quota", "error_data": {"left": 0}}
+    [logged] = (await client.get(f"/threads/{tid}/logs", params={"kind": "tool"})).json()["logs"]
+    assert (logged["status"], logged["error"], logged["message_id"]) == ("error", "over quota", tool["id"])

@@ -24,10 +24,22 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app import children, control, errors, events, masking, messages, queue, statements, tables, threads
 from app.catalog import Catalog
-from app.engine import calls, child_tools, context, effect_runs, handoffs, inbox, stops, subprompts, turns, types
+from app.engine import (
+    answers,
+    calls,
+    child_tools,
+    context,
+    effect_runs,
+    handoffs,
+    inbox,
+    stops,
+    subprompts,
+    turns,
+    types,
+)
 from app.engine.history import Histories, History
 from app.engine.state import prepare_hooks
-from app.engine.step import OPEN_APART, RELEASED, OpenApart, Released, Step
+from app.engine.step import OPEN_ON_ITS_OWN, RELEASED, OpenOnItsOwn, Released, Step
 from app.engine.tool_phase import Closed, Prepared, ToolPhase
 from app.hub import Publisher
 from app.llm import retry
@@ -136,7 +148,7 @@ class Engine:
 
     async def _run_all(self, claim: queue.Claim) -> bool:
         """Run; an input whose delivery fails is set aside (kept, marked, reported) and the rest goes on without it.
-        Input is delivered only in a transaction that opens a step and nothing else (`_open`), so the failed one's
+        Input is delivered only in a transaction that opens a step and nothing else (`_open_step`), so the failed one's
         rollback undoes nothing but that opening."""
         while True:
             try:
@@ -165,27 +177,27 @@ class Engine:
 
     async def _run(self, claim: queue.Claim) -> bool:
         """Run steps until the turn (and any the other side takes) ends; returns whether the thread was released."""
-        step: Step | Released | None = await self._open(claim, first=True)
+        step: Step | Released | None = await self._open_step(claim, first=True)
         while isinstance(step, Step):
             step = await self._step(claim, step)
         return step is RELEASED
 
-    async def _open(self, claim: queue.Claim, *, first: bool) -> Step | None:
+    async def _open_step(self, claim: queue.Claim, *, first: bool) -> Step | None:
         """Open the next step in a transaction of its own; due effects run first (§10)."""
         while True:
             async with self._tx(claim) as (session, thread):
-                opened = await self._open_in(session, thread, first=first)
-            if not isinstance(opened, OpenApart):
+                opened = await self._open_step_in(session, thread, first=first)
+            if not isinstance(opened, OpenOnItsOwn):
                 return opened
             await effect_runs.run_queued(self._catalog, self._fernet, lambda: self._tx(claim), self._sessions)
 
-    async def _then(
-        self, claim: queue.Claim, step: Step, closed: Step | Released | OpenApart | None
+    async def _after_close(
+        self, claim: queue.Claim, step: Step, closed: Step | Released | OpenOnItsOwn | None
     ) -> Step | Released | None:
         """After a step's closing transaction committed: count the step; the step it opened, or one opened apart."""
         assert step.agent is not None
         self.meter.step(step.agent.name)
-        return await self._open(claim, first=False) if isinstance(closed, OpenApart) else closed
+        return await self._open_step(claim, first=False) if isinstance(closed, OpenOnItsOwn) else closed
 
     async def _begin(self, session: AsyncSession, thread: tables.Thread, agent: AgentDefinition) -> bool:
         """The start of an execution: the crash budget, input delivered, the turn it starts or goes on with."""
@@ -248,10 +260,10 @@ class Engine:
                 prompt,
                 step.request,
                 step.env,
-                opened=step.made,
+                opened=step.requests_before,
                 defer=True,
             )
-            closed: Step | Released | OpenApart | None = None
+            closed: Step | Released | OpenOnItsOwn | None = None
             async with self._tx(claim) as (session, thread):
                 await calls.write(session, result)  # the request's log row commits with the message it answers
                 response = await self._store_response(session, thread, step, result, side_config)
@@ -266,7 +278,7 @@ class Engine:
                     if any(not self._tools.is_subagent(offered, c) for c in first):
                         prepared = await self._tools.announce(session, thread, claim, step, offered, first)
             if not step.calls:
-                return await self._then(claim, step, closed)
+                return await self._after_close(claim, step, closed)
 
         async def close(session: AsyncSession, thread: tables.Thread, outcomes: list[types.Outcome]) -> Closed:
             return await self._close(session, thread, claim, step, offered, outcomes)
@@ -274,7 +286,7 @@ class Engine:
         done = await self._tools.run(claim, step, offered, prepared, close, parallel=prompt.parallel_tool_calls)
         if done is None:  # parked on a blocking subagent: the child's result resumes this step
             return None
-        return await self._then(claim, step, done.closed)
+        return await self._after_close(claim, step, done.closed)
 
     async def _close(
         self,
@@ -284,7 +296,7 @@ class Engine:
         step: Step,
         offered: dict[str, types.OfferedTool],
         outcomes: list[types.Outcome],
-    ) -> Step | Released | OpenApart | None:
+    ) -> Step | Released | OpenOnItsOwn | None:
         """Evaluate the step's stops; open the next step when the turn goes on, else give the thread back."""
         assert step.agent is not None and step.response is not None and step.config is not None
         agent, side_config = step.agent, step.config
@@ -312,25 +324,25 @@ class Engine:
             verdict = stops.session_cap(agent, thread.session_turns, owes_result=owes_result)
             if verdict.ends == "nothing":
                 if await turns.after(session, thread, agent, step.side):
-                    return await self._open_in(session, thread, first=False, merged=True)
+                    return await self._open_step_in(session, thread, first=False, merged=True)
                 await queue.release_with_events(session, claim, thread)
                 return RELEASED
         if verdict.ends == "session":
             await turns.end_session(session, thread, verdict)
             await queue.release_with_events(session, claim, thread)
             return RELEASED
-        return await self._open_in(session, thread, first=False, merged=True)
+        return await self._open_step_in(session, thread, first=False, merged=True)
 
-    async def _open_in(
+    async def _open_step_in(
         self, session: AsyncSession, thread: tables.Thread, *, first: bool, merged: bool = False
-    ) -> Step | OpenApart | None:
+    ) -> Step | OpenOnItsOwn | None:
         """Deliver input, then either resume unanswered tool calls or open a new LLM call and announce its request.
         `first`: the execution's first step (`_begin`). `merged`: inside a closing transaction, which leaves waiting
         input and effects to a transaction of their own."""
         with session.no_autoflush:  # reads that do not depend on the thread row: its changes go in one UPDATE later
             input_waits, effects_wait = await queue.waiting(session, thread.id)
         if effects_wait or (merged and input_waits):
-            return OPEN_APART
+            return OPEN_ON_ITS_OWN
         agent = self._catalog.agent(thread.agent)  # a handoff may have switched it (§7.3)
         if first:
             if not await self._begin(session, thread, agent):
@@ -403,7 +415,9 @@ class Engine:
             await hook_runner.after_create_message(message)
         await events.append(session, thread.id, "step_started", {"step": thread.session_steps, "side": side})
         made = await calls.announce(session, thread.id, self._catalog.models[prompt.model], 1)
-        return Step(side, thread.session_steps, message.id, request, env=env, agent=agent, made=made, message=message)
+        return Step(
+            side, thread.session_steps, message.id, request, env=env, agent=agent, requests_before=made, message=message
+        )
 
     # -- the model -----------------------------------------------------------------------------------------
 
@@ -412,19 +426,17 @@ class Engine:
     ) -> LLMResponse | None:
         """The model's answer (or its failure, which ends the session) into the step's pending message."""
         assert step.message_id is not None
-        response = result.response
         message = turns.attach_committed(session, step.message) or await messages.get(
             session, thread.id, step.message_id
         )
         hook_runner = await prepare_hooks(
             self._catalog, self._fernet, session, thread, step.side, env=step.env, context=self._context(thread)
         )
-        if isinstance(response, ProviderError):
-            # the message says why as the event does (masked already: `calls._Recorder.close`)
-            failed = messages.failed(message, messages.failure("llm_error", response.message))
-            await messages.save(session, message, **await hook_runner.before_update_message(message, failed))
-            await hook_runner.after_update_message(message)
-            await events.append(session, thread.id, "error", {"code": "llm_error", "message": response.message})
+        # the answer rides with the transaction's events: nothing reads it back before they are written
+        response = await answers.store(session, message, result, side, hook_runner, later=True)
+        if response is None:  # the model failed: the session ends as a failure
+            assert isinstance(result.response, ProviderError)
+            await events.append(session, thread.id, "error", {"code": "llm_error", "message": result.response.message})
             await events.append(
                 session, thread.id, "step_completed", {"step": step.number, "side": step.side, "stopped": True}
             )
@@ -432,18 +444,6 @@ class Engine:
                 session, thread, types.Verdict("session", "llm_error", threads.SessionStatus.FAILURE)
             )
             return None
-        updates = {
-            "status": messages.Status.COMPLETED,
-            "content": stops.stored_text(response, side),
-            "tool_calls": list(response.tool_calls) or None,
-            "reasoning_content": response.reasoning,
-            "reasoning_details": response.reasoning_details,
-            "model": result.model.name,
-            "usage": response.usage.as_dict(),
-        }
-        # the answer rides with the transaction's events: nothing reads it back before they are written
-        await messages.save(session, message, later=True, **await hook_runner.before_update_message(message, updates))
-        await hook_runner.after_update_message(message)
         thread.last_message_at = datetime.now(UTC)
         thread.step_open = bool(response.tool_calls)  # until the step's stops are evaluated
         return response

@@ -1,4 +1,4 @@
-"""What a step is between its transactions: opened (`Step`), or how the run ended (`RELEASED`, `OPEN_APART`)."""
+"""What a step is between its transactions: opened (`Step`), or how the run ended (`RELEASED`, `OPEN_ON_ITS_OWN`)."""
 
 from __future__ import annotations
 
@@ -20,13 +20,13 @@ class Released:
 RELEASED = Released()
 
 
-class OpenApart:
+class OpenOnItsOwn:
     """What opening a step inside a closing transaction returns when input or effects wait: the close commits, and the
     step opens in a transaction of its own (effects run first, outside any; a delivery that fails rolls back only
     that opening)."""
 
 
-OPEN_APART = OpenApart()
+OPEN_ON_ITS_OWN = OpenOnItsOwn()
 
 
 @dataclass
@@ -42,5 +42,7 @@ class Step:
     env: types.Env | None = None
     config: SideConfig | None = None  # the acting side's config, for its session tool bindings
     agent: AgentDefinition | None = None  # the thread's agent as the step began (a handoff switches it, §7.3)
-    made: int | None = None  # requests made to the model before this step's, counted when its first was announced
+    requests_before: int | None = (
+        None  # requests made to the model before this step's, counted when its first was announced
+    )
     message: tables.Message | None = None  # that pending message as the opening transaction committed it

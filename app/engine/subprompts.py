@@ -38,7 +38,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import attachments, children, control, errors, event_types, events, files, messages, tables
 from app.catalog import Catalog
-from app.engine import calls, child_tools, context, hooks, results, tool_arguments, tools, types
+from app.engine import answers, calls, child_tools, context, hooks, results, tool_arguments, tools, types
 from app.engine.state import RunState
 from app.llm.base import ProviderError
 from app.spec.definitions import PromptDefinition, Side, SideConfig, ToolEntry
@@ -151,34 +151,12 @@ class Runner:
             await calls.write(session, result)  # the request's log row commits with the message it answers
             message = await messages.get(session, thread.id, pending.id)
             inside = sub_state.hooks_of(prompt, lambda: hooks.joined(session, thread))
-            if isinstance(response, ProviderError):
-                await messages.save(
-                    session,
-                    message,
-                    **hooks.tagged(
-                        await inside.before_update_message(
-                            message, messages.failed(message, messages.failure("llm_error", response.message))
-                        ),
-                        tags,
-                    ),
-                )
-                await inside.after_update_message(message)
+            answered = await answers.store(session, message, result, SideConfig(prompt=name), inside, tags=tags)
+            if answered is None:
+                assert isinstance(response, ProviderError)
                 detail = f": {response.message}" if entry.include_errors else ""
                 return _error(f"Subprompt `{name}` failed{detail}")
-            updates = {
-                "status": messages.Status.COMPLETED,
-                "content": response.text or None,
-                "tool_calls": list(response.tool_calls) or None,
-                "reasoning_content": response.reasoning,
-                "reasoning_details": response.reasoning_details,
-                "model": result.model.name,
-                "usage": response.usage.as_dict(),
-            }
-            await messages.save(
-                session, message, **hooks.tagged(await inside.before_update_message(message, updates), tags)
-            )
-            await inside.after_update_message(message)
-        outcomes = [await self._tool(sub_state, prompt, offered, call, side, tags) for call in response.tool_calls]
+        outcomes = [await self._tool(sub_state, prompt, offered, call, side, tags) for call in answered.tool_calls]
         # its final text as stored: what a `before_update_message` hook made of the answer
         return ToolResult(status="success", result=shape(entry, message.content or "", outcomes))
 

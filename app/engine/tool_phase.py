@@ -22,18 +22,18 @@ from typing import Any
 from cryptography.fernet import Fernet
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app import attachments, children, errors, events, files, logs, messages, queue, tables
+from app import attachments, children, errors, events, files, queue, tables
 from app.catalog import Catalog
 from app.engine import calls, child_tools, hooks, results, stops, subprompts, tools, types
 from app.engine.state import RunState, Shared, prepare_hooks
-from app.engine.step import OpenApart, Released, Step
+from app.engine.step import OpenOnItsOwn, Released, Step
 from app.metrics import Meter
 from app.settings import Settings
 from app.spec.messages import ToolCall
 from app.spec.results import ToolResult
 from app.spec.state import ExecutionState, SubagentEntry
 
-Closed = Step | Released | OpenApart | None  # what the transaction that closed a step opened next
+Closed = Step | Released | OpenOnItsOwn | None  # what the transaction that closed a step opened next
 Close = Callable[[AsyncSession, tables.Thread, list[types.Outcome]], Awaitable[Closed]]
 Tx = Callable[[queue.Claim], AbstractAsyncContextManager[tuple[AsyncSession, tables.Thread]]]
 _SPAWNS = uuid.UUID("7b1c2f0e-5a43-4d8e-9a55-3f2d9c6e1b20")  # the namespace of an answer's spawn group ids
@@ -56,12 +56,11 @@ class Prepared:
 
 @dataclass(frozen=True)
 class Ran:
-    """A callable (or session tool, or subprompt) call that ran: its outcome, the fields of its result message to
-    store (None: an `after_tool_call_*` hook removed the call and its result from history), its log row."""
+    """A callable (or session tool, or subprompt) call that ran: its outcome, its result as its hooks shaped it (to
+    record in the next transaction), and those hooks."""
 
     outcome: types.Outcome
-    fields: dict[str, Any] | None
-    logged: tables.Log
+    shaped: results.Shaped
     hooks: hooks.Hooks
 
 
@@ -158,11 +157,11 @@ class ToolPhase:
                     last = not parked and all(c["id"] in answered for c in step.calls) and running is runs[-1]
                     # an `after_create_message` hook runs between the result's commit and what follows it; without
                     # one, the result's transaction goes on to the next call's start, or closes the step
-                    carry_on = ran.fields is None or not ran.hooks.runs("after_create_message")
+                    carry_on = ran.shaped.fields is None or not ran.hooks.runs("after_create_message")
                     following = self._next_alone(step, offered, answered, parallel) if carry_on else None
                     closed: Closed = None
                     async with self._tx(claim) as (session, thread):
-                        row = await self._record(session, thread, call, ran)
+                        row = await results.write(session, thread, call, ran.shaped)
                         if carry_on and last:
                             closed = await close(session, thread, outcomes)
                         elif following is not None:
@@ -269,46 +268,24 @@ class ToolPhase:
         outcome = await tools.check_attachments(step.config, outcome, state)
         # a session tool bound in object form stores its mapped payload: that is the result its hooks see and edit
         content, bound = stops.stored_result(step.config, outcome)
-        result: ToolResult | None = outcome.result
-        if content != outcome.result.text:
-            result = outcome.result.model_copy(update={"result": content})
-        assert result is not None
-        result = await hook_runner.after_tool_call(call, result)
-        if result is None:
-            logged = tools.log_row(claim.thread_id, call, outcome.result, latency_ms, step.env.secrets())
-            return Ran(outcome, None, logged, hook_runner)
-        result = await hook_runner.before_store_tool_result(call, result)
-        outcome = replace(outcome, result=result)
-        logged = tools.log_row(claim.thread_id, call, result, latency_ms, step.env.secrets())
-        fields: dict[str, Any] = {
-            "side": step.side,
-            "name": call["function"]["name"],
-            "tool_call_id": call["id"],
-            "content": result.text,
-        }
-        refs = await self._attachments(claim, bound, result)
-        if refs:
-            fields["attachments"] = refs
-        fields = await hook_runner.before_create_message("tool", {**fields, "tool_status": result.status})
-        return Ran(outcome, fields, logged, hook_runner)
+        given = outcome.result
+        if content != given.text:
+            given = given.model_copy(update={"result": content})
 
-    @staticmethod
-    async def _record(session: AsyncSession, thread: tables.Thread, call: ToolCall, ran: Ran) -> tables.Message | None:
-        """Store a tool call's result message (or drop the call), its log row, and announce `tool_completed`."""
-        row = None
-        if ran.fields is None:  # an `after_tool_call_*` hook removed the call and its result from history
-            await messages.drop_call(session, thread.id, call["id"])
-        else:
-            row = await messages.add(session, thread.id, "tool", **ran.fields, session_number=thread.session_number)
-            ran.logged.message_id = row.id
-        await logs.add(session, ran.logged)  # rides with the transaction's events
-        await events.append(
-            session,
-            thread.id,
-            "tool_completed",
-            {"tool": call["function"]["name"], "tool_call_id": call["id"], "status": ran.outcome.result.status},
+        async def files(kept: ToolResult) -> list[dict[str, Any]]:
+            return await self._attachments(claim, bound, kept)
+
+        shaped = await results.shape(
+            hook_runner,
+            claim.thread_id,
+            call,
+            given,
+            step.side,
+            latency_ms=latency_ms,
+            secrets=step.env.secrets(),
+            files=files,
         )
-        return row
+        return Ran(replace(outcome, result=shaped.result), shaped, hook_runner)
 
     async def _subagent(
         self, claim: queue.Claim, step: Step, tool: types.OfferedTool, call: ToolCall, group: uuid.UUID | None
