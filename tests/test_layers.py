@@ -49,7 +49,7 @@ ENGINE_LAYERS: tuple[tuple[str, ...], ...] = (
     ("stops", "history", "handoffs", "child_tools", "files", "tools", "calls", "step"),  # decisions, a tool, the model
     ("turns", "context"),
     ("hooks",),  # over `spec.ThreadState`: nothing from `state`
-    ("edits", "results"),  # a message edit; a result becomes its stored message
+    ("edits", "results", "answers"),  # a message edit; a tool result, a model answer become stored messages
     ("messages",),
     ("state",),  # `RunState` and its one factory
     ("subprompts", "effect_runs", "inbox"),
