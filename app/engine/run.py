@@ -195,7 +195,6 @@ class Engine:
         self, claim: queue.Claim, step: Step, closed: Step | Released | OpenOnItsOwn | None
     ) -> Step | Released | None:
         """After a step's closing transaction committed: count the step; the step it opened, or one opened apart."""
-        assert step.agent is not None
         self.meter.step(step.agent.name)
         return await self._open_step(claim, first=False) if isinstance(closed, OpenOnItsOwn) else closed
 
@@ -246,13 +245,10 @@ class Engine:
 
     async def _step(self, claim: queue.Claim, step: Step) -> Step | Released | None:
         """The LLM call of an open step and the tools it asked for; returns the next step, or how the run ended."""
-        assert step.agent is not None and step.env is not None
         side_config, prompt = self._prompt_of(step.agent, step.side)
-        step.config = side_config
         offered = {t.name: t for t in context.offered_tools(self._catalog, prompt, side_config, step.env)}
         prepared: Prepared | None = None
         if step.response is None:
-            assert step.message_id is not None
             result = await self._caller.call(
                 lambda: self._tx(claim),
                 claim.thread_id,
@@ -298,7 +294,7 @@ class Engine:
         outcomes: list[types.Outcome],
     ) -> Step | Released | OpenOnItsOwn | None:
         """Evaluate the step's stops; open the next step when the turn goes on, else give the thread back."""
-        assert step.agent is not None and step.response is not None and step.config is not None
+        assert step.response is not None  # a step closes after its answer
         agent, side_config = step.agent, step.config
         thread.attempt = 1  # the step is done: the next one starts with a fresh crash budget
         made_calls = thread.step_open or bool(step.response.tool_calls)  # even calls a hook dropped from it since
@@ -362,7 +358,7 @@ class Engine:
         if last is not None and last.status == messages.Status.COMPLETED:
             # a crash between the model's answer and its tool results, or a subagent's result: run what is left
             response = LLMResponse(text=last.content or "", tool_calls=list(last.tool_calls or []))
-            return Step(side, thread.session_steps, last.id, calls=missing, response=response, env=env, agent=agent)
+            return Step(side, thread.session_steps, last.id, agent, side_config, env, calls=missing, response=response)
         redo = last is not None  # a call a crash interrupted (still `pending`): the same step again
         if thread.session_steps >= self._settings.max_session_steps and not redo:
             await turns.end_session(
@@ -416,7 +412,15 @@ class Engine:
         await events.append(session, thread.id, "step_started", {"step": thread.session_steps, "side": side})
         made = await calls.announce(session, thread.id, self._catalog.models[prompt.model], 1)
         return Step(
-            side, thread.session_steps, message.id, request, env=env, agent=agent, requests_before=made, message=message
+            side,
+            thread.session_steps,
+            message.id,
+            agent,
+            side_config,
+            env,
+            request,
+            requests_before=made,
+            message=message,
         )
 
     # -- the model -----------------------------------------------------------------------------------------
@@ -425,7 +429,6 @@ class Engine:
         self, session: AsyncSession, thread: tables.Thread, step: Step, result: calls.Result, side: SideConfig
     ) -> LLMResponse | None:
         """The model's answer (or its failure, which ends the session) into the step's pending message."""
-        assert step.message_id is not None
         message = turns.attach_committed(session, step.message) or await messages.get(
             session, thread.id, step.message_id
         )

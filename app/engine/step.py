@@ -31,18 +31,17 @@ OPEN_ON_ITS_OWN = OpenOnItsOwn()
 
 @dataclass
 class Step:
-    """What the opening transaction of a step decided."""
+    """What the opening transaction of a step decided: who acts and with what, and either the request to make or
+    (a resumed step) the answer whose calls are left to run."""
 
     side: Side
     number: int
-    message_id: uuid.UUID | None = None  # the pending assistant message an LLM call streams into
-    request: Any = None
+    message_id: uuid.UUID  # the step's assistant message: the pending one the call streams into, or the answer
+    agent: AgentDefinition  # the thread's agent as the step began (a handoff switches it, §7.3)
+    config: SideConfig  # the acting side's config, for its session tool bindings
+    env: types.Env
+    request: Any = None  # the request to make; None when the step resumes an answer
+    response: LLMResponse | None = None  # the model's answer, once stored
     calls: list[ToolCall] = field(default_factory=list)  # tool calls still to run
-    response: LLMResponse | None = None
-    env: types.Env | None = None
-    config: SideConfig | None = None  # the acting side's config, for its session tool bindings
-    agent: AgentDefinition | None = None  # the thread's agent as the step began (a handoff switches it, §7.3)
-    requests_before: int | None = (
-        None  # requests made to the model before this step's, counted when its first was announced
-    )
+    requests_before: int | None = None  # requests made to the model before this step's, counted at its announce
     message: tables.Message | None = None  # that pending message as the opening transaction committed it

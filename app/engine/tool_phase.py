@@ -112,7 +112,7 @@ class ToolPhase:
         assert step.response is not None
         made = [c for c in step.response.tool_calls if self.is_subagent(offered, c)]
         creating = [c for c in made if offered[c["function"]["name"]].kind != child_tools.MESSAGE]
-        if len(creating) < 2 or step.message_id is None:
+        if len(creating) < 2:
             return None
         return uuid.uuid5(_SPAWNS, str(step.message_id))
 
@@ -227,7 +227,6 @@ class ToolPhase:
         execution = ExecutionState(
             side=step.side, step=step.number, session=thread.session_number, attempt=thread.attempt
         )
-        assert step.env is not None
         registry = tuple(SubagentEntry.model_validate(children.entry(c)) for c in await children.of(session, thread))
         state = Shared(
             thread,
@@ -258,7 +257,6 @@ class ToolPhase:
         self, claim: queue.Claim, step: Step, offered: dict[str, types.OfferedTool], call: ToolCall, prepared: Prepared
     ) -> Ran:
         """Run the tool and its hooks, outside any transaction."""
-        assert step.env is not None
         state, hook_runner = prepared.state, prepared.hooks
         started = time.perf_counter()
         outcome = await tools.execute(self._catalog, offered, call, state)
@@ -292,7 +290,6 @@ class ToolPhase:
     ) -> types.Outcome | None:
         """A subagent tool call (§6): its result now, or None when the parent parks on a blocking child."""
         name = call["function"]["name"]
-        assert step.env is not None and step.agent is not None
         async with self._tx(claim) as (session, thread):
             await events.append(session, thread.id, "tool_started", {"tool": name, "tool_call_id": call["id"]})
             config = step.agent.side(step.side)
