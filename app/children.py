@@ -207,9 +207,11 @@ async def report(session: AsyncSession, child: tables.Thread, *, failure: str | 
             "status": "success" if ok else "error",
             "content": text + REFERENCE.format(id=child.id),
             "attachments": refs,
+            "started_at": child.parent_call_at.isoformat() if child.parent_call_at is not None else None,
         }
         child.parent_call_id = None
         child.parent_call_name = None
+        child.parent_call_at = None
         if parent.terminated_at is None:
             await queue.enqueue(session, parent.id, inputs.Kind.CHILD_RESULT, payload)
             if parent.status == threads.Status.WAITING:
@@ -227,6 +229,14 @@ async def report(session: AsyncSession, child: tables.Thread, *, failure: str | 
         await events.append(session, child.id, "thread_terminated", {})
         await threads.set_status(session, child, threads.Status.TERMINATED)
     await announce(session, child)
+
+
+async def withdraw(session: AsyncSession, parent_id: uuid.UUID, children: list[uuid.UUID]) -> None:
+    """Take back what these children said to their parent: the messages waiting in its inbox, and those delivered
+    already (each removed and announced as `messages.remove` does)."""
+    await queue.withdraw(session, parent_id, children)
+    for message_id in await messages.speaking_for(session, parent_id, children):
+        await messages.remove(session, parent_id, message_id)
 
 
 async def notify_parent(session: AsyncSession, child: tables.Thread, content: str) -> None:

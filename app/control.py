@@ -87,8 +87,9 @@ async def resume(session: AsyncSession, thread: tables.Thread, side: Side) -> No
         await threads.set_status(session, thread, threads.Status.QUEUED)
 
 
-async def terminate(session: AsyncSession, thread: tables.Thread) -> list[uuid.UUID]:
-    """End the thread and its descendants for good; later input is refused. Returns the terminated ids."""
+async def terminate(session: AsyncSession, thread: tables.Thread, *, quiet: bool = False) -> list[uuid.UUID]:
+    """End the thread and its descendants for good; later input is refused. Returns the terminated ids. `quiet`:
+    the thread reports nothing to its parent (a child its parent forgets, `engine/subprompts.py`)."""
     ids = await threads.descendants(session, thread.id)
     done: list[uuid.UUID] = []
     for thread_id in ids:
@@ -99,7 +100,8 @@ async def terminate(session: AsyncSession, thread: tables.Thread) -> list[uuid.U
         running = row.session_status == threads.SessionStatus.RUNNING
         if running:
             await threads.end_session(session, row, threads.SessionStatus.FAILURE, "terminated")
-        if running or row.parent_call_id is not None:  # a waiting parent gets the failure, never silence
+        told = running or row.parent_call_id is not None  # a waiting parent gets the failure, never silence
+        if told and not (quiet and row.id == thread.id):
             await children.report(session, row, failure=children.STOPPED_EARLY.format(reason="terminated"))
         await queue.clear(session, row.id)
         await effects.cancel_all(session, row.id)

@@ -5,6 +5,7 @@ Writers store plain JSON (`queue.enqueue`, `queue.post`); `engine/inbox.py` deli
 from __future__ import annotations
 
 import uuid
+from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
@@ -22,7 +23,7 @@ class Kind(StrEnum):
     TOOL = "tool"  # `state.queue_tool` outside a tool call: `{call: ToolCall}`
     SPAWN = "spawn"  # a new thread whose side A prompt has `immediate` subagents: start them (§6.6)
     CHILD_RESULT = "child_result"  # a blocking child's session ended: `{call_id, name, child_id, status, content,
-    # attachments}` answers the parent's open tool call
+    # attachments, started_at}` answers the parent's open tool call
     EFFECT = "effect"  # a due effect (`app/effects.py`): `{effect_id, name}`; consumed when its handler finished
 
 
@@ -77,6 +78,7 @@ class ChildResultInput(_Payload):
     status: Literal["success", "error"]
     content: str
     attachments: list[dict[str, Any]] | None = None  # the parent's copies of the files the child returned
+    started_at: datetime | None = None  # when the call was made: its log row's duration runs from it
 
 
 class EffectInput(_Payload):

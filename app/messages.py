@@ -7,6 +7,7 @@ commented where it is not plain; the caller owns the transaction.
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
@@ -247,17 +248,50 @@ def _nested(thread_id: uuid.UUID, parents: list[uuid.UUID]) -> Select[uuid.UUID]
     return select(tables.Message.id).where(tables.Message.thread_id == thread_id, tables.Message.parent_id.in_(parents))
 
 
-async def forget_runs(session: AsyncSession, thread_id: uuid.UUID, call_id: str, run: str) -> bool:
-    """Delete what runs of subprompt call `call_id` by other executions stored, with their nested runs' messages;
-    whether there were any."""
+# REACHED: the children the tool results among `ids` speak for, with the tool that reached each.
+def _reached(ids: list[uuid.UUID]) -> Select[uuid.UUID | None, str | None]:
+    message = tables.Message
+    return select(message.subagent_id, message.name).where(
+        message.id.in_(ids), message.role == "tool", message.subagent_id.is_not(None)
+    )
+
+
+@dataclass(frozen=True)
+class Forgotten:
+    """What `forget_runs` deleted: how many messages, and the children their tool results spoke for (each with the
+    tool that reached it)."""
+
+    count: int
+    reached: dict[uuid.UUID, str | None]
+
+
+async def forget_runs(session: AsyncSession, thread_id: uuid.UUID, call_id: str, run: str) -> Forgotten:
+    """Delete what runs of subprompt call `call_id` by other executions stored, with their nested runs' messages."""
     found = list((await session.execute(_runs(thread_id, call_id, run))).scalars())
     frontier = found
     while frontier:
         frontier = list((await session.execute(_nested(thread_id, frontier))).scalars())
         found += frontier
-    if found:
-        await session.execute(delete(tables.Message).where(tables.Message.id.in_(found)))
-    return bool(found)
+    if not found:
+        return Forgotten(0, {})
+    reached = {child: name for child, name in await session.execute(_reached(found)) if child is not None}
+    await session.execute(delete(tables.Message).where(tables.Message.id.in_(found)))
+    return Forgotten(len(found), reached)
+
+
+# SPEAKING_FOR: the messages that speak for these children (their reports, `notify_parent`), `subagent_id` naming one.
+def _speaking_for(thread_id: uuid.UUID, children: list[uuid.UUID]) -> Select[uuid.UUID]:
+    message = tables.Message
+    return (
+        select(message.id)
+        .where(message.thread_id == thread_id, message.subagent_id.in_(children))
+        .order_by(message.position)
+    )
+
+
+async def speaking_for(session: AsyncSession, thread_id: uuid.UUID, children: list[uuid.UUID]) -> list[uuid.UUID]:
+    """The ids of the thread's messages that speak for these children, oldest first."""
+    return list((await session.execute(_speaking_for(thread_id, children))).scalars())
 
 
 def payload(

@@ -319,6 +319,20 @@ async def clear(session: AsyncSession, thread_id: uuid.UUID) -> None:
     await (await statements.driver(session)).execute(_CLEAR, thread_id)
 
 
+# WITHDRAW: the thread's waiting messages that speak for these children (`metadata.subagent_id`, as `messages.enqueue`
+# stores it): their reports and notes, never to be delivered.
+_WITHDRAW = """
+    DELETE FROM inbox
+    WHERE thread_id = $1 AND kind = $2 AND payload -> 'metadata' ->> 'subagent_id' = ANY(CAST($3 AS text[]))
+"""
+
+
+async def withdraw(session: AsyncSession, thread_id: uuid.UUID, children: list[uuid.UUID]) -> None:
+    """Drop the thread's waiting messages from these children."""
+    args = (thread_id, inputs.Kind.MESSAGE, [str(c) for c in children])
+    await (await statements.driver(session)).execute(_WITHDRAW, *args)
+
+
 # TAKE_INBOX: the thread's waiting input, removed as it is read. Effect rows stay: each is removed by `drop` in the
 # transaction that records its handler's end (`next_effect`).
 _TAKE_INBOX = """

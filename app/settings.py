@@ -79,6 +79,13 @@ class Settings(BaseSettings):
     watchdog_seconds: float = Field(
         default=120.0, gt=0, description="a worker whose event loop is stuck this long exits, so its leases pass on"
     )
+    tool_concurrency: int = Field(
+        default=8,
+        ge=1,
+        le=1000,
+        description="tool calls of one answer that run at once when its prompt sets `parallel_tool_calls` "
+        "(children and handoffs are not counted)",
+    )
     tool_timeout: float = Field(
         default=DEFAULT_TOOL_TIMEOUT, gt=0, description="seconds a tool call may run (a tool's own `timeout` wins)"
     )

@@ -92,6 +92,7 @@ class Thread(Base):
     spawn_group_id: Mapped[uuid.UUID | None]
     parent_call_id: Mapped[str | None] = mapped_column(String(200))  # the parent's tool call a session answers
     parent_call_name: Mapped[str | None] = mapped_column(String(200))
+    parent_call_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))  # when that call was made
     terminal: Mapped[bool] = mapped_column(Boolean, server_default="false")  # its agent has terminal session tools
 
     __table_args__ = (

@@ -78,6 +78,11 @@ class Worker:
                     reached = True
                 except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, DBAPIError) as exc:
                     log.warning("cannot reach the database (%s); trying again", type(exc).__name__)
+                except asyncpg.InternalClientError as exc:  # a connection a restart left mid-statement: open anew
+                    log.warning("a queue connection broke (%s); opening new ones", exc)
+                    for conn in (listener, claimer):
+                        if conn is not None:
+                            conn.terminate()
                 if pulse is not None:
                     pulse.beat(reached)  # the loop goes round: `agents health worker` reads it
                 if not await self._sleep(stop):

@@ -1,10 +1,11 @@
 """The chaos harness (target R10): real processes, seeded faults, and invariants checked over what is stored.
 
 `agents api` and several `agents worker` processes run on a Postgres of the harness's own (so it can restart it) and
-drive threads of `bench/chaos_agents` — model delays, tool calls, `dual_ai` turns, a blocking subagent, a CPU-bound
-tool — while, at seeded random moments, workers are killed (`kill -9`) and stopped (SIGTERM) and started again, new
-messages arrive mid-turn and between turns, threads are stopped, continued and terminated, the database is
-restarted once and SSE clients drop their connection and resume with `Last-Event-ID`. Then everything is left to
+drive threads of `bench/chaos_agents` — model delays, tool calls (several of one answer at once), `dual_ai` turns,
+blocking subagents (two of one answer at once), a CPU-bound tool — while, at seeded random moments, workers are
+killed (`kill -9`) and stopped (SIGTERM) and started again, new messages arrive mid-turn and between turns, threads
+are stopped, continued and terminated, the database is restarted once and SSE clients drop their connection and
+resume with `Last-Event-ID`. Then everything is left to
 settle and the invariants are checked; each line prints its count and the run exits 1 on any violation.
 
     python -m bench.chaos --seed 1 --threads 1000 --duration 600 --workers 3
@@ -18,6 +19,7 @@ import itertools
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import sys
@@ -142,7 +144,9 @@ async def chaos(run: Run, client: httpx.AsyncClient, duration: float) -> None:
     schedule: list[tuple[float, str, str | None]] = []
     for tid in ids:
         first = rng.uniform(0, duration * 0.6)
-        word = "child" if run.threads[tid] == "chaos" and rng.random() < 0.15 else "go"
+        word = "go"
+        if run.threads[tid] == "chaos":
+            word = rng.choices(["child", "fan", "kids", "go"], [0.1, 0.2, 0.1, 0.6])[0]
         schedule.append((first, "message", f"{tid}|{word}"))
         if rng.random() < 0.5:  # a second message: mid-turn, right at a turn's end or later
             schedule.append((first + rng.choice([0.05, 0.3, 0.8, 1.5, rng.uniform(2, 10)]), "message", f"{tid}|more"))
@@ -245,6 +249,15 @@ async def check(run: Run, conn: asyncpg.Connection, lease: float) -> list[tuple[
     aside = await conn.fetchval("SELECT count(*) FROM inbox WHERE set_aside_at IS NOT NULL")
     out.append(("no input set aside", len(posted), aside))
     out.extend(tool_checks(run, lease))
+    groups = await conn.fetch(
+        "SELECT m.id, count(DISTINCT c.spawn_group_id) AS groups, count(*) - count(c.spawn_group_id) AS ungrouped"
+        " FROM messages m JOIN messages r ON r.thread_id = m.thread_id AND r.tool_call_id IN"
+        " (SELECT x->>'id' FROM jsonb_array_elements(m.tool_calls) x WHERE x->'function'->>'name' = 'chaos_child')"
+        " JOIN threads c ON c.id = r.subagent_id"
+        " WHERE m.tool_calls IS NOT NULL AND jsonb_typeof(m.tool_calls) = 'array' GROUP BY m.id HAVING count(*) > 1"
+    )
+    split = sum(g["groups"] != 1 or g["ungrouped"] > 0 for g in groups)
+    out.append(("the children of one answer share one spawn group", len(groups), split))
     gaps = await conn.fetchval(
         "SELECT count(*) FROM threads t WHERE t.event_seq <> (SELECT count(*) FROM events e WHERE e.thread_id = t.id)"
         " OR t.event_seq <> coalesce((SELECT max(seq) FROM events e WHERE e.thread_id = t.id), 0)"
@@ -260,6 +273,21 @@ async def check(run: Run, conn: asyncpg.Connection, lease: float) -> list[tuple[
     return out
 
 
+def cut_off(run: Run) -> set[tuple[int, str]]:
+    """(worker pid, thread) of the executions the database restart cut off: the worker says so in its log (the
+    result of a call may have been on its way to the database, however long after the call ended)."""
+    found: set[tuple[int, str]] = set()
+    for path in run.logs.glob("worker-*.log"):
+        text = path.read_text()
+        started = re.search(r"worker [^:\s]+:(\d+):\S+ started", text)
+        if started is not None:
+            pid = int(started.group(1))
+            found |= {
+                (pid, t) for t in re.findall(r"the database is unreachable; thread (\S+) is left to its lease", text)
+            }
+    return found
+
+
 def tool_checks(run: Run, lease: float) -> list[tuple[str, int, int]]:
     """Tool executions per call never overlap; each re-execution follows a fault that explains it."""
     path = Path(run.env["CHAOS_DIR"]) / "tools.jsonl"
@@ -272,20 +300,27 @@ def tool_checks(run: Run, lease: float) -> list[tuple[str, int, int]]:
         else:
             match = next(r for r in reversed(runs[key]) if r["pid"] == line["pid"] and r["end"] is None)
             match["end"] = line["t"]
+    cut = cut_off(run)
     overlaps = unexplained = again = 0
-    for executions in runs.values():
+    for (thread, _), executions in runs.items():
         for before, after in itertools.pairwise(executions):
             again += 1
             end = before["end"] if before["end"] is not None else after["start"]
             if after["start"] < end:
                 overlaps += 1
-            faulted = before["pid"] in run.faults.victims or any(
-                down - lease <= end and after["start"] >= down for down, _ in run.faults.db_down
+            faulted = (
+                before["pid"] in run.faults.victims
+                or (before["pid"], thread) in cut
+                or any(down - lease <= end and after["start"] >= down for down, _ in run.faults.db_down)
             )
             unexplained += not faulted
     return [
         (f"tool executions never overlap per call ({again} re-executions)", len(runs), overlaps),
-        ("each re-execution explained by a lost lease (a fault)", again, unexplained),
+        (
+            "each re-execution explained by a fault (its worker killed or stopped, or cut off by the database)",
+            again,
+            unexplained,
+        ),
     ]
 
 

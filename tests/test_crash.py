@@ -74,9 +74,9 @@ class Cluster:
                 raise AssertionError(f"{what}: not reached in {timeout} s\n{self.output()}")
             await asyncio.sleep(0.05)
 
-    async def new_thread(self, client: httpx.AsyncClient, content: str) -> tuple[str, str]:
+    async def new_thread(self, client: httpx.AsyncClient, content: str, agent: str = "crashy") -> tuple[str, str]:
         """A `crashy` thread writing its records to `crash_dir`, with `content` posted; (thread id, message id)."""
-        created = await client.post("/threads", json={"agent": "crashy", "env": {"CRASH_DIR": str(self.crash_dir)}})
+        created = await client.post("/threads", json={"agent": agent, "env": {"CRASH_DIR": str(self.crash_dir)}})
         assert created.status_code == 201, created.text
         tid = created.json()["id"]
         posted = await client.post(f"/threads/{tid}/messages", json={"content": content})
@@ -235,6 +235,38 @@ async def test_a_worker_killed_mid_tool_call_is_replaced_and_the_call_answered_o
     assert (result["tool_status"], result["content"]) == ("success", "slept as crashy-agent")
     assert reply["content"] == "finished: slept as crashy-agent"
     assert thread["session_steps"] == 2
+
+
+async def test_a_crash_amid_parallel_tool_calls_reruns_only_the_unanswered_one(cluster: ClusterFactory) -> None:
+    """`note` and `slow_tool` of one answer run at once; `note`'s result is stored while `slow_tool` still runs, so
+    after a kill -9 the next worker runs `slow_tool` again and not `note`."""
+    c = await cluster(workers=2)
+    async with httpx.AsyncClient(base_url=c.base) as client:
+        tid, _ = await c.new_thread(client, "parallel", agent="crashy_parallel")
+
+        async def note_answered_slow_tool_running() -> int | None:
+            tries = read_jsonl(c.crash_dir / "tools.jsonl")
+            answered = await c.db.fetchval(
+                "SELECT count(*) FROM messages WHERE thread_id = $1 AND role = 'tool'", uuid.UUID(tid)
+            )
+            return tries[0]["pid"] if tries and answered == 1 else None
+
+        victim = await c.wait(note_answered_slow_tool_running, 20, "note answered while slow_tool runs")
+        proc = c.worker(victim)
+        proc.send_signal(signal.SIGKILL)
+        assert proc.wait(10) == -signal.SIGKILL
+        await c.settled(tid)
+        stored = (await client.get(f"/threads/{tid}/messages")).json()["messages"]
+        logged = (await client.get(f"/threads/{tid}/logs", params={"kind": "tool"})).json()["logs"]
+
+    assert [m["role"] for m in stored] == ["user", "assistant", "tool", "tool", "assistant"]
+    planned = [call["id"] for call in stored[1]["tool_calls"]]
+    assert [m["tool_call_id"] for m in stored if m["role"] == "tool"] == planned  # each answered once, in order
+    assert stored[-1]["content"] == "finished: noted quick | slept as crashy-agent"
+    survivor = next(p.pid for p in c.workers if p.pid != victim)
+    tries = read_jsonl(c.crash_dir / "tools.jsonl")  # slow_tool's tries; `note` ran once (one log row)
+    assert [(t["tool_call_id"], t["pid"]) for t in tries] == [(planned[1], victim), (planned[1], survivor)]
+    assert sorted(row["tool"] for row in logged) == ["note", "slow_tool"]
 
 
 async def create_threads(database_url: str, crash_dir: Path, contents: list[str]) -> list[str]:

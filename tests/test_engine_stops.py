@@ -134,6 +134,14 @@ def test_stop_on_response_needs_text_and_no_tool_calls(text: str, calls: list[To
     assert verdict.ends == ends
 
 
+def test_an_answer_whose_calls_hooks_dropped_still_made_calls() -> None:
+    """A step resumed after a hook dropped every call its answer made (a blocking child's result, `turns.open_work`)
+    goes on as the step that made them would have."""
+    response = LLMResponse(text="working on it")  # as stored: its only call is gone
+    assert stops.evaluate(AI_HUMAN, side(), response, [], 1, made_calls=True) == types.GO_ON
+    assert stops.evaluate(AI_HUMAN, side(), response, [], 1, made_calls=False).ends == "turn"
+
+
 def test_max_steps_ends_the_turn_only_once_reached() -> None:
     config = side(stop_on_response=False, max_steps=3)
     response = LLMResponse(text="more")

@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from app import files, keys, logs, tables, threads
 from app.catalog import Catalog
 from app.engine import context, hooks, tool_arguments, tools, types
-from app.engine.state import RunState
+from app.engine.state import RunState, Shared
 from app.spec import ThreadState, ToolResult, define_agent, define_model, define_prompt, define_tool
 from app.spec.definitions import SideConfig, ToolEntry
 from app.spec.messages import ToolCall
@@ -73,17 +73,11 @@ def no_transaction() -> AbstractAsyncContextManager[tuple[AsyncSession, tables.T
     raise AssertionError("this test opens no transaction")
 
 
-def state(thread: tables.Thread | None = None, transaction: Any = no_transaction) -> RunState:
+def state(thread: tables.Thread | None = None, transaction: Any = no_transaction, **shared: Any) -> RunState:
     row = thread or tables.Thread(id=uuid.uuid4(), agent="agent", user_id="u")
-    return RunState(
-        row,
-        types.Env(thread={}, agent={}, prompt={}),
-        transaction,
-        ExecutionState(side="a", step=1, session=1, attempt=1),
-        {},
-        catalog=CATALOG,
-        fernet=Fernet(Fernet.generate_key()),
-    )
+    env = types.Env(thread={}, agent={}, prompt={})
+    made = Shared(row, env, transaction, catalog=CATALOG, fernet=Fernet(Fernet.generate_key()), **shared)
+    return made.state(ExecutionState(side="a", step=1, session=1, attempt=1))
 
 
 def call(name: str, arguments: Any = None, call_id: str = "call_1") -> ToolCall:
@@ -204,8 +198,7 @@ async def test_the_servers_limit_applies_when_the_tool_sets_none() -> None:
         await asyncio.Event().wait()
         return "unreachable"
 
-    quick = state()
-    quick.tool_timeout = 0.01
+    quick = state(tool_timeout=0.01)
     result = await tools.run("forever", forever, {}, quick)
     assert result.error == "Tool `forever` did not finish within 0.01 s and was stopped"
 

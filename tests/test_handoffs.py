@@ -14,7 +14,7 @@ from pydantic import BaseModel
 
 from app import errors, events
 from app.catalog import Catalog
-from app.engine import outside
+from app.engine.state import outside
 from app.llm.base import LLMRequest
 from app.spec import ThreadState, define_agent, define_model, define_prompt, define_tool
 from tests.conftest import client_for, wait_for
@@ -185,6 +185,6 @@ async def test_run_agent_hands_the_thread_over_from_a_tool(app_factory: Any) -> 
         {"from_agent": "scheduler", "to_agent": "billing"},
     ]
     # outside the thread's own execution (a custom endpoint, a handle on another thread) it is refused
-    handle = await outside.state(app.state.runtime.sessions, cat, app.state.runtime.fernet, uuid.UUID(tid))
+    handle = await outside(app.state.runtime.sessions, cat, app.state.runtime.fernet, uuid.UUID(tid))
     with pytest.raises(errors.OutsideExecution):
         await handle.run_agent("onboarding")

@@ -258,6 +258,47 @@ async def test_after_update_message_sees_the_updated_message(app_factory: Any, d
     assert updated == [("completed", "done", "done")]
 
 
+@define_tool(description="Renames the first message, then tags it.")
+async def rename_first(state: ThreadState) -> str:
+    first = (await state.get_messages(limit=1)).messages[0]
+    await state.update_message(first.id, content="renamed")
+    return (await state.update_message(first.id, metadata={"by": "tool"})).content or ""
+
+
+async def test_state_update_message_runs_the_update_hooks(app_factory: Any, drive: Any) -> None:
+    """`state.update_message` changes a stored message as the engine's own updates do: through
+    `before_update_message` (its edits are what is stored) and `after_update_message`; what an update hook updates
+    itself runs none (no loop)."""
+    seen: list[tuple[str, Any, Any]] = []
+
+    @define_hook("before_update_message")
+    async def shout(state: ThreadState, message_id: str, updates: dict[str, Any]) -> dict[str, Any]:
+        seen.append(("before", updates["content"], updates["metadata"]))
+        updates["content"] = (updates["content"] or "").upper()
+        return updates
+
+    @define_hook("after_update_message")
+    async def note(state: ThreadState, message: StateMessage) -> None:
+        seen.append(("after", message.content, message.metadata))
+        if message.metadata.get("by") == "tool":
+            await state.update_message(message.id, metadata={"by": "tool", "noted": True})
+
+    cat = catalog(Model({"tool_calls": [{"name": "rename_first"}]}, "ok"), [shout, note])
+    cat = dataclasses.replace(cat, tools={**cat.tools, "rename_first": rename_first})
+    cat.prompts["p"].tools.append("rename_first")
+    client, tid = await driven(app_factory, drive, cat, "go")
+    rows = await stored(client, tid)
+    assert (rows[0]["content"], rows[0]["metadata"]) == ("RENAMED", {"by": "tool", "noted": True})
+    assert next(m["content"] for m in rows if m["role"] == "tool") == "RENAMED"
+    mine = [s for s in seen if s[1] and s[1].lower() == "renamed"]
+    assert mine == [
+        ("before", "renamed", {}),
+        ("after", "RENAMED", {}),
+        ("before", "RENAMED", {"by": "tool"}),
+        ("after", "RENAMED", {"by": "tool"}),  # its update of the message runs no hooks
+    ]
+
+
 async def test_before_store_tool_result_is_what_gets_stored(app_factory: Any, drive: Any) -> None:
     @define_hook("before_store_tool_result")
     async def redact(state: ThreadState, tool_call: dict[str, Any], result: ToolResult) -> ToolResult:
@@ -290,6 +331,29 @@ async def test_after_tool_call_hooks_run_by_status_before_the_store_hook(app_fac
     client, tid = await driven(app_factory, drive, catalog(model, [on_success, on_failure, stamp]), "go")
     tools = [(m["content"], m["tool_status"]) for m in await stored(client, tid) if m["role"] == "tool"]
     assert tools == [("5 +success +stored", "success"), ("recovered +stored", "success")]
+
+
+async def test_a_tool_calls_log_row_holds_the_result_as_stored(app_factory: Any, drive: Any) -> None:
+    """What the hooks made of the result, with the message holding it (every path logs so: subagent calls and a
+    subprompt's calls too, `test_subagents`, `test_subprompts`); a dropped call's row has the result as returned."""
+
+    @define_hook("after_tool_call_success")
+    async def refuse(state: ThreadState, tool_call: dict[str, Any], result: ToolResult) -> ToolResult | None:
+        if tool_call["function"]["arguments"] == '{"a": 1, "b": 1}':
+            return None
+        return ToolResult(status="error", error=f"refused: {result.result}")
+
+    calls = {
+        "tool_calls": [{"name": "add", "arguments": {"a": 2, "b": 3}}, {"name": "add", "arguments": {"a": 1, "b": 1}}]
+    }
+    client, tid = await driven(app_factory, drive, catalog(Model(calls, "ok"), [refuse]), "go")
+    [tool] = [m for m in await stored(client, tid) if m["role"] == "tool"]
+    assert (tool["content"], tool["tool_status"]) == ("refused: 5", "error")
+    logged = (await client.get(f"/threads/{tid}/logs", params={"kind": "tool"})).json()["logs"]
+    assert [(r["status"], r["error"], r["message_id"]) for r in logged] == [
+        ("error", "refused: 5", tool["id"]),
+        ("success", None, None),
+    ]
 
 
 async def test_none_from_after_tool_call_success_drops_the_call_and_its_result(app_factory: Any, drive: Any) -> None:
@@ -395,3 +459,27 @@ def test_define_hook_refuses_unknown_names_and_wrong_parameters() -> None:
 
     with pytest.raises(TypeError, match=r"hook `one_arg` must take \(state, tool_call, result\)"):
         define_hook("after_tool_call_success")(one_arg)
+
+
+async def test_a_session_tools_stored_result_goes_through_the_tool_hooks(app_factory: Any, drive: Any) -> None:
+    """A session tool bound in object form stores its mapped payload: the tool hooks see that payload and what they
+    return is what is stored (before, their output was thrown away for such a tool)."""
+    seen: list[str | None] = []
+
+    @define_hook("after_tool_call_success")
+    async def note(state: ThreadState, tool_call: dict[str, Any], result: ToolResult) -> ToolResult:
+        seen.append(result.result)
+        return ToolResult(status="success", result=f"{result.result} (noted)")
+
+    @define_hook("before_store_tool_result")
+    async def stamp(state: ThreadState, tool_call: dict[str, Any], result: ToolResult) -> ToolResult:
+        return ToolResult(status="success", result=f"{result.result} (stored)")
+
+    done = {"tool_calls": [{"name": "finish", "arguments": {"summary": "all good"}}]}
+    side = {"session_stop": {"name": "finish", "message_property": "summary"}, "stop_on_response": False}
+    client, tid = await driven(app_factory, drive, catalog(Model(done), [note, stamp], side=side), "do it")
+    assert seen == ["all good"]
+    tool = next(m for m in await stored(client, tid) if m["role"] == "tool")
+    assert tool["content"] == "all good (noted) (stored)"
+    session = (await client.get(f"/threads/{tid}")).json()["session"]  # the session's result is the call's own
+    assert (session["reason"], session["result"]) == ("session_stop", {"content": "all good", "attachments": []})

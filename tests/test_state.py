@@ -20,7 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import crypto, errors, events, tables
 from app.catalog import Catalog
-from app.engine.state import RunState
+from app.engine.state import RunState, Shared
 from app.engine.types import Env
 from app.llm.base import LLMRequest
 from app.spec import (
@@ -28,6 +28,7 @@ from app.spec import (
     StateMessage,
     ThreadState,
     ToolAttachment,
+    ToolDefinition,
     define_agent,
     define_model,
     define_prompt,
@@ -275,6 +276,12 @@ def catalog(respond: Callable[[LLMRequest], Any], prompt: Any = "sys") -> Catalo
     return Catalog(root=Path("."), models={"m": model}, prompts={"p": p}, agents={"agent": agent}, tools=tools)
 
 
+def offering(cat: Catalog, *more: ToolDefinition) -> Catalog:
+    """`cat` with more tools, which its prompt offers too."""
+    cat.prompts["p"].tools.extend(t.name for t in more)
+    return dataclasses.replace(cat, tools={**cat.tools, **{t.name: t for t in more}})
+
+
 async def start(app_factory: Any, cat: Catalog, **body: Any) -> tuple[FastAPI, httpx.AsyncClient, str]:
     """An app without a worker (`settle` runs what is runnable) and a new thread of `agent`."""
     app: FastAPI = await app_factory(cat)
@@ -324,7 +331,7 @@ async def outside(app: FastAPI, tid: str) -> RunState:
     async with transaction() as (_, thread):
         pass
     runtime = app.state.runtime
-    return RunState(thread, Env({}, {}, {}), transaction, None, {}, catalog=runtime.catalog, fernet=runtime.fernet)
+    return Shared(thread, Env({}, {}, {}), transaction, catalog=runtime.catalog, fernet=runtime.fernet).state()
 
 
 # -- identity, definitions, reads ---------------------------------------------------------------------------
@@ -554,6 +561,37 @@ async def test_delete_message_takes_its_tool_results_with_it(app_factory: Any, d
     assert recorder.seen[3][1:3] == [("user", "2+3?"), ("assistant", "It is 5.")]
 
 
+@define_tool(description="Deletes the result of the thread's first tool call.")
+async def drop_result(state: ThreadState) -> str:
+    page = await state.get_messages()
+    target = next(m for m in page.messages if m.role == "tool")
+    try:
+        return str(await state.delete_message(target.id))
+    except errors.ToolResultAlone as exc:
+        return f"refused: {exc.code}"
+
+
+async def test_delete_message_keeps_a_tool_result_with_its_call(app_factory: Any, drive: Any) -> None:
+    """A result deleted alone would leave its call unanswered, which a provider refuses: `state.delete_message`
+    refuses it as the HTTP delete does (`edits.delete`), and history stays whole."""
+    recorder = Recorder(call("add", a=2, b=3), "It is 5.", call("drop_result"), "ok")
+    _, client, tid = await start(app_factory, offering(catalog(recorder), drop_result))
+    await say(drive, client, tid, "2+3?")
+    await say(drive, client, tid, "forget the sum")
+    rows = await stored(client, tid)
+    assert [(m["role"], m["content"]) for m in rows] == [
+        ("user", "2+3?"),
+        ("assistant", None),
+        ("tool", "5"),
+        ("assistant", "It is 5."),
+        ("user", "forget the sum"),
+        ("assistant", None),
+        ("tool", "refused: tool_result_alone"),
+        ("assistant", "ok"),
+    ]
+    assert rows[1]["tool_calls"][0]["id"] == rows[2]["tool_call_id"]
+
+
 # -- variables ------------------------------------------------------------------------------------------------
 
 
@@ -604,6 +642,72 @@ async def test_invoke_tool_returns_results_without_storing(app_factory: Any, dri
     assert got[4] == ["error", "Invalid arguments for tool `p`: missing `message`"]
     assert got[5] == ["error", "`agent` is an agent: subagents and handoffs cannot be run with `invoke_tool`"]
     assert [d["tool"] for t, d in await stored_events(app, tid) if t == "tool_started"] == ["invoker"]
+
+
+@define_tool(description="Raises with its text.")
+async def leak(state: ThreadState, args: TextArgs) -> str:
+    raise RuntimeError(args.text)
+
+
+@define_tool(description="Invokes `leak` with a secret.")
+async def invoke_leak(state: ThreadState) -> str:
+    return (await state.invoke_tool("leak", {"text": await state.env("KEY")})).text
+
+
+async def tool_logs(client: httpx.AsyncClient, tid: str) -> list[dict[str, Any]]:
+    response = await client.get(f"/threads/{tid}/logs", params={"kind": "tool", "limit": 100})
+    assert response.status_code == 200, response.text
+    return list(response.json()["logs"])
+
+
+async def test_invoke_tool_writes_the_log_row_a_call_of_the_step_writes(app_factory: Any, drive: Any) -> None:
+    """Each tool `state.invoke_tool` runs has its `logs` row, as a call of the step has (`tools.log_row`): its
+    arguments, duration and error, known secrets masked; no message holds its result."""
+    both = {"tool_calls": [{"name": "invoker", "arguments": {}}, {"name": "invoke_leak", "arguments": {}}]}
+    cat = offering(catalog(Recorder(both, "ok")), leak, invoke_leak)
+    _, client, tid = await start(app_factory, cat, env={"KEY": "k3y-value"}, secrets=["KEY"])
+    await say(drive, client, tid, "go")
+    rows = await tool_logs(client, tid)
+    assert sorted((r["tool"], r["status"], r["request"].get("arguments")) for r in rows) == [
+        ("add", "error", '{"a": "x"}'),
+        ("add", "success", '{"a": 1, "b": 2}'),
+        ("agent", "error", "{}"),
+        ("explode", "error", "{}"),
+        ("invoke_leak", "success", "{}"),
+        ("invoker", "success", "{}"),
+        ("leak", "error", '{"text": "***"}'),
+        ("nope", "error", "{}"),
+        ("p", "error", "{}"),
+    ]
+    errors_of = {(r["tool"], r["request"].get("arguments")): r["error"] for r in rows}
+    assert errors_of[("add", '{"a": "x"}')].startswith("Invalid arguments for tool `add`")
+    assert errors_of[("explode", "{}")] == "Tool `explode` failed: RuntimeError: kaboom"
+    assert errors_of[("nope", "{}")].startswith("Unknown tool `nope`")
+    assert errors_of[("p", "{}")] == "Invalid arguments for tool `p`: missing `message`"
+    assert errors_of[("leak", '{"text": "***"}')] == "Tool `leak` failed: RuntimeError: ***"  # masked
+    invoked = [r for r in rows if r["tool"] not in ("invoker", "invoke_leak")]
+    assert all(r["message_id"] is None and r["latency_ms"] >= 0 for r in invoked)
+    assert "k3y-value" not in json.dumps(rows)
+
+
+async def test_a_queued_tool_delivered_later_writes_its_log_row(app_factory: Any, drive: Any) -> None:
+    """`state.queue_tool` outside a tool call queues the call as input (`inputs.Kind.TOOL`); the step that delivers
+    it (`state.deliver_tool`) runs it as the side's own call, and that writes its `logs` row like any call."""
+    app, client, tid = await start(app_factory, catalog(Recorder("done")))
+    state = await outside(app, tid)
+    call_id = await state.queue_tool("add", {"a": 1, "b": 1})
+    await settle(drive, client, tid)
+    result = next(m for m in await stored(client, tid) if m["role"] == "tool")
+    rows = await tool_logs(client, tid)
+    assert [(r["tool"], r["status"], r["request"], r["message_id"]) for r in rows] == [
+        (
+            "add",
+            "success",
+            {"tool_call_id": call_id, "arguments": '{"a": 1, "b": 1}', "arguments_bytes": 16},
+            result["id"],
+        )
+    ]
+    assert rows[0]["latency_ms"] >= 0
 
 
 async def test_queue_tool_joins_the_running_step(app_factory: Any, drive: Any) -> None:
@@ -715,9 +819,7 @@ async def end_all(state: ThreadState) -> str:
 
 
 async def test_terminate_from_a_tool_ends_the_thread(app_factory: Any, drive: Any) -> None:
-    cat = catalog(Recorder(call("end_all"), "unreachable"))
-    cat = dataclasses.replace(cat, tools={**cat.tools, "end_all": end_all})
-    cat.prompts["p"].tools.append("end_all")
+    cat = offering(catalog(Recorder(call("end_all"), "unreachable")), end_all)
     _, client, tid = await start(app_factory, cat)
     assert (await client.post(f"/threads/{tid}/messages", json={"content": "go"})).status_code == 202
     await drive(client._transport.app)  # type: ignore[attr-defined]

@@ -7,11 +7,13 @@ import asyncio
 import dataclasses
 import json
 import re
+import time
 import uuid
 from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from fastapi import FastAPI
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -561,6 +563,95 @@ async def test_a_failed_blocking_subagent_runs_the_failure_hook(app_factory: Any
     assert [name for name, _ in seen][:2] == ["after_tool_call_failure", "before_store_tool_result"]
 
 
+def refusing(cat: Catalog, hook: Any) -> Catalog:
+    """The boss with one tool-result hook."""
+    boss = define_agent(name="boss", side_a={"prompt": "boss"}, hooks=[hook.name])
+    return dataclasses.replace(cat, agents={**cat.agents, "boss": boss}, hooks={hook.name: hook})
+
+
+@define_hook("after_tool_call_success")
+async def refuse(state: ThreadState, tool_call: dict[str, Any], result: ToolResult) -> ToolResult:
+    return ToolResult(status="error", error=f"refused: {result.result}")
+
+
+async def tool_logs(client: httpx.AsyncClient, tid: str) -> list[dict[str, Any]]:
+    return list((await client.get(f"/threads/{tid}/logs", params={"kind": "tool"})).json()["logs"])
+
+
+@pytest.mark.parametrize("blocking", [False, True])
+async def test_a_subagent_calls_log_row_holds_the_result_as_stored(
+    app_factory: Any, drive: Any, blocking: bool
+) -> None:
+    """As a callable's (`tool_phase`): the row says what the hooks made of the result, with the message holding it,
+    whether the call is answered at once or by the child's result later."""
+    cat = refusing(catalog(Brain(delegate()), {"name": "qa", "blocking": blocking}), refuse)
+    app, client, tid = await start(app_factory, cat, worker=False)
+    await client.post(f"/threads/{tid}/messages", json={"content": "go"})
+    rows = await ran(drive, app, client, tid, said("boss saw"))
+    tool = next(r for r in rows if r["role"] == "tool")
+    assert tool["tool_status"] == "error" and tool["content"].startswith("refused: ")
+    [logged] = await tool_logs(client, tid)
+    assert (logged["tool"], logged["status"], logged["error"]) == ("qa", "error", tool["content"])
+    assert logged["message_id"] == tool["id"] and logged["request"]["subagent_id"] == tool["subagent_id"]
+
+
+class Leaky(Brain):
+    """The reviewer rejects with a reason that holds the parent's secret."""
+
+    async def __call__(self, request: LLMRequest) -> Any:
+        if (request.messages[0].content or "").startswith("reviewer."):
+            return {"tool_calls": [{"name": "reject", "arguments": {"reason": "too vague for s3cr3t-val"}}]}
+        return await super().__call__(request)
+
+
+async def test_a_blocking_childs_log_row_is_a_callables(app_factory: Any, drive: Any) -> None:
+    """The call's arguments and its duration from the child's creation to its result, secrets masked in both and
+    in the error, as `tools.log_row` writes a callable's."""
+    brain = Leaky(delegate(message="check the report of s3cr3t-val"))
+    app: FastAPI = await app_factory(catalog(brain, {"name": "qa"}))
+    client = client_for(app)
+    body = {"agent": "boss", "env": {"TOKEN": "s3cr3t-val"}, "secrets": ["TOKEN"]}
+    tid = (await client.post("/threads", json=body)).json()["id"]
+    before = time.monotonic()
+    await client.post(f"/threads/{tid}/messages", json={"content": "go"})
+    rows = await ran(drive, app, client, tid, said("boss saw"))
+    elapsed_ms = (time.monotonic() - before) * 1000
+    tool = next(r for r in rows if r["role"] == "tool")
+    [child] = await registry(client, tid)
+    assert tool["content"] == f"too vague for s3cr3t-val\n\nReference: {child['reference']}"  # what the model reads
+    [logged] = await tool_logs(client, tid)
+    assert (logged["status"], logged["error"]) == ("error", f"too vague for ***\n\nReference: {child['reference']}")
+    assert logged["request"]["arguments"] == '{"message": "check the report of ***"}'
+    assert logged["request"]["arguments_bytes"] == len('{"message": "check the report of s3cr3t-val"}')
+    assert 0 < logged["latency_ms"] < elapsed_ms  # the child's whole session ran in between
+    assert "s3cr3t-val" not in str(await tool_logs(client, tid))
+
+
+async def test_a_blocking_childs_result_dropped_by_a_hook_completes_the_step(app_factory: Any, drive: Any) -> None:
+    """As a callable's dropped result: the call leaves history, the step that made it completes, the run goes
+    on with the next step."""
+
+    @define_hook("after_tool_call_success")
+    async def forget(state: ThreadState, tool_call: dict[str, Any], result: ToolResult) -> ToolResult | None:
+        return None
+
+    answers: list[str] = []
+
+    def boss(request: LLMRequest) -> Any:
+        answers.append("called")
+        if len(answers) == 1:
+            return {"tool_calls": [{"name": "qa", "arguments": {"message": "check the report"}}]}
+        return "boss went on"
+
+    app, client, tid = await start(app_factory, refusing(catalog(Brain(boss), {"name": "qa"}), forget), worker=False)
+    await client.post(f"/threads/{tid}/messages", json={"content": "go"})
+    rows = await ran(drive, app, client, tid, said("boss went on"))
+    assert [(r["role"], r["tool_calls"]) for r in rows] == [("user", None), ("assistant", None), ("assistant", None)]
+    steps = [(e, d["step"]) for e, d in await event_types(client, tid) if e in ("step_started", "step_completed")]
+    assert steps == [("step_started", 1), ("step_completed", 1), ("step_started", 2), ("step_completed", 2)]
+    assert (await client.get(f"/threads/{tid}")).json()["status"] == "idle"
+
+
 # -- resumable ----------------------------------------------------------------------------------------------
 
 
@@ -980,3 +1071,42 @@ async def test_children_are_read_only_for_a_thread_that_has_had_one(sessions: as
         third = await spawn(s, fresh)
         assert fresh.has_children and [c.id for c in await children.listed(s, fresh)] == [third.id]
         assert len(await children.listed(s, parent)) == 2 and second.parent_id == parent.id
+
+
+# -- parallel tool calls --------------------------------------------------------------------------------------
+
+
+async def test_blocking_children_of_one_answer_run_at_once_in_one_spawn_group(app_factory: Any) -> None:
+    """With `parallel_tool_calls`, three blocking subagent calls of one answer start three children together (the
+    parent parks once, on all of them); they share a spawn group, and each result answers its own call."""
+
+    def boss(request: LLMRequest) -> Any:
+        last = last_of(request)
+        if last.role == "user" and last.content == "go":
+            return {"tool_calls": [{"name": "qa", "arguments": {"message": f"part {n}"}} for n in (1, 2, 3)]}
+        return f"boss saw: {last.content}"
+
+    hold = asyncio.Event()
+    cat = catalog(Brain(boss, hold=hold), {"name": "qa"})
+    parallel = cat.prompts["boss"].model_copy(update={"parallel_tool_calls": True})
+    cat = dataclasses.replace(cat, prompts={**cat.prompts, "boss": parallel})
+    _, client, tid = await start(app_factory, cat)
+    await client.post(f"/threads/{tid}/messages", json={"content": "go"})
+
+    async def all_started() -> list[dict[str, Any]] | None:
+        kids = await registry(client, tid)
+        return kids if len(kids) == 3 else None
+
+    kids = await wait_for(all_started)  # all three exist while every one of them is still held at its first step
+    assert [k["status"] for k in kids] == ["running"] * 3 and not hold.is_set()
+    groups = {k["spawn_group_id"] for k in kids}
+    assert len(groups) == 1 and None not in groups
+    hold.set()
+    rows = await until(client, tid, said("boss saw"))
+    planned = next(r for r in rows if r["role"] == "assistant" and r["tool_calls"])["tool_calls"]
+    answers = [r for r in rows if r["role"] == "tool"]
+    assert sorted(a["tool_call_id"] for a in answers) == sorted(c["id"] for c in planned)  # each once, as they end
+    assert {a["subagent_id"] for a in answers} == {k["reference"] for k in kids}
+    assert all(a["tool_status"] == "success" for a in answers)
+    firsts = {(await stored(client, k["reference"]))[0]["content"] for k in kids}
+    assert firsts == {"part 1", "part 2", "part 3"}

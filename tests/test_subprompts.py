@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import uuid
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ from fastapi import FastAPI
 from pydantic import BaseModel
 from sqlalchemy import func, select
 
-from app import events, tables
+from app import errors, events, queue, tables
 from app.catalog import Catalog
 from app.engine import subprompts, types
 from app.llm.base import LLMRequest
@@ -31,7 +32,7 @@ from app.spec import (
     define_tool,
 )
 from app.spec.messages import ToolCall
-from tests import test_subagents
+from tests import harness, test_subagents
 from tests.conftest import client_for
 from tests.test_engine import stored
 from tests.tools import add
@@ -525,7 +526,9 @@ async def test_subprompt_tool_calls_run_the_tool_hooks(app_factory: Any, drive: 
     logged = (await client.get(f"/threads/{tid}/logs", params={"kind": "tool"})).json()["logs"]
     by_tool = {row["tool"]: row for row in logged}  # every tool call has its row, a subprompt's too
     assert sorted(by_tool) == ["add", "explode", "helper"]
-    assert (by_tool["add"]["status"], by_tool["explode"]["status"]) == ("success", "error")  # what the tool did
+    # the result as stored, as a callable's row of the step loop says it (`tool_phase`), with its message
+    assert (by_tool["add"]["status"], by_tool["explode"]["status"]) == ("success", "success")
+    assert (by_tool["explode"]["error"], by_tool["explode"]["message_id"]) == (None, deeper[1]["id"])
     assert by_tool["add"]["message_id"] == deeper[0]["id"] and by_tool["add"]["request"]["arguments"] == (
         '{"a": 1, "b": 2}'
     )
@@ -602,6 +605,91 @@ async def test_subagent_tools_run_non_blocking_inside_a_subprompt_step(app_facto
     assert report["silent"] and report["content"].startswith(
         f"Subagent (reference: {cid}) has returned the following result:\n\nlooks good"
     )
+
+
+def delegating(brain: test_subagents.Brain, **delegator: Any) -> Catalog:
+    """The subagent tests' catalog where the boss calls the `delegator` subprompt, which may call `qa`."""
+    cat = test_subagents.catalog(brain, {"name": "qa"})  # `qa` blocks where the step loop calls it
+    fields = {"tool_description": "Delegates.", "tools": ["qa"], **delegator}
+    prompt = define_prompt(name="delegator", model="m", prompt="delegator. Hand work on.", **fields)
+    boss_prompt = define_prompt(
+        name="boss", model="m", prompt="boss. Delegate.", include_chat=True, tools=["delegator"]
+    )
+    return dataclasses.replace(cat, prompts={**cat.prompts, "boss": boss_prompt, "delegator": prompt})
+
+
+def handing_on(request: LLMRequest) -> Any:
+    """The boss: hands "go" to the delegator, then says what it saw."""
+    last = test_subagents.last_of(request)
+    if last.role == "user" and last.content == "go":
+        return {"tool_calls": [{"name": "delegator", "arguments": {"message": "hand it on"}}]}
+    return f"boss saw: {last.content}"
+
+
+async def test_a_subprompt_subagent_calls_log_row_holds_the_result_as_stored(app_factory: Any, drive: Any) -> None:
+    cat = delegating(Delegating(handing_on), hooks=[test_subagents.refuse.name])
+    app: FastAPI = await app_factory(
+        dataclasses.replace(cat, hooks={test_subagents.refuse.name: test_subagents.refuse})
+    )
+    client = client_for(app)
+    tid = (await client.post("/threads", json={"agent": "boss"})).json()["id"]
+    await client.post(f"/threads/{tid}/messages", json={"content": "go"})
+    await drive(app)
+    [answer] = [m for m in await listed(client, tid, depth=1) if m["depth"] == 1 and m["role"] == "tool"]
+    assert answer["tool_status"] == "error" and answer["content"].startswith("refused: The subagent was initiated")
+    logged = {r["tool"]: r for r in await test_subagents.tool_logs(client, tid)}
+    assert (logged["qa"]["status"], logged["qa"]["error"]) == ("error", answer["content"])
+    assert (
+        logged["qa"]["message_id"] == answer["id"] and logged["qa"]["request"]["subagent_id"] == answer["subagent_id"]
+    )
+
+
+@pytest.mark.parametrize("child_first", [True, False])
+async def test_a_rerun_ends_the_children_the_interrupted_run_started(
+    app_factory: Any, llm_client: httpx.AsyncClient, child_first: bool
+) -> None:
+    """A crash after a subprompt's non-blocking child was created: the rerun forgets the run's messages, and the
+    child with them: it is terminated, and nothing it said (its report, queued or delivered already) is left in
+    the thread, as if the interrupted run had never been. The rerun's own child reports as usual."""
+    crashes: list[str] = []
+
+    @define_tool(description="Crashes the execution the first time.")
+    async def crash(state: ThreadState) -> str:
+        if not crashes:
+            crashes.append("crashed")
+            raise errors.Contention()  # the execution ends as if its worker died: the step is run again
+        return "fine"
+
+    class Crashing(test_subagents.Brain):
+        async def __call__(self, request: LLMRequest) -> Any:
+            if (request.messages[0].content or "").startswith("delegator."):
+                return {"tool_calls": [{"name": "qa", "arguments": {"message": "check the report"}}, {"name": "crash"}]}
+            return await super().__call__(request)
+
+    cat = delegating(Crashing(handing_on), tools=["qa", "crash"])
+    app: FastAPI = await app_factory(dataclasses.replace(cat, tools={**cat.tools, "crash": crash}))
+    client = client_for(app)
+    tid = (await client.post("/threads", json={"agent": "boss"})).json()["id"]
+    await client.post(f"/threads/{tid}/messages", json={"content": "go"})
+    async with harness.harness(app, llm_client) as engine:
+        assert await engine.step() == uuid.UUID(tid) and crashes  # the interrupted run: its child is created
+        [first] = await test_subagents.registry(client, tid)
+        async with app.state.runtime.sessions() as session, session.begin():  # who is claimed first
+            later = await session.get(tables.Thread, uuid.UUID(tid if child_first else first["reference"]))
+            assert later is not None and later.runnable_since is not None
+            later.runnable_since += timedelta(hours=1)
+        ran = await engine.drain()
+    assert ran[0] == (uuid.UUID(first["reference"]) if child_first else uuid.UUID(tid))
+    first_id = first["reference"]
+    assert (await client.get(f"/threads/{first_id}")).json()["status"] == "terminated"
+    assert bool(await stored(client, first_id)) is child_first  # it ran (and reported) before the rerun, or never
+    [_, second] = await test_subagents.registry(client, tid)
+    rows = (await client.get(f"/threads/{tid}/messages", params={"depth": 1, "include_silent": True})).json()
+    spoke = {(m["subagent_id"], m["depth"]) for m in rows["messages"] if m["subagent_id"]}
+    assert spoke == {(second["reference"], 1), (second["reference"], 0)}  # its creation, and its report
+    async with app.state.runtime.sessions() as session:
+        assert await queue.pending(session, uuid.UUID(tid)) == []
+    assert (await client.get(f"/threads/{tid}")).json()["status"] == "idle"
 
 
 def test_shape_of_a_plain_answer() -> None:

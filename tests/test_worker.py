@@ -289,3 +289,27 @@ async def test_an_idle_worker_claims_once_per_notice_and_not_when_a_slot_frees(
         await settle(client, tid)
     await asyncio.sleep(0.1)  # an execution's end claims at once, if at all
     assert asked == [1, 1, 1]  # one per message, none empty
+
+
+async def test_a_queue_connection_left_mid_statement_is_opened_anew(app_factory: Any, monkeypatch: Any) -> None:
+    """asyncpg's `InternalClientError` ("another operation is in progress": a connection a database restart left
+    mid-statement) once ended the worker process; the worker opens new connections and goes on claiming."""
+    import asyncpg
+
+    real = queue.claim_many
+    broke: list[bool] = []
+
+    async def once_broken(*args: Any, **kwargs: Any) -> Any:
+        if not broke:
+            broke.append(True)
+            raise asyncpg.InternalClientError("cannot switch to state 12; another operation (2) is in progress")
+        return await real(*args, **kwargs)
+
+    monkeypatch.setattr(queue, "claim_many", once_broken)
+    record = {"calls": 0, "cancelled": 0}
+    app = await app_factory(slow_catalog(0, record), with_worker=True)
+    client = client_for(app)
+    thread = (await client.post("/threads", json={"agent": "agent"})).json()
+    await client.post(f"/threads/{thread['id']}/messages", json={"content": "hi"})
+    await settle(client, thread["id"])
+    assert broke and [r["content"] for r in await stored(client, thread["id"])] == ["hi", "done"]

@@ -15,7 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app import tables
 from app.catalog import Catalog
-from app.engine import edits, outside
+from app.engine import edits, state
 from app.spec.state import ThreadState
 
 
@@ -23,7 +23,7 @@ async def thread_state(
     sessions: async_sessionmaker[AsyncSession], catalog: Catalog, fernet: Fernet, thread_id: uuid.UUID
 ) -> ThreadState:
     """The state of thread `thread_id` for code outside its execution (a custom endpoint): `execution` is `None`."""
-    return await outside.state(sessions, catalog, fernet, thread_id)
+    return await state.outside(sessions, catalog, fernet, thread_id)
 
 
 async def edit_message(
@@ -34,8 +34,10 @@ async def edit_message(
     message_id: uuid.UUID,
     content: str,
 ) -> tables.Message:
-    """`PATCH /threads/{id}/messages/{message_id}`: the new content through the update hooks (`edits.edit`)."""
-    return await edits.edit(session, catalog, fernet, thread, message_id, content)
+    """`PATCH /threads/{id}/messages/{message_id}`: the new content through the acting side's update hooks, run
+    outside the execution (`edits.edit`)."""
+    runner = await state.prepare_hooks(catalog, fernet, session, thread, thread.side or "a", outside=True)
+    return await edits.edit(session, runner, thread, message_id, content)
 
 
 async def delete_message(session: AsyncSession, thread: tables.Thread, message_id: uuid.UUID) -> list[uuid.UUID]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from cryptography.fernet import Fernet
@@ -198,9 +199,11 @@ async def call(
     fernet: Fernet,
     *,
     nonblocking: bool = False,
+    group: uuid.UUID | None = None,
 ) -> Answered | Parked:
     """Run a subagent tool call inside the parent's fenced transaction; `nonblocking` (inside a subprompt step,
-    §7.4) answers at once whatever the entry says, and the child's result arrives later as a message."""
+    §7.4) answers at once whatever the entry says, and the child's result arrives later as a message. A child it
+    creates joins spawn `group` (the children one answer creates share one)."""
     waiting = None if nonblocking else await children.waiting_on(session, parent.id, call["id"])
     if waiting is not None:  # the call was made before a crash: keep waiting on the same child
         await threads.set_status(session, parent, threads.Status.WAITING)
@@ -241,7 +244,9 @@ async def call(
         return paths
     name = str(label) if isinstance(label, str | int | float) and str(label) else None
     blocking = entry.blocking and not nonblocking
-    creation = children.Creation(agent.name, entry, side, content, blocking=blocking, paths=paths, name=name)
+    creation = children.Creation(
+        agent.name, entry, side, content, blocking=blocking, paths=paths, name=name, spawn_group_id=group
+    )
     required, missing = await children.missing_scoped(session, catalog, fernet, parent, agent.name, {})
     if missing:  # nothing is created: the values come through the bootstrap routes (§6.7)
         request = await variable_requests.create(session, fernet, parent, agent.name, required, missing, creation)
@@ -305,6 +310,7 @@ async def _wait_or_answer(
         return Answered(ToolResult(status="success", result=text), child.id)
     child.parent_call_id = call["id"]
     child.parent_call_name = tool.name
+    child.parent_call_at = datetime.now(UTC)  # the call's log row, written with its result, runs from here
     await threads.set_status(session, parent, threads.Status.WAITING)
     await children.announce(session, child)
     return Parked(child.id)

@@ -7,7 +7,8 @@ built from. What the running step still writes or uses is refused (`MessageBusy`
 delivered yet, and, for a deletion, the tool-call message of a step whose calls are open (its results are still to
 come, and a provider refuses a tool call without its result, or a result without its call) and subprompt messages
 (depth > 0) while a step is open. For the same reason a tool result is deleted only with the message that made its
-call (`ToolResultAlone`).
+call (`ToolResultAlone`). A tool's `state.update_message` and `state.delete_message` go through the same `update`
+and `delete` (`engine/messages.py`).
 """
 
 from __future__ import annotations
@@ -15,29 +16,29 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from cryptography.fernet import Fernet
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import errors, events, messages, queue, tables, waits
-from app.catalog import Catalog
 from app.engine import hooks, turns
 
 
 async def edit(
-    session: AsyncSession,
-    catalog: Catalog,
-    fernet: Fernet,
-    thread: tables.Thread,
-    message_id: uuid.UUID,
-    content: str,
+    session: AsyncSession, runner: hooks.Hooks, thread: tables.Thread, message_id: uuid.UUID, content: str
 ) -> tables.Message:
-    """Replace a message's content, through the `before_update_message` / `after_update_message` hooks of the acting
-    side's prompt (run outside the execution: `state.execution` is `None`); announced as `message_data`."""
+    """Replace a message's content through the acting side's update hooks (`runner`: run outside the execution,
+    `state.execution` is `None`); announced as `message_data`."""
     row = await _editable(session, thread, message_id)
-    runner = await hooks.prepare(catalog, fernet, session, thread, thread.side or "a", outside=True)
-    current: dict[str, Any] = {"metadata_": row.metadata_, "silent": row.silent}
-    updates = await runner.before_update_message(row, {"content": content, **current})
-    fields = {k: v for k, v in updates.items() if k == "content" or v != current.get(k)}
+    return await update(session, runner, row, {"content": content})
+
+
+async def update(
+    session: AsyncSession, runner: hooks.Hooks, row: tables.Message, changes: dict[str, Any]
+) -> tables.Message:
+    """`changes` (`content`, `metadata_`) to a stored message through the `before_update_message` /
+    `after_update_message` hooks, which see the message as it would be; what they leave is saved."""
+    current: dict[str, Any] = {"content": row.content, "metadata_": row.metadata_, "silent": row.silent}
+    updates = await runner.before_update_message(row, {**current, **changes})
+    fields = {k: v for k, v in updates.items() if k in changes or v != current.get(k)}
     await messages.save(session, row, **fields)
     await runner.after_update_message(row)
     return row

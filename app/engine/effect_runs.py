@@ -18,7 +18,7 @@ from app import effects, queue
 from app.catalog import Catalog
 from app.engine import types
 from app.engine.context import load_env
-from app.engine.state import RunState, effect_args_problem
+from app.engine.state import RunState, Shared, effect_args_problem
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,8 @@ async def run_queued(
             prompt = catalog.prompts[side.prompt] if side is not None else None
             env = await load_env(session, fernet, catalog, thread, prompt)
         context: dict[str, Any] = {"effect": {"id": str(effect.id), "name": effect.name, "attempt": effect.attempts}}
-        state = RunState(thread, env, transaction, None, context, catalog=catalog, fernet=fernet, sessions=sessions)
+        shared = Shared(thread, env, transaction, catalog=catalog, fernet=fernet, context=context, sessions=sessions)
+        state = shared.state()
         error = env.mask(await _call(catalog, effect.name, effect.args, state))  # shown by the API: no secrets
         if error is not None:
             log.warning("effect %s (%s) of thread %s failed: %s", effect.name, effect.id, thread.id, error)

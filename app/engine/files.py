@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
-from contextlib import AbstractAsyncContextManager
+from collections.abc import AsyncIterator
 
-from sqlalchemy.ext.asyncio import AsyncSession
-
-from app import blobs, errors, files, tables, thumbnails
+from app import blobs, errors, files, thumbnails
+from app.engine import types
 from app.spec.state import FileRecord, FileStats, FindResult, GrepMatch, ReaddirResult
 
 
-class FileMethods:
-    """Mixed into `RunState`: every call is one short transaction on the thread (fenced inside an execution)."""
+class Files:
+    """A thread's files as a `RunState` offers them (it delegates its file methods here): every call is one short
+    transaction on the thread, fenced inside an execution."""
 
-    _transaction: Callable[[], AbstractAsyncContextManager[tuple[AsyncSession, tables.Thread]]]
+    def __init__(self, transaction: types.Transaction) -> None:
+        self._transaction = transaction
 
     async def write_file(self, path: str, data: bytes | str, mime_type: str | None = None) -> FileRecord:
         if not isinstance(data, bytes | str):

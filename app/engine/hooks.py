@@ -10,20 +10,18 @@ from contextlib import asynccontextmanager
 from contextvars import ContextVar
 from typing import Any
 
-from cryptography.fernet import Fernet
 from sqlalchemy import inspect
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import attachments, event_types, events, logs, masking, messages, tables
+from app import events, logs, masking, messages, tables
 from app.catalog import Catalog
 from app.engine import types
-from app.engine.context import load_env, visible_rows
-from app.engine.state import RunState
+from app.engine.context import visible_rows
 from app.spec.define import HookDefinition
 from app.spec.definitions import AgentDefinition, PromptDefinition, Side
 from app.spec.messages import LLMMessage, ToolCall
 from app.spec.results import ToolResult
-from app.spec.state import ExecutionState, StateMessage
+from app.spec.state import StateMessage, ThreadState
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +37,11 @@ _running: ContextVar[str | None] = ContextVar("hook", default=None)
 def creating() -> bool:
     """Whether a `before_create_message` or `after_create_message` hook is running in this task."""
     return _running.get() in ("before_create_message", "after_create_message")
+
+
+def updating() -> bool:
+    """Whether a `before_update_message` or `after_update_message` hook is running in this task."""
+    return _running.get() in ("before_update_message", "after_update_message")
 
 
 class BadReturn(TypeError):
@@ -58,58 +61,6 @@ async def joined(session: AsyncSession, thread: tables.Thread) -> AsyncIterator[
         yield session, thread
 
 
-async def prepare(
-    catalog: Catalog,
-    fernet: Fernet,
-    session: AsyncSession,
-    thread: tables.Thread,
-    side: Side,
-    *,
-    env: types.Env | None = None,
-    transaction: types.Transaction | None = None,
-    context: dict[str, Any] | None = None,
-    outside: bool = False,
-) -> Hooks:
-    """The hooks of the side's prompt and the state they get; without `transaction` they join `session`'s.
-    `outside`: run for a client (an HTTP edit), not inside the thread's execution: `state.execution` is `None`."""
-    agent = catalog.agent(thread.agent)
-    config = agent.side(side)
-    assert config is not None, f"agent {agent.name} has no side {side}"
-    prompt = catalog.prompts[config.prompt]
-    if not active(catalog, agent, prompt):
-        return Hooks()
-    if env is None:
-        env = await load_env(session, fernet, catalog, thread, prompt)
-    execution = None
-    if not outside:
-        execution = ExecutionState(
-            side=side,
-            step=thread.session_steps,
-            session=thread.session_number,
-            attempt=thread.attempt,
-        )
-    tx = transaction or (lambda: joined(session, thread))
-    return bind(catalog, fernet, thread, prompt, env, execution, tx, {} if context is None else context)
-
-
-def bind(
-    catalog: Catalog,
-    fernet: Fernet,
-    thread: tables.Thread,
-    prompt: PromptDefinition,
-    env: types.Env,
-    execution: ExecutionState | None,
-    transaction: types.Transaction,
-    context: dict[str, Any],
-) -> Hooks:
-    """The hooks active for `prompt` (a subprompt's own, run in its caller's thread), with the state they get."""
-    definitions = active(catalog, catalog.agent(thread.agent), prompt)
-    if not definitions:
-        return Hooks()
-    state = RunState(thread, env, transaction, execution, context, catalog=catalog, fernet=fernet)
-    return Hooks(definitions, state, transaction, env.secrets())
-
-
 def tagged(fields: dict[str, Any], tags: dict[str, Any]) -> dict[str, Any]:
     """`fields` as the hooks left them, with the engine's own metadata (`tags["metadata_"]`: a subprompt run's
     crash-safety tags) put back wherever hooks set the metadata: a hook that replaces it cannot hide the message
@@ -120,62 +71,14 @@ def tagged(fields: dict[str, Any], tags: dict[str, Any]) -> dict[str, Any]:
     return {**fields, "metadata_": {**(fields["metadata_"] or {}), **engine}}
 
 
-async def store_result(
-    session: AsyncSession,
-    thread: tables.Thread,
-    hook_runner: Hooks,
-    call: ToolCall,
-    result: ToolResult,
-    side: Side,
-    *,
-    child: uuid.UUID | None,
-    refs: list[dict[str, Any]] | None = None,
-    tags: dict[str, Any] | None = None,
-) -> tuple[ToolResult, tables.Message | None]:
-    """Store a tool call's result as its `tool` message through the hooks (`after_tool_call_*`,
-    `before_store_tool_result`, `before_create_message`, `after_create_message`, §10) run inside the caller's
-    transaction, files it returned under `/attachments/`, and announce `tool_completed`; returns the result as
-    stored (as given when a hook dropped the call) and its message. For the calls the step loop does not run as
-    callables: subagent calls, and the tool calls of a subprompt step (`tags` place its messages one level deeper)."""
-    kept = await hook_runner.tool_result(call, result)
-    tags = tags or {}
-    row = None
-    if kept is None:  # an `after_tool_call_*` hook removed the call and its result from history
-        await messages.drop_call(session, thread.id, call["id"])
-    else:
-        fields: dict[str, Any] = {
-            "side": side,
-            "name": call["function"]["name"],
-            "tool_call_id": call["id"],
-            "content": kept.text,
-            "tool_status": kept.status,
-            "subagent_id": child,
-        }
-        fields["metadata_"] = dict(tags.get("metadata_") or {})
-        if kept.error_code:
-            fields["metadata_"].update(error_code=kept.error_code, error_data=kept.error_data)
-        stored = list(refs or []) + await attachments.returned(session, thread.id, kept.attachments)
-        if stored:
-            fields["attachments"] = stored
-        fields = tagged(await hook_runner.before_create_message("tool", fields), tags)
-        placed = {"session_number": thread.session_number, **tags, **fields}  # a subprompt's: one level deeper
-        row = await messages.add(session, thread.id, "tool", **placed)
-        await hook_runner.after_create_message(row)
-    done = kept or result
-    data = event_types.ToolCompleted(tool=call["function"]["name"], tool_call_id=call["id"], status=done.status)
-    if tags.get("depth"):
-        data["depth"] = tags["depth"]
-    await events.append(session, thread.id, "tool_completed", data)
-    return done, row
-
-
 class Hooks:
-    """The active hooks of one prompt, bound to the state they get; each runs on a copy of its input."""
+    """The active hooks of one prompt, bound to the state they get (made by `state.py`, which builds on this
+    module); each runs on a copy of its input."""
 
     def __init__(
         self,
         definitions: Sequence[HookDefinition] = (),
-        state: RunState | None = None,
+        state: ThreadState | None = None,
         transaction: types.Transaction | None = None,
         secrets: Sequence[str] = (),
     ) -> None:

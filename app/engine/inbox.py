@@ -8,15 +8,16 @@ from __future__ import annotations
 
 import logging
 import uuid
+from datetime import UTC, datetime
 from typing import Any, cast
 
 from cryptography.fernet import Fernet
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import errors, events, inputs, logs, messages, queue, tables
+from app import errors, events, inputs, messages, queue, tables
 from app.catalog import Catalog
-from app.engine import child_tools, context, hooks
-from app.engine.state import deliver_tool
+from app.engine import child_tools, context, hooks, results
+from app.engine.state import deliver_tool, prepare_hooks
 from app.metrics import Meter
 from app.spec.definitions import AgentDefinition, Side
 from app.spec.messages import ToolCall
@@ -50,7 +51,7 @@ async def deliver(
     """Move the inbox into history; between turns, return the side the input makes act (§2)."""
     acting: Side | None = None
     first: int | None = None
-    hook_runner = await hooks.prepare(catalog, fernet, session, thread, thread.side or "a", context=context_)
+    hook_runner = await prepare_hooks(catalog, fernet, session, thread, thread.side or "a", context=context_)
     for row in await queue.take_inbox(session, thread.id):
         try:
             item = inputs.read(row.kind, row.payload)
@@ -82,7 +83,7 @@ async def deliver(
                 env = await context.load_env(session, fernet, catalog, thread, side_a)
                 await child_tools.spawn_immediate(session, catalog, fernet, thread, "a", side_a, env)
             elif isinstance(item, inputs.ChildResultInput):  # a blocking subagent call is answered (§6.4)
-                if await _answer(session, thread, item, hook_runner):
+                if await _answer(session, thread, item, hook_runner, catalog, fernet):
                     meter.tool_calls.labels(item.name or "", item.status).inc()
             elif isinstance(item, inputs.ToolInput):  # `state.queue_tool` outside a tool call (§7.4)
                 msg = await deliver_tool(session, thread, item.call)
@@ -115,46 +116,45 @@ def _uuid(value: Any) -> uuid.UUID | None:
 
 
 async def _answer(
-    session: AsyncSession, thread: tables.Thread, payload: inputs.ChildResultInput, hook_runner: hooks.Hooks
+    session: AsyncSession,
+    thread: tables.Thread,
+    payload: inputs.ChildResultInput,
+    hook_runner: hooks.Hooks,
+    catalog: Catalog,
+    fernet: Fernet,
 ) -> bool:
-    """Store a blocking subagent's result as the answer of the call it kept open (through the tool hooks, as any
-    tool result), unless a stop answered it; whether it did."""
+    """Store a blocking subagent's result as the answer of the call it kept open, as any tool result (through the
+    tool hooks, with a callable's log row: the call's arguments, its duration from when it was made, the env's
+    secrets masked), unless a stop answered it; whether it did."""
     if await messages.answered(session, thread.id, payload.call_id):
         return False
     text, ok = payload.content, payload.status == "success"
     result = ToolResult(status="success", result=text) if ok else ToolResult(status="error", error=text)
-    call = await _call(session, thread.id, payload, hook_runner)
-    child = payload.child_id
-    refs = payload.attachments or []
-    _, row = await hooks.store_result(
-        session, thread, hook_runner, call, result, thread.side or "a", child=child, refs=refs
+    holder = await messages.holding(session, thread.id, payload.call_id)
+    made = next((c for c in (holder.tool_calls or [] if holder else []) if c.get("id") == payload.call_id), None)
+    call = cast(ToolCall, made) if made is not None else _call(payload)
+    side = thread.side or "a"
+    config = catalog.agent(thread.agent).side(side)
+    env = await context.load_env(session, fernet, catalog, thread, catalog.prompts[config.prompt] if config else None)
+    latency_ms = None
+    if payload.started_at is not None:
+        latency_ms = round((datetime.now(UTC) - payload.started_at).total_seconds() * 1000, 2)
+    await results.store(
+        session,
+        thread,
+        hook_runner,
+        call,
+        result,
+        side,
+        latency_ms=latency_ms,
+        secrets=env.secrets(),
+        child=payload.child_id,
+        refs=payload.attachments or [],
     )
-    # the call's log row, written when it is answered (its arguments are in the calling message)
-    logged = logs.tool(
-        thread.id,
-        name=payload.name or "",
-        call_id=payload.call_id,
-        status=payload.status,
-        error=payload.content if payload.status == "error" else None,
-        message_id=row.id if row is not None else None,
-        subagent_id=str(payload.child_id),
-    )
-    await logs.add(session, logged)
     return True
 
 
-_TOOL_HOOKS = ("after_tool_call_success", "after_tool_call_failure", "before_store_tool_result")
-
-
-async def _call(
-    session: AsyncSession, thread_id: uuid.UUID, payload: inputs.ChildResultInput, hook_runner: hooks.Hooks
-) -> ToolCall:
-    """The tool call a child's result answers, with its arguments as the model made it when a tool hook is to
-    see it (read from the message that made it)."""
-    if any(hook_runner.runs(h) for h in _TOOL_HOOKS):
-        holder = await messages.holding(session, thread_id, payload.call_id)
-        made = next((c for c in (holder.tool_calls or [] if holder else []) if c.get("id") == payload.call_id), None)
-        if made is not None:
-            return cast(ToolCall, made)
+def _call(payload: inputs.ChildResultInput) -> ToolCall:
+    """The call a child's result answers when the message that made it is gone (deleted while the child ran)."""
     name = payload.name or ""
     return {"id": payload.call_id, "type": "function", "function": {"name": name, "arguments": "{}"}}

@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Sequence
-from contextlib import AbstractAsyncContextManager
 from typing import Any, Literal
 
-from cryptography.fernet import Fernet
 from pydantic import ValidationError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import attachments, children, db, errors, files, messages, tables
-from app.catalog import Catalog
-from app.engine import types
+from app.engine import edits, hooks, types
 from app.spec.results import ToolAttachment
 from app.spec.state import AttachmentRef, ExecutionState, MessagesResult, StateMessage
 
@@ -21,24 +18,28 @@ INJECT_ROLES = ("user", "assistant", "system")
 QUEUE_ROLES = ("user", "assistant")
 
 
-class MessageMethods:
-    """Mixed into `RunState`: each call one short transaction on the thread (fenced inside an execution); the
-    writes that would race the running step only inside it (`_own`)."""
+def own(execution: ExecutionState | None, method: str) -> None:
+    """Refuse a write that would race the running step: only the thread's own execution makes it (§12)."""
+    if execution is None:
+        raise errors.OutsideExecution(
+            f"`state.{method}` is only allowed inside the thread's own execution (it would race the running step)"
+        )
 
-    _transaction: Callable[[], AbstractAsyncContextManager[tuple[AsyncSession, tables.Thread]]]
-    _thread: tables.Thread
-    _env: types.Env
-    _execution: ExecutionState | None
-    _context: dict[str, Any]
-    _catalog: Catalog
-    _fernet: Fernet
 
-    def _own(self, method: str) -> None:
-        """Refuse a write that would race the running step (§12)."""
-        if self._execution is None:
-            raise errors.OutsideExecution(
-                f"`state.{method}` is only allowed inside the thread's own execution (it would race the running step)"
-            )
+class Messages:
+    """A thread's messages as a `RunState` offers them (it delegates its message methods here): each call one short
+    transaction on the thread (fenced inside an execution); the writes that would race the running step only inside
+    it (`own`). `hooks_in(transaction)` gives the acting side's hooks, their state running in `transaction`."""
+
+    def __init__(
+        self,
+        transaction: types.Transaction,
+        execution: ExecutionState | None,
+        hooks_in: Callable[[types.Transaction], hooks.Hooks],
+    ) -> None:
+        self._transaction = transaction
+        self._execution = execution
+        self._hooks_in = hooks_in
 
     async def get_messages(
         self,
@@ -86,27 +87,11 @@ class MessageMethods:
         silent: bool = False,
         metadata: dict[str, Any] | None = None,
     ) -> StateMessage:
-        self._own("inject_message")
+        own(self._execution, "inject_message")
         _check_input(role, INJECT_ROLES, content, metadata)
-        from app.engine import hooks  # it builds on this module
-
-        execution = self._execution
-        assert execution is not None
-        hook_runner = None
-        if not hooks.creating():  # a create-message hook's own injections run no hooks: they would recurse
-            side = self._catalog.agent(self._thread.agent).side(execution.side)
-            assert side is not None, f"agent {self._thread.agent} has no side {execution.side}"
-            prompt = self._catalog.prompts[side.prompt]  # the acting side's hooks, as for the engine's messages
-            hook_runner = hooks.bind(
-                self._catalog,
-                self._fernet,
-                self._thread,
-                prompt,
-                self._env,
-                execution,
-                self._transaction,
-                self._context,
-            )
+        # the acting side's hooks, as for the engine's messages; a create-message hook's own injections run none
+        # (they would recurse)
+        hook_runner = None if hooks.creating() else self._hooks_in(self._transaction)
         fields: dict[str, Any] = {"content": content, "silent": silent, "metadata_": metadata or {}}
         if hook_runner is not None:
             fields = await hook_runner.before_create_message(role, fields)
@@ -140,27 +125,36 @@ class MessageMethods:
     async def update_message(
         self, message_id: str, *, content: str | None = None, metadata: dict[str, Any] | None = None
     ) -> StateMessage:
-        self._own("update_message")
+        own(self._execution, "update_message")
         refuse_nul(content, metadata)
         key = as_uuid(message_id)
         if key is None:
             raise errors.MessageNotFound(f"Message {message_id} not found")
-        fields: dict[str, Any] = {}
+        changes: dict[str, Any] = {}
         if content is not None:
-            fields["content"] = content
+            changes["content"] = content
         if metadata is not None:
-            fields["metadata_"] = metadata
+            changes["metadata_"] = metadata
         async with self._transaction() as (session, thread):
-            row = await messages.save(session, await messages.get(session, thread.id, key), **fields)
+            row = await messages.get(session, thread.id, key)
+            if hooks.updating():  # an update hook's own update runs no update hooks: it would recurse
+                await messages.save(session, row, **changes)
+            else:  # through the acting side's update hooks, run inside this transaction as the engine's own updates
+                await edits.update(session, self._hooks_in(lambda: hooks.joined(session, thread)), row, changes)
             return state_message(row, await _projections(session, thread.id, [row]))
 
     async def delete_message(self, message_id: str) -> bool:
-        self._own("delete_message")
+        """Deleted as the HTTP delete deletes (`edits.delete`): a tool-call message with its results, never a result
+        alone (`ToolResultAlone`) nor what the running step still uses (`MessageBusy`)."""
+        own(self._execution, "delete_message")
         key = as_uuid(message_id)
         if key is None:
             return False
         async with self._transaction() as (session, thread):
-            return bool(await messages.remove(session, thread.id, key))
+            try:
+                return bool(await edits.delete(session, thread, key))
+            except errors.MessageNotFound:
+                return False
 
 
 def state_message(row: tables.Message, projected: dict[uuid.UUID, dict[str, Any]] | None = None) -> StateMessage:

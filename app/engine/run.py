@@ -24,17 +24,30 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app import children, control, errors, events, masking, messages, queue, statements, tables, threads
 from app.catalog import Catalog
-from app.engine import calls, child_tools, context, effect_runs, handoffs, hooks, inbox, stops, subprompts, turns, types
+from app.engine import (
+    answers,
+    calls,
+    child_tools,
+    context,
+    effect_runs,
+    handoffs,
+    inbox,
+    stops,
+    subprompts,
+    turns,
+    types,
+)
 from app.engine.history import Histories, History
-from app.engine.step import OPEN_APART, RELEASED, OpenApart, Prepared, Released, Step
-from app.engine.tool_phase import ToolPhase
+from app.engine.state import prepare_hooks
+from app.engine.step import OPEN_ON_ITS_OWN, RELEASED, OpenOnItsOwn, Released, Step
+from app.engine.tool_phase import Closed, Prepared, ToolPhase
 from app.hub import Publisher
 from app.llm import retry
 from app.llm.base import LLMResponse, ProviderError
 from app.metrics import Meter
 from app.settings import Settings
 from app.spec.definitions import AgentDefinition, PromptDefinition, Side, SideConfig
-from app.spec.messages import LLMMessage, ToolCall
+from app.spec.messages import LLMMessage
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +57,7 @@ def llm_http() -> httpx.AsyncClient:
     return httpx.AsyncClient(timeout=httpx.Timeout(connect=10.0, read=None, write=30.0, pool=10.0))
 
 
-class Engine(ToolPhase):
+class Engine:
     """Runs claimed threads."""
 
     def __init__(
@@ -70,6 +83,16 @@ class Engine(ToolPhase):
         self._contexts: dict[uuid.UUID, dict[str, Any]] = {}  # per execution, by lease token
         self._histories = Histories()  # by thread, kept across its executions (`app/engine/history.py`)
         self._subprompts = subprompts.Runner(catalog, self._caller, settings.max_session_steps)
+        self._tools = ToolPhase(
+            settings=settings,
+            sessions=sessions,
+            catalog=catalog,
+            fernet=fernet,
+            runner=self._subprompts,
+            meter=meter,
+            tx=self._tx,
+            context=self._context,
+        )
 
     @asynccontextmanager
     async def _tx(self, claim: queue.Claim) -> AsyncIterator[tuple[AsyncSession, tables.Thread]]:
@@ -125,7 +148,7 @@ class Engine(ToolPhase):
 
     async def _run_all(self, claim: queue.Claim) -> bool:
         """Run; an input whose delivery fails is set aside (kept, marked, reported) and the rest goes on without it.
-        Input is delivered only in a transaction that opens a step and nothing else (`_open`), so the failed one's
+        Input is delivered only in a transaction that opens a step and nothing else (`_open_step`), so the failed one's
         rollback undoes nothing but that opening."""
         while True:
             try:
@@ -154,27 +177,26 @@ class Engine(ToolPhase):
 
     async def _run(self, claim: queue.Claim) -> bool:
         """Run steps until the turn (and any the other side takes) ends; returns whether the thread was released."""
-        step: Step | Released | None = await self._open(claim, first=True)
+        step: Step | Released | None = await self._open_step(claim, first=True)
         while isinstance(step, Step):
             step = await self._step(claim, step)
         return step is RELEASED
 
-    async def _open(self, claim: queue.Claim, *, first: bool) -> Step | None:
+    async def _open_step(self, claim: queue.Claim, *, first: bool) -> Step | None:
         """Open the next step in a transaction of its own; due effects run first (§10)."""
         while True:
             async with self._tx(claim) as (session, thread):
-                opened = await self._open_in(session, thread, first=first)
-            if not isinstance(opened, OpenApart):
+                opened = await self._open_step_in(session, thread, first=first)
+            if not isinstance(opened, OpenOnItsOwn):
                 return opened
             await effect_runs.run_queued(self._catalog, self._fernet, lambda: self._tx(claim), self._sessions)
 
-    async def _then(
-        self, claim: queue.Claim, step: Step, closed: Step | Released | OpenApart | None
+    async def _after_close(
+        self, claim: queue.Claim, step: Step, closed: Step | Released | OpenOnItsOwn | None
     ) -> Step | Released | None:
         """After a step's closing transaction committed: count the step; the step it opened, or one opened apart."""
-        assert step.agent is not None
         self.meter.step(step.agent.name)
-        return await self._open(claim, first=False) if isinstance(closed, OpenApart) else closed
+        return await self._open_step(claim, first=False) if isinstance(closed, OpenOnItsOwn) else closed
 
     async def _begin(self, session: AsyncSession, thread: tables.Thread, agent: AgentDefinition) -> bool:
         """The start of an execution: the crash budget, input delivered, the turn it starts or goes on with."""
@@ -221,19 +243,12 @@ class Engine(ToolPhase):
         assert config is not None, f"agent {agent.name} has no side {side}"
         return config, self._catalog.prompts[config.prompt]
 
-    def _is_subagent(self, offered: dict[str, types.OfferedTool], call: ToolCall) -> bool:
-        name = call["function"]["name"]
-        return name in offered and offered[name].kind in child_tools.KINDS
-
     async def _step(self, claim: queue.Claim, step: Step) -> Step | Released | None:
         """The LLM call of an open step and the tools it asked for; returns the next step, or how the run ended."""
-        assert step.agent is not None and step.env is not None
         side_config, prompt = self._prompt_of(step.agent, step.side)
-        step.config = side_config
         offered = {t.name: t for t in context.offered_tools(self._catalog, prompt, side_config, step.env)}
         prepared: Prepared | None = None
         if step.response is None:
-            assert step.message_id is not None
             result = await self._caller.call(
                 lambda: self._tx(claim),
                 claim.thread_id,
@@ -241,10 +256,10 @@ class Engine(ToolPhase):
                 prompt,
                 step.request,
                 step.env,
-                opened=step.made,
+                opened=step.requests_before,
                 defer=True,
             )
-            closed: Step | Released | OpenApart | None = None
+            closed: Step | Released | OpenOnItsOwn | None = None
             async with self._tx(claim) as (session, thread):
                 await calls.write(session, result)  # the request's log row commits with the message it answers
                 response = await self._store_response(session, thread, step, result, side_config)
@@ -254,43 +269,20 @@ class Engine(ToolPhase):
                 step.response, step.calls = response, list(response.tool_calls)
                 if not step.calls:
                     closed = await self._close(session, thread, claim, step, offered, [])
-                elif not self._is_subagent(offered, step.calls[0]):
-                    prepared = await self._prepare_tool(session, thread, claim, step, offered, step.calls[0])
+                else:
+                    first = self._tools.batch(step.calls, offered, prompt.parallel_tool_calls)
+                    if any(not self._tools.is_subagent(offered, c) for c in first):
+                        prepared = await self._tools.announce(session, thread, claim, step, offered, first)
             if not step.calls:
-                return await self._then(claim, step, closed)
-        outcomes: list[types.Outcome] = []
-        while len(outcomes) < len(step.calls):  # `state.queue_tool` may append to `step.calls` while they run
-            call = step.calls[len(outcomes)]
-            if self._is_subagent(offered, call):
-                outcome = await self._subagent(claim, step, offered[call["function"]["name"]], call)
-                if outcome is None:  # parked on a blocking subagent: the child's result resumes this step
-                    return None
-                outcomes.append(outcome)
-                continue
-            if prepared is None:
-                async with self._tx(claim) as (session, thread):
-                    prepared = await self._prepare_tool(session, thread, claim, step, offered, call)
-            hook_runner = prepared.hooks
-            outcome, fields, logged = await self._execute_tool(claim, step, offered, call, prepared)
-            outcomes.append(outcome)
-            prepared, closed, row = None, None, None
-            # an `after_create_message` hook runs between the result's commit and what follows it; without one, the
-            # result's transaction goes on to the next call's start, or closes the step
-            carry_on = fields is None or not hook_runner.runs("after_create_message")
-            async with self._tx(claim) as (session, thread):
-                row = await self._record_tool(session, thread, call, outcome, fields, logged)
-                if carry_on and len(outcomes) == len(step.calls):
-                    closed = await self._close(session, thread, claim, step, offered, outcomes)
-                elif carry_on and not self._is_subagent(offered, step.calls[len(outcomes)]):
-                    following = step.calls[len(outcomes)]
-                    prepared = await self._prepare_tool(session, thread, claim, step, offered, following)
-            if carry_on and len(outcomes) == len(step.calls):
-                return await self._then(claim, step, closed)
-            if row is not None:
-                await hook_runner.after_create_message(row)
-        async with self._tx(claim) as (session, thread):
-            closed = await self._close(session, thread, claim, step, offered, outcomes)
-        return await self._then(claim, step, closed)
+                return await self._after_close(claim, step, closed)
+
+        async def close(session: AsyncSession, thread: tables.Thread, outcomes: list[types.Outcome]) -> Closed:
+            return await self._close(session, thread, claim, step, offered, outcomes)
+
+        done = await self._tools.run(claim, step, offered, prepared, close, parallel=prompt.parallel_tool_calls)
+        if done is None:  # parked on a blocking subagent: the child's result resumes this step
+            return None
+        return await self._after_close(claim, step, done.closed)
 
     async def _close(
         self,
@@ -300,16 +292,19 @@ class Engine(ToolPhase):
         step: Step,
         offered: dict[str, types.OfferedTool],
         outcomes: list[types.Outcome],
-    ) -> Step | Released | OpenApart | None:
+    ) -> Step | Released | OpenOnItsOwn | None:
         """Evaluate the step's stops; open the next step when the turn goes on, else give the thread back."""
-        assert step.agent is not None and step.response is not None and step.config is not None
+        assert step.response is not None  # a step closes after its answer
         agent, side_config = step.agent, step.config
         thread.attempt = 1  # the step is done: the next one starts with a fresh crash budget
+        made_calls = thread.step_open or bool(step.response.tool_calls)  # even calls a hook dropped from it since
         thread.step_open = False
-        if not step.response.text.strip() and not step.response.tool_calls:
+        if not step.response.text.strip() and not made_calls:
             verdict = types.Verdict("turn", "empty_response")
         else:
-            verdict = stops.evaluate(agent, side_config, step.response, outcomes, thread.turn_steps)
+            verdict = stops.evaluate(
+                agent, side_config, step.response, outcomes, thread.turn_steps, made_calls=made_calls
+            )
         verdict = handoffs.next_turn(thread, agent.name, offered, outcomes, verdict)
         await events.append(
             session,
@@ -325,25 +320,25 @@ class Engine(ToolPhase):
             verdict = stops.session_cap(agent, thread.session_turns, owes_result=owes_result)
             if verdict.ends == "nothing":
                 if await turns.after(session, thread, agent, step.side):
-                    return await self._open_in(session, thread, first=False, merged=True)
+                    return await self._open_step_in(session, thread, first=False, merged=True)
                 await queue.release_with_events(session, claim, thread)
                 return RELEASED
         if verdict.ends == "session":
             await turns.end_session(session, thread, verdict)
             await queue.release_with_events(session, claim, thread)
             return RELEASED
-        return await self._open_in(session, thread, first=False, merged=True)
+        return await self._open_step_in(session, thread, first=False, merged=True)
 
-    async def _open_in(
+    async def _open_step_in(
         self, session: AsyncSession, thread: tables.Thread, *, first: bool, merged: bool = False
-    ) -> Step | OpenApart | None:
+    ) -> Step | OpenOnItsOwn | None:
         """Deliver input, then either resume unanswered tool calls or open a new LLM call and announce its request.
         `first`: the execution's first step (`_begin`). `merged`: inside a closing transaction, which leaves waiting
         input and effects to a transaction of their own."""
         with session.no_autoflush:  # reads that do not depend on the thread row: its changes go in one UPDATE later
             input_waits, effects_wait = await queue.waiting(session, thread.id)
         if effects_wait or (merged and input_waits):
-            return OPEN_APART
+            return OPEN_ON_ITS_OWN
         agent = self._catalog.agent(thread.agent)  # a handoff may have switched it (§7.3)
         if first:
             if not await self._begin(session, thread, agent):
@@ -363,7 +358,7 @@ class Engine(ToolPhase):
         if last is not None and last.status == messages.Status.COMPLETED:
             # a crash between the model's answer and its tool results, or a subagent's result: run what is left
             response = LLMResponse(text=last.content or "", tool_calls=list(last.tool_calls or []))
-            return Step(side, thread.session_steps, calls=missing, response=response, env=env, agent=agent)
+            return Step(side, thread.session_steps, last.id, agent, side_config, env, calls=missing, response=response)
         redo = last is not None  # a call a crash interrupted (still `pending`): the same step again
         if thread.session_steps >= self._settings.max_session_steps and not redo:
             await turns.end_session(
@@ -375,7 +370,7 @@ class Engine(ToolPhase):
             thread.session_steps += 1
         # `immediate` subagents start before the prompt's first LLM step (and again after a handoff to it)
         await child_tools.spawn_immediate(session, self._catalog, self._fernet, thread, side, prompt, env)
-        hook_runner = await hooks.prepare(
+        hook_runner = await prepare_hooks(
             self._catalog, self._fernet, session, thread, side, env=env, context=self._context(thread)
         )
         assembled: Sequence[context.HistoryRow] = held.seen()
@@ -416,7 +411,17 @@ class Engine(ToolPhase):
             await hook_runner.after_create_message(message)
         await events.append(session, thread.id, "step_started", {"step": thread.session_steps, "side": side})
         made = await calls.announce(session, thread.id, self._catalog.models[prompt.model], 1)
-        return Step(side, thread.session_steps, message.id, request, env=env, agent=agent, made=made, message=message)
+        return Step(
+            side,
+            thread.session_steps,
+            message.id,
+            agent,
+            side_config,
+            env,
+            request,
+            requests_before=made,
+            message=message,
+        )
 
     # -- the model -----------------------------------------------------------------------------------------
 
@@ -424,20 +429,17 @@ class Engine(ToolPhase):
         self, session: AsyncSession, thread: tables.Thread, step: Step, result: calls.Result, side: SideConfig
     ) -> LLMResponse | None:
         """The model's answer (or its failure, which ends the session) into the step's pending message."""
-        assert step.message_id is not None
-        response = result.response
         message = turns.attach_committed(session, step.message) or await messages.get(
             session, thread.id, step.message_id
         )
-        hook_runner = await hooks.prepare(
+        hook_runner = await prepare_hooks(
             self._catalog, self._fernet, session, thread, step.side, env=step.env, context=self._context(thread)
         )
-        if isinstance(response, ProviderError):
-            # the message says why as the event does (masked already: `calls._Recorder.close`)
-            failed = messages.failed(message, messages.failure("llm_error", response.message))
-            await messages.save(session, message, **await hook_runner.before_update_message(message, failed))
-            await hook_runner.after_update_message(message)
-            await events.append(session, thread.id, "error", {"code": "llm_error", "message": response.message})
+        # the answer rides with the transaction's events: nothing reads it back before they are written
+        response = await answers.store(session, message, result, side, hook_runner, later=True)
+        if response is None:  # the model failed: the session ends as a failure
+            assert isinstance(result.response, ProviderError)
+            await events.append(session, thread.id, "error", {"code": "llm_error", "message": result.response.message})
             await events.append(
                 session, thread.id, "step_completed", {"step": step.number, "side": step.side, "stopped": True}
             )
@@ -445,18 +447,6 @@ class Engine(ToolPhase):
                 session, thread, types.Verdict("session", "llm_error", threads.SessionStatus.FAILURE)
             )
             return None
-        updates = {
-            "status": messages.Status.COMPLETED,
-            "content": stops.stored_text(response, side),
-            "tool_calls": list(response.tool_calls) or None,
-            "reasoning_content": response.reasoning,
-            "reasoning_details": response.reasoning_details,
-            "model": result.model.name,
-            "usage": response.usage.as_dict(),
-        }
-        # the answer rides with the transaction's events: nothing reads it back before they are written
-        await messages.save(session, message, later=True, **await hook_runner.before_update_message(message, updates))
-        await hook_runner.after_update_message(message)
         thread.last_message_at = datetime.now(UTC)
         thread.step_open = bool(response.tool_calls)  # until the step's stops are evaluated
         return response

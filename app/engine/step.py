@@ -1,5 +1,4 @@
-"""What a step is between its transactions: opened (`Step`), a tool call announced (`Prepared`), or how the run
-ended (`RELEASED`, `OPEN_APART`)."""
+"""What a step is between its transactions: opened (`Step`), or how the run ended (`RELEASED`, `OPEN_ON_ITS_OWN`)."""
 
 from __future__ import annotations
 
@@ -8,8 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from app import tables
-from app.engine import hooks, types
-from app.engine.state import RunState
+from app.engine import types
 from app.llm.base import LLMResponse
 from app.spec.definitions import AgentDefinition, Side, SideConfig
 from app.spec.messages import ToolCall
@@ -22,35 +20,28 @@ class Released:
 RELEASED = Released()
 
 
-class OpenApart:
+class OpenOnItsOwn:
     """What opening a step inside a closing transaction returns when input or effects wait: the close commits, and the
     step opens in a transaction of its own (effects run first, outside any; a delivery that fails rolls back only
     that opening)."""
 
 
-OPEN_APART = OpenApart()
-
-
-@dataclass
-class Prepared:
-    """A tool call announced (`tool_started`) in a transaction, with the state and hooks it runs with."""
-
-    state: RunState
-    hooks: hooks.Hooks
+OPEN_ON_ITS_OWN = OpenOnItsOwn()
 
 
 @dataclass
 class Step:
-    """What the opening transaction of a step decided."""
+    """What the opening transaction of a step decided: who acts and with what, and either the request to make or
+    (a resumed step) the answer whose calls are left to run."""
 
     side: Side
     number: int
-    message_id: uuid.UUID | None = None  # the pending assistant message an LLM call streams into
-    request: Any = None
+    message_id: uuid.UUID  # the step's assistant message: the pending one the call streams into, or the answer
+    agent: AgentDefinition  # the thread's agent as the step began (a handoff switches it, §7.3)
+    config: SideConfig  # the acting side's config, for its session tool bindings
+    env: types.Env
+    request: Any = None  # the request to make; None when the step resumes an answer
+    response: LLMResponse | None = None  # the model's answer, once stored
     calls: list[ToolCall] = field(default_factory=list)  # tool calls still to run
-    response: LLMResponse | None = None
-    env: types.Env | None = None
-    config: SideConfig | None = None  # the acting side's config, for its session tool bindings
-    agent: AgentDefinition | None = None  # the thread's agent as the step began (a handoff switches it, §7.3)
-    made: int | None = None  # requests made to the model before this step's, counted when its first was announced
+    requests_before: int | None = None  # requests made to the model before this step's, counted at its announce
     message: tables.Message | None = None  # that pending message as the opening transaction committed it

@@ -57,8 +57,12 @@ def evaluate(
     response: LLMResponse,
     outcomes: list[types.Outcome],
     turn_steps: int,
+    *,
+    made_calls: bool | None = None,
 ) -> types.Verdict:
-    """Session tools first, then the side's turn rules (stop tool, stop on response, max steps)."""
+    """Session tools first, then the side's turn rules (stop tool, stop on response, max steps). `made_calls`:
+    whether the answer made tool calls, when hooks may have dropped them all from `response` since (by default,
+    whether it holds any)."""
     bound: tuple[tuple[Literal["fail", "stop"], threads.SessionStatus], ...] = (
         ("fail", threads.SessionStatus.FAILURE),
         ("stop", threads.SessionStatus.SUCCESS),
@@ -71,7 +75,8 @@ def evaluate(
     called = {o.call["function"]["name"] for o in outcomes}
     if side.stop_tool is not None and side.stop_tool in called:
         return types.Verdict("turn", "stop_tool")
-    if side.stop_on_response and response.text.strip() and not response.tool_calls:
+    made_calls = bool(response.tool_calls) if made_calls is None else made_calls
+    if side.stop_on_response and response.text.strip() and not made_calls:
         return types.Verdict("turn", "stop_on_response")
     if side.max_steps is not None and turn_steps >= side.max_steps:
         return types.Verdict("turn", "max_steps")

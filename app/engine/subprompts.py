@@ -8,7 +8,8 @@ asks. It sees the chat (depth 0) only with `include_chat`, earlier tool traffic 
 Crash safety: every message of a run is tagged (`metadata.subprompt_call`, `metadata.subprompt_run`) with the tool
 call it runs in and the execution that ran it. A crash leaves that call unanswered and the resumed step runs it
 again; the new run first deletes what runs of the same call by earlier executions stored (and what their nested
-subprompts stored), so nothing is duplicated. Runs of one execution keep each other's messages.
+subprompts stored), so nothing is duplicated, and ends the non-blocking children they started: terminated, and what
+they said to the thread taken back (the rerun starts its own). Runs of one execution keep each other's messages.
 
 The result, sections joined by a blank line, each present when its flag is on and it has something to say:
 
@@ -35,9 +36,9 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import attachments, children, errors, event_types, events, files, logs, messages, tables
+from app import attachments, children, control, errors, event_types, events, files, messages, tables
 from app.catalog import Catalog
-from app.engine import calls, child_tools, context, hooks, tool_arguments, tools, types
+from app.engine import answers, calls, child_tools, context, hooks, results, tool_arguments, tools, types
 from app.engine.state import RunState
 from app.llm.base import ProviderError
 from app.spec.definitions import PromptDefinition, Side, SideConfig, ToolEntry
@@ -71,24 +72,15 @@ class Runner:
         execution = state.execution
         assert execution is not None
         side = execution.side
-        env = replace(state._env, prompt=dict(prompt.env))  # the subprompt's own `env` layer
-        sub_state = RunState(
-            state._thread,
-            env,
-            state._transaction,
-            execution,
-            state._context,
-            catalog=self._catalog,
-            fernet=state._fernet,
-            subprompts=self,
-            tool_timeout=state.tool_timeout,
-        )
+        sub_state = state.in_subprompt(prompt)  # the subprompt's own `env` layer
+        shared = sub_state.shared
+        env = shared.env
         offered = {
             t.name: t
             for t in context.offered_tools(self._catalog, prompt, SideConfig(prompt=name), env)
             if t.kind != "handoff"  # a step inside a step cannot hand the thread over
         }
-        async with state._transaction() as (session, thread):
+        async with shared.transaction() as (session, thread):
             call_id = execution.tool_call_id
             parent = await messages.holding(session, thread.id, call_id) if call_id is not None else None
             depth = parent.depth + 1 if parent is not None else 1
@@ -105,7 +97,11 @@ class Runner:
                     f"Subprompt `{name}` not run: the session reached its cap of {self._max_steps} steps"
                 )
             run = hashlib.sha256((thread.lease_token or uuid.UUID(int=0)).bytes).hexdigest()[:16]
-            rerun = await messages.forget_runs(session, thread.id, execution.tool_call_id or "", run)
+            forgotten = await messages.forget_runs(session, thread.id, execution.tool_call_id or "", run)
+            await _end_children(
+                session, thread, [c for c, tool in forgotten.reached.items() if tool != child_tools.MESSAGE]
+            )
+            rerun = forgotten.count > 0
             tags: dict[str, Any] = {
                 "depth": depth,
                 "parent_id": parent.id if parent is not None else None,
@@ -124,7 +120,7 @@ class Runner:
             if not rerun:  # the step runs: it is one of the session's (an interrupted run of it counted already)
                 thread.session_steps += 1
             # its messages go through the message hooks of its own prompt (§10), inside this transaction
-            inside = self._hooks(sub_state, thread, prompt, lambda: hooks.joined(session, thread))
+            inside = sub_state.hooks_of(prompt, lambda: hooks.joined(session, thread))
             user = {"side": "b" if side == "a" else "a", "content": _first_message(entry, arguments), **tags}
             asked = await messages.add(
                 session,
@@ -146,50 +142,21 @@ class Runner:
             )
             await inside.after_create_message(pending)
         result = await self._caller.call(
-            state._transaction, thread.id, pending.id, prompt, request, env, depth, defer=True
+            shared.transaction, thread.id, pending.id, prompt, request, env, depth, defer=True
         )
         response = result.response
-        async with state._transaction() as (session, thread):
+        async with shared.transaction() as (session, thread):
             await calls.write(session, result)  # the request's log row commits with the message it answers
             message = await messages.get(session, thread.id, pending.id)
-            inside = self._hooks(sub_state, thread, prompt, lambda: hooks.joined(session, thread))
-            if isinstance(response, ProviderError):
-                await messages.save(
-                    session,
-                    message,
-                    **hooks.tagged(
-                        await inside.before_update_message(
-                            message, messages.failed(message, messages.failure("llm_error", response.message))
-                        ),
-                        tags,
-                    ),
-                )
-                await inside.after_update_message(message)
+            inside = sub_state.hooks_of(prompt, lambda: hooks.joined(session, thread))
+            answered = await answers.store(session, message, result, SideConfig(prompt=name), inside, tags=tags)
+            if answered is None:
+                assert isinstance(response, ProviderError)
                 detail = f": {response.message}" if entry.include_errors else ""
                 return types.error(f"Subprompt `{name}` failed{detail}")
-            updates = {
-                "status": messages.Status.COMPLETED,
-                "content": response.text or None,
-                "tool_calls": list(response.tool_calls) or None,
-                "reasoning_content": response.reasoning,
-                "reasoning_details": response.reasoning_details,
-                "model": result.model.name,
-                "usage": response.usage.as_dict(),
-            }
-            await messages.save(
-                session, message, **hooks.tagged(await inside.before_update_message(message, updates), tags)
-            )
-            await inside.after_update_message(message)
-        outcomes = [await self._tool(sub_state, prompt, offered, call, side, tags) for call in response.tool_calls]
+        outcomes = [await self._tool(sub_state, prompt, offered, call, side, tags) for call in answered.tool_calls]
         # its final text as stored: what a `before_update_message` hook made of the answer
         return ToolResult(status="success", result=shape(entry, message.content or "", outcomes))
-
-    def _hooks(
-        self, state: RunState, thread: tables.Thread, prompt: PromptDefinition, tx: types.Transaction
-    ) -> hooks.Hooks:
-        """The hooks of the subprompt's prompt (else its agent's), with a state running in `tx`."""
-        assert state.execution is not None
-        return hooks.bind(self._catalog, state._fernet, thread, prompt, state._env, state.execution, tx, state._context)
 
     async def _tool(
         self,
@@ -206,9 +173,11 @@ class Runner:
         name = call["function"]["name"]
         data = event_types.ToolStarted(tool=name, tool_call_id=call["id"], depth=tags["depth"])
         tool = offered.get(name)
+        shared = state.shared
         if tool is not None and tool.kind in child_tools.KINDS:
-            async with state._transaction() as (session, thread):
+            async with shared.transaction() as (session, thread):
                 await events.append(session, thread.id, "tool_started", data)
+                started = time.perf_counter()
                 done = await child_tools.call(
                     session,
                     self._catalog,
@@ -217,50 +186,65 @@ class Runner:
                     prompt,
                     tool,
                     call,
-                    state._env,
-                    state._fernet,
+                    shared.env,
+                    shared.fernet,
                     nonblocking=True,
                 )
                 assert isinstance(done, child_tools.Answered)  # a non-blocking call never parks
                 self._caller.meter.tool_call(name, done.result.status, offered)
-                inside = self._hooks(state, thread, prompt, lambda: hooks.joined(session, thread))
-                result, row = await hooks.store_result(
-                    session, thread, inside, call, done.result, side, child=done.child, tags=tags
+                latency_ms = round((time.perf_counter() - started) * 1000, 2)
+                result, _ = await self._store(
+                    session, thread, state, prompt, call, side, tags, done.result, latency_ms, done.child
                 )
-                await _log(session, thread.id, call, done.result, 0.0, state, row)
             return types.Outcome(call, result, None)
-        async with state._transaction() as (session, thread):
+        async with shared.transaction() as (session, thread):
             await events.append(session, thread.id, "tool_started", data)
         started = time.perf_counter()
         outcome = await tools.execute(self._catalog, offered, call, state)
         latency_ms = round((time.perf_counter() - started) * 1000, 2)
         self._caller.meter.tool_call(name, outcome.result.status, offered)
-        outcome = replace(outcome, result=calls.scrub_result(outcome.result, state._env.secrets()))
-        async with state._transaction() as (session, thread):
-            inside = self._hooks(state, thread, prompt, lambda: hooks.joined(session, thread))
-            result, row = await hooks.store_result(
-                session, thread, inside, call, outcome.result, side, child=None, tags=tags
+        outcome = replace(outcome, result=calls.scrub_result(outcome.result, shared.env.secrets()))
+        async with shared.transaction() as (session, thread):
+            result, row = await self._store(
+                session, thread, state, prompt, call, side, tags, outcome.result, latency_ms, None
             )
-            await _log(session, thread.id, call, outcome.result, latency_ms, state, row)
         if row is not None and row.attachments:  # its files are named in the result, as a message's are
             text = context.described(result.text, row.attachments)
             result = result.model_copy(update={"error": text} if result.status == "error" else {"result": text})
         return replace(outcome, result=result)
 
+    async def _store(
+        self,
+        session: AsyncSession,
+        thread: tables.Thread,
+        state: RunState,
+        prompt: PromptDefinition,
+        call: ToolCall,
+        side: Side,
+        tags: dict[str, Any],
+        result: ToolResult,
+        latency_ms: float,
+        child: uuid.UUID | None,
+    ) -> tuple[ToolResult, tables.Message | None]:
+        """`results.store` with the subprompt's own tool hooks, inside the transaction of `session`."""
+        inside = state.hooks_of(prompt, lambda: hooks.joined(session, thread))
+        secrets = state.shared.env.secrets()
+        return await results.store(
+            session, thread, inside, call, result, side, latency_ms=latency_ms, secrets=secrets, child=child, tags=tags
+        )
 
-async def _log(
-    session: AsyncSession,
-    thread_id: uuid.UUID,
-    call: ToolCall,
-    result: ToolResult,
-    latency_ms: float,
-    state: RunState,
-    row: tables.Message | None,
-) -> None:
-    """The call's `logs` row, as a top-level call's (`tools.log_row`), with the transaction that stores its result."""
-    logged = tools.log_row(thread_id, call, result, latency_ms, state._env.secrets())
-    logged.message_id = row.id if row is not None else None
-    await logs.add(session, logged)
+
+async def _end_children(session: AsyncSession, thread: tables.Thread, started: list[uuid.UUID]) -> None:
+    """The children an interrupted run started, ended with it: terminated (with theirs) without a word to the
+    thread, and what they said to it already taken back. Nothing the thread keeps names them any more (the rerun
+    starts its own), so their work and their reports would reach the model as from nowhere, twice over."""
+    if not started:
+        return
+    for child_id in started:
+        child = await session.get(tables.Thread, child_id, with_for_update=control.NKU)
+        if child is not None:
+            await control.terminate(session, child, quiet=True)
+    await children.withdraw(session, thread.id, started)
 
 
 def shape(entry: ToolEntry, text: str, outcomes: list[types.Outcome]) -> str:

@@ -1,111 +1,249 @@
 """The tool phase of a step: each call announced (`tool_started`) in a fenced transaction, run with its hooks
 outside any transaction, and recorded (its result message, log row and `tool_completed`) in the next; a subagent
-call is answered, or parks the thread, inside one transaction (§6, §7)."""
+call is answered, or parks the thread, inside one transaction (§6, §7).
+
+One after another by default. When the prompt sets `parallel_tool_calls`, the calls of one answer run at once (at
+most `TOOL_CONCURRENCY` callables at a time, children all started together): their results are stored in the order of
+the calls, each as soon as it and the ones before it are done, so a crash re-runs only the calls left unanswered;
+handoffs run last, after the others; a stop cancels them all (`semantics.md` §3, step 7).
+"""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from cryptography.fernet import Fernet
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app import attachments, children, errors, events, files, logs, messages, queue, tables
+from app import attachments, children, errors, events, files, queue, tables
 from app.catalog import Catalog
-from app.engine import calls, child_tools, hooks, stops, subprompts, tools, types
-from app.engine.state import RunState
-from app.engine.step import Prepared, Step
+from app.engine import calls, child_tools, hooks, results, stops, subprompts, tools, types
+from app.engine.state import RunState, Shared, prepare_hooks
+from app.engine.step import OpenOnItsOwn, Released, Step
 from app.metrics import Meter
 from app.settings import Settings
-from app.spec.definitions import AgentDefinition, PromptDefinition, Side, SideConfig
 from app.spec.messages import ToolCall
 from app.spec.results import ToolResult
 from app.spec.state import ExecutionState, SubagentEntry
 
+Closed = Step | Released | OpenOnItsOwn | None  # what the transaction that closed a step opened next
+Close = Callable[[AsyncSession, tables.Thread, list[types.Outcome]], Awaitable[Closed]]
+Tx = Callable[[queue.Claim], AbstractAsyncContextManager[tuple[AsyncSession, tables.Thread]]]
+_SPAWNS = uuid.UUID("7b1c2f0e-5a43-4d8e-9a55-3f2d9c6e1b20")  # the namespace of an answer's spawn group ids
+
+
+@dataclass(frozen=True)
+class Done:
+    """The step's calls all answered; `closed` is what its closing transaction opened next."""
+
+    closed: Closed
+
+
+@dataclass
+class Prepared:
+    """Tool calls announced (`tool_started`) in a transaction, with the state and hooks they run with."""
+
+    state: RunState
+    hooks: hooks.Hooks
+
+
+@dataclass(frozen=True)
+class Ran:
+    """A callable (or session tool, or subprompt) call that ran: its outcome, its result as its hooks shaped it (to
+    record in the next transaction), and those hooks."""
+
+    outcome: types.Outcome
+    shaped: results.Shaped
+    hooks: hooks.Hooks
+
 
 class ToolPhase:
-    """Mixed into `Engine`: the parts of it the tool phase uses are declared here."""
+    """Runs the tool calls of a step for the engine, which hands it everything it uses."""
 
-    meter: Meter
-    _settings: Settings
-    _sessions: async_sessionmaker[AsyncSession]
-    _catalog: Catalog
-    _fernet: Fernet
-    _subprompts: subprompts.Runner
-    _tx: Callable[[queue.Claim], AbstractAsyncContextManager[tuple[AsyncSession, tables.Thread]]]
-    _context: Callable[[tables.Thread], dict[str, Any]]
-    _prompt_of: Callable[[AgentDefinition, Side], tuple[SideConfig, PromptDefinition]]
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        sessions: async_sessionmaker[AsyncSession],
+        catalog: Catalog,
+        fernet: Fernet,
+        runner: subprompts.Runner,
+        meter: Meter,
+        tx: Tx,
+        context: Callable[[tables.Thread], dict[str, Any]],
+    ) -> None:
+        self._settings = settings
+        self._sessions = sessions
+        self._catalog = catalog
+        self._fernet = fernet
+        self._subprompts = runner
+        self._meter = meter
+        self._tx = tx
+        self._context = context
+
+    # -- which calls run together --------------------------------------------------------------------------
 
     @staticmethod
-    async def _children(session: AsyncSession, thread: tables.Thread) -> list[SubagentEntry]:
-        return [SubagentEntry.model_validate(children.entry(c)) for c in await children.listed(session, thread)]
+    def is_subagent(offered: dict[str, types.OfferedTool], call: ToolCall) -> bool:
+        tool = offered.get(call["function"]["name"])
+        return tool is not None and tool.kind in child_tools.KINDS
 
-    async def _subagent(self, claim: queue.Claim, step: Step, tool: types.OfferedTool, call: ToolCall) -> Any:
-        """A subagent tool call (§6): its result now, or None when the parent parks on a blocking child."""
-        name = call["function"]["name"]
-        async with self._tx(claim) as (session, thread):
-            await events.append(session, thread.id, "tool_started", {"tool": name, "tool_call_id": call["id"]})
-            _, prompt = self._prompt_of(self._catalog.agent(thread.agent), step.side)
-            started = time.perf_counter()
-            done = await child_tools.call(
-                session, self._catalog, thread, step.side, prompt, tool, call, step.env, self._fernet
-            )
-            if isinstance(done, child_tools.Parked):
+    @staticmethod
+    def _is_handoff(offered: dict[str, types.OfferedTool], call: ToolCall) -> bool:
+        tool = offered.get(call["function"]["name"])
+        return tool is not None and tool.kind == "handoff"
+
+    def batch(self, pending: list[ToolCall], offered: dict[str, types.OfferedTool], parallel: bool) -> list[ToolCall]:
+        """The calls that run next: the first one; with `parallel`, every one but the handoffs (unless only
+        handoffs are left), which run last."""
+        if not parallel:
+            return pending[:1]
+        return [c for c in pending if not self._is_handoff(offered, c)] or pending[:1]
+
+    def _group(self, step: Step, offered: dict[str, types.OfferedTool]) -> uuid.UUID | None:
+        """The spawn group the children one answer creates share (the same after a crash: made from the answer)."""
+        assert step.response is not None
+        made = [c for c in step.response.tool_calls if self.is_subagent(offered, c)]
+        creating = [c for c in made if offered[c["function"]["name"]].kind != child_tools.MESSAGE]
+        if len(creating) < 2:
+            return None
+        return uuid.uuid5(_SPAWNS, str(step.message_id))
+
+    # -- the phase -----------------------------------------------------------------------------------------
+
+    async def run(
+        self,
+        claim: queue.Claim,
+        step: Step,
+        offered: dict[str, types.OfferedTool],
+        prepared: Prepared | None,
+        close: Close,
+        *,
+        parallel: bool,
+    ) -> Done | None:
+        """Run the step's calls (`prepared`: the first batch's, announced in the answer's transaction); `Done`
+        after the transaction that closed the step, or None when the thread parked on a blocking subagent (the
+        child's result resumes the step)."""
+        outcomes: list[types.Outcome] = []
+        answered: set[str] = set()
+        parked = False
+        group = self._group(step, offered)
+        bound = asyncio.Semaphore(self._settings.tool_concurrency)  # callables of this step running at once
+        while pending := [c for c in step.calls if c["id"] not in answered]:  # `state.queue_tool` may add calls
+            batch = self.batch(pending, offered, parallel)
+            answered |= {c["id"] for c in batch}
+            if prepared is None and any(not self.is_subagent(offered, c) for c in batch):
+                async with self._tx(claim) as (session, thread):
+                    prepared = await self.announce(session, thread, claim, step, offered, batch)
+            runs = [asyncio.ensure_future(self._one(step, offered, c, prepared, group, bound, claim)) for c in batch]
+            prepared = None
+            try:
+                for call, running in zip(batch, runs, strict=True):
+                    ran = await running
+                    if ran is None:  # parked on a blocking subagent: the other calls of the batch still finish
+                        parked = True
+                        continue
+                    if isinstance(ran, types.Outcome):  # a subagent call: answered in its own transaction
+                        outcomes.append(ran)
+                        continue
+                    outcomes.append(ran.outcome)
+                    last = not parked and all(c["id"] in answered for c in step.calls) and running is runs[-1]
+                    # an `after_create_message` hook runs between the result's commit and what follows it; without
+                    # one, the result's transaction goes on to the next call's start, or closes the step
+                    carry_on = ran.shaped.fields is None or not ran.hooks.runs("after_create_message")
+                    following = self._next_alone(step, offered, answered, parallel) if carry_on else None
+                    closed: Closed = None
+                    async with self._tx(claim) as (session, thread):
+                        row = await results.write(session, thread, call, ran.shaped)
+                        if carry_on and last:
+                            closed = await close(session, thread, outcomes)
+                        elif following is not None:
+                            prepared = await self.announce(session, thread, claim, step, offered, [following])
+                    if carry_on and last:
+                        return Done(closed)
+                    if row is not None:
+                        await ran.hooks.after_create_message(row)
+            finally:  # a stop (or a lost lease) cancels the calls still running with the execution
+                for running in runs:
+                    running.cancel()
+                await asyncio.gather(*runs, return_exceptions=True)
+            if parked:  # nothing more runs until the child answers: the rerun of this step picks up the rest
                 return None
-            latency_ms = round((time.perf_counter() - started) * 1000, 2)
-            # its hooks run as a callable's do, inside this transaction: the call and its answer commit together
-            hook_runner = await hooks.prepare(
-                self._catalog, self._fernet, session, thread, step.side, env=step.env, context=self._context(thread)
-            )
-            result, row = await hooks.store_result(
-                session, thread, hook_runner, call, done.result, step.side, child=done.child
-            )
-            assert step.env is not None
-            logged = tools.log_row(thread.id, call, done.result, latency_ms, step.env.secrets())
-            logged.message_id = row.id if row is not None else None
-            await logs.add(session, logged)
-        self.meter.tool_calls.labels(name, done.result.status).inc()  # a subagent tool: always one offered
-        return types.Outcome(call, result, None)
+        async with self._tx(claim) as (session, thread):
+            closed = await close(session, thread, outcomes)
+        return Done(closed)
 
-    async def _prepare_tool(
+    def _next_alone(
+        self, step: Step, offered: dict[str, types.OfferedTool], answered: set[str], parallel: bool
+    ) -> ToolCall | None:
+        """Run one by one, the next call (when it is a callable) is announced in the transaction that records
+        the one before it."""
+        pending = [c for c in step.calls if c["id"] not in answered]
+        if parallel or not pending or self.is_subagent(offered, pending[0]):
+            return None
+        return pending[0]
+
+    async def _one(
+        self,
+        step: Step,
+        offered: dict[str, types.OfferedTool],
+        call: ToolCall,
+        prepared: Prepared | None,
+        group: uuid.UUID | None,
+        bound: asyncio.Semaphore,
+        claim: queue.Claim,
+    ) -> Ran | types.Outcome | None:
+        """One call of a batch: a subagent's answered (or parked) in its own transaction, anything else run."""
+        if self.is_subagent(offered, call):
+            return await self._subagent(claim, step, offered[call["function"]["name"]], call, group)
+        assert prepared is not None
+        async with bound:
+            return await self._execute(claim, step, offered, call, prepared)
+
+    # -- one call ------------------------------------------------------------------------------------------
+
+    async def announce(
         self,
         session: AsyncSession,
         thread: tables.Thread,
         claim: queue.Claim,
         step: Step,
         offered: dict[str, types.OfferedTool],
-        call: ToolCall,
+        batch: list[ToolCall],
     ) -> Prepared:
-        """Announce a tool call (`tool_started`) and build the state and hooks it runs with."""
-        await events.append(
-            session, thread.id, "tool_started", {"tool": call["function"]["name"], "tool_call_id": call["id"]}
-        )
+        """Announce the batch's callables (`tool_started`) and build the state and hooks they run with."""
+        for call in batch:
+            if not self.is_subagent(offered, call):
+                await events.append(
+                    session, thread.id, "tool_started", {"tool": call["function"]["name"], "tool_call_id": call["id"]}
+                )
         execution = ExecutionState(
-            side=step.side,
-            step=step.number,
-            session=thread.session_number,
-            attempt=thread.attempt,
+            side=step.side, step=step.number, session=thread.session_number, attempt=thread.attempt
         )
-        assert step.env is not None
-        state = RunState(
+        registry = tuple(
+            SubagentEntry.model_validate(children.entry(c)) for c in await children.listed(session, thread)
+        )
+        state = Shared(
             thread,
             step.env,
             lambda: self._tx(claim),
-            execution,
-            self._context(thread),
             catalog=self._catalog,
             fernet=self._fernet,
+            context=self._context(thread),
             queue_call=step.calls.append,
             sessions=self._sessions,
-            children=await self._children(session, thread),
+            children=registry,
             subprompts=self._subprompts,
             tool_timeout=self._settings.tool_timeout,
-        )
-        hook_runner = await hooks.prepare(  # its hooks run between this step's transactions, not inside one
+        ).state(execution)
+        hook_runner = await prepare_hooks(  # its hooks run between this step's transactions, not inside one
             self._catalog,
             self._fernet,
             session,
@@ -117,68 +255,72 @@ class ToolPhase:
         )
         return Prepared(state, hook_runner)
 
-    async def _execute_tool(
-        self,
-        claim: queue.Claim,
-        step: Step,
-        offered: dict[str, types.OfferedTool],
-        call: ToolCall,
-        prepared: Prepared,
-    ) -> tuple[types.Outcome, dict[str, Any] | None, tables.Log]:
-        """Run the tool and its hooks, outside any transaction; returns the outcome, the fields of the result
-        message to store (None: an `after_tool_call_*` hook removed the call and its result from history) and the
-        call's log row."""
-        assert step.env is not None
+    async def _execute(
+        self, claim: queue.Claim, step: Step, offered: dict[str, types.OfferedTool], call: ToolCall, prepared: Prepared
+    ) -> Ran:
+        """Run the tool and its hooks, outside any transaction."""
         state, hook_runner = prepared.state, prepared.hooks
         started = time.perf_counter()
         outcome = await tools.execute(self._catalog, offered, call, state)
         latency_ms = round((time.perf_counter() - started) * 1000, 2)
-        self.meter.tool_call(call["function"]["name"], outcome.result.status, offered)
+        self._meter.tool_call(call["function"]["name"], outcome.result.status, offered)
         outcome = replace(outcome, result=calls.scrub_result(outcome.result, step.env.secrets()))  # a tool's echo
         outcome = await tools.check_attachments(step.config, outcome, state)
-        result = await hook_runner.after_tool_call(call, outcome.result)
-        if result is None:
-            return outcome, None, tools.log_row(claim.thread_id, call, outcome.result, latency_ms, step.env.secrets())
-        result = await hook_runner.before_store_tool_result(call, result)
-        outcome = replace(outcome, result=result)
-        logged = tools.log_row(claim.thread_id, call, result, latency_ms, step.env.secrets())
+        # a session tool bound in object form stores its mapped payload: that is the result its hooks see and edit
         content, bound = stops.stored_result(step.config, outcome)
-        fields: dict[str, Any] = {
-            "side": step.side,
-            "name": call["function"]["name"],
-            "tool_call_id": call["id"],
-            "content": content,
-        }
-        refs = await self._attachments(claim, bound, result)
-        if refs:
-            fields["attachments"] = refs
-        fields = await hook_runner.before_create_message("tool", {**fields, "tool_status": result.status})
-        return outcome, fields, logged
+        given = outcome.result
+        if content != given.text:
+            given = given.model_copy(update={"result": content})
 
-    @staticmethod
-    async def _record_tool(
-        session: AsyncSession,
-        thread: tables.Thread,
-        call: ToolCall,
-        outcome: types.Outcome,
-        fields: dict[str, Any] | None,
-        logged: tables.Log,
-    ) -> tables.Message | None:
-        """Store a tool call's result message (or drop the call), its log row, and announce `tool_completed`."""
-        row = None
-        if fields is None:  # an `after_tool_call_*` hook removed the call and its result from history
-            await messages.drop_call(session, thread.id, call["id"])
-        else:
-            row = await messages.add(session, thread.id, "tool", **fields, session_number=thread.session_number)
-            logged.message_id = row.id
-        await logs.add(session, logged)  # rides with the transaction's events
-        await events.append(
-            session,
-            thread.id,
-            "tool_completed",
-            {"tool": call["function"]["name"], "tool_call_id": call["id"], "status": outcome.result.status},
+        async def files(kept: ToolResult) -> list[dict[str, Any]]:
+            return await self._attachments(claim, bound, kept)
+
+        shaped = await results.shape(
+            hook_runner,
+            claim.thread_id,
+            call,
+            given,
+            step.side,
+            latency_ms=latency_ms,
+            secrets=step.env.secrets(),
+            files=files,
         )
-        return row
+        return Ran(replace(outcome, result=shaped.result), shaped, hook_runner)
+
+    async def _subagent(
+        self, claim: queue.Claim, step: Step, tool: types.OfferedTool, call: ToolCall, group: uuid.UUID | None
+    ) -> types.Outcome | None:
+        """A subagent tool call (§6): its result now, or None when the parent parks on a blocking child."""
+        name = call["function"]["name"]
+        async with self._tx(claim) as (session, thread):
+            await events.append(session, thread.id, "tool_started", {"tool": name, "tool_call_id": call["id"]})
+            config = step.agent.side(step.side)
+            assert config is not None
+            prompt = self._catalog.prompts[config.prompt]
+            started = time.perf_counter()
+            done = await child_tools.call(
+                session, self._catalog, thread, step.side, prompt, tool, call, step.env, self._fernet, group=group
+            )
+            if isinstance(done, child_tools.Parked):
+                return None
+            latency_ms = round((time.perf_counter() - started) * 1000, 2)
+            # its hooks run as a callable's do, inside this transaction: the call and its answer commit together
+            hook_runner = await prepare_hooks(
+                self._catalog, self._fernet, session, thread, step.side, env=step.env, context=self._context(thread)
+            )
+            result, _ = await results.store(
+                session,
+                thread,
+                hook_runner,
+                call,
+                done.result,
+                step.side,
+                latency_ms=latency_ms,
+                secrets=step.env.secrets(),
+                child=done.child,
+            )
+        self._meter.tool_calls.labels(name, done.result.status).inc()  # a subagent tool: always one offered
+        return types.Outcome(call, result, None)
 
     async def _attachments(self, claim: queue.Claim, bound: list[str], result: ToolResult) -> list[dict[str, Any]]:
         """References for a tool message: the files a session tool's `attachmentsProperty` names, and the files a

@@ -6,7 +6,7 @@ import asyncio
 import json
 import logging
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
@@ -17,9 +17,6 @@ from app.spec.define import ToolDefinition
 from app.spec.definitions import SideConfig
 from app.spec.messages import ToolCall
 from app.spec.results import ToolResult
-
-if TYPE_CHECKING:  # state.py runs tools itself (`invoke_tool`)
-    from app.engine.state import RunState
 
 log = logging.getLogger(__name__)
 
@@ -34,9 +31,16 @@ def json_secrets(secrets: list[str]) -> list[str]:
 
 
 def log_row(
-    thread_id: uuid.UUID, call: ToolCall, result: ToolResult, latency_ms: float, secrets: list[str]
+    thread_id: uuid.UUID,
+    call: ToolCall,
+    result: ToolResult,
+    latency_ms: float | None,
+    secrets: list[str],
+    *,
+    child: uuid.UUID | None = None,
 ) -> tables.Log:
-    """The `logs` row of one tool call (`logs.tool`), known secret values masked in its arguments and its error."""
+    """The `logs` row of one tool call (`logs.tool`), known secret values masked in its arguments and its error;
+    `child`: the subagent its result speaks for."""
     raw: Any = call["function"].get("arguments") or ""
     raw = raw if isinstance(raw, str) else json.dumps(raw, default=str)
     return logs.tool(
@@ -48,6 +52,7 @@ def log_row(
         latency_ms=latency_ms,
         arguments=(masking.scrub(raw, json_secrets(secrets)), len(raw.encode())),
         error_code=result.error_code,
+        subagent_id=str(child) if child is not None else None,
     )
 
 
@@ -86,7 +91,7 @@ def _session_arguments_problem(schema: dict[str, Any], arguments: dict[str, Any]
 
 
 async def execute(
-    catalog: Catalog, offered: dict[str, types.OfferedTool], call: ToolCall, state: RunState
+    catalog: Catalog, offered: dict[str, types.OfferedTool], call: ToolCall, state: types.ToolState
 ) -> types.Outcome:
     """Run one tool call; never raises for a bad call or a failing tool."""
     name = call["function"]["name"]
@@ -114,7 +119,7 @@ async def execute(
     return types.Outcome(call, await run(name, definition, arguments, tool_state), arguments)
 
 
-async def check_attachments(side: SideConfig | None, outcome: types.Outcome, state: RunState) -> types.Outcome:
+async def check_attachments(side: SideConfig | None, outcome: types.Outcome, state: types.ToolState) -> types.Outcome:
     """A session tool's `attachmentsProperty` must name files of this thread; otherwise the call is an error the
     model sees (and the session does not end on it)."""
     if side is None or outcome.result.status != "success" or not outcome.arguments:
@@ -146,7 +151,7 @@ async def check_attachments(side: SideConfig | None, outcome: types.Outcome, sta
     return outcome
 
 
-async def run(name: str, definition: ToolDefinition, arguments: dict[str, Any], state: RunState) -> ToolResult:
+async def run(name: str, definition: ToolDefinition, arguments: dict[str, Any], state: types.ToolState) -> ToolResult:
     """Validate the arguments, call the tool, and turn anything it raises into an error result."""
     args: BaseModel | None = None
     if definition.args_model is not None:

@@ -84,7 +84,8 @@ def open_work(
 ) -> tuple[tables.Message | None, list[ToolCall]]:
     """The acting side's unfinished step in this turn: a `pending` message (its call was interrupted), or a message
     whose tool calls are not all answered (with those calls), or — while the step's stops are not evaluated yet —
-    the last one that made calls. Input delivered after it (mid-turn messages) does not hide it."""
+    the model's last answer, the one that made calls (a hook may have dropped them all from it since, §10). Input
+    delivered after it (mid-turn messages) does not hide it."""
     answered = {r.tool_call_id for r in rows if r.role == "tool"}
     calling: tables.Message | None = None
     for row in reversed(rows):
@@ -96,6 +97,7 @@ def open_work(
             missing = [c for c in row.tool_calls if c["id"] not in answered]
             if missing:
                 return row, missing
+        if row.status == messages.Status.COMPLETED and (row.tool_calls or row.prompt is not None):
             calling = calling or row
     return (calling, []) if step_open and calling is not None else (None, [])
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -13,6 +13,7 @@ from app import environment, masking, tables, threads
 from app.spec.definitions import ToolEntry
 from app.spec.messages import ToolCall
 from app.spec.results import ToolResult
+from app.spec.state import ThreadState
 
 Transaction = Callable[[], AbstractAsyncContextManager[tuple[AsyncSession, tables.Thread]]]
 
@@ -125,3 +126,21 @@ class Verdict:
 
 
 GO_ON = Verdict("nothing")  # the step ends nothing: the run goes on
+
+
+class ToolState(ThreadState, Protocol):
+    """The state a tool runs with, as running one needs it (`state.RunState` is one): `tools` runs tools with it
+    and needs nothing from `state`."""
+
+    @property
+    def tool_timeout(self) -> float:
+        """Seconds a tool run with this state may take (a tool's own `timeout` wins)."""
+        ...
+
+    def with_tool(self, tool_call_id: str, options: dict[str, Any], tool_env: dict[str, str]) -> ToolState:
+        """The state one tool call sees: its call id, its options and its config env."""
+        ...
+
+    async def run_subprompt(self, entry: ToolEntry, arguments: dict[str, Any]) -> ToolResult: ...
+
+    async def hand_off(self, agent: str) -> ToolResult: ...

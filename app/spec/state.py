@@ -262,13 +262,20 @@ class ThreadState(Protocol):
     async def update_message(
         self, message_id: str, *, content: str | None = None, metadata: dict[str, Any] | None = None
     ) -> StateMessage:
-        """Replace a message's content and/or metadata (own execution only); `None` leaves a field as it is."""
+        """Replace a message's content and/or metadata (own execution only); `None` leaves a field as it is.
+
+        It runs the acting side's `before_update_message` hooks (which may change `content`, `metadata` and
+        `silent`) and then its `after_update_message` hooks, as the engine's own updates do; an update made by one of
+        those two hooks runs none.
+        """
         ...
 
     async def delete_message(self, message_id: str) -> bool:
         """Delete a message (own execution only); a tool-call message takes its results with it.
 
-        Returns False when there was no such message. Deletes emit no event: the HTTP contract has none.
+        Returns False when there was no such message. As the HTTP delete, it never leaves a call without its result:
+        a tool result alone raises `ToolResultAlone` (delete the message that made the call), and what the running
+        step still uses (its open tool-call message, a `pending` message) raises `MessageBusy`.
         """
         ...
 

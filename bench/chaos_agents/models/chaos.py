@@ -1,7 +1,9 @@
 """The chaos harness's model: thinks for a random short while, then calls one tool per input, then answers.
 
-The first word of the last user message picks the tool: `cpu` → `spin` (blocks the event loop), `child` → the
-blocking subagent `chaos_child`, anything else → `work`. The child's reviewer approves at once.
+The first word of the last user message picks the tools: `cpu` → `spin` (blocks the event loop), `child` → the
+blocking subagent `chaos_child`, `fan` → three `work` calls in one answer, `kids` → two `chaos_child` calls and a
+`work` call in one answer (the `chaos` prompt runs the calls of one answer at once), anything else → `work`. The
+child's reviewer approves at once.
 `CHAOS_MODEL_MS` bounds the thinking time.
 """
 
@@ -25,8 +27,14 @@ async def respond(request: LLMRequest) -> dict[str, Any]:
     word = (last.content or "").split(" ", 1)[0]
     if word == "cpu":
         return {"tool_calls": [{"name": "spin", "arguments": {}}]}
-    if word == "child" and any(t.name == "chaos_child" for t in request.tools):
+    has_child = any(t.name == "chaos_child" for t in request.tools)
+    if word == "child" and has_child:
         return {"tool_calls": [{"name": "chaos_child", "arguments": {"message": "work"}}]}
+    if word == "fan":
+        return {"tool_calls": [{"name": "work", "arguments": {}} for _ in range(3)]}
+    if word == "kids" and has_child:
+        child = {"name": "chaos_child", "arguments": {"message": "work"}}
+        return {"tool_calls": [child, child, {"name": "work", "arguments": {}}]}
     return {"tool_calls": [{"name": "work", "arguments": {}}]}
 
 

@@ -7,4 +7,12 @@ for name, tools in (
     ("chaos_helper", ["work"]),
     ("chaos_reviewer", []),
 ):
-    define_prompt(name=name, model="chaos", prompt=name, include_chat=True, include_past_tools=True, tools=tools)
+    define_prompt(
+        name=name,
+        model="chaos",
+        prompt=name,
+        include_chat=True,
+        include_past_tools=True,
+        tools=tools,
+        parallel_tool_calls=name == "chaos",  # its answers of several calls run them at once
+    )
