@@ -13,7 +13,7 @@ import tempfile
 from collections.abc import AsyncIterable, AsyncIterator
 from dataclasses import dataclass
 
-from sqlalchemy import select, text
+from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app import errors, tables
@@ -64,15 +64,20 @@ async def put(session: AsyncSession, body: AsyncIterable[bytes], limit: int) -> 
     return Stored(sha, size, head)
 
 
+_TOUCH = text("UPDATE blobs SET created_at = now() WHERE sha256 = :sha")
+
+
 async def touch(session: AsyncSession, sha256: str) -> None:
     """Restart a blob's grace period and lock it until commit, so `collect` cannot take it from a new reference."""
-    await session.execute(text("UPDATE blobs SET created_at = now() WHERE sha256 = :sha"), {"sha": sha256})
+    await session.execute(_TOUCH, {"sha": sha256})
+
+
+_CHUNK = text("SELECT data FROM blob_chunks WHERE sha256 = :sha AND index = :index")
 
 
 async def chunk(session: AsyncSession, sha256: str, index: int) -> bytes | None:
     """The blob's `index`-th chunk, or None past its end."""
-    query = select(tables.BlobChunk.data).where(tables.BlobChunk.sha256 == sha256, tables.BlobChunk.index == index)
-    piece: bytes | None = (await session.execute(query)).scalar_one_or_none()
+    piece: bytes | None = (await session.execute(_CHUNK, {"sha": sha256, "index": index})).scalar_one_or_none()
     return piece
 
 

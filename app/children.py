@@ -16,7 +16,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 from cryptography.fernet import Fernet
-from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm.attributes import set_committed_value
 
@@ -147,22 +146,25 @@ def entry(child: tables.Thread) -> event_types.SubagentEntry:
 _CHILDREN = "SELECT * FROM threads WHERE parent_id = $1 ORDER BY created_at"
 
 
-async def of_parent(session: AsyncSession, parent_id: uuid.UUID) -> list[tables.Thread]:
+async def listed_by_id(session: AsyncSession, parent_id: uuid.UUID) -> list[tables.Thread]:
     """The parent's children, oldest first."""
     found = await (await statements.driver(session)).fetch(_CHILDREN, parent_id)
     return [statements.attach(session, tables.Thread, row) for row in found]
 
 
-async def of(session: AsyncSession, parent: tables.Thread) -> list[tables.Thread]:
-    """`of_parent` for a row the caller read in this transaction: none without a query for a thread that never had
+async def listed(session: AsyncSession, parent: tables.Thread) -> list[tables.Thread]:
+    """`listed_by_id` for a row the caller read in this transaction: none without a query for a thread that never had
     one (read at every step; most threads never spawn a child)."""
-    return await of_parent(session, parent.id) if parent.has_children else []
+    return await listed_by_id(session, parent.id) if parent.has_children else []
+
+
+_WAITING_ON = "SELECT * FROM threads WHERE parent_id = $1 AND parent_call_id = $2"
 
 
 async def waiting_on(session: AsyncSession, parent_id: uuid.UUID, call_id: str) -> tables.Thread | None:
     """The child whose session answers the parent's tool call `call_id`, if one is still running."""
-    query = select(tables.Thread).where(tables.Thread.parent_id == parent_id, tables.Thread.parent_call_id == call_id)
-    return (await session.execute(query)).scalars().first()
+    found = await (await statements.driver(session)).fetchrow(_WAITING_ON, parent_id, call_id)
+    return None if found is None else statements.attach(session, tables.Thread, found)
 
 
 async def announce(session: AsyncSession, child: tables.Thread) -> None:
@@ -371,6 +373,9 @@ async def start(
     return child
 
 
+_OF_PARENT = "SELECT * FROM threads WHERE id = ANY(CAST($1 AS uuid[])) AND parent_id = $2"
+
+
 async def projections(
     session: AsyncSession, parent_id: uuid.UUID, ids: set[uuid.UUID]
 ) -> dict[uuid.UUID, dict[str, Any]]:
@@ -378,8 +383,8 @@ async def projections(
     not a child of the parent projects nothing (a posted `metadata.subagent_id` may name any thread)."""
     if not ids:
         return {}
-    query = select(tables.Thread).where(tables.Thread.id.in_(ids), tables.Thread.parent_id == parent_id)
-    return {child.id: messages.projection(child) for child in (await session.execute(query)).scalars()}
+    found = await (await statements.driver(session)).fetch(_OF_PARENT, list(ids), parent_id)
+    return {row["id"]: messages.projection(statements.attach(session, tables.Thread, row)) for row in found}
 
 
 def registry_message(children: list[tables.Thread]) -> str | None:

@@ -64,7 +64,7 @@ async def stop(session: AsyncSession, thread: tables.Thread) -> None:
         return
     await close_open_work(session, thread, STOPPED, "stopped_by_user")
     await messages.add(session, thread.id, "system", content=STOPPED, session_number=thread.session_number)
-    for child in await children.of_parent(session, thread.id):  # the blocking child it waits on (§11)
+    for child in await children.listed_by_id(session, thread.id):  # the blocking child it waits on (§11)
         if child.parent_call_id is not None and child.terminated_at is None:
             await (stop(session, child) if child.resumable else terminate(session, child))
     if thread.session_status == threads.SessionStatus.RUNNING:

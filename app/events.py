@@ -8,15 +8,15 @@ payloads only (`hub.Publisher`).
 
 from __future__ import annotations
 
+import functools
 import json
 import uuid
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any, Literal, overload
+from typing import Any, Literal, Protocol, overload
 
 import asyncpg
-from sqlalchemy import func, select, text
 from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm.attributes import set_committed_value
@@ -45,6 +45,15 @@ from app.event_types import (
 )
 
 CHANNEL = "agents_events"
+PAGE = 500  # stored events read per query (a stream's backlog, the hub's reads)
+
+
+class Row(Protocol):
+    """A stored event as read from `events` or `lifecycle_events`."""
+
+    seq: int
+    type: str
+    data: dict[str, Any]
 
 
 # APPEND: the seq under the thread's row lock, the event, and its NOTIFY (delivered at commit) in one round trip.
@@ -56,18 +65,37 @@ _APPEND = """
 """
 
 
-# APPEND_MANY: a batch of one thread's events, their seqs taken at once under the row lock, one NOTIFY naming the
-# first and carrying the events themselves when they fit (`$6`, see `carried`); without them the hub reads
-# everything after what it has, so it gets the whole batch.
-_APPEND_MANY = """
-    WITH next AS (UPDATE threads SET event_seq = event_seq + $2 WHERE id = $1 RETURNING event_seq),
-    stored AS (
+# APPEND_MANY: a batch of one thread's events (`$1` the thread, `$2` how many, `$3` and `$4` their types and payloads),
+# their seqs taken at once under the row lock, one NOTIFY on `$5` naming the first and carrying the events themselves
+# when they fit (`$6`, see `carried`; without them the hub reads everything after what it has, so it gets the whole
+# batch), and no NOTIFY for no events. `append_many` joins a caller's parts to it: CTEs before it (`first`, the
+# deferred writes) and after the row's UPDATE (`then`), that UPDATE's `sets`, `where` and `returning` (its row is
+# `next`), and `select` items of the result.
+_STORED = """stored AS (
         INSERT INTO events (thread_id, seq, type, data)
         SELECT $1, next.event_seq - $2 + e.ord, e.type, CAST(e.data AS jsonb)
         FROM next, unnest($3::text[], $4::text[]) WITH ORDINALITY AS e(type, data, ord)
+    )"""
+_NEWS = "CASE WHEN $2 > 0 THEN pg_notify($5, CAST($1 AS text) || ':' || (next.event_seq - $2 + 1) || $6) END"
+
+
+@functools.lru_cache(maxsize=1024)  # the same few shapes every time, as asyncpg caches each prepared text
+def append_many(
+    *, first: str = "", sets: str = "", where: str = "", returning: str = "", then: str = "", select: str = ""
+) -> str:
+    """APPEND_MANY with the caller's parts (see above)."""
+    # the parts are SQL of this module and of `queue` (S608), their values parameters
+    update = (
+        f"UPDATE threads SET {_listed(', ', 'event_seq = event_seq + $2', sets)} "  # noqa: S608
+        f"WHERE {_listed(' AND ', 'id = $1', where)} RETURNING {_listed(', ', 'event_seq', returning)}"
     )
-    SELECT pg_notify($5, CAST($1 AS text) || ':' || (next.event_seq - $2 + 1) || $6) FROM next
-"""
+    ctes = _listed(", ", first, f"next AS ({update})", then, _STORED)
+    return f"WITH {ctes} SELECT {_listed(', ', _NEWS, select)} FROM next"  # noqa: S608
+
+
+def _listed(separator: str, *parts: str) -> str:
+    return separator.join(part for part in parts if part)
+
 
 CARRIED_BYTES = 8000 - 64  # a NOTIFY payload's limit, less `thread_id:seq` (at most 56 bytes) and the separator
 
@@ -81,52 +109,24 @@ def carried(types: list[str], datas: list[str]) -> str:
     return body if len(body.encode()) <= CARRIED_BYTES else ""
 
 
-def _append_many_with(sets: str, wake: str | None) -> str:
-    """`_APPEND_MANY` that also writes the thread row's changed columns (`sets`, from `$7`) in its UPDATE; with
-    `wake` (a channel), it marks the thread runnable there too and wakes a worker on that channel at commit."""
-    if wake is not None:
-        sets = ", ".join(s for s in (sets, "runnable_since = coalesce(runnable_since, now())") if s)
-    sql = _APPEND_MANY.replace("SET event_seq = event_seq + $2", f"SET event_seq = event_seq + $2, {sets}", 1)
-    if wake is not None:
-        sql = sql.replace("|| $6) FROM next", f"|| $6), pg_notify('{wake}', '') FROM next", 1)
-    return sql
+@dataclass(frozen=True)
+class Rider:
+    """A write of the held thread's row (the queue's scheduling columns: its SQL is in `queue`) that the statement
+    writing the held events carries, one round trip fewer: `sets`, `where`, `then` and `select` are its parts of
+    `append_many` (no row when `where` fails: `LeaseLost`), `args` its parameters, numbered from `$7`, and `columns`
+    the row's columns it writes.
 
+    A `final` one gives the thread back: the flush with the row (the transaction's last) writes it, over the row's own
+    changes to `columns`, and reads the values it left back into the row; nothing may ride after it. Any other is
+    written by the next flush, and the row may not change `columns` itself."""
 
-def _append_many_releasing(sets: str, token: int, channel: str) -> str:
-    """`_APPEND_MANY` that also gives the thread back (`queue.release`'s plain case, `$token` the lease token): the
-    lease row goes, the row's lease columns are cleared, and it stays runnable (a worker woken on `channel`) only if
-    input waits. Returns the row's `runnable_since` and `attempt` as the release left them; no row when the lease
-    is not the one given."""
-    sets = ", ".join(s for s in (sets, _RELEASE_SETS) if s)
-    sql = _APPEND_MANY.replace("SET event_seq = event_seq + $2", f"SET event_seq = event_seq + $2, {sets}", 1)
-    mine = f"lease_token = ${token} RETURNING event_seq, runnable_since, attempt)"
-    dropped = f"dropped AS (DELETE FROM leases WHERE thread_id = $1 AND token = ${token})"  # noqa: S608 -- a number
-    sql = sql.replace("WHERE id = $1 RETURNING event_seq),", f"WHERE id = $1 AND {mine}, {dropped},", 1)
-    sql = sql.replace("SELECT pg_notify($5,", "SELECT CASE WHEN $2 > 0 THEN pg_notify($5,", 1)  # no events: no news
-    return sql.replace(
-        "|| $6) FROM next",
-        f"|| $6) END, next.runnable_since, next.attempt, "
-        f"CASE WHEN next.runnable_since IS NOT NULL THEN pg_notify('{channel}', '') END FROM next",
-        1,
-    )
-
-
-# INPUT_WAITS: whether the thread's inbox holds input, in an UPDATE of its row (also `queue._RELEASE`).
-# RELEASE_SETS: as `queue._RELEASE` sets them without a refund or `again`: runnable only with input waiting (the row
-# lock taken by the transaction's fence keeps any new input's commit after this one).
-INPUT_WAITS = "EXISTS (SELECT 1 FROM inbox WHERE inbox.thread_id = threads.id AND inbox.set_aside_at IS NULL)"
-_RELEASE_SETS = (
-    "lease_token = NULL, lease_owner = NULL, attempt = 0, "
-    f"runnable_since = CASE WHEN {INPUT_WAITS} THEN coalesce(runnable_since, now()) ELSE NULL END"
-)
-RELEASED = ("lease_token", "lease_owner", "attempt", "runnable_since")  # the columns a release sets
-
-
-# RUNNABLE: keep (or set) `runnable_since` and wake a worker on `$2` at commit: `_APPEND_MANY`'s wake-up without
-# events (after the deferred writes, `statements.defer`), and `queue.mark_runnable`.
-RUNNABLE = (
-    "UPDATE threads SET runnable_since = coalesce(runnable_since, now()) WHERE id = $1 RETURNING pg_notify($2, '')"
-)
+    sets: str
+    columns: tuple[str, ...]
+    args: tuple[Any, ...] = ()
+    where: str = ""
+    then: str = ""
+    select: str = ""
+    final: bool = False
 
 
 _BATCH = "events.batch"  # `session.info` key of the events held for one thread until `flush`
@@ -136,8 +136,7 @@ _BATCH = "events.batch"  # `session.info` key of the events held for one thread 
 class _Held:
     thread_id: uuid.UUID
     items: list[tuple[str, str]] = field(default_factory=list)
-    wake: str | None = None  # `runnable`: the wake-up channel
-    release: tuple[uuid.UUID, str] | None = None  # `releasing`: the lease token, and the wake-up channel
+    rider: Rider | None = None  # `add_rider`
 
 
 def hold(session: AsyncSession, thread_id: uuid.UUID) -> None:
@@ -150,100 +149,78 @@ def hold(session: AsyncSession, thread_id: uuid.UUID) -> None:
 async def flush(session: AsyncSession, thread: tables.Thread | None = None) -> None:
     """Write the events held on `session` (before its commit, and before a savepoint); with the held thread's row,
     its changed columns go in the same statement (the events' UPDATE of that row), and so do the deferred writes
-    (`statements.defer`)."""
+    (`statements.defer`) and the rider (`add_rider`)."""
     held: _Held | None = session.info.get(_BATCH)
     if held is None:
         return
-    # a release goes with the thread's row (the transaction's last flush); one without it writes only the events
-    release = held.release if thread is not None and thread.id == held.thread_id else None
+    row = thread if thread is not None and thread.id == held.thread_id else None
+    rider = held.rider if held.rider is not None and (row is not None or not held.rider.final) else None
     writes = statements.deferred(session)
-    if not (held.items or writes or held.wake or release):
+    if not (held.items or writes or rider):
         return
     driver = await statements.driver(session, flush=False, carries=True)
-    types, datas = [t for t, _ in held.items], [d for _, d in held.items]
-    extra, wake = [a for _, args in writes for a in args], held.wake
-    held.items, held.wake = [], None
-    if release is not None:
-        assert thread is not None
-        held.release = None
-        await _flush_releasing(session, driver, thread, types, datas, writes, release)
-        return
-    if not types:
-        if wake is not None:
-            prefix = f"WITH {statements.ctes(writes, 3)} " if writes else ""
-            await driver.execute(prefix + RUNNABLE, held.thread_id, wake, *extra)
-        elif writes:
-            await driver.execute(f"WITH {statements.ctes(writes, 1)} SELECT 1", *extra)
-        return
-    changes = statements.changes(thread, first=7) if thread is not None and thread.id == held.thread_id else None
-    if wake is not None and changes is not None and "runnable_since" in changes.keys:
-        raise ValueError("runnable_since is set by the statement itself when it wakes a worker")
-    sets, params = ("", []) if changes is None else (changes.sets, changes.params)
-    sql = _append_many_with(sets, wake) if sets or wake is not None else _APPEND_MANY
-    if writes:  # before the statement's own CTEs, which start it
-        sql = sql.replace("WITH ", f"WITH {statements.ctes(writes, 7 + len(params))}, ", 1)
-    suffix = carried(types, datas)
-    await driver.execute(sql, held.thread_id, len(types), types, datas, CHANNEL, suffix, *params, *extra)
-    if changes is not None:
-        changes.written(session)
-
-
-async def _flush_releasing(
-    session: AsyncSession,
-    driver: statements.Driver,
-    thread: tables.Thread,
-    types: list[str],
-    datas: list[str],
-    writes: list[tuple[str, list[Any]]],
-    release: tuple[uuid.UUID, str],
-) -> None:
-    token, channel = release
-    keys = tuple(sorted(k for k in sa_inspect(thread).committed_state if k not in RELEASED))
-    changes = statements.changes(thread, keys, first=7) if keys else None
-    sets, params = ("", []) if changes is None else (changes.sets, changes.params)
-    sql = _append_many_releasing(sets, 7 + len(params), channel)
-    if writes:
-        sql = sql.replace("WITH ", f"WITH {statements.ctes(writes, 8 + len(params))}, ", 1)
     extra = [a for _, args in writes for a in args]
-    suffix = carried(types, datas)
-    found = await driver.fetchrow(sql, thread.id, len(types), types, datas, CHANNEL, suffix, *params, token, *extra)
-    if found is None:
+    if not held.items and rider is None:  # the deferred writes alone
+        await driver.execute(f"WITH {statements.ctes(writes, 1)} SELECT 1", *extra)
+        return
+    types, datas = [t for t, _ in held.items], [d for _, d in held.items]
+    held.items = []
+    if rider is not None:
+        held.rider = None
+    args = rider.args if rider is not None else ()
+    changes = None if row is None else _changes(row, rider, first=7 + len(args))
+    sets, params = ("", []) if changes is None else (changes.sets, changes.params)
+    sql = append_many(
+        first=statements.ctes(writes, 7 + len(args) + len(params)) if writes else "",
+        sets=_listed(", ", rider.sets if rider is not None else "", sets),
+        **(_parts(rider) if rider is not None else {}),
+    )
+    found = await driver.fetchrow(
+        sql, held.thread_id, len(types), types, datas, CHANNEL, carried(types, datas), *args, *params, *extra
+    )
+    if found is None and rider is not None and rider.where:
         raise errors.LeaseLost()
     if changes is not None:
         changes.written(session)
-    released = {"lease_token": None, "lease_owner": None, "attempt": found["attempt"]}
-    for key, value in {**released, "runnable_since": found["runnable_since"]}.items():
-        set_committed_value(thread, key, value)
-    statements.settle(session, thread)
+    if row is not None and rider is not None and rider.final:
+        assert found is not None
+        for key in rider.columns:
+            set_committed_value(row, key, found[key])
+        statements.settle(session, row)
 
 
-def releasing(session: AsyncSession, thread: tables.Thread, token: uuid.UUID, channel: str) -> bool:
-    """Give the thread back (`queue.release` with neither `again` nor a refund) in the statement that writes the held
-    events at the transaction's last flush (one round trip fewer), when `session` holds the thread's events; False
-    when it does not, or when deferred input would escape the release's look at the inbox (the caller releases it).
-    The transaction must hold the row lock (the engine's fence), and mark nothing runnable after this."""
+def _changes(row: tables.Thread, rider: Rider | None, first: int) -> statements.Changes | None:
+    """The row's changed columns the statement writes: not those a final rider writes over."""
+    changed = tuple(sorted(sa_inspect(row).committed_state))
+    if rider is not None and not rider.final and set(changed) & set(rider.columns):
+        raise ValueError(f"{', '.join(rider.columns)}: written by the statement itself, not by the row")
+    keys = tuple(k for k in changed if rider is None or k not in rider.columns)
+    return statements.changes(row, keys, first=first) if keys else None
+
+
+def _parts(rider: Rider) -> dict[str, str]:
+    """A rider's parts of `append_many`; a final one's also return the columns it writes (as `next` holds them)."""
+    returning = ", ".join(rider.columns) if rider.final else ""
+    read_back = ", ".join(f"next.{c}" for c in rider.columns) if rider.final else ""
+    return {
+        "where": rider.where,
+        "returning": returning,
+        "then": rider.then,
+        "select": _listed(", ", read_back, rider.select),
+    }
+
+
+def add_rider(session: AsyncSession, thread_id: uuid.UUID, rider: Rider) -> bool:
+    """Have the statement that writes the thread's held events also write `rider` (see `Rider`), when `session` holds
+    that thread's events and no other rider; False when it does not (the caller writes it itself)."""
     held: _Held | None = session.info.get(_BATCH)
-    if (
-        held is None
-        or held.thread_id != thread.id
-        or held.wake is not None
-        or "inbox" in statements.deferred_tables(session)
-    ):
+    if held is not None and held.rider == rider:
+        return True
+    if held is not None and held.rider is not None and held.rider.final:
+        raise ValueError("the thread is given back at the end of this transaction: nothing may ride after that")
+    if held is None or held.thread_id != thread_id or held.rider is not None:
         return False
-    held.release = (token, channel)
-    return True
-
-
-def runnable(session: AsyncSession, thread_id: uuid.UUID, channel: str) -> bool:
-    """Mark the thread runnable and wake a worker on `channel` in the statement that writes the held events (one
-    round trip fewer), when `session` holds the thread's events; False when it does not (the caller does it). The
-    held row object's `runnable_since` is not refreshed."""
-    held: _Held | None = session.info.get(_BATCH)
-    if held is not None and held.release is not None:
-        raise ValueError("the thread is released at the end of this transaction: nothing may mark it runnable")
-    if held is None or held.thread_id != thread_id:
-        return False
-    held.wake = channel
+    held.rider = rider
     return True
 
 
@@ -340,15 +317,14 @@ async def append(session: AsyncSession, thread_id: uuid.UUID, type_: str, data: 
     return seq
 
 
-async def read(session: AsyncSession, thread_id: uuid.UUID, after: int, limit: int = 500) -> list[tables.Event]:
+# READ: a thread's events after a position, in order.
+_READ = "SELECT * FROM events WHERE thread_id = $1 AND seq > $2 ORDER BY seq LIMIT $3"
+
+
+async def read(session: AsyncSession, thread_id: uuid.UUID, after: int, limit: int = PAGE) -> list[tables.Event]:
     """Stored events of a thread with seq greater than `after`, in order."""
-    query = (
-        select(tables.Event)
-        .where(tables.Event.thread_id == thread_id, tables.Event.seq > after)
-        .order_by(tables.Event.seq)
-        .limit(limit)
-    )
-    return list((await session.execute(query)).scalars())
+    rows = await (await statements.driver(session)).fetch(_READ, thread_id, after, limit)
+    return [statements.attach(session, tables.Event, row) for row in rows]
 
 
 # READ_MANY: the next events of several threads, each after its own position, in one query; the payload as the text
@@ -365,7 +341,7 @@ _READ_MANY = """
 
 
 async def read_many(
-    conn: asyncpg.Connection, afters: Mapping[uuid.UUID, int], limit: int = 500
+    conn: asyncpg.Connection, afters: Mapping[uuid.UUID, int], limit: int = PAGE
 ) -> dict[uuid.UUID, list[asyncpg.Record]]:
     """For each thread, its stored events with seq greater than its position, in order (at most `limit` each), as
     records of `thread_id`, `seq`, `type` and `text` (the JSON payload), read outside any transaction."""
@@ -376,20 +352,25 @@ async def read_many(
     return found
 
 
+# MISSED: a thread's last seq and the oldest one retention left.
+_MISSED = """
+    SELECT t.event_seq AS last, (SELECT min(seq) FROM events e WHERE e.thread_id = t.id) AS oldest
+    FROM threads t WHERE t.id = $1
+"""
+
+
 async def missed(session: AsyncSession, thread_id: uuid.UUID, after: int) -> int | None:
     """When retention removed events after `after`, the oldest seq still stored (the `events_missed` answer)."""
-    row = (
-        await session.execute(
-            text(
-                "SELECT t.event_seq, (SELECT min(seq) FROM events e WHERE e.thread_id = t.id) AS oldest "
-                "FROM threads t WHERE t.id = :id"
-            ),
-            {"id": thread_id},
-        )
-    ).one()
-    if after >= row.event_seq:
+    found = await (await statements.driver(session)).fetchrow(_MISSED, thread_id)
+    assert found is not None  # the caller read the thread
+    return _oldest_missed(found, after)
+
+
+def _oldest_missed(found: asyncpg.Record, after: int) -> int | None:
+    """From the `last` seq and the `oldest` one stored: the oldest after `after` if retention took any before it."""
+    if after >= found["last"]:
         return None
-    oldest = row.oldest if row.oldest is not None else row.event_seq + 1
+    oldest = found["oldest"] if found["oldest"] is not None else found["last"] + 1
     return int(oldest) if oldest > after + 1 else None
 
 
@@ -398,69 +379,75 @@ async def missed(session: AsyncSession, thread_id: uuid.UUID, after: int) -> int
 LIFECYCLE = uuid.UUID(int=0)  # the hub key of lifecycle subscribers
 
 
-async def append_lifecycle(session: AsyncSession, thread: tables.Thread, type_: LifecycleEvent) -> int:
-    """Record `thread_created` / `thread_updated` / `thread_deleted` for the thread's owner; returns its seq.
+# APPEND_LIFECYCLE: the seq from the `lifecycle` counter row under its lock (so seq order is commit order; low
+# volume), the event, and its NOTIFY (`$5`, delivered at commit) in one statement.
+_APPEND_LIFECYCLE = """
+    WITH next AS (UPDATE counters SET value = value + 1 WHERE name = 'lifecycle' RETURNING value)
+    INSERT INTO lifecycle_events (seq, user_id, thread_id, type, data)
+    SELECT next.value, $1, $2, $3, CAST($4 AS jsonb) FROM next
+    RETURNING seq, pg_notify($5, CAST($6 AS text) || ':' || seq)
+"""
 
-    The seq comes from the `lifecycle` counter row under its lock, so seq order is commit order (low volume).
-    """
-    seq: int = (
-        await session.execute(text("UPDATE counters SET value = value + 1 WHERE name = 'lifecycle' RETURNING value"))
-    ).scalar_one()
+
+async def append_lifecycle(session: AsyncSession, thread: tables.Thread, type_: LifecycleEvent) -> int:
+    """Record `thread_created` / `thread_updated` / `thread_deleted` for the thread's owner; returns its seq."""
     data = Lifecycle(thread_id=str(thread.id), agent=thread.agent, status=thread.status, name=thread.name)
-    session.add(tables.LifecycleEvent(seq=seq, user_id=thread.user_id, thread_id=thread.id, type=type_, data=data))
-    await session.execute(select(func.pg_notify(CHANNEL, f"{LIFECYCLE}:{seq}")))
+    args = (thread.user_id, thread.id, type_, json.dumps(data), CHANNEL, str(LIFECYCLE))
+    seq: int = await (await statements.driver(session)).fetchval(_APPEND_LIFECYCLE, *args)
     return seq
 
 
+# READ_LIFECYCLE: lifecycle events after a position, of every thread; READ_LIFECYCLE_OF: of one user's threads.
+_READ_LIFECYCLE = "SELECT * FROM lifecycle_events WHERE seq > $1 ORDER BY seq LIMIT $2"
+_READ_LIFECYCLE_OF = "SELECT * FROM lifecycle_events WHERE seq > $1 AND user_id = $3 ORDER BY seq LIMIT $2"
+
+
 async def read_lifecycle(
-    session: AsyncSession, user_id: str | None, after: int, limit: int = 500
+    session: AsyncSession, user_id: str | None, after: int, limit: int = PAGE
 ) -> list[tables.LifecycleEvent]:
     """Lifecycle events after `after`, of one user's threads (all threads when `user_id` is None)."""
-    query = select(tables.LifecycleEvent).where(tables.LifecycleEvent.seq > after)
-    if user_id is not None:
-        query = query.where(tables.LifecycleEvent.user_id == user_id)
-    return list((await session.execute(query.order_by(tables.LifecycleEvent.seq).limit(limit))).scalars())
+    driver = await statements.driver(session)
+    if user_id is None:
+        rows = await driver.fetch(_READ_LIFECYCLE, after, limit)
+    else:
+        rows = await driver.fetch(_READ_LIFECYCLE_OF, after, limit, user_id)
+    return [statements.attach(session, tables.LifecycleEvent, row) for row in rows]
+
+
+# MISSED_LIFECYCLE: the lifecycle stream's last seq and the oldest one retention left.
+_MISSED_LIFECYCLE = """
+    SELECT c.value AS last, (SELECT min(seq) FROM lifecycle_events) AS oldest FROM counters c WHERE c.name = 'lifecycle'
+"""
 
 
 async def missed_lifecycle(session: AsyncSession, after: int) -> int | None:
     """When retention removed lifecycle events after `after`, the oldest seq still stored."""
-    row = (
-        await session.execute(
-            text(
-                "SELECT c.value AS last, (SELECT min(seq) FROM lifecycle_events) AS oldest "
-                "FROM counters c WHERE c.name = 'lifecycle'"
-            )
+    found = await (await statements.driver(session)).fetchrow(_MISSED_LIFECYCLE)
+    assert found is not None  # the counter row is made by the first migration
+    return _oldest_missed(found, after)
+
+
+# EXPIRE: retention, in batches (`$2` rows) so a large backlog never holds one long transaction; how many went. One
+# statement for each table: `events` (its rows by `ctid`) and `lifecycle_events`.
+def _expire(table: str, key: str) -> str:
+    return f"""
+    WITH gone AS (
+        DELETE FROM {table} WHERE {key} IN (
+            SELECT {key} FROM {table} WHERE created_at < now() - make_interval(secs => $1) LIMIT $2
         )
-    ).one()
-    if after >= row.last:
-        return None
-    oldest = row.oldest if row.oldest is not None else row.last + 1
-    return int(oldest) if oldest > after + 1 else None
-
-
-# EXPIRE: retention, in batches so a large backlog never holds one long transaction.
-_EXPIRE = text(
-    """
-    DELETE FROM events WHERE ctid IN (
-        SELECT ctid FROM events WHERE created_at < now() - make_interval(secs => :age) LIMIT :batch
+        RETURNING 1
     )
-    """
-)
+    SELECT count(*) FROM gone
+"""  # noqa: S608 -- this module's table and column names
 
 
-_EXPIRE_LIFECYCLE = text(
-    """
-    DELETE FROM lifecycle_events WHERE seq IN (
-        SELECT seq FROM lifecycle_events WHERE created_at < now() - make_interval(secs => :age) LIMIT :batch
-    )
-    """
-)
+_EXPIRE = (_expire("events", "ctid"), _expire("lifecycle_events", "seq"))
 
 
 async def expire(session: AsyncSession, age_seconds: float, batch: int = 10_000) -> int:
     """Delete one batch of thread and lifecycle events older than `age_seconds`; returns how many went."""
+    driver = await statements.driver(session)
     gone = 0
-    for statement in (_EXPIRE, _EXPIRE_LIFECYCLE):
-        result = await session.execute(statement, {"age": age_seconds, "batch": batch})
-        gone += int(result.rowcount)  # type: ignore[attr-defined]
+    for statement in _EXPIRE:
+        gone += int(await driver.fetchval(statement, float(age_seconds), batch))
     return gone

@@ -21,7 +21,7 @@ import logging
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import asyncpg
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -34,15 +34,6 @@ CHANNEL = events.CHANNEL
 PIECE = 1000  # characters per NOTIFY: even fully escaped, a piece stays under the 8000-byte limit
 WATCH_INTERVAL = 1.0  # seconds between checks that the LISTEN connection is still open
 KEY_CHECK = 5.0  # seconds between checks of the keys streams were opened with, changed or not
-PAGE = 500  # events read per query
-
-
-class Row(Protocol):
-    """A stored event as read from `events` or `lifecycle_events`."""
-
-    seq: int
-    type: str
-    data: dict[str, Any]
 
 
 @dataclass
@@ -60,7 +51,7 @@ class Entry:
     frame: bytes | None = field(default=None, compare=False)
 
     @classmethod
-    def of(cls, row: Row) -> Entry:
+    def of(cls, row: events.Row) -> Entry:
         return cls(row.seq, row.type, row.data, json.dumps(row.data), getattr(row, "user_id", None))
 
 
@@ -326,13 +317,13 @@ class Hub:
         found: dict[uuid.UUID, list[Entry]] = {}
         if events.LIFECYCLE in afters:
             async with db.autocommit(self._sessions) as session:
-                rows = await events.read_lifecycle(session, None, afters[events.LIFECYCLE], PAGE)
+                rows = await events.read_lifecycle(session, None, afters[events.LIFECYCLE], events.PAGE)
             found[events.LIFECYCLE] = [Entry.of(row) for row in rows]
         threads = {k: v for k, v in afters.items() if k != events.LIFECYCLE}
         if threads:
             if self._conn is None or self._conn.is_closed():
                 raise ConnectionError("the event listener is reconnecting")
-            for key, records in (await events.read_many(self._conn, threads, PAGE)).items():
+            for key, records in (await events.read_many(self._conn, threads, events.PAGE)).items():
                 found[key] = [Entry(r["seq"], r["type"], json.loads(r["text"]), r["text"]) for r in records]
         return found
 

@@ -1,16 +1,17 @@
 """The durable per-thread queue: enqueue (+NOTIFY), claim (SKIP LOCKED), fence, heartbeat, release, revoke.
 
-Every query the queue runs is here, named and commented, and so is every write of `inbox` and `leases` but two, each
-kept in another module's statement so that it costs no statement of its own:
+Every query the queue runs is here, named and commented, and so is every write of `inbox`, `leases` and the thread
+row's scheduling columns. Three of those writes ride in another module's statement, so that they cost no statement of
+their own:
 
 - `effects.claim_due` (`effects._CLAIM_DUE`, the effects timer): for each due effect, an `effect` inbox row
   (`inputs.Kind.EFFECT`, `{effect_id, name}`) and `runnable_since` set on its thread (kept if set), in the statement
   that marks the effects `queued`, then a NOTIFY on `WAKEUP_CHANNEL`. One statement, so an effect is never `queued`
   without its inbox row, nor its row there without the thread runnable. Those rows are read and removed here
   (`next_effect`, `drop`), never by `take_inbox`.
-- `events.releasing` (the engine's fenced transaction that ends a run): `RELEASE` without a refund, folded into the
-  statement that writes the transaction's held events: the lease row deleted, the lease columns cleared, the thread
-  left runnable only if input waits (`events.INPUT_WAITS`).
+- `MARKED` and `RELEASING`, written here as `events.Rider`s and carried by the statement that writes a transaction's
+  held events (`events.flush`): ENQUEUE's runnable mark and wake-up (`enqueue_alongside`), and RELEASE without a
+  refund when the engine's fenced transaction ends a run (`release_with_events`).
 
 Scheduling state lives on `threads`:
 `runnable_since` (set while input waits or a run must go on), `lease_token` / `lease_owner` (who runs it: the
@@ -24,6 +25,7 @@ ran out, and the stalled transaction would commit and start a tool while another
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import uuid
 from collections.abc import Sequence
@@ -31,7 +33,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
-from sqlalchemy import Delete, delete, func, select, text, update
 from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm.attributes import set_committed_value
@@ -79,14 +80,21 @@ async def enqueue(session: AsyncSession, thread_id: uuid.UUID, kind: str, payloa
     return inbox_id
 
 
-# INBOX_ADD: ENQUEUE's inbox row alone (`enqueue_alongside`).
+# INBOX_ADD: ENQUEUE's inbox row alone (`enqueue_alongside`), and MARKED its runnable mark and wake-up, in the
+# statement that writes the transaction's held events.
 _INBOX_ADD = "INSERT INTO inbox (thread_id, kind, payload) VALUES ($1, $2, CAST($3 AS jsonb))"
+MARKED = events.Rider(
+    sets="runnable_since = coalesce(runnable_since, now())",
+    columns=("runnable_since",),
+    args=(WAKEUP_CHANNEL,),
+    select="pg_notify($7, '')",
+)
 
 
 async def enqueue_alongside(session: AsyncSession, thread_id: uuid.UUID, kind: str, payload: dict[str, Any]) -> None:
     """`enqueue` in a transaction that holds the thread's events (`POST /messages`): the row, the runnable mark and
-    the wake-up go in the statement that writes the events (`statements.defer`)."""
-    if not events.runnable(session, thread_id, WAKEUP_CHANNEL):
+    the wake-up go in the statement that writes the events (`statements.defer`, `events.add_rider`)."""
+    if not events.add_rider(session, thread_id, MARKED):
         await enqueue(session, thread_id, kind, payload)
         return
     await statements.defer(session, _INBOX_ADD, [thread_id, kind, json.dumps(payload)])
@@ -142,15 +150,6 @@ async def post(driver: statements.Driver, thread_id: uuid.UUID, user_id: str | N
     return found is not None
 
 
-# MARK_RUNNABLE: as in ENQUEUE, without input (a run that must go on); the statement is `events.RUNNABLE`.
-_MARK_RUNNABLE = events.RUNNABLE
-
-
-async def mark_runnable(session: AsyncSession, thread_id: uuid.UUID) -> None:
-    """Keep (or set) `runnable_since` and wake a worker when the transaction commits."""
-    await (await statements.driver(session)).execute(_MARK_RUNNABLE, thread_id, WAKEUP_CHANNEL)
-
-
 # CLAIM: the oldest runnable thread whose lease is absent or expired, skipping thread rows locked by another claimer
 # or by a transaction of the execution that holds it, and the threads the claiming worker still runs (an expired lease
 # nobody else took is still its own: no second execution). A thread parked on a blocking child (`waiting`), stopped
@@ -199,8 +198,7 @@ async def claim(
 
 
 # FENCE: the token in the WHERE makes every write of a run conditional on still owning it; an expired lease (the
-# heartbeat could not renew it for a whole lease) is lost too, as another worker may claim it any moment. Built once:
-# SQLAlchemy then reuses its compiled form without deriving a cache key per call.
+# heartbeat could not renew it for a whole lease) is lost too, as another worker may claim it any moment.
 _FENCE = """
     SELECT * FROM threads t
     WHERE t.id = $1 AND t.lease_token = $2
@@ -243,6 +241,7 @@ HEARTBEAT = """
 # HEARTBEAT_WAITING: the rows the first statement skipped because they were locked, renewed in a transaction of
 # their own that waits for the locks (at most `lock_timeout`): the others are committed already, so no wait here can
 # cost them their lease.
+_LOCK_TIMEOUT = "SELECT set_config('lock_timeout', $1, true)"  # SET LOCAL, with the value as a parameter
 HEARTBEAT_WAITING = """
     UPDATE leases SET expires_at = now() + make_interval(secs => $3)
     WHERE (thread_id, token) IN (SELECT * FROM unnest($1::uuid[], $2::uuid[]))
@@ -262,7 +261,7 @@ async def heartbeat(
     if busy:
         with contextlib.suppress(asyncpg.LockNotAvailableError):
             async with conn.transaction():
-                await conn.execute(f"SET LOCAL lock_timeout = {int(lock_timeout * 1000)}")
+                await conn.execute(_LOCK_TIMEOUT, f"{int(lock_timeout * 1000)}ms")
                 await conn.execute(
                     HEARTBEAT_WAITING, [c.thread_id for c in busy], [c.token for c in busy], float(lease_seconds)
                 )
@@ -296,7 +295,7 @@ async def waiting(session: AsyncSession, thread_id: uuid.UUID) -> tuple[bool, bo
 
 # REVOKE: whatever lease the thread has, deleted in the transaction that stops, terminates or deletes it (`control`):
 # the holder's next fenced commit finds no lease (`FENCE`), and its heartbeat reports it lost.
-_REVOKE = delete(tables.Lease)
+_REVOKE = "DELETE FROM leases WHERE thread_id = $1"
 
 
 async def revoke(session: AsyncSession, thread: tables.Thread) -> uuid.UUID | None:
@@ -305,35 +304,33 @@ async def revoke(session: AsyncSession, thread: tables.Thread) -> uuid.UUID | No
     revoked = thread.lease_token
     thread.lease_token = None
     thread.lease_owner = None
-    await session.execute(_REVOKE.where(tables.Lease.thread_id == thread.id))
+    await (await statements.driver(session)).execute(_REVOKE, thread.id)
     thread.attempt = 0
     thread.runnable_since = None
     return revoked
 
 
 # CLEAR: all of the thread's inbox, set-aside rows included: a terminated thread runs nothing again.
-_CLEAR = delete(tables.Inbox)
+_CLEAR = "DELETE FROM inbox WHERE thread_id = $1"
 
 
 async def clear(session: AsyncSession, thread_id: uuid.UUID) -> None:
     """Drop everything waiting in the thread's inbox (`control.terminate`)."""
-    await session.execute(_CLEAR.where(tables.Inbox.thread_id == thread_id))
+    await (await statements.driver(session)).execute(_CLEAR, thread_id)
 
 
 # WITHDRAW: the thread's waiting messages that speak for these children (`metadata.subagent_id`, as `messages.enqueue`
 # stores it): their reports and notes, never to be delivered.
-def _withdraw(thread_id: uuid.UUID, children: list[uuid.UUID]) -> Delete:
-    inbox = tables.Inbox
-    return delete(inbox).where(
-        inbox.thread_id == thread_id,
-        inbox.kind == inputs.Kind.MESSAGE,
-        inbox.payload["metadata"]["subagent_id"].astext.in_([str(c) for c in children]),
-    )
+_WITHDRAW = """
+    DELETE FROM inbox
+    WHERE thread_id = $1 AND kind = $2 AND payload -> 'metadata' ->> 'subagent_id' = ANY(CAST($3 AS text[]))
+"""
 
 
 async def withdraw(session: AsyncSession, thread_id: uuid.UUID, children: list[uuid.UUID]) -> None:
     """Drop the thread's waiting messages from these children."""
-    await session.execute(_withdraw(thread_id, children))
+    args = (thread_id, inputs.Kind.MESSAGE, [str(c) for c in children])
+    await (await statements.driver(session)).execute(_WITHDRAW, *args)
 
 
 # TAKE_INBOX: the thread's waiting input, removed as it is read. Effect rows stay: each is removed by `drop` in the
@@ -350,48 +347,57 @@ async def take_inbox(session: AsyncSession, thread_id: uuid.UUID) -> list[Input]
     return sorted((Input(r["id"], r["kind"], r["payload"]) for r in rows), key=lambda r: r.id)
 
 
+# SET_ASIDE: one input kept out of every later delivery, with the reason (poison input); SET_ASIDE_ALL: every input
+# still waiting for the thread.
+_SET_ASIDE = "UPDATE inbox SET set_aside_at = now(), error = $2 WHERE id = $1"
+_SET_ASIDE_ALL = """
+    UPDATE inbox SET set_aside_at = now(), error = $2 WHERE thread_id = $1 AND set_aside_at IS NULL RETURNING *
+"""
+
+
 async def set_aside(session: AsyncSession, inbox_id: int, error: str) -> None:
     """Keep an input whose delivery keeps failing out of every later delivery, with the reason (poison input)."""
-    await session.execute(
-        update(tables.Inbox).where(tables.Inbox.id == inbox_id).values(set_aside_at=func.now(), error=error)
-    )
+    await (await statements.driver(session)).execute(_SET_ASIDE, inbox_id, error)
 
 
 async def set_aside_all(session: AsyncSession, thread_id: uuid.UUID, error: str) -> list[tables.Inbox]:
     """Set aside every input still waiting for the thread (the crash budget ran out while delivering it)."""
-    query = (
-        update(tables.Inbox)
-        .where(tables.Inbox.thread_id == thread_id, tables.Inbox.set_aside_at.is_(None))
-        .values(set_aside_at=func.now(), error=error)
-        .returning(tables.Inbox)
-    )
-    return sorted((await session.execute(query)).scalars(), key=lambda r: r.id)
+    rows = await (await statements.driver(session)).fetch(_SET_ASIDE_ALL, thread_id, error)
+    return sorted((_inbox(session, row) for row in rows), key=lambda r: r.id)
+
+
+# NEXT_EFFECT: the thread's oldest effect row, left in place until its handler finished (`drop`).
+_NEXT_EFFECT = """
+    SELECT * FROM inbox WHERE thread_id = $1 AND kind = $2 AND set_aside_at IS NULL ORDER BY id LIMIT 1
+"""
 
 
 async def next_effect(session: AsyncSession, thread_id: uuid.UUID) -> tables.Inbox | None:
     """The thread's oldest effect inbox row, left in place until its handler finished."""
-    query = (
-        select(tables.Inbox)
-        .where(
-            tables.Inbox.thread_id == thread_id,
-            tables.Inbox.kind == inputs.Kind.EFFECT,
-            tables.Inbox.set_aside_at.is_(None),
-        )
-        .order_by(tables.Inbox.id)
-        .limit(1)
-    )
-    return (await session.execute(query)).scalar_one_or_none()
+    found = await (await statements.driver(session)).fetchrow(_NEXT_EFFECT, thread_id, inputs.Kind.EFFECT)
+    return None if found is None else _inbox(session, found)
+
+
+_DROP = "DELETE FROM inbox WHERE id = $1"
 
 
 async def drop(session: AsyncSession, inbox_id: int) -> None:
     """Remove one inbox row."""
-    await session.execute(delete(tables.Inbox).where(tables.Inbox.id == inbox_id))
+    await (await statements.driver(session)).execute(_DROP, inbox_id)
+
+
+# PENDING: the thread's undelivered input, set-aside rows included (they are shown as failed).
+_PENDING = "SELECT * FROM inbox WHERE thread_id = $1 ORDER BY id"
 
 
 async def pending(session: AsyncSession, thread_id: uuid.UUID) -> list[tables.Inbox]:
     """The thread's undelivered input, oldest first (set-aside rows included: they are shown as failed)."""
-    query = select(tables.Inbox).where(tables.Inbox.thread_id == thread_id).order_by(tables.Inbox.id)
-    return list((await session.execute(query)).scalars())
+    return [_inbox(session, row) for row in await (await statements.driver(session)).fetch(_PENDING, thread_id)]
+
+
+def _inbox(session: AsyncSession, row: asyncpg.Record) -> tables.Inbox:
+    found: tables.Inbox = statements.attach(session, tables.Inbox, row)
+    return found
 
 
 # LOCK_HELD: the release's first statement. It waits for any writer holding the row (an enqueue marking it runnable)
@@ -399,17 +405,36 @@ async def pending(session: AsyncSession, thread_id: uuid.UUID) -> list[tables.In
 # would use the snapshot from before the wait and could clear `runnable_since` over waiting input (a lost wake-up).
 _LOCK_HELD = "SELECT 1 FROM threads WHERE id = $1 AND lease_token = $2 FOR NO KEY UPDATE"
 
-# RELEASE: drop the lease; stay runnable only if input waits (set-aside rows do not count) or the run goes on, and
-# then wake a worker at commit.
-_RELEASE = """
+# RELEASE: drop the lease; stay runnable only if input waits (set-aside rows do not count) or the run goes on (`$3`),
+# and then wake a worker at commit; `$4` refunds the claim (`$6`: the attempt the row holds, if it changed it); the
+# row's other changes (`sets`, from `$7`) in the same UPDATE.
+_INPUT_WAITS = "EXISTS (SELECT 1 FROM inbox WHERE inbox.thread_id = threads.id AND inbox.set_aside_at IS NULL)"
+_RELEASED = ("lease_token", "lease_owner", "attempt", "runnable_since")  # the columns the release itself sets
+
+
+def _release(sets: str) -> str:
+    return f"""
     WITH dropped AS (DELETE FROM leases WHERE thread_id = $1 AND token = $2)
     UPDATE threads SET lease_token = NULL, lease_owner = NULL,
            attempt = CASE WHEN $4 THEN greatest(coalesce(CAST($6 AS integer), attempt) - 1, 0) ELSE 0 END,
-           runnable_since = CASE WHEN $3 OR {waits} THEN coalesce(runnable_since, now()) ELSE NULL END{sets}
+           runnable_since = CASE WHEN $3 OR {_INPUT_WAITS} THEN coalesce(runnable_since, now()) ELSE NULL END{sets}
     WHERE id = $1 AND lease_token = $2
     RETURNING runnable_since, attempt, CASE WHEN runnable_since IS NOT NULL THEN pg_notify($5, '') END
-""".replace("{waits}", events.INPUT_WAITS)
-_RELEASED = events.RELEASED  # the columns the release itself sets
+"""  # noqa: S608 -- `sets` is a SET list of mapped columns, its values parameters
+
+
+# RELEASING: RELEASE without a refund or `again` (`$7` the lease token, `$8` the wake-up channel), in the statement
+# that writes a fenced transaction's held events: the row lock its fence took keeps any new input's commit after this
+# one, so the inbox is looked at in the same statement.
+RELEASING = events.Rider(
+    sets="lease_token = NULL, lease_owner = NULL, attempt = 0, "
+    f"runnable_since = CASE WHEN {_INPUT_WAITS} THEN coalesce(runnable_since, now()) ELSE NULL END",
+    columns=_RELEASED,
+    where="lease_token = $7",
+    then="dropped AS (DELETE FROM leases WHERE thread_id = $1 AND token = $7)",
+    select="CASE WHEN next.runnable_since IS NOT NULL THEN pg_notify($8, '') END",
+    final=True,
+)
 
 
 async def release(
@@ -436,7 +461,7 @@ async def release(
         attempt = row.attempt if "attempt" in pending else None
         keys = tuple(sorted(k for k in pending if k not in _RELEASED))
         changes = statements.changes(row, keys, first=7) if keys else None
-    sql = _RELEASE.format(sets=f", {changes.sets}" if changes is not None else "")
+    sql = _release(f", {changes.sets}" if changes is not None else "")
     params = changes.params if changes is not None else []
     found = await driver.fetchrow(
         sql, claim.thread_id, claim.token, again, keep_attempt, WAKEUP_CHANNEL, attempt, *params
@@ -455,8 +480,10 @@ async def release(
 
 async def release_with_events(session: AsyncSession, claim: Claim, row: tables.Thread) -> None:
     """`release` (neither `again` nor a refund) in a fenced transaction: in the statement that writes its held events
-    when it has some (one round trip fewer), else on its own."""
-    if not events.releasing(session, row, claim.token, WAKEUP_CHANNEL):
+    when it holds them (one round trip fewer; mark nothing runnable after this), else on its own, as it is when input
+    deferred to that statement would escape its look at the inbox."""
+    rider = dataclasses.replace(RELEASING, args=(claim.token, WAKEUP_CHANNEL))
+    if "inbox" in statements.deferred_tables(session) or not events.add_rider(session, row.id, rider):
         await release(session, claim, fenced=True, row=row)
 
 
@@ -489,33 +516,31 @@ async def state(conn: statements.Driver) -> dict[str, float]:
 # parked on purpose (stopped, terminated, waiting on a blocking child). The release above makes this impossible; the
 # janitor looks anyway, repairs what it finds and says so loudly. Candidates are locked first and checked again by a
 # second statement, whose fresh snapshot sees whatever committed before the locks were taken (no false alarms).
-_STRANDED_CANDIDATES = text(
-    """
+_STRANDED_CANDIDATES = """
     SELECT t.id FROM threads t
     WHERE t.id IN (SELECT thread_id FROM inbox WHERE set_aside_at IS NULL)
       AND t.runnable_since IS NULL
     FOR NO KEY UPDATE OF t SKIP LOCKED
-    """
-)
-_STRANDED = text(
-    """
+"""
+_STRANDED = """
     UPDATE threads t SET runnable_since = now()
-    WHERE t.id = ANY(CAST(:ids AS uuid[]))
+    WHERE t.id = ANY(CAST($1 AS uuid[]))
       AND t.runnable_since IS NULL
       AND NOT EXISTS (SELECT 1 FROM leases l WHERE l.thread_id = t.id AND l.expires_at >= now())
       AND t.terminated_at IS NULL AND NOT t.stopped AND t.status <> 'waiting'
       AND EXISTS (SELECT 1 FROM inbox i WHERE i.thread_id = t.id AND i.set_aside_at IS NULL)
     RETURNING t.id
-    """
-)
+"""
+_WAKE = "SELECT pg_notify($1, '')"
 
 
 async def repair_stranded(session: AsyncSession) -> list[uuid.UUID]:
     """Make runnable any thread whose waiting input nothing would run; the ids repaired (expected: none)."""
-    candidates = [r.id for r in await session.execute(_STRANDED_CANDIDATES)]
+    driver = await statements.driver(session)
+    candidates = [r["id"] for r in await driver.fetch(_STRANDED_CANDIDATES)]
     if not candidates:
         return []
-    ids = [r.id for r in await session.execute(_STRANDED, {"ids": candidates})]
+    ids = [r["id"] for r in await driver.fetch(_STRANDED, candidates)]
     if ids:
-        await session.execute(select(func.pg_notify(WAKEUP_CHANNEL, "")))
+        await driver.execute(_WAKE, WAKEUP_CHANNEL)
     return ids

@@ -98,7 +98,7 @@ class Runtime:
                     stack.push_async_callback(http.aclose)
                 engine = Engine(settings, worker_sessions, catalog, publisher, fernet, http, meter)
                 stop = asyncio.Event()
-                task = asyncio.create_task(Worker(settings, worker_db, worker_sessions, engine).run(stop))
+                task = asyncio.create_task(Worker(settings, worker_sessions, engine).run(stop))
                 stack.push_async_callback(_stopped, stop, task)
             tokens = crypto.token_key(settings)
             yield cls(settings, catalog, pool, sessions, fernet, tokens, meter, hub, open_mode, task)

@@ -92,10 +92,13 @@ async def driver(session: AsyncSession, *, flush: bool = True, carries: bool = F
         found: Driver = held[1]
         return found
     connection = await session.connection()
-    adapted: Any = connection.sync_connection.connection.dbapi_connection  # type: ignore[union-attr]
+    pooled = connection.sync_connection.connection  # type: ignore[union-attr]
+    # SQLAlchemy's adapter begins the transaction at the first statement sent through it, and has no public way to
+    # begin it without one: its own `_start_transaction` (one round trip, BEGIN), as that first statement would
+    adapted: Any = pooled.dbapi_connection
     if adapted._transaction is None and adapted.isolation_level != "autocommit":
         try:
-            await adapted._start_transaction()  # what SQLAlchemy's first statement would do
+            await adapted._start_transaction()
         except Exception as error:  # SQLAlchemy's translation, not wrapped as its statements' errors are
             cause = error.__cause__
             if not isinstance(cause, _DRIVER_ERRORS):
@@ -104,7 +107,9 @@ async def driver(session: AsyncSession, *, flush: bool = True, carries: bool = F
             if translated.connection_invalidated:
                 await connection.invalidate()  # not back into the pool: the next checkout would fail the same way
             raise translated from error
-    found = Driver(adapted._connection)
+    raw = pooled.driver_connection
+    assert raw is not None  # checked out: not invalidated
+    found = Driver(raw)
     session.info[_DRIVER] = (sync.get_transaction(), found)
     return found
 
@@ -195,10 +200,11 @@ def _send_deferred(session: Session, *_: Any) -> None:
     if _DEFERRED not in session.info:
         return
     writes = deferred(session)
-    raw: Any = session.connection().connection.dbapi_connection
+    conn = session.connection().connection.driver_connection
+    assert conn is not None  # checked out: not invalidated
     sql = f"WITH {ctes(writes, 1)} SELECT 1"
     try:
-        await_only(raw._connection.execute(sql, *[a for _, args in writes for a in args]))
+        await_only(conn.execute(sql, *[a for _, args in writes for a in args]))
     except _DRIVER_ERRORS as error:
         raise _translated(sql, error) from error
 

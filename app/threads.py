@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import and_, func, or_, select, text, update
+from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import cursors, errors, event_types, events, statements, tables
@@ -143,21 +143,19 @@ async def children_counts(session: AsyncSession, ids: list[uuid.UUID]) -> dict[u
 
 
 # DESCENDANTS: the thread and every thread below it, deepest first (children are ended and deleted before parents).
-_DESCENDANTS = text(
-    """
+_DESCENDANTS = """
     WITH RECURSIVE tree(id, depth) AS (
-        SELECT id, 0 FROM threads WHERE id = :id
+        SELECT id, 0 FROM threads WHERE id = $1
         UNION ALL
         SELECT t.id, tree.depth + 1 FROM threads t JOIN tree ON t.parent_id = tree.id
     )
     SELECT id FROM tree ORDER BY depth DESC
-    """
-)
+"""
 
 
 async def descendants(session: AsyncSession, thread_id: uuid.UUID) -> list[uuid.UUID]:
     """The thread's id and those of every thread below it, deepest first."""
-    return [r.id for r in await session.execute(_DESCENDANTS, {"id": thread_id})]
+    return [r["id"] for r in await (await statements.driver(session)).fetch(_DESCENDANTS, thread_id)]
 
 
 async def count_removal(session: AsyncSession, thread_id: uuid.UUID) -> None:

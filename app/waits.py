@@ -28,7 +28,6 @@ from app import errors, events, inputs, keys, queue, tables, threads
 from app.hub import Batch, Hub, Live, Overflow, Subscription
 
 RESTING = frozenset({threads.Status.IDLE, threads.Status.STOPPED, threads.Status.TERMINATED})
-PAGE = 500  # stored events read per query
 SET_ASIDE = "input_set_aside"  # the `error` code of an input whose delivery failed (`Engine._run_all`)
 Outcome = Literal["completed", "failed", "stopped", "terminated"]
 
@@ -138,7 +137,7 @@ async def follow(
 
     async def backlog(position: int) -> Sequence[tables.Event]:
         async with sessions() as session:
-            return await events.read(session, thread_id, position, PAGE)
+            return await events.read(session, thread_id, position, events.PAGE)
 
     async def aside() -> str | None:
         """Why the input was set aside, if it was."""
@@ -156,7 +155,7 @@ async def follow(
                 for row in rows:
                     position = row.seq
                     turn.see(row.type, row.data)
-                if len(rows) == PAGE and not turn.over:
+                if len(rows) == events.PAGE and not turn.over:
                     continue
                 while not turn.over:
                     if turn.check_aside:

@@ -18,7 +18,7 @@ import uuid
 
 import asyncpg
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app import blobs, control, db, effects, errors, events, liveness, queue
 from app.engine.run import Engine
@@ -33,11 +33,8 @@ EFFECTS_BATCH = 100  # due effects queued per transaction
 class Worker:
     """A pool of `worker_concurrency` concurrent thread executions in this process."""
 
-    def __init__(
-        self, settings: Settings, db: AsyncEngine, sessions: async_sessionmaker[AsyncSession], engine: Engine
-    ) -> None:
+    def __init__(self, settings: Settings, sessions: async_sessionmaker[AsyncSession], engine: Engine) -> None:
         self._settings = settings
-        self._db = db
         self._sessions = sessions
         self._engine = engine
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
@@ -45,7 +42,6 @@ class Worker:
         self._wake = asyncio.Event()
         self._notices = 0  # wake-up notifications heard so far
         self._more = True  # whether something may be runnable that the last claim left (a full worker, a notice)
-        self.stranded_repaired = 0  # threads the stranded-input check had to make runnable (expected: 0)
 
     @property
     def active(self) -> int:
@@ -196,7 +192,7 @@ class Worker:
 
     async def _repairs(self, stop: asyncio.Event) -> None:
         """Look for threads whose waiting input nothing would run (see `queue.repair_stranded`); it should never find
-        one, so each find is a warning and is counted in `stranded_repaired`."""
+        one, so each find is a warning and is counted (`janitor_repairs`)."""
         while not stop.is_set():
             await asyncio.sleep(self._settings.lease_seconds)
             try:
@@ -206,7 +202,6 @@ class Worker:
                 log.exception("the stranded-input check failed; trying again later")
                 continue
             for thread_id in repaired:
-                self.stranded_repaired += 1
                 self._engine.meter.janitor_repairs.labels("stranded_input").inc()
                 log.warning("thread %s held input but was neither leased nor runnable: made runnable", thread_id)
 

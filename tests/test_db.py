@@ -205,7 +205,7 @@ async def test_a_connection_busy_with_another_operation_is_unavailable_not_an_in
     at the transaction's BEGIN as at any statement, and the connection is not handed out again."""
     async with sessions() as s:
         connection = await s.connection()
-        raw: Any = connection.sync_connection.connection.dbapi_connection._connection  # type: ignore[union-attr]
+        raw: Any = (await connection.get_raw_connection()).driver_connection
         busy = asyncio.create_task(raw.fetch("SELECT pg_sleep(0.3)"))
         await asyncio.sleep(0.05)
         with pytest.raises(DBAPIError) as begin:

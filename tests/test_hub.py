@@ -241,7 +241,7 @@ async def test_a_carried_batch_behind_a_read_is_read_to_its_end_across_pages(
     app = await app_factory(catalog.load(ROOT / "agents"))
     thread_id = await _thread(app)
     gate, _ = _gated_reads(monkeypatch)
-    monkeypatch.setattr(hub, "PAGE", 2)  # the first read ends inside the carried batch
+    monkeypatch.setattr(events, "PAGE", 2)  # the first read ends inside the carried batch
     sub: Subscription = app.state.runtime.hub.subscribe(thread_id)
     [first] = await _append(app, thread_id, 1)
     await _flush_held(app, thread_id, [{"i": 1}, {"i": 2}, {"i": 3}])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -223,6 +224,25 @@ async def test_a_release_rides_with_the_held_events(
         assert ((await _claim(sessions)) is not None) is input_waits
     finally:
         await listener.close()
+
+
+async def test_the_held_events_carry_one_rider_and_nothing_after_a_release(
+    sessions: async_sessionmaker[AsyncSession],
+) -> None:
+    """A wake-up and a release never ride in the events' statement together: a release with a wake-up held goes on
+    its own, and nothing may mark the thread runnable once its release rides there."""
+    tid, other = uuid.uuid4(), uuid.uuid4()
+    release = dataclasses.replace(queue.RELEASING, args=(uuid.uuid4(), queue.WAKEUP_CHANNEL))
+    async with sessions() as s:
+        assert not events.add_rider(s, tid, queue.MARKED)  # nothing held
+        events.hold(s, tid)
+        assert not events.add_rider(s, other, queue.MARKED)  # another thread's events are not held
+        assert events.add_rider(s, tid, queue.MARKED) and events.add_rider(s, tid, queue.MARKED)
+        assert not events.add_rider(s, tid, release)
+        events.hold(s, tid)
+        assert events.add_rider(s, tid, release) and events.add_rider(s, tid, release)
+        with pytest.raises(ValueError, match="nothing may ride"):
+            events.add_rider(s, tid, queue.MARKED)
 
 
 async def test_a_release_without_events_goes_at_the_last_flush_or_at_once(

@@ -1058,19 +1058,19 @@ async def test_children_are_read_only_for_a_thread_that_has_had_one(sessions: as
 
     async with sessions() as s, s.begin():
         parent = await threads.create(s, agent, keys.OPEN)
-        assert not parent.has_children and await children.of(s, parent) == []
+        assert not parent.has_children and await children.listed(s, parent) == []
         child = tables.Thread(id=uuid.uuid4(), agent="a", type="ai_human", parent_id=parent.id, user_id=parent.user_id)
         s.add(child)
         await s.flush()
     async with sessions() as s:
         parent = await threads.lock(s, parent.id)
         assert parent.has_children
-        assert [c.id for c in await children.of(s, parent)] == [child.id]
+        assert [c.id for c in await children.listed(s, parent)] == [child.id]
         second = await spawn(s, parent)
         fresh = await threads.create(s, agent, keys.OPEN)
         third = await spawn(s, fresh)
-        assert fresh.has_children and [c.id for c in await children.of(s, fresh)] == [third.id]
-        assert len(await children.of(s, parent)) == 2 and second.parent_id == parent.id
+        assert fresh.has_children and [c.id for c in await children.listed(s, fresh)] == [third.id]
+        assert len(await children.listed(s, parent)) == 2 and second.parent_id == parent.id
 
 
 # -- parallel tool calls --------------------------------------------------------------------------------------

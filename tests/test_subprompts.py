@@ -13,7 +13,7 @@ import httpx
 import pytest
 from fastapi import FastAPI
 from pydantic import BaseModel
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from app import errors, events, queue, tables
 from app.catalog import Catalog
@@ -398,7 +398,7 @@ async def test_a_rerun_after_a_crash_replaces_the_interrupted_run(app_factory: A
         # the killed worker's kept history died with it; this worker's is told of removed rows by the counter
         # every removal bumps (`messages.remove`)
         thread.messages_removed += 1
-        await queue.mark_runnable(session, thread.id)
+        thread.runnable_since = func.now()
 
     async def rerun() -> list[dict[str, Any]] | None:
         rows = await listed(client, tid, depth=1)

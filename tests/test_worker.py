@@ -241,7 +241,7 @@ def test_a_lost_lease_cancels_only_the_execution_that_held_it(settings: Any) -> 
     meter = metrics.Meter()
 
     async def scenario() -> tuple[bool, bool, bool]:
-        worker = Worker(settings, None, None, SimpleNamespace(meter=meter))  # type: ignore[arg-type]
+        worker = Worker(settings, None, SimpleNamespace(meter=meter))  # type: ignore[arg-type]
         tid = uuid.uuid4()
         old, new = uuid.uuid4(), uuid.uuid4()
         task = asyncio.create_task(asyncio.sleep(10))

@@ -45,7 +45,6 @@ from app.spec.results import ToolResult
 log = logging.getLogger(__name__)
 
 FLUSH_SECONDS = 0.2  # how often a streaming message's partial text reaches its row (`storage-and-queue.md`)
-DEFAULT_KEY_ENV = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
 
 
 @dataclass
@@ -61,7 +60,7 @@ class Result:
 
 def api_key(definition: ModelDefinition, env: types.Env, process_env: Mapping[str, str]) -> str | None:
     """The value of the model's key variable: the thread's env chain first, then the process env."""
-    name = definition.api_key_env or DEFAULT_KEY_ENV.get(definition.provider)
+    name = llm.KEY_VARIABLES[definition.provider](definition)
     if name is None:
         return None
     try:

@@ -165,12 +165,7 @@ def offered(
 
 
 def _error(text: str) -> Answered:
-    return Answered(ToolResult(status="error", error=text))
-
-
-def _terminal(agent: AgentDefinition) -> bool:
-    sides = [s for s in (agent.side_a, agent.side_b) if s is not None]
-    return any(s.binding("stop") or s.binding("fail") for s in sides)
+    return Answered(types.error(text))
 
 
 async def _check_paths(session: AsyncSession, thread_id: uuid.UUID, paths: Any) -> list[str] | Answered:
@@ -230,7 +225,7 @@ async def call(
         content, paths_arg, label = arguments["message"], arguments.get("attachments"), arguments.get("name")
         limit = entry.resumable.max_instances if entry.resumable else None
         if limit is not None:  # a call made while the cap hid the tool (a stale call, a queued one) is refused
-            running = live(await children.of_parent(session, parent.id), agent.name)
+            running = live(await children.listed_by_id(session, parent.id), agent.name)
             if len(running) >= limit:
                 ids = ", ".join(str(c.id) for c in running)
                 return _error(LIMIT.format(agent=agent.name, limit=limit, ids=ids))
@@ -378,7 +373,7 @@ async def spawn_immediate(
         for group in _instances(entry, env, limit):
             tag = f"immediate:{agent.name}:{group['k']}"
             if existing is None:
-                existing = {t for c in await children.of_parent(session, parent.id) for t in c.tags}
+                existing = {t for c in await children.listed_by_id(session, parent.id) for t in c.tags}
                 existing |= await variable_requests.tags(session, parent.id)
             if tag in existing:
                 continue

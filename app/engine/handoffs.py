@@ -25,7 +25,7 @@ async def switch(session: AsyncSession, thread: tables.Thread, catalog: Catalog,
     agent = catalog.agents.get(target)
     if current.type != "ai_human" or agent is None or agent.type != "ai_human":
         text = f"Cannot hand off to `{target}`: handoffs go from an ai_human agent to another ai_human agent"
-        return ToolResult(status="error", error=text)
+        return types.error(text)
     previous = thread.agent
     thread.origin_agent = thread.origin_agent or previous
     thread.agent = target

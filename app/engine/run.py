@@ -376,7 +376,7 @@ class Engine:
         assembled: Sequence[context.HistoryRow] = held.seen()
         if hook_runner.runs("filter_messages"):
             assembled = await hook_runner.filter_messages(rows, side, prompt, turn_start)
-        kids = await children.of(session, thread)  # as they are now: the registry, and who is at `max_instances`
+        kids = await children.listed(session, thread)  # as they are now: the registry, and who is at `max_instances`
         full = child_tools.at_cap(self._catalog, prompt, env, kids)
         try:
             request = context.build_request(self._catalog, prompt, side_config, side, assembled, turn_start, env, full)

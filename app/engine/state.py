@@ -549,7 +549,9 @@ async def outside(
         side = agent.side(thread.side or "a")  # the acting side's prompt, as the engine resolves it
         prompt = catalog.prompts[side.prompt] if side is not None else None
         env = await load_env(session, fernet, catalog, thread, prompt)
-        registry = tuple(SubagentEntry.model_validate(children.entry(c)) for c in await children.of(session, thread))
+        registry = tuple(
+            SubagentEntry.model_validate(children.entry(c)) for c in await children.listed(session, thread)
+        )
     shared = Shared(thread, env, transaction, catalog=catalog, fernet=fernet, sessions=sessions, children=registry)
     return shared.state()
 

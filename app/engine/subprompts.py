@@ -49,10 +49,6 @@ MAX_DEPTH = 8  # subprompts calling subprompts: a prompt that offers itself must
 _CHAT_ONLY = 2**62  # a turn start after every message: the whole chat is "earlier turns" to a subprompt
 
 
-def _error(text: str) -> ToolResult:
-    return ToolResult(status="error", error=text)
-
-
 class Runner:
     """Runs the subprompt steps of one engine (it makes their LLM calls with the engine's caller)."""
 
@@ -67,12 +63,12 @@ class Runner:
         prompt = self._catalog.prompts[name]
         problem = tool_arguments.prompt_problem(prompt, arguments)
         if problem is not None:
-            return _error(f"Invalid arguments for tool `{name}`: {problem}")
+            return types.error(f"Invalid arguments for tool `{name}`: {problem}")
         prop = entry.init_attachments_property or "attachments"  # the default, as a subagent's (§6.2, §7.2)
         paths = arguments.get(prop)
         paths = [paths] if isinstance(paths, str) else paths or []
         if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
-            return _error(f"Invalid arguments for tool `{name}`: `{prop}` must be paths")
+            return types.error(f"Invalid arguments for tool `{name}`: `{prop}` must be paths")
         execution = state.execution
         assert execution is not None
         side = execution.side
@@ -89,15 +85,17 @@ class Runner:
             parent = await messages.holding(session, thread.id, call_id) if call_id is not None else None
             depth = parent.depth + 1 if parent is not None else 1
             if depth > MAX_DEPTH:
-                return _error(f"Subprompt `{name}` not run: subprompts nest at most {MAX_DEPTH} deep")
+                return types.error(f"Subprompt `{name}` not run: subprompts nest at most {MAX_DEPTH} deep")
             refs, missing = await _references(session, thread.id, paths)
             if missing:
-                return _error(
+                return types.error(
                     f"Provided attachment path(s) not found in this thread: {', '.join(missing)}. Use an exact "
                     "/attachments/... path that exists in this thread, then try again."
                 )
             if thread.session_steps >= self._max_steps:  # the next step of the caller ends the session (§3)
-                return _error(f"Subprompt `{name}` not run: the session reached its cap of {self._max_steps} steps")
+                return types.error(
+                    f"Subprompt `{name}` not run: the session reached its cap of {self._max_steps} steps"
+                )
             run = hashlib.sha256((thread.lease_token or uuid.UUID(int=0)).bytes).hexdigest()[:16]
             forgotten = await messages.forget_runs(session, thread.id, execution.tool_call_id or "", run)
             await _end_children(
@@ -111,13 +109,13 @@ class Runner:
                 "metadata_": {"subprompt_call": execution.tool_call_id, "subprompt_run": run},
             }
             rows = [r for r in await messages.history(session, thread.id) if r.depth == 0]
-            full = child_tools.at_cap(self._catalog, prompt, env, await children.of(session, thread))
+            full = child_tools.at_cap(self._catalog, prompt, env, await children.listed(session, thread))
             try:
                 request = context.build_request(
                     self._catalog, prompt, SideConfig(prompt=name), side, rows, _CHAT_ONLY, env, full
                 )
             except types.MissingVariable as exc:
-                return _error(f"Subprompt `{name}` failed: {exc}")
+                return types.error(f"Subprompt `{name}` failed: {exc}")
             request.tools = [t for t in request.tools if t.name in offered]
             if not rerun:  # the step runs: it is one of the session's (an interrupted run of it counted already)
                 thread.session_steps += 1
@@ -155,7 +153,7 @@ class Runner:
             if answered is None:
                 assert isinstance(response, ProviderError)
                 detail = f": {response.message}" if entry.include_errors else ""
-                return _error(f"Subprompt `{name}` failed{detail}")
+                return types.error(f"Subprompt `{name}` failed{detail}")
         outcomes = [await self._tool(sub_state, prompt, offered, call, side, tags) for call in answered.tool_calls]
         # its final text as stored: what a `before_update_message` hook made of the answer
         return ToolResult(status="success", result=shape(entry, message.content or "", outcomes))

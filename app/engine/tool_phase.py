@@ -227,7 +227,9 @@ class ToolPhase:
         execution = ExecutionState(
             side=step.side, step=step.number, session=thread.session_number, attempt=thread.attempt
         )
-        registry = tuple(SubagentEntry.model_validate(children.entry(c)) for c in await children.of(session, thread))
+        registry = tuple(
+            SubagentEntry.model_validate(children.entry(c)) for c in await children.listed(session, thread)
+        )
         state = Shared(
             thread,
             step.env,

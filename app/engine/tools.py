@@ -56,10 +56,6 @@ def log_row(
     )
 
 
-def _error(text: str) -> ToolResult:
-    return ToolResult(status="error", error=text)
-
-
 def _validation_text(name: str, exc: ValidationError) -> str:
     return f"Invalid arguments for tool `{name}`: {tool_arguments.problems(exc)}"
 
@@ -102,15 +98,15 @@ async def execute(
     tool = offered.get(name)
     if tool is None:
         known = ", ".join(sorted(offered)) or "none"
-        return types.Outcome(call, _error(f"Unknown tool `{name}`. Available tools: {known}"), None)
+        return types.Outcome(call, types.error(f"Unknown tool `{name}`. Available tools: {known}"), None)
     try:
         arguments = tool_arguments.parse_arguments(call["function"]["arguments"])
     except ValueError as exc:
-        return types.Outcome(call, _error(f"Invalid arguments for tool `{name}`: {exc}"), None)
+        return types.Outcome(call, types.error(f"Invalid arguments for tool `{name}`: {exc}"), None)
     if tool.kind == "session":
         problem = _session_arguments_problem(tool.parameters, arguments)
         if problem:
-            return types.Outcome(call, _error(f"Invalid arguments for tool `{name}`: {problem}"), arguments)
+            return types.Outcome(call, types.error(f"Invalid arguments for tool `{name}`: {problem}"), arguments)
         return types.Outcome(call, ToolResult(status="success", result="ok"), arguments)
     tool_state = state.with_tool(call["id"], tool.entry.options, tool.entry.env)
     if tool.kind == "subprompt":
@@ -119,7 +115,7 @@ async def execute(
         return types.Outcome(call, await tool_state.hand_off(name), arguments)
     definition = catalog.tools.get(name)
     if definition is None:  # a kind this path cannot run (the step loop runs it itself)
-        return types.Outcome(call, _error(f"Tool `{name}` cannot be called here"), arguments)
+        return types.Outcome(call, types.error(f"Tool `{name}` cannot be called here"), arguments)
     return types.Outcome(call, await run(name, definition, arguments, tool_state), arguments)
 
 
@@ -138,7 +134,7 @@ async def check_attachments(side: SideConfig | None, outcome: types.Outcome, sta
         if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
             text = f"`{binding.attachments_property}` must be a list of file paths"
             return types.Outcome(
-                outcome.call, _error(f"Invalid arguments for tool `{name}`: {text}"), outcome.arguments
+                outcome.call, types.error(f"Invalid arguments for tool `{name}`: {text}"), outcome.arguments
             )
         missing = []
         for path in paths:
@@ -149,7 +145,9 @@ async def check_attachments(side: SideConfig | None, outcome: types.Outcome, sta
             if record is None or record.type != "file":
                 missing.append(path)
         if missing:
-            return types.Outcome(outcome.call, _error(tool_arguments.missing_attachments(missing)), outcome.arguments)
+            return types.Outcome(
+                outcome.call, types.error(tool_arguments.missing_attachments(missing)), outcome.arguments
+            )
     return outcome
 
 
@@ -160,7 +158,7 @@ async def run(name: str, definition: ToolDefinition, arguments: dict[str, Any], 
         try:
             args = definition.args_model.model_validate(arguments)
         except ValidationError as exc:
-            return _error(_validation_text(name, exc))
+            return types.error(_validation_text(name, exc))
     limit = definition.timeout or state.tool_timeout
     timer = asyncio.timeout(limit)
     try:
@@ -169,8 +167,8 @@ async def run(name: str, definition: ToolDefinition, arguments: dict[str, Any], 
     except Exception as exc:  # `errors.Aborted` and cancellation are not `Exception`s: they end the execution
         if timer.expired():
             log.warning("thread %s: tool %s ran past its %g s limit", state.thread_id, name, limit)
-            return _error(f"Tool `{name}` did not finish within {limit:g} s and was stopped")
+            return types.error(f"Tool `{name}` did not finish within {limit:g} s and was stopped")
         # the text may hold a secret: it goes to the result (which the model sees), the log has the type
         log.warning("thread %s: tool %s raised %s", state.thread_id, name, type(exc).__name__)
-        return _error(f"Tool `{name}` failed: {type(exc).__name__}: {exc}")
+        return types.error(f"Tool `{name}` failed: {type(exc).__name__}: {exc}")
     return normalise(value)

@@ -110,6 +110,11 @@ class Outcome:
     arguments: dict[str, Any] | None
 
 
+def error(text: str) -> ToolResult:
+    """A tool call's error result."""
+    return ToolResult(status="error", error=text)
+
+
 @dataclass(frozen=True)
 class Verdict:
     """What the step decided: go on, end the side's turn, or end the session."""

@@ -21,6 +21,12 @@ PROVIDERS: dict[str, Callable[[ModelDefinition, httpx.AsyncClient], Model]] = {
     "openai": OpenAIModel,
     "test": TestModel,
 }
+# provider name → the variable a model of it reads its API key from (None: none)
+KEY_VARIABLES: dict[str, Callable[[ModelDefinition], str | None]] = {
+    "anthropic": anthropic.key_variable,
+    "openai": openai.key_variable,
+    "test": test.key_variable,
+}
 # provider name → the variable a model of it cannot be called without (None: it may take no key)
 REQUIRED_KEYS: dict[str, Callable[[ModelDefinition], str | None]] = {
     "anthropic": anthropic.required_key,

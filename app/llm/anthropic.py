@@ -344,9 +344,14 @@ def _http_error(response: httpx.Response, key_env: str, key: str) -> ProviderErr
     return ProviderError(f"anthropic: {status}: {message}", status=status, kind="bad_request")
 
 
+def key_variable(definition: ModelDefinition) -> str:
+    """The variable the model's API key is read from."""
+    return definition.api_key_env or DEFAULT_KEY_ENV
+
+
 def required_key(definition: ModelDefinition) -> str:
     """The variable the model cannot be called without: Anthropic's API always takes a key."""
-    return definition.api_key_env or DEFAULT_KEY_ENV
+    return key_variable(definition)
 
 
 class AnthropicModel:

@@ -49,11 +49,16 @@ FINISH_REASONS = {"stop": "stop", "tool_calls": "tool_calls", "function_call": "
 CONCATENATED_DETAIL_FIELDS = ("text", "summary", "data")
 
 
+def key_variable(definition: ModelDefinition) -> str:
+    """The variable the model's API key is read from."""
+    return definition.api_key_env or DEFAULT_KEY_ENV
+
+
 def required_key(definition: ModelDefinition) -> str | None:
     """The variable the model cannot be called without: OpenAI and OpenRouter answer nothing but 401 without a key,
     a server of one's own (Ollama, vLLM) may take none."""
     host = _host(definition)
-    return definition.api_key_env or DEFAULT_KEY_ENV if _is_openai(host) or _is_openrouter(host) else None
+    return key_variable(definition) if _is_openai(host) or _is_openrouter(host) else None
 
 
 def _host(definition: ModelDefinition) -> str:
@@ -81,7 +86,7 @@ class OpenAIModel:
         self.http = http
         self.url = (definition.base_url or DEFAULT_BASE_URL).rstrip("/") + "/chat/completions"
         self.host = _host(definition)
-        self.key_env = definition.api_key_env or DEFAULT_KEY_ENV
+        self.key_env = key_variable(definition)
         self.is_openai = _is_openai(self.host)
         self.is_openrouter = _is_openrouter(self.host)
         self.needs_key = required_key(definition) is not None

@@ -29,6 +29,11 @@ from app.spec.messages import ToolCall
 RETRIABLE = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
 
 
+def key_variable(definition: ModelDefinition) -> str | None:
+    """The variable the model's API key is read from: only one it names (the provider is offline)."""
+    return definition.api_key_env
+
+
 def required_key(definition: ModelDefinition) -> None:
     """None: the `test` provider is offline and needs no key."""
 

@@ -1,4 +1,5 @@
-"""`app.llm`: which variable each provider's models need, and the start-up warning for models whose key is unset."""
+"""`app.llm`: which variable each provider's models read their key from and which they need, and the start-up
+warning for models whose key is unset."""
 
 from __future__ import annotations
 
@@ -28,6 +29,23 @@ from app.spec import define_agent, define_model, define_prompt
 def test_the_variable_a_model_cannot_be_called_without(fields: dict[str, Any], variable: str | None) -> None:
     real = {} if fields["provider"] == "test" else {"model": "some-model"}
     assert llm.REQUIRED_KEYS[fields["provider"]](define_model(name="m", **real, **fields)) == variable
+
+
+@pytest.mark.parametrize(
+    ("fields", "variable"),
+    [
+        ({"provider": "openai"}, "OPENAI_API_KEY"),
+        ({"provider": "openai", "base_url": "http://localhost:11434/v1"}, "OPENAI_API_KEY"),  # sent if it is set
+        ({"provider": "openai", "base_url": "http://localhost:8001/v1", "api_key_env": "VLLM_KEY"}, "VLLM_KEY"),
+        ({"provider": "anthropic"}, "ANTHROPIC_API_KEY"),
+        ({"provider": "anthropic", "api_key_env": "CLAUDE_KEY"}, "CLAUDE_KEY"),
+        ({"provider": "test", "script": ["hi"]}, None),
+        ({"provider": "test", "script": ["hi"], "api_key_env": "TEST_KEY"}, "TEST_KEY"),
+    ],
+)
+def test_the_variable_a_model_reads_its_key_from(fields: dict[str, Any], variable: str | None) -> None:
+    real = {} if fields["provider"] == "test" else {"model": "some-model"}
+    assert llm.KEY_VARIABLES[fields["provider"]](define_model(name="m", **real, **fields)) == variable
 
 
 def catalog(agent_env: dict[str, str] | None = None) -> Catalog:

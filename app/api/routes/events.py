@@ -14,7 +14,7 @@ import json
 import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import Annotated, Any, Protocol
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -33,7 +33,6 @@ log = logging.getLogger(__name__)
 router = APIRouter(tags=["events"], route_class=bodies.Route)
 
 KEEPALIVE_SECONDS = 15
-PAGE = 500  # stored events read per query
 FINISHED = 64  # messages a stream remembers as finished; a stale delta belongs to one that finished a moment ago
 RESPONSES: dict[int | str, dict[str, Any]] = {
     200: {"content": {"text/event-stream": {}}},
@@ -42,13 +41,7 @@ RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 
-class Row(Protocol):
-    seq: int
-    type: str
-    data: dict[str, Any]
-
-
-Reader = Callable[[AsyncSession, int, int], Awaitable[Sequence[Row]]]
+Reader = Callable[[AsyncSession, int, int], Awaitable[Sequence[events.Row]]]
 Missed = Callable[[AsyncSession, int], Awaitable[int | None]]
 Visible = Callable[[str, dict[str, Any]], bool]
 
@@ -199,9 +192,13 @@ def _response(
     contiguous = key != events.LIFECYCLE  # a thread's seqs have no holes: a hole means "read the log"
     streams = rt.meter.streams.labels("thread" if contiguous else "lifecycle")
 
-    async def backlog(position: int) -> Sequence[Row]:
+    async def backlog(position: int) -> Sequence[events.Row]:
         async with factory() as session:
-            return await read(session, position, PAGE)
+            return await read(session, position, events.PAGE)
+
+    async def oldest(position: int) -> int | None:
+        async with factory() as session:
+            return await missed(session, position)
 
     async def generate() -> AsyncIterator[ServerSentEvent | bytes]:
         position = after
@@ -209,13 +206,12 @@ def _response(
         sub = hub.subscribe(key, who.key_id)  # subscribe first, then read the backlog: nothing falls between
         streams.inc()
         try:
-            async with factory() as session:
-                oldest = await missed(session, position)
-            if oldest is not None:  # retention removed part of what was asked for: say so, then go on
-                yield ServerSentEvent(event="events_missed", data=json.dumps(event_types.Missed(oldest_seq=oldest)))
+            # shielded, as the backlog's reads are: a client hanging up mid-query must not cost the pool its connection
+            kept = await asyncio.shield(oldest(position))
+            if kept is not None:  # retention removed part of what was asked for: say so, then go on
+                yield ServerSentEvent(event="events_missed", data=json.dumps(event_types.Missed(oldest_seq=kept)))
             while True:
-                # shielded: a client hanging up mid-query must not cost the pool its connection
-                rows = await asyncio.shield(backlog(position))
+                rows = await asyncio.shield(backlog(position))  # shielded, as above
                 if rows:
                     position = rows[-1].seq
                     for row in rows:
@@ -223,7 +219,7 @@ def _response(
                     replay = [_frame(r.seq, r.type, json.dumps(r.data)) for r in rows if visible(r.type, r.data)]
                     if replay:
                         yield b"".join(replay)
-                if len(rows) == PAGE:
+                if len(rows) == events.PAGE:
                     if sub.overflowed:  # cut off (its key revoked) or lagging while the backlog replays
                         return
                     continue  # a full page: more may be stored; anything later is notified
@@ -259,7 +255,7 @@ async def stream(
     async with rt.sessions() as session:
         await threads.get(session, thread_id, who)
 
-    async def read(session: AsyncSession, after: int, limit: int) -> Sequence[Row]:
+    async def read(session: AsyncSession, after: int, limit: int) -> Sequence[events.Row]:
         return await events.read(session, thread_id, after, limit)
 
     async def missed(session: AsyncSession, after: int) -> int | None:
@@ -280,7 +276,7 @@ async def lifecycle(
     """`thread_created`, `thread_updated`, `thread_deleted` for the caller's threads (every thread for an admin)."""
     user = None if who.admin else who.user_id
 
-    async def read(session: AsyncSession, after: int, limit: int) -> Sequence[Row]:
+    async def read(session: AsyncSession, after: int, limit: int) -> Sequence[events.Row]:
         return await events.read_lifecycle(session, user, after, limit)
 
     return _response(

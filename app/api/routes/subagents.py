@@ -20,5 +20,5 @@ ERRORS: dict[int | str, dict[str, Any]] = {401: {"model": schemas.Error}, 404: {
 async def list_subagents(thread_id: uuid.UUID, session: SessionDep, who: CurrentUser) -> schemas.SubagentList:
     """The thread's children, oldest first, with their registry status."""
     thread = await threads.get(session, thread_id, who)
-    rows = await children.of_parent(session, thread.id)
+    rows = await children.listed_by_id(session, thread.id)
     return schemas.SubagentList(subagents=[schemas.SubagentEntry.model_validate(children.entry(r)) for r in rows])
