@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import errors, events, inputs, messages, queue, tables
 from app.catalog import Catalog
-from app.engine import child_tools, context, hooks, results
+from app.engine import child_tools, context, hooks, results, types
 from app.engine.state import deliver_tool, prepare_hooks
 from app.metrics import Meter
 from app.spec.definitions import AgentDefinition, Side
@@ -129,7 +129,7 @@ async def _answer(
     if await messages.answered(session, thread.id, payload.call_id):
         return False
     text, ok = payload.content, payload.status == "success"
-    result = ToolResult(status="success", result=text) if ok else ToolResult(status="error", error=text)
+    result = ToolResult(status="success", result=text) if ok else types.error(text)
     holder = await messages.holding(session, thread.id, payload.call_id)
     made = next((c for c in (holder.tool_calls or [] if holder else []) if c.get("id") == payload.call_id), None)
     call = cast(ToolCall, made) if made is not None else _call(payload)

@@ -74,7 +74,6 @@ class Engine:
         self.meter = meter
         self._sessions = sessions
         self._catalog = catalog
-        self._publisher = publisher
         self._fernet = fernet
         self.http = http
         self._caller = calls.Caller(

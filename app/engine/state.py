@@ -325,7 +325,7 @@ class RunState:
                 text = f"`{name}` is an agent: subagents and handoffs cannot be run with `invoke_tool`"
             else:
                 text = f"Unknown tool `{name}`. Available tools: {', '.join(self.get_tool_names()) or 'none'}"
-            return ToolResult(status="error", error=text)
+            return types.error(text)
         # the invoked tool runs inside the caller's execution and tool call, without a tool config
         return await tools.run(name, definition, arguments, self._shared.state(self._execution))
 
@@ -333,7 +333,7 @@ class RunState:
         """One step of the prompt `entry.name` in this thread, as its tool result (§7.2)."""
         if self._shared.subprompts is None or self._execution is None:
             text = f"`{entry.name}` is a prompt: subprompts run only in a tool call of the thread's own execution"
-            return ToolResult(status="error", error=text)
+            return types.error(text)
         return await self._shared.subprompts.run(self, entry, arguments)
 
     async def hand_off(self, agent: str) -> ToolResult:
