@@ -758,3 +758,24 @@ async def test_a_subprompt_step_is_offered_creation_only_below_max_instances(app
     assert len(await test_subagents.registry(client, tid)) == 1
     answers = [m["content"] for m in await listed(client, tid, depth=1) if m["depth"] == 1 and m["role"] == "tool"]
     assert answers[1].startswith('Subagent instance limit reached for "qa" (1).')  # the call made anyway
+
+
+async def test_a_subprompt_that_allows_parallel_calls_runs_them_at_once(app_factory: Any, drive: Any) -> None:
+    """The calls of a subprompt's answer run at once when its prompt sets `parallel_tool_calls` (three calls that
+    can only finish by meeting), and are stored beside the answer in the order of the calls."""
+    from tests import test_engine_tool_phase as phase
+
+    phase.MEETING = phase.Meeting()
+    meeting = {"tool_calls": [{"name": "meet", "arguments": {"party": 3, "wait": 3}} for _ in range(3)]}
+    main = Recorder(call("helper", message="meet"), "Sent.")
+    sub = Recorder(meeting, "all met")
+    cat = catalog(main, sub, tools=["meet"], parallel_tool_calls=True)
+    cat = dataclasses.replace(cat, tools={**cat.tools, "meet": phase.meet})
+    _, client, tid = await start(app_factory, cat)
+    await say(drive, client, tid, "go")
+    deeper = [m for m in await listed(client, tid, depth=1) if m["depth"] == 1]
+    answer = next(m for m in deeper if m["role"] == "assistant")
+    results = [m for m in deeper if m["role"] == "tool"]
+    assert [m["tool_call_id"] for m in results] == [c["id"] for c in answer["tool_calls"]]
+    assert [(m["tool_status"], m["content"]) for m in results] == [("success", "met 3")] * 3
+    assert [kind for kind, _ in phase.MEETING.log[:3]] == ["start"] * 3

@@ -81,7 +81,9 @@ class Engine:
         )
         self._contexts: dict[uuid.UUID, dict[str, Any]] = {}  # per execution, by lease token
         self._histories = Histories()  # by thread, kept across its executions (`app/engine/history.py`)
-        self._subprompts = subprompts.Runner(catalog, self._caller, settings.max_session_steps)
+        self._subprompts = subprompts.Runner(
+            catalog, self._caller, settings.max_session_steps, settings.tool_concurrency
+        )
         self._tools = ToolPhase(
             settings=settings,
             sessions=sessions,

@@ -27,6 +27,7 @@ error text only with `include_errors`), and the calling step goes on.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import time
@@ -52,10 +53,11 @@ _CHAT_ONLY = 2**62  # a turn start after every message: the whole chat is "earli
 class Runner:
     """Runs the subprompt steps of one engine (it makes their LLM calls with the engine's caller)."""
 
-    def __init__(self, catalog: Catalog, caller: calls.Caller, max_steps: int) -> None:
+    def __init__(self, catalog: Catalog, caller: calls.Caller, max_steps: int, concurrency: int = 8) -> None:
         self._catalog = catalog
         self._caller = caller
         self._max_steps = max_steps  # the session's step cap (§3), which a subprompt's step counts toward
+        self._concurrency = concurrency  # `TOOL_CONCURRENCY`: its callables at once, with `parallel_tool_calls`
 
     async def run(self, state: RunState, entry: ToolEntry, arguments: dict[str, Any]) -> ToolResult:
         """One step of prompt `entry.name` for the tool call `state.execution.tool_call_id`; its tool result."""
@@ -154,11 +156,40 @@ class Runner:
                 assert isinstance(response, ProviderError)
                 detail = f": {response.message}" if entry.include_errors else ""
                 return types.error(f"Subprompt `{name}` failed{detail}")
-        outcomes = [await self._tool(sub_state, prompt, offered, call, side, tags) for call in answered.tool_calls]
+        outcomes = await self._tools(sub_state, prompt, offered, list(answered.tool_calls), side, tags)
         # its final text as stored: what a `before_update_message` hook made of the answer
         return ToolResult(status="success", result=shape(entry, message.content or "", outcomes))
 
-    async def _tool(
+    async def _tools(
+        self,
+        state: RunState,
+        prompt: PromptDefinition,
+        offered: dict[str, types.OfferedTool],
+        made: list[ToolCall],
+        side: Side,
+        tags: dict[str, Any],
+    ) -> list[types.Outcome]:
+        """Run the calls of the subprompt's answer — at once when its prompt sets `parallel_tool_calls` (callables
+        up to `TOOL_CONCURRENCY`), else one after another — and store each result beside the answer, in the order
+        of the calls."""
+        bound = asyncio.Semaphore(self._concurrency if prompt.parallel_tool_calls else 1)
+
+        async def one(call: ToolCall) -> types.Outcome | tuple[types.Outcome, float]:
+            async with bound:
+                return await self._run_call(state, prompt, offered, call, side, tags)
+
+        if not prompt.parallel_tool_calls:
+            ran = [await one(call) for call in made]
+            return [await self._store_call(state, prompt, side, tags, r) for r in ran]
+        runs = [asyncio.ensure_future(one(call)) for call in made]
+        try:
+            return [await self._store_call(state, prompt, side, tags, await running) for running in runs]
+        finally:  # the execution's cancellation (a stop, a lost lease) cancels them all
+            for running in runs:
+                running.cancel()
+            await asyncio.gather(*runs, return_exceptions=True)
+
+    async def _run_call(
         self,
         state: RunState,
         prompt: PromptDefinition,
@@ -166,10 +197,11 @@ class Runner:
         call: ToolCall,
         side: Side,
         tags: dict[str, Any],
-    ) -> types.Outcome:
-        """Run one tool call of the subprompt's answer and store its result beside the answer, through the tool
-        hooks (its events carry the depth, so streams that leave deeper messages out leave them out too). A
-        subagent tool runs non-blocking (§7.4): the child's result arrives later as a message to the thread."""
+    ) -> types.Outcome | tuple[types.Outcome, float]:
+        """Run one tool call of the subprompt's answer (its events carry the depth, so streams that leave deeper
+        messages out leave them out too): a callable's outcome and how long it ran, to store; a subagent call runs
+        non-blocking (§7.4), answered and stored in one transaction (the child's result arrives later as a message
+        to the thread)."""
         name = call["function"]["name"]
         data = event_types.ToolStarted(tool=name, tool_call_id=call["id"], depth=tags["depth"])
         tool = offered.get(name)
@@ -203,10 +235,23 @@ class Runner:
         outcome = await tools.execute(self._catalog, offered, call, state)
         latency_ms = round((time.perf_counter() - started) * 1000, 2)
         self._caller.meter.tool_call(name, outcome.result.status, offered)
-        outcome = replace(outcome, result=calls.scrub_result(outcome.result, shared.env.secrets()))
-        async with shared.transaction() as (session, thread):
+        return replace(outcome, result=calls.scrub_result(outcome.result, shared.env.secrets())), latency_ms
+
+    async def _store_call(
+        self,
+        state: RunState,
+        prompt: PromptDefinition,
+        side: Side,
+        tags: dict[str, Any],
+        ran: types.Outcome | tuple[types.Outcome, float],
+    ) -> types.Outcome:
+        """Store a callable's result beside the answer, through the tool hooks (a subagent's is stored already)."""
+        if isinstance(ran, types.Outcome):
+            return ran
+        outcome, latency_ms = ran
+        async with state.shared.transaction() as (session, thread):
             result, row = await self._store(
-                session, thread, state, prompt, call, side, tags, outcome.result, latency_ms, None
+                session, thread, state, prompt, outcome.call, side, tags, outcome.result, latency_ms, None
             )
         if row is not None and row.attachments:  # its files are named in the result, as a message's are
             text = context.described(result.text, row.attachments)
