@@ -51,6 +51,7 @@ ENGINE_LAYERS: tuple[tuple[str, ...], ...] = (
     ("hooks",),  # over `spec.ThreadState`: nothing from `state`
     ("edits", "results", "answers"),  # a message edit; a tool result, a model answer become stored messages
     ("messages",),
+    ("schedule",),  # the state's effect methods
     ("state",),  # `RunState` and its one factory
     ("subprompts", "effect_runs", "inbox"),
     ("tool_phase",),

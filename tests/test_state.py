@@ -692,7 +692,7 @@ async def test_invoke_tool_writes_the_log_row_a_call_of_the_step_writes(app_fact
 
 async def test_a_queued_tool_delivered_later_writes_its_log_row(app_factory: Any, drive: Any) -> None:
     """`state.queue_tool` outside a tool call queues the call as input (`inputs.Kind.TOOL`); the step that delivers
-    it (`state.deliver_tool`) runs it as the side's own call, and that writes its `logs` row like any call."""
+    it (`inbox.deliver_tool`) runs it as the side's own call, and that writes its `logs` row like any call."""
     app, client, tid = await start(app_factory, catalog(Recorder("done")))
     state = await outside(app, tid)
     call_id = await state.queue_tool("add", {"a": 1, "b": 1})

@@ -18,7 +18,8 @@ from app import effects, queue
 from app.catalog import Catalog
 from app.engine import types
 from app.engine.context import load_env
-from app.engine.state import RunState, Shared, effect_args_problem
+from app.engine.schedule import effect_args_problem
+from app.engine.state import RunState, Shared
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from app import errors, events, inputs, messages, queue, tables
 from app.catalog import Catalog
 from app.engine import child_tools, context, hooks, results, types
-from app.engine.state import deliver_tool, prepare_hooks
+from app.engine.state import prepare_hooks
 from app.metrics import Meter
 from app.spec.definitions import AgentDefinition, Side
 from app.spec.messages import ToolCall
@@ -158,3 +158,15 @@ def _call(payload: inputs.ChildResultInput) -> ToolCall:
     """The call a child's result answers when the message that made it is gone (deleted while the child ran)."""
     name = payload.name or ""
     return {"id": payload.call_id, "type": "function", "function": {"name": name, "arguments": "{}"}}
+
+
+async def deliver_tool(session: AsyncSession, thread: tables.Thread, call: dict[str, Any]) -> tables.Message:
+    """Store a queued tool call (`inputs.Kind.TOOL`) as the acting side's own call; the step loop then runs it."""
+    return await messages.add(
+        session,
+        thread.id,
+        "assistant",
+        side=thread.side or "a",
+        tool_calls=[call],
+        session_number=thread.session_number,
+    )

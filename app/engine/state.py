@@ -13,13 +13,11 @@ from datetime import datetime
 from typing import Any, Literal, Protocol
 
 from cryptography.fernet import Fernet
-from pydantic import ValidationError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app import (
     children,
     control,
-    effects,
     environment,
     errors,
     event_types,
@@ -32,12 +30,12 @@ from app import (
     threads,
 )
 from app.catalog import Catalog
-from app.engine import handoffs, hooks, tool_arguments, tools, types
+from app.engine import handoffs, hooks, tools, types
 from app.engine.context import load_env, offered_tools
 from app.engine.files import Files
 from app.engine.messages import Messages, as_uuid, check_page, own, refuse_nul
+from app.engine.schedule import Schedule
 from app.settings import DEFAULT_TOOL_TIMEOUT
-from app.spec.define import EffectDefinition
 from app.spec.definitions import AgentDefinition, ModelDefinition, PromptDefinition, Side, ToolEntry
 from app.spec.messages import ToolCall
 from app.spec.results import ToolAttachment, ToolResult
@@ -97,8 +95,8 @@ class RunState:
     """The state of one thread (`ThreadState`); inside its own execution every write is fenced by the lease.
 
     Made by `Shared.state` (and the factories below it: `outside`, `prepare_hooks`). Its file methods are those of
-    `Files` (`engine/files.py`) and its message methods those of `Messages` (`engine/messages.py`), both over its
-    transaction.
+    `Files` (`engine/files.py`), its message methods those of `Messages` (`engine/messages.py`) and its effect methods
+    those of `Schedule` (`engine/schedule.py`), all over its transaction.
     """
 
     def __init__(self, shared: Shared, execution: ExecutionState | None, tool_env: dict[str, str] | None) -> None:
@@ -107,6 +105,7 @@ class RunState:
         self._tool_env = tool_env
         self._files = Files(shared.transaction)
         self._messages = Messages(shared.transaction, execution, self._acting_hooks)
+        self._schedule = Schedule(shared.transaction, shared.catalog)
 
     @property
     def shared(self) -> Shared:
@@ -452,39 +451,16 @@ class RunState:
         async with self._shared.transaction() as (session, thread):
             await control.terminate(session, thread)
 
-    # -- effects -------------------------------------------------------------------------------------------
+    # -- effects: `Schedule` (`engine/schedule.py`) -----------------------------------------------------------
 
     async def schedule_effect(self, name: str, args: dict[str, Any] | None = None, delay_ms: float = 0) -> str:
-        definition = self._shared.catalog.effects.get(name)
-        if definition is None:
-            known = ", ".join(sorted(self._shared.catalog.effects)) or "none"
-            raise errors.UnknownEffect(f"Unknown effect `{name}`. Defined effects: {known}")
-        args = {} if args is None else args
-        problem = effect_args_problem(definition, args)
-        if problem is not None:
-            raise errors.Invalid(f"`state.schedule_effect`: {problem}")
-        if isinstance(delay_ms, bool) or not isinstance(delay_ms, int | float) or not 0 <= delay_ms <= MAX_DELAY_MS:
-            raise errors.Invalid("`state.schedule_effect`: `delay_ms` must be a number of milliseconds, 0 to 10 years")
-        async with self._shared.transaction() as (session, thread):
-            if thread.terminated_at is not None:
-                raise errors.ThreadTerminated()
-            row = await effects.schedule(session, thread.id, name, args, delay_ms)
-        return str(row.id)
+        return await self._schedule.add(name, args, delay_ms)
 
     async def get_scheduled_effects(self, name: str | None = None) -> list[ScheduledEffect]:
-        async with self._shared.transaction() as (session, thread):
-            rows = await effects.list_(session, thread.id, name=name, pending=True)
-        return [scheduled_effect(r) for r in rows]
+        return await self._schedule.pending(name)
 
     async def remove_scheduled_effect(self, effect_id: str) -> bool:
-        key = as_uuid(effect_id)
-        if key is None:
-            return False
-        async with self._shared.transaction() as (session, thread):
-            try:
-                return await effects.cancel(session, thread.id, key)
-            except (errors.EffectNotFound, errors.EffectNotCancellable):
-                return False
+        return await self._schedule.cancel(effect_id)
 
     # -- derived states ------------------------------------------------------------------------------------
 
@@ -589,53 +565,6 @@ async def prepare_hooks(
     tx = transaction or (lambda: hooks.joined(session, thread))
     shared = Shared(thread, env, tx, catalog=catalog, fernet=fernet, context={} if context is None else context)
     return shared.state(execution).hooks_of(prompt)
-
-
-async def deliver_tool(session: AsyncSession, thread: tables.Thread, call: dict[str, Any]) -> tables.Message:
-    """Store a queued tool call (`inputs.Kind.TOOL`) as the acting side's own call; the step loop then runs it."""
-    return await messages.add(
-        session,
-        thread.id,
-        "assistant",
-        side=thread.side or "a",
-        tool_calls=[call],
-        session_number=thread.session_number,
-    )
-
-
-# -- effects ---------------------------------------------------------------------------------------------------
-
-MAX_DELAY_MS = 10 * 366 * 86_400_000
-
-
-def effect_args_problem(definition: EffectDefinition, args: Any) -> str | None:
-    """What is wrong with an effect's arguments (JSON, then its argument model), or None."""
-    if not isinstance(args, dict):
-        return "the arguments must be a dict"
-    try:
-        refuse_nul(args)
-        json.dumps(args, allow_nan=False)
-    except (errors.Invalid, TypeError, ValueError) as exc:
-        return f"the arguments must be JSON: {exc}"
-    if definition.args_model is None:
-        return None
-    try:
-        definition.args_model.model_validate(args)
-    except ValidationError as exc:
-        return f"invalid arguments for effect `{definition.name}`: {tool_arguments.problems(exc)}"
-    return None
-
-
-def scheduled_effect(row: tables.Effect) -> ScheduledEffect:
-    return ScheduledEffect(
-        id=str(row.id),
-        name=row.name,
-        args=row.args,
-        run_at=row.run_at,
-        status=row.status,
-        attempts=row.attempts,
-        created_at=row.created_at,
-    )
 
 
 def _log(row: tables.Log) -> StateLog:
