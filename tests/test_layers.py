@@ -49,7 +49,7 @@ ENGINE_LAYERS: tuple[tuple[str, ...], ...] = (
     ("stops", "history", "handoffs", "child_tools", "files", "tools", "calls", "step"),  # decisions, a tool, the model
     ("turns", "context"),
     ("hooks",),  # over `spec.ThreadState`: nothing from `state`
-    ("edits", "results", "answers"),  # a message edit; a tool result, a model answer become stored messages
+    ("edits", "results", "pipeline"),  # a message edit; a tool result; a step's request and its answer stored
     ("messages",),
     ("schedule",),  # the state's effect methods
     ("state",),  # `RunState` and its one factory
@@ -181,7 +181,7 @@ def test_the_engine_order_catches_an_upward_import() -> None:
     ]
     assert _engine_upward("app.engine.stops", {"app.engine.history"}) == ["app.engine.history"]  # a peer too
     with pytest.raises(AssertionError, match="declare its layer"):
-        _engine_upward("app.engine.pipeline", set())
+        _engine_upward("app.engine.undeclared", set())
 
 
 # -- no import cycle ------------------------------------------------------------------------------------------

@@ -779,3 +779,27 @@ async def test_a_subprompt_that_allows_parallel_calls_runs_them_at_once(app_fact
     assert [m["tool_call_id"] for m in results] == [c["id"] for c in answer["tool_calls"]]
     assert [(m["tool_status"], m["content"]) for m in results] == [("success", "met 3")] * 3
     assert [kind for kind, _ in phase.MEETING.log[:3]] == ["start"] * 3
+
+
+async def test_a_subprompt_step_runs_the_history_hooks_of_its_prompt(app_factory: Any, drive: Any) -> None:
+    """The request of a subprompt's step is made as a thread step's is (`engine/pipeline.py`): its prompt's
+    `filter_messages` and `prefilter_llm_history` hooks shape it (they were skipped on this path)."""
+
+    @define_hook("filter_messages")
+    async def shout(state: ThreadState, messages: list[StateMessage]) -> list[StateMessage]:
+        for m in messages:
+            m.content = (m.content or "").upper()
+        return messages
+
+    @define_hook("prefilter_llm_history")
+    async def patch(state: ThreadState, messages: list[Any]) -> list[Any]:
+        return [type(messages[0])("system", "patched"), *messages[1:]]
+
+    hooks = [shout, patch]
+    main = Recorder(call("helper", message="go"), "ok")
+    sub = Recorder("Here.")
+    cat = catalog(main, sub, hooks=[h.name for h in hooks], include_chat=True)  # the subprompt's own hooks
+    _, client, tid = await start(app_factory, dataclasses.replace(cat, hooks={h.name: h for h in hooks}))
+    await say(drive, client, tid, "polish this")
+    assert sub.seen(0) == [("system", "patched"), ("user", "POLISH THIS"), ("user", "go")]
+    assert main.seen(0) == [("system", "You coordinate."), ("user", "polish this")]  # the caller's prompt has none

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any
@@ -22,16 +22,16 @@ from cryptography.fernet import Fernet
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app import children, control, errors, events, masking, messages, queue, statements, tables, threads
+from app import control, errors, events, masking, messages, queue, statements, tables, threads
 from app.catalog import Catalog
 from app.engine import (
-    answers,
     calls,
     child_tools,
     context,
     effect_runs,
     handoffs,
     inbox,
+    pipeline,
     stops,
     subprompts,
     turns,
@@ -47,7 +47,6 @@ from app.llm.base import LLMResponse, ProviderError
 from app.metrics import Meter
 from app.settings import Settings
 from app.spec.definitions import AgentDefinition, PromptDefinition, Side, SideConfig
-from app.spec.messages import LLMMessage
 
 log = logging.getLogger(__name__)
 
@@ -262,7 +261,6 @@ class Engine:
             )
             closed: Step | Released | OpenOnItsOwn | None = None
             async with self._tx(claim) as (session, thread):
-                await calls.write(session, result)  # the request's log row commits with the message it answers
                 response = await self._store_response(session, thread, step, result, side_config)
                 if response is None:  # the model failed: the step ended the session
                     self.meter.step(step.agent.name)
@@ -374,42 +372,24 @@ class Engine:
         hook_runner = await prepare_hooks(
             self._catalog, self._fernet, session, thread, side, env=env, context=self._context(thread)
         )
-        assembled: Sequence[context.HistoryRow] = held.seen()
-        if hook_runner.runs("filter_messages"):
-            assembled = await hook_runner.filter_messages(rows, side, prompt, turn_start)
-        kids = await children.listed(session, thread)  # as they are now: the registry, and who is at `max_instances`
-        full = child_tools.at_cap(self._catalog, prompt, env, kids)
         try:
-            request = context.build_request(self._catalog, prompt, side_config, side, assembled, turn_start, env, full)
+            request = await pipeline.request(
+                session, thread, self._catalog, prompt, side_config, side, rows, turn_start, env, hook_runner,
+                seen=held.seen(),
+            )  # fmt: skip
         except types.MissingVariable as exc:  # the error first: a wait ends on the status that follows
             await events.append(session, thread.id, "error", {"code": "missing_variable", "message": str(exc)})
             await turns.end_session(
                 session, thread, types.Verdict("session", "llm_error", threads.SessionStatus.FAILURE)
             )
             return None
-        request.messages = await hook_runner.prefilter_llm_history(request.messages)
-        registry = children.registry_message(kids)
-        if registry is not None:  # after the history, so the model sees its children's current state
-            request.messages.append(LLMMessage("system", registry))
-        await calls.inline_images(session, thread.id, request.messages)
         if last is not None:  # redo an interrupted call into the same row
             if last not in session:  # held from an earlier transaction of this execution
                 last = await messages.get(session, thread.id, last.id)
             await messages.save(session, last, content=None, tool_calls=None, reasoning_content=None)
             message = last
         else:
-            fields = await hook_runner.before_create_message(
-                messages.role_of(side),
-                {
-                    "side": side,
-                    "status": messages.Status.PENDING,
-                    "prompt": prompt.name,
-                    "model": prompt.model,
-                    "session_number": thread.session_number,
-                },
-            )
-            message = await messages.add(session, thread.id, messages.role_of(side), **fields)
-            await hook_runner.after_create_message(message)
+            message = await pipeline.pending(session, thread, prompt, side, hook_runner)
         await events.append(session, thread.id, "step_started", {"step": thread.session_steps, "side": side})
         made = await calls.announce(session, thread.id, self._catalog.models[prompt.model], 1)
         return Step(
@@ -437,7 +417,7 @@ class Engine:
             self._catalog, self._fernet, session, thread, step.side, env=step.env, context=self._context(thread)
         )
         # the answer rides with the transaction's events: nothing reads it back before they are written
-        response = await answers.store(session, message, result, side, hook_runner, later=True)
+        response = await pipeline.store(session, message, result, side, hook_runner, later=True)
         if response is None:  # the model failed: the session ends as a failure
             assert isinstance(result.response, ProviderError)
             await events.append(session, thread.id, "error", {"code": "llm_error", "message": result.response.message})

@@ -39,7 +39,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import attachments, children, control, errors, event_types, events, files, messages, tables
 from app.catalog import Catalog
-from app.engine import answers, calls, child_tools, context, hooks, results, tool_arguments, tools, types
+from app.engine import calls, child_tools, context, hooks, pipeline, results, tool_arguments, tools, types
 from app.engine.state import RunState
 from app.llm.base import ProviderError
 from app.spec.definitions import PromptDefinition, Side, SideConfig, ToolEntry
@@ -110,19 +110,18 @@ class Runner:
                 "session_number": thread.session_number,
                 "metadata_": {"subprompt_call": execution.tool_call_id, "subprompt_run": run},
             }
+            # its messages go through the hooks of its own prompt (§10), inside this transaction
+            inside = sub_state.hooks_of(prompt, lambda: hooks.joined(session, thread))
             rows = [r for r in await messages.history(session, thread.id) if r.depth == 0]
-            full = child_tools.at_cap(self._catalog, prompt, env, await children.listed(session, thread))
+            config = SideConfig(prompt=name)
             try:
-                request = context.build_request(
-                    self._catalog, prompt, SideConfig(prompt=name), side, rows, _CHAT_ONLY, env, full
+                request = await pipeline.request(
+                    session, thread, self._catalog, prompt, config, side, rows, _CHAT_ONLY, env, inside
                 )
             except types.MissingVariable as exc:
                 return types.error(f"Subprompt `{name}` failed: {exc}")
-            request.tools = [t for t in request.tools if t.name in offered]
             if not rerun:  # the step runs: it is one of the session's (an interrupted run of it counted already)
                 thread.session_steps += 1
-            # its messages go through the message hooks of its own prompt (§10), inside this transaction
-            inside = sub_state.hooks_of(prompt, lambda: hooks.joined(session, thread))
             user = {"side": "b" if side == "a" else "a", "content": _first_message(entry, arguments), **tags}
             asked = await messages.add(
                 session,
@@ -135,26 +134,20 @@ class Runner:
             first = LLMMessage("user", context.described(asked.content, refs))
             if self._catalog.models[prompt.model].capabilities.supports_images:
                 first.images = context._images(refs)
-            request.messages.append(first)
-            await calls.inline_images(session, thread.id, request.messages)
-            fields = {"side": side, "status": messages.Status.PENDING, "prompt": name, "model": prompt.model, **tags}
-            role = messages.role_of(side)
-            pending = await messages.add(
-                session, thread.id, role, **hooks.tagged(await inside.before_create_message(role, fields), tags)
-            )
-            await inside.after_create_message(pending)
+            request.messages.append(first)  # the ask, after the history and the registry
+            await calls.inline_images(session, thread.id, [first])
+            request.tools = [t for t in request.tools if t.name in offered]
+            pending = await pipeline.pending(session, thread, prompt, side, inside, tags=tags)
         result = await self._caller.call(
             shared.transaction, thread.id, pending.id, prompt, request, env, depth, defer=True
         )
-        response = result.response
         async with shared.transaction() as (session, thread):
-            await calls.write(session, result)  # the request's log row commits with the message it answers
             message = await messages.get(session, thread.id, pending.id)
             inside = sub_state.hooks_of(prompt, lambda: hooks.joined(session, thread))
-            answered = await answers.store(session, message, result, SideConfig(prompt=name), inside, tags=tags)
+            answered = await pipeline.store(session, message, result, config, inside, tags=tags)
             if answered is None:
-                assert isinstance(response, ProviderError)
-                detail = f": {response.message}" if entry.include_errors else ""
+                assert isinstance(result.response, ProviderError)
+                detail = f": {result.response.message}" if entry.include_errors else ""
                 return types.error(f"Subprompt `{name}` failed{detail}")
         outcomes = await self._tools(sub_state, prompt, offered, list(answered.tool_calls), side, tags)
         # its final text as stored: what a `before_update_message` hook made of the answer
