@@ -126,6 +126,7 @@ async def measure(url: str) -> Walk:
             finally:
                 sys.setprofile(None)
             await stream.until("thread_status", lambda e: e.data.get("status") == "idle", start)
+            await asyncio.sleep(0.5)  # what the execution does after its last commit (its meter, its history)
         reading.cancel()
     server.should_exit = True
     await serving
