@@ -39,7 +39,7 @@ from app.engine import (
 )
 from app.engine.history import Histories, History
 from app.engine.state import prepare_hooks
-from app.engine.step import OPEN_ON_ITS_OWN, RELEASED, OpenOnItsOwn, Released, Step
+from app.engine.step import OPEN_ON_ITS_OWN, RELEASED, Answered, Opened, OpenOnItsOwn, Released
 from app.engine.tool_phase import Closed, Prepared, ToolPhase
 from app.hub import Publisher
 from app.llm import retry
@@ -177,12 +177,12 @@ class Engine:
 
     async def _run(self, claim: queue.Claim) -> bool:
         """Run steps until the turn (and any the other side takes) ends; returns whether the thread was released."""
-        step: Step | Released | None = await self._open_step(claim, first=True)
-        while isinstance(step, Step):
+        step: Opened | Answered | Released | None = await self._open_step(claim, first=True)
+        while isinstance(step, Opened | Answered):
             step = await self._step(claim, step)
         return step is RELEASED
 
-    async def _open_step(self, claim: queue.Claim, *, first: bool) -> Step | None:
+    async def _open_step(self, claim: queue.Claim, *, first: bool) -> Opened | Answered | None:
         """Open the next step in a transaction of its own; due effects run first (§10)."""
         while True:
             async with self._tx(claim) as (session, thread):
@@ -192,8 +192,8 @@ class Engine:
             await effect_runs.run_queued(self._catalog, self._fernet, lambda: self._tx(claim), self._sessions)
 
     async def _after_close(
-        self, claim: queue.Claim, step: Step, closed: Step | Released | OpenOnItsOwn | None
-    ) -> Step | Released | None:
+        self, claim: queue.Claim, step: Answered, closed: Closed
+    ) -> Opened | Answered | Released | None:
         """After a step's closing transaction committed: count the step; the step it opened, or one opened apart."""
         self.meter.step(step.agent.name)
         return await self._open_step(claim, first=False) if isinstance(closed, OpenOnItsOwn) else closed
@@ -243,12 +243,12 @@ class Engine:
         assert config is not None, f"agent {agent.name} has no side {side}"
         return config, self._catalog.prompts[config.prompt]
 
-    async def _step(self, claim: queue.Claim, step: Step) -> Step | Released | None:
+    async def _step(self, claim: queue.Claim, step: Opened | Answered) -> Opened | Answered | Released | None:
         """The LLM call of an open step and the tools it asked for; returns the next step, or how the run ended."""
         side_config, prompt = self._prompt_of(step.agent, step.side)
         offered = {t.name: t for t in context.offered_tools(self._catalog, prompt, side_config, step.env)}
         prepared: Prepared | None = None
-        if step.response is None:
+        if isinstance(step, Opened):
             result = await self._caller.call(
                 lambda: self._tx(claim),
                 claim.thread_id,
@@ -259,41 +259,42 @@ class Engine:
                 opened=step.requests_before,
                 defer=True,
             )
-            closed: Step | Released | OpenOnItsOwn | None = None
+            closed: Closed = None
             async with self._tx(claim) as (session, thread):
                 response = await self._store_response(session, thread, step, result, side_config)
                 if response is None:  # the model failed: the step ended the session
                     self.meter.step(step.agent.name)
                     return None
-                step.response, step.calls = response, list(response.tool_calls)
-                if not step.calls:
-                    closed = await self._close(session, thread, claim, step, offered, [])
+                answered = step.answered(response)
+                if not answered.calls:
+                    closed = await self._close(session, thread, claim, answered, offered, [])
                 else:
-                    first = self._tools.batch(step.calls, offered, prompt.parallel_tool_calls)
+                    first = self._tools.batch(answered.calls, offered, prompt.parallel_tool_calls)
                     if any(not self._tools.is_subagent(offered, c) for c in first):
-                        prepared = await self._tools.announce(session, thread, claim, step, offered, first)
-            if not step.calls:
-                return await self._after_close(claim, step, closed)
+                        prepared = await self._tools.announce(session, thread, claim, answered, offered, first)
+            if not answered.calls:
+                return await self._after_close(claim, answered, closed)
+        else:
+            answered = step
 
         async def close(session: AsyncSession, thread: tables.Thread, outcomes: list[types.Outcome]) -> Closed:
-            return await self._close(session, thread, claim, step, offered, outcomes)
+            return await self._close(session, thread, claim, answered, offered, outcomes)
 
-        done = await self._tools.run(claim, step, offered, prepared, close, parallel=prompt.parallel_tool_calls)
+        done = await self._tools.run(claim, answered, offered, prepared, close, parallel=prompt.parallel_tool_calls)
         if done is None:  # parked on a blocking subagent: the child's result resumes this step
             return None
-        return await self._after_close(claim, step, done.closed)
+        return await self._after_close(claim, answered, done.closed)
 
     async def _close(
         self,
         session: AsyncSession,
         thread: tables.Thread,
         claim: queue.Claim,
-        step: Step,
+        step: Answered,
         offered: dict[str, types.OfferedTool],
         outcomes: list[types.Outcome],
-    ) -> Step | Released | OpenOnItsOwn | None:
+    ) -> Closed:
         """Evaluate the step's stops; open the next step when the turn goes on, else give the thread back."""
-        assert step.response is not None  # a step closes after its answer
         agent, side_config = step.agent, step.config
         thread.attempt = 1  # the step is done: the next one starts with a fresh crash budget
         made_calls = thread.step_open or bool(step.response.tool_calls)  # even calls a hook dropped from it since
@@ -330,7 +331,7 @@ class Engine:
 
     async def _open_step_in(
         self, session: AsyncSession, thread: tables.Thread, *, first: bool, merged: bool = False
-    ) -> Step | OpenOnItsOwn | None:
+    ) -> Opened | Answered | OpenOnItsOwn | None:
         """Deliver input, then either resume unanswered tool calls or open a new LLM call and announce its request.
         `first`: the execution's first step (`_begin`). `merged`: inside a closing transaction, which leaves waiting
         input and effects to a transaction of their own."""
@@ -357,7 +358,7 @@ class Engine:
         if last is not None and last.status == messages.Status.COMPLETED:
             # a crash between the model's answer and its tool results, or a subagent's result: run what is left
             response = LLMResponse(text=last.content or "", tool_calls=list(last.tool_calls or []))
-            return Step(side, thread.session_steps, last.id, agent, side_config, env, calls=missing, response=response)
+            return Answered(side, thread.session_steps, last.id, agent, side_config, env, response, missing)
         redo = last is not None  # a call a crash interrupted (still `pending`): the same step again
         if thread.session_steps >= self._settings.max_session_steps and not redo:
             await turns.end_session(
@@ -392,7 +393,7 @@ class Engine:
             message = await pipeline.pending(session, thread, prompt, side, hook_runner)
         await events.append(session, thread.id, "step_started", {"step": thread.session_steps, "side": side})
         made = await calls.announce(session, thread.id, self._catalog.models[prompt.model], 1)
-        return Step(
+        return Opened(
             side,
             thread.session_steps,
             message.id,
@@ -407,7 +408,7 @@ class Engine:
     # -- the model -----------------------------------------------------------------------------------------
 
     async def _store_response(
-        self, session: AsyncSession, thread: tables.Thread, step: Step, result: calls.Result, side: SideConfig
+        self, session: AsyncSession, thread: tables.Thread, step: Opened, result: calls.Result, side: SideConfig
     ) -> LLMResponse | None:
         """The model's answer (or its failure, which ends the session) into the step's pending message."""
         message = turns.attach_committed(session, step.message) or await messages.get(

@@ -1,14 +1,14 @@
-"""What a step is between its transactions: opened (`Step`), or how the run ended (`RELEASED`, `OPEN_ON_ITS_OWN`)."""
+"""What a step is between its transactions (`Opened`, `Answered`), or how the run ended (`RELEASED`,
+`OPEN_ON_ITS_OWN`)."""
 
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, fields
 
 from app import tables
 from app.engine import types
-from app.llm.base import LLMResponse
+from app.llm.base import LLMRequest, LLMResponse
 from app.spec.definitions import AgentDefinition, Side, SideConfig
 from app.spec.messages import ToolCall
 
@@ -31,8 +31,8 @@ OPEN_ON_ITS_OWN = OpenOnItsOwn()
 
 @dataclass
 class Step:
-    """What the opening transaction of a step decided: who acts and with what, and either the request to make or
-    (a resumed step) the answer whose calls are left to run."""
+    """What the opening transaction of a step decided: who acts, and with what. A step is either `Opened` (its model
+    call is to be made) or `Answered` (its answer is stored; its tool calls are left to run)."""
 
     side: Side
     number: int
@@ -40,8 +40,26 @@ class Step:
     agent: AgentDefinition  # the thread's agent as the step began (a handoff switches it, §7.3)
     config: SideConfig  # the acting side's config, for its session tool bindings
     env: types.Env
-    request: Any = None  # the request to make; None when the step resumes an answer
-    response: LLMResponse | None = None  # the model's answer, once stored
-    calls: list[ToolCall] = field(default_factory=list)  # tool calls still to run
-    requests_before: int | None = None  # requests made to the model before this step's, counted at its announce
-    message: tables.Message | None = None  # that pending message as the opening transaction committed it
+
+
+@dataclass
+class Opened(Step):
+    """A step whose model call is to be made: the request, announced in the opening transaction."""
+
+    request: LLMRequest
+    requests_before: int  # requests made to the model before this step's, counted at its announce
+    message: tables.Message  # the pending message as the opening transaction committed it
+
+    def answered(self, response: LLMResponse) -> Answered:
+        """The same step once its answer is stored: the answer's tool calls to run."""
+        who = {f.name: getattr(self, f.name) for f in fields(Step)}
+        return Answered(**who, response=response, calls=list(response.tool_calls))
+
+
+@dataclass
+class Answered(Step):
+    """A step whose answer is stored: its tool calls still to run (`state.queue_tool` may add some); a step resumed
+    after a crash or a subagent's result starts here."""
+
+    response: LLMResponse
+    calls: list[ToolCall] = field(default_factory=list)

@@ -26,14 +26,14 @@ from app import attachments, children, errors, events, files, queue, tables
 from app.catalog import Catalog
 from app.engine import calls, child_tools, hooks, results, stops, subprompts, tools, types
 from app.engine.state import RunState, Shared, prepare_hooks
-from app.engine.step import OpenOnItsOwn, Released, Step
+from app.engine.step import Answered, Opened, OpenOnItsOwn, Released
 from app.metrics import Meter
 from app.settings import Settings
 from app.spec.messages import ToolCall
 from app.spec.results import ToolResult
 from app.spec.state import ExecutionState, SubagentEntry
 
-Closed = Step | Released | OpenOnItsOwn | None  # what the transaction that closed a step opened next
+Closed = Opened | Answered | Released | OpenOnItsOwn | None  # what the transaction that closed a step opened next
 Close = Callable[[AsyncSession, tables.Thread, list[types.Outcome]], Awaitable[Closed]]
 Tx = Callable[[queue.Claim], AbstractAsyncContextManager[tuple[AsyncSession, tables.Thread]]]
 _SPAWNS = uuid.UUID("7b1c2f0e-5a43-4d8e-9a55-3f2d9c6e1b20")  # the namespace of an answer's spawn group ids
@@ -107,9 +107,8 @@ class ToolPhase:
             return pending[:1]
         return [c for c in pending if not self._is_handoff(offered, c)] or pending[:1]
 
-    def _group(self, step: Step, offered: dict[str, types.OfferedTool]) -> uuid.UUID | None:
+    def _group(self, step: Answered, offered: dict[str, types.OfferedTool]) -> uuid.UUID | None:
         """The spawn group the children one answer creates share (the same after a crash: made from the answer)."""
-        assert step.response is not None
         made = [c for c in step.response.tool_calls if self.is_subagent(offered, c)]
         creating = [c for c in made if offered[c["function"]["name"]].kind != child_tools.MESSAGE]
         if len(creating) < 2:
@@ -121,7 +120,7 @@ class ToolPhase:
     async def run(
         self,
         claim: queue.Claim,
-        step: Step,
+        step: Answered,
         offered: dict[str, types.OfferedTool],
         prepared: Prepared | None,
         close: Close,
@@ -181,7 +180,7 @@ class ToolPhase:
         return Done(closed)
 
     def _next_alone(
-        self, step: Step, offered: dict[str, types.OfferedTool], answered: set[str], parallel: bool
+        self, step: Answered, offered: dict[str, types.OfferedTool], answered: set[str], parallel: bool
     ) -> ToolCall | None:
         """Run one by one, the next call (when it is a callable) is announced in the transaction that records
         the one before it."""
@@ -192,7 +191,7 @@ class ToolPhase:
 
     async def _one(
         self,
-        step: Step,
+        step: Answered,
         offered: dict[str, types.OfferedTool],
         call: ToolCall,
         prepared: Prepared | None,
@@ -214,7 +213,7 @@ class ToolPhase:
         session: AsyncSession,
         thread: tables.Thread,
         claim: queue.Claim,
-        step: Step,
+        step: Answered,
         offered: dict[str, types.OfferedTool],
         batch: list[ToolCall],
     ) -> Prepared:
@@ -256,7 +255,12 @@ class ToolPhase:
         return Prepared(state, hook_runner)
 
     async def _execute(
-        self, claim: queue.Claim, step: Step, offered: dict[str, types.OfferedTool], call: ToolCall, prepared: Prepared
+        self,
+        claim: queue.Claim,
+        step: Answered,
+        offered: dict[str, types.OfferedTool],
+        call: ToolCall,
+        prepared: Prepared,
     ) -> Ran:
         """Run the tool and its hooks, outside any transaction."""
         state, hook_runner = prepared.state, prepared.hooks
@@ -288,7 +292,7 @@ class ToolPhase:
         return Ran(replace(outcome, result=shaped.result), shaped, hook_runner)
 
     async def _subagent(
-        self, claim: queue.Claim, step: Step, tool: types.OfferedTool, call: ToolCall, group: uuid.UUID | None
+        self, claim: queue.Claim, step: Answered, tool: types.OfferedTool, call: ToolCall, group: uuid.UUID | None
     ) -> types.Outcome | None:
         """A subagent tool call (§6): its result now, or None when the parent parks on a blocking child."""
         name = call["function"]["name"]
