@@ -18,7 +18,6 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from app import (
     children,
     control,
-    environment,
     errors,
     event_types,
     events,
@@ -35,6 +34,7 @@ from app.engine.context import load_env, offered_tools
 from app.engine.files import Files
 from app.engine.messages import Messages, as_uuid, check_page, own, refuse_nul
 from app.engine.schedule import Schedule
+from app.engine.variables import Variables
 from app.settings import DEFAULT_TOOL_TIMEOUT
 from app.spec.definitions import AgentDefinition, ModelDefinition, PromptDefinition, Side, ToolEntry
 from app.spec.messages import ToolCall
@@ -95,8 +95,9 @@ class RunState:
     """The state of one thread (`ThreadState`); inside its own execution every write is fenced by the lease.
 
     Made by `Shared.state` (and the factories below it: `outside`, `prepare_hooks`). Its file methods are those of
-    `Files` (`engine/files.py`), its message methods those of `Messages` (`engine/messages.py`) and its effect methods
-    those of `Schedule` (`engine/schedule.py`), all over its transaction.
+    `Files` (`engine/files.py`), its message methods those of `Messages` (`engine/messages.py`), its effect methods
+    those of `Schedule` (`engine/schedule.py`) and its variable methods those of `Variables` (`engine/variables.py`),
+    all over its transaction.
     """
 
     def __init__(self, shared: Shared, execution: ExecutionState | None, tool_env: dict[str, str] | None) -> None:
@@ -106,6 +107,9 @@ class RunState:
         self._files = Files(shared.transaction)
         self._messages = Messages(shared.transaction, execution, self._acting_hooks)
         self._schedule = Schedule(shared.transaction, shared.catalog)
+        self._variables = Variables(
+            shared.transaction, shared.catalog, shared.fernet, shared.env, shared.thread.agent, execution
+        )
 
     @property
     def shared(self) -> Shared:
@@ -269,32 +273,13 @@ class RunState:
     def get_tool_names(self) -> list[str]:
         return sorted(self._shared.catalog.tools)
 
-    # -- variables -----------------------------------------------------------------------------------------
+    # -- variables: `Variables` (`engine/variables.py`) ---------------------------------------------------------
 
     async def env(self, name: str) -> str:
-        return self._shared.env.get(name, self._tool_env)
+        return self._variables.get(name, self._tool_env)
 
     async def set_env(self, name: str, value: str) -> None:
-        own(self._execution, "set_env")
-        if not isinstance(name, str) or not isinstance(value, str):
-            raise errors.Invalid("`state.set_env` takes a variable name and a string value")
-        environment.check_name(name)
-        refuse_nul(name, value)
-        declared = self._shared.catalog.secret_names(self.agent_id)
-        async with self._shared.transaction() as (session, thread):
-            secret = name in declared or (await environment.thread_types(session, thread.id)).get(name) == "secret"
-            await environment.set_thread(
-                session, self._shared.fernet, thread.id, {name: value}, {name} if secret else set()
-            )
-            if thread.has_children:  # live descendants see it from their next step on (§8)
-                scoped_in = [a for a in self._shared.catalog.agents if self._scoped(a, name)]
-                await environment.propagate(session, thread.id, name, scoped_in)
-        # the step's resolver is shared by its tool calls: later `env` calls of this step see the value
-        self._shared.env.thread[name] = environment.Value(value, "secret" if secret else "text")
-
-    def _scoped(self, agent: str, name: str) -> bool:
-        """Whether the agent's graph declares `name` scoped (its threads do not inherit it, as at creation, §6.7)."""
-        return any(v.name == name and v.scoped for v in self._shared.catalog.variables_of_agent(agent))
+        await self._variables.set(name, value)
 
     # -- tools ---------------------------------------------------------------------------------------------
 
