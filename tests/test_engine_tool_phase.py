@@ -9,10 +9,12 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
+from sqlalchemy import event
 
 from app.catalog import Catalog
 from app.spec import ThreadState, ToolResult, define_agent, define_model, define_prompt, define_tool
-from tests.test_engine import event_types, run, stored
+from tests.conftest import client_for
+from tests.test_engine import event_types, run, settle, stored
 
 
 class MeetArgs(BaseModel):
@@ -57,13 +59,22 @@ async def sleep_then_say(state: ThreadState, args: SleepArgs) -> str:
     return args.text
 
 
+@define_tool(description="Writes three files, one transaction each.")
+async def write_three(state: ThreadState) -> str:
+    assert state.execution is not None
+    for i in range(3):
+        await state.write_file(f"/out/{state.execution.tool_call_id}-{i}.txt", "x")
+        await asyncio.sleep(0.01)  # the other calls' writes come in between
+    return "written"
+
+
 @define_tool(description="Refuses with a code.")
 async def refuse_with_code(state: ThreadState) -> ToolResult:
     return ToolResult(status="error", error="over quota", error_code="quota", error_data={"left": 0})
 
 
 def catalog(script: list[Any], *, parallel: bool) -> Catalog:
-    tools = {t.name: t for t in (meet, sleep_then_say, refuse_with_code)}
+    tools = {t.name: t for t in (meet, sleep_then_say, write_three, refuse_with_code)}
     model = define_model(name="m", provider="test", script=script)
     p = define_prompt(
         name="p",
@@ -135,3 +146,39 @@ async def test_a_callables_error_code_is_kept_with_its_result_as_a_subagents_is(
     assert tool["metadata"] == {"error_code": "quota", "error_data": {"left": 0}}
     [logged] = (await client.get(f"/threads/{tid}/logs", params={"kind": "tool"})).json()["logs"]
     assert (logged["status"], logged["error"], logged["message_id"]) == ("error", "over quota", tool["id"])
+
+
+async def test_calls_at_once_hold_one_connection_of_the_pool_at_a_time(app_factory: Any, drive: Any) -> None:
+    """The transactions of one execution all lock the thread row: six calls writing at once take their turns
+    without a connection each (which would only wait on the row while held: a pool of WORKER_CONCURRENCY + 4
+    connections runs dry when many executions do it)."""
+    cat = catalog([{"tool_calls": [{"name": "write_three"}] * 6}, "ok"], parallel=True)
+    app = await app_factory(cat)
+    client = client_for(app)
+    tid = (await client.post("/threads", json={"agent": "agent"})).json()["id"]
+    assert (await client.post(f"/threads/{tid}/messages", json={"content": "go"})).status_code == 202
+    pool = app.state.runtime.sessions.kw["bind"].sync_engine
+    held = most = 0
+
+    def out(*_: Any) -> None:
+        nonlocal held, most
+        held += 1
+        most = max(most, held)
+
+    def back(*_: Any) -> None:
+        nonlocal held
+        held -= 1
+
+    event.listen(pool, "checkout", out)
+    event.listen(pool, "checkin", back)
+    try:
+        await drive(app)
+    finally:
+        event.remove(pool, "checkout", out)
+        event.remove(pool, "checkin", back)
+    await settle(client, tid)
+    tools = [m for m in await stored(client, tid) if m["role"] == "tool"]
+    assert [t["content"] for t in tools] == ["written"] * 6
+    listed = (await client.get(f"/threads/{tid}/fs/out")).json()
+    assert len(listed["entries"]) == 18
+    assert most == 1  # one for the execution, whatever its calls do at once (the harness claimed before)

@@ -9,6 +9,7 @@ session), `history` (the messages kept between steps).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import uuid
@@ -79,6 +80,7 @@ class Engine:
             catalog, publisher, http, retry.Policy.from_settings(settings), settings.process_env, meter
         )
         self._contexts: dict[uuid.UUID, dict[str, Any]] = {}  # per execution, by lease token
+        self._turns: dict[uuid.UUID, asyncio.Lock] = {}  # per execution, by lease token: its transactions' turns
         self._histories = Histories()  # by thread, kept across its executions (`app/engine/history.py`)
         self._subprompts = subprompts.Runner(
             catalog, self._caller, settings.max_session_steps, settings.tool_concurrency
@@ -96,9 +98,15 @@ class Engine:
 
     @asynccontextmanager
     async def _tx(self, claim: queue.Claim) -> AsyncIterator[tuple[AsyncSession, tables.Thread]]:
-        """A transaction on the thread row, fenced by the claim's lease token."""
+        """A transaction on the thread row, fenced by the claim's lease token. One at a time per execution: each
+        locks the thread row, so a second one (the calls of one answer run at once) could only wait for the first
+        while it held a connection of the pool; it waits here instead, holding nothing."""
         try:
-            async with self._sessions() as session, session.begin():
+            async with (
+                self._turns.setdefault(claim.token, asyncio.Lock()),
+                self._sessions() as session,
+                session.begin(),
+            ):
                 thread = await queue.fence(session, claim)
                 events.hold(session, thread.id)  # the row is locked: its events go in one statement at the end
                 yield session, thread
@@ -144,6 +152,7 @@ class Engine:
             log.warning("the database is unreachable; thread %s is left to its lease", claim.thread_id)
         finally:
             self._contexts.pop(claim.token, None)
+            self._turns.pop(claim.token, None)
             self._histories.trim(claim.thread_id)
 
     async def _run_all(self, claim: queue.Claim) -> bool:
