@@ -44,7 +44,7 @@ def _summary(catalog: Catalog, agent: AgentDefinition, base: str) -> dict[str, o
     }
 
 
-@router.get("/agents")
+@router.get("/agents", operation_id="listAgents")
 async def list_agents(
     request: Request, catalog: CatalogDep, settings: SettingsDep, _: CurrentUser
 ) -> list[schemas.Agent]:
@@ -53,7 +53,7 @@ async def list_agents(
     return [schemas.Agent.model_validate(_summary(catalog, a, base)) for a in catalog.agents.values()]
 
 
-@router.get("/agents/{name}", responses={404: {"model": schemas.Error}})
+@router.get("/agents/{name}", operation_id="getAgent", responses={404: {"model": schemas.Error}})
 async def get_agent(
     name: Annotated[str, Path(max_length=schemas.AGENT_CHARS)],
     request: Request,

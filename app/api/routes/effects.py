@@ -20,14 +20,18 @@ def view(row: tables.Effect) -> schemas.Effect:
     return schemas.Effect.model_validate(row, from_attributes=True)
 
 
-@router.get("/threads/{thread_id}/effects", responses=ERRORS)
+@router.get("/threads/{thread_id}/effects", operation_id="listEffects", responses=ERRORS)
 async def list_effects(thread_id: uuid.UUID, session: SessionDep, who: CurrentUser) -> schemas.EffectList:
     """The thread's effects by due time, whatever their status."""
     thread = await threads.get(session, thread_id, who)
     return schemas.EffectList(effects=[view(r) for r in await effects.list_(session, thread.id)])
 
 
-@router.post("/threads/{thread_id}/effects/{effect_id}/cancel", responses={**ERRORS, 409: {"model": schemas.Error}})
+@router.post(
+    "/threads/{thread_id}/effects/{effect_id}/cancel",
+    operation_id="cancelEffect",
+    responses={**ERRORS, 409: {"model": schemas.Error}},
+)
 async def cancel_effect(
     thread_id: uuid.UUID, effect_id: uuid.UUID, session: SessionDep, who: CurrentUser
 ) -> schemas.Effect:

@@ -37,14 +37,14 @@ def _owner(scope: Scope, who: Principal) -> str:
     return environment.INSTANCE
 
 
-@router.get("/env/{scope}", responses=ERRORS)
+@router.get("/env/{scope}", operation_id="listEnvVariables", responses=ERRORS)
 async def list_env(scope: Scope, session: SessionDep, who: CurrentUser) -> schemas.EnvList:
     """The scope's names and types; text values shown, secret values null."""
     values, types = await environment.public(session, scope, _owner(scope, who))
     return schemas.EnvList(env=values, env_types=types)
 
 
-@router.get("/env/{scope}/{name}", responses={**ERRORS, 404: {"model": schemas.Error}})
+@router.get("/env/{scope}/{name}", operation_id="getEnvVariable", responses={**ERRORS, 404: {"model": schemas.Error}})
 async def get_env(scope: Scope, name: Name, session: SessionDep, who: CurrentUser) -> schemas.EnvVariable:
     """One value (null when secret)."""
     values, types = await environment.public(session, scope, _owner(scope, who))
@@ -53,7 +53,7 @@ async def get_env(scope: Scope, name: Name, session: SessionDep, who: CurrentUse
     return schemas.EnvVariable(name=name, type=types[name], value=values[name])
 
 
-@router.put("/env/{scope}/{name}", responses=WRITE_ERRORS)
+@router.put("/env/{scope}/{name}", operation_id="putEnvVariable", responses=WRITE_ERRORS)
 async def put_env(
     scope: Scope,
     name: Name,
@@ -72,7 +72,9 @@ async def put_env(
     return schemas.EnvVariable(name=name, type=body.type, value=None if body.type == "secret" else body.value)
 
 
-@router.delete("/env/{scope}/{name}", responses={**ERRORS, 404: {"model": schemas.Error}})
+@router.delete(
+    "/env/{scope}/{name}", operation_id="deleteEnvVariable", responses={**ERRORS, 404: {"model": schemas.Error}}
+)
 async def delete_env(scope: Scope, name: Name, session: SessionDep, who: CurrentUser) -> schemas.EnvVariable:
     """Remove a value; 404 when there is none."""
     owner = _owner(scope, who)

@@ -239,7 +239,9 @@ def _response(
     return _EventStream(generate(), rt.settings.sse_send_timeout)
 
 
-@router.get("/threads/{thread_id}/events", response_class=EventSourceResponse, responses=RESPONSES)
+@router.get(
+    "/threads/{thread_id}/events", operation_id="streamEvents", response_class=EventSourceResponse, responses=RESPONSES
+)
 async def stream(
     thread_id: uuid.UUID,
     rt: RuntimeDep,
@@ -265,7 +267,7 @@ async def stream(
     return _response(rt, hub, who, thread_id, _start(since, last_event_id), read, missed, visible)
 
 
-@router.get("/events", response_class=EventSourceResponse, responses=RESPONSES)
+@router.get("/events", operation_id="streamAllEvents", response_class=EventSourceResponse, responses=RESPONSES)
 async def lifecycle(
     rt: RuntimeDep,
     hub: HubDep,
@@ -292,7 +294,9 @@ async def lifecycle(
     )
 
 
-@router.post("/stream-tokens", status_code=201, responses={404: {"model": schemas.Error}})
+@router.post(
+    "/stream-tokens", operation_id="createStreamToken", status_code=201, responses={404: {"model": schemas.Error}}
+)
 async def stream_token(
     body: schemas.StreamTokenIn, session: SessionDep, who: CurrentUser, rt: RuntimeDep
 ) -> schemas.StreamToken:

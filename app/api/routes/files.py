@@ -67,7 +67,7 @@ def _listing(path: str, entries: list[files.Entry]) -> schemas.FileList:
     return schemas.FileList(path=path, entries=[_record(e) for e in entries])
 
 
-@router.get("/threads/{thread_id}/fs", responses=ERRORS, response_model=None)
+@router.get("/threads/{thread_id}/fs", operation_id="listFiles", responses=ERRORS, response_model=None)
 async def root(
     thread_id: uuid.UUID,
     session: SessionDep,
@@ -105,7 +105,12 @@ DOWNLOAD: dict[int | str, dict[str, Any]] = {  # a file's own type, a JPEG thumb
 }
 
 
-@router.get("/threads/{thread_id}/fs/{path:path}", responses={**ERRORS, **DOWNLOAD}, response_model=None)
+@router.get(
+    "/threads/{thread_id}/fs/{path:path}",
+    operation_id="downloadFile",
+    responses={**ERRORS, **DOWNLOAD},
+    response_model=None,
+)
 async def download(
     thread_id: uuid.UUID,
     path: FilePath,
@@ -141,7 +146,12 @@ async def download(
     return StreamingResponse(blobs.stream(sessions, entry.sha256), media_type=mime, headers=headers)
 
 
-@router.put("/threads/{thread_id}/fs/{path:path}", status_code=201, responses={**ERRORS, 413: {"model": schemas.Error}})
+@router.put(
+    "/threads/{thread_id}/fs/{path:path}",
+    operation_id="uploadFile",
+    status_code=201,
+    responses={**ERRORS, 413: {"model": schemas.Error}},
+)
 async def upload(
     thread_id: uuid.UUID,
     path: FilePath,
@@ -158,7 +168,7 @@ async def upload(
     return _record(entry)
 
 
-@router.delete("/threads/{thread_id}/fs/{path:path}", responses=ERRORS)
+@router.delete("/threads/{thread_id}/fs/{path:path}", operation_id="deleteFile", responses=ERRORS)
 async def remove(thread_id: uuid.UUID, path: FilePath, session: SessionDep, who: CurrentUser) -> dict[str, str]:
     """Delete a file, or an empty directory."""
     thread = await threads.get(session, thread_id, who, lock=True)

@@ -14,14 +14,14 @@ router = APIRouter(tags=["service"], route_class=bodies.Route)
 
 
 @router.head("/health", include_in_schema=False)  # uptime checkers and load balancers that ask with HEAD
-@router.get("/health")
+@router.get("/health", operation_id="getHealth")
 async def health() -> schemas.Status:
     """The process is up."""
     return schemas.Status(status="ok")
 
 
 @router.head("/ready", include_in_schema=False)
-@router.get("/ready", response_model=schemas.Status, responses={503: {"model": schemas.Error}})
+@router.get("/ready", operation_id="getReady", response_model=schemas.Status, responses={503: {"model": schemas.Error}})
 async def ready(rt: RuntimeDep) -> JSONResponse:
     """The database answers and its migrations are current."""
     try:

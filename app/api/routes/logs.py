@@ -16,7 +16,7 @@ router = APIRouter(tags=["logs"], route_class=bodies.Route)
 ERRORS: dict[int | str, dict[str, Any]] = {401: {"model": schemas.Error}, 404: {"model": schemas.Error}}
 
 
-@router.get("/threads/{thread_id}/logs", responses=ERRORS)
+@router.get("/threads/{thread_id}/logs", operation_id="listLogs", responses=ERRORS)
 async def list_logs(
     thread_id: uuid.UUID,
     session: SessionDep,

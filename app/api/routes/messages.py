@@ -167,6 +167,7 @@ _BODY = {
 
 @router.post(
     "/threads/{thread_id}/messages",
+    operation_id="postMessage",
     status_code=202,
     response_model=schemas.Queued,
     responses={
@@ -344,7 +345,7 @@ def _queued(row: tables.Inbox) -> schemas.Message:
     )
 
 
-@router.get("/threads/{thread_id}/messages", responses=ERRORS)
+@router.get("/threads/{thread_id}/messages", operation_id="listMessages", responses=ERRORS)
 async def list_messages(
     thread_id: uuid.UUID,
     session: SessionDep,
@@ -382,7 +383,7 @@ async def list_messages(
     return schemas.MessageList(messages=out, next_cursor=next_cursor)
 
 
-@router.get("/threads/{thread_id}/messages/{message_id}", responses=ERRORS)
+@router.get("/threads/{thread_id}/messages/{message_id}", operation_id="getMessage", responses=ERRORS)
 async def get_message(
     thread_id: uuid.UUID, message_id: uuid.UUID, session: SessionDep, who: CurrentUser
 ) -> schemas.Message:
@@ -392,7 +393,11 @@ async def get_message(
     return message
 
 
-@router.patch("/threads/{thread_id}/messages/{message_id}", responses={**ERRORS, 409: {"model": schemas.Error}})
+@router.patch(
+    "/threads/{thread_id}/messages/{message_id}",
+    operation_id="editMessage",
+    responses={**ERRORS, 409: {"model": schemas.Error}},
+)
 async def edit_message(
     thread_id: uuid.UUID,
     message_id: uuid.UUID,
@@ -414,6 +419,7 @@ async def edit_message(
 
 @router.delete(
     "/threads/{thread_id}/messages/{message_id}",
+    operation_id="deleteMessage",
     status_code=204,
     response_class=Response,
     responses={**ERRORS, 409: {"model": schemas.Error}},

@@ -19,7 +19,7 @@ RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 
-@router.get("/metrics", response_class=Response, responses=RESPONSES)
+@router.get("/metrics", operation_id="getMetrics", response_class=Response, responses=RESPONSES)
 async def scrape(session: SessionDep, who: CurrentUser, meter: MeterDep) -> Response:
     """Work done by every worker (totals kept in the database), the queue's state, this process's streams."""
     if not who.admin:

@@ -16,7 +16,7 @@ router = APIRouter(tags=["subagents"], route_class=bodies.Route)
 ERRORS: dict[int | str, dict[str, Any]] = {401: {"model": schemas.Error}, 404: {"model": schemas.Error}}
 
 
-@router.get("/threads/{thread_id}/subagents", responses=ERRORS)
+@router.get("/threads/{thread_id}/subagents", operation_id="listSubagents", responses=ERRORS)
 async def list_subagents(thread_id: uuid.UUID, session: SessionDep, who: CurrentUser) -> schemas.SubagentList:
     """The thread's children, oldest first, with their registry status."""
     thread = await threads.get(session, thread_id, who)

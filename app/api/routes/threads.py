@@ -60,7 +60,10 @@ def _thread(
 
 
 @router.post(
-    "/threads", status_code=201, responses={**ERRORS, 413: {"model": schemas.Error}, 422: {"model": schemas.Error}}
+    "/threads",
+    operation_id="createThread",
+    status_code=201,
+    responses={**ERRORS, 413: {"model": schemas.Error}, 422: {"model": schemas.Error}},
 )
 async def create_thread(
     body: schemas.ThreadIn,
@@ -106,7 +109,7 @@ async def create_thread(
     return result
 
 
-@router.get("/threads", responses={401: {"model": schemas.Error}})
+@router.get("/threads", operation_id="listThreads", responses={401: {"model": schemas.Error}})
 async def list_threads(
     session: SessionDep,
     who: CurrentUser,
@@ -132,13 +135,15 @@ async def list_threads(
     return schemas.ThreadList(threads=listed, next_cursor=next_cursor)
 
 
-@router.get("/threads/{thread_id}", responses=ERRORS)
+@router.get("/threads/{thread_id}", operation_id="getThread", responses=ERRORS)
 async def get_thread(thread_id: uuid.UUID, session: SessionDep, who: CurrentUser) -> schemas.Thread:
     """One thread."""
     return await view(session, await threads.get(session, thread_id, who))
 
 
-@router.post("/threads/{thread_id}/stop", responses={**ERRORS, 409: {"model": schemas.Error}})
+@router.post(
+    "/threads/{thread_id}/stop", operation_id="stopThread", responses={**ERRORS, 409: {"model": schemas.Error}}
+)
 async def stop_thread(thread_id: uuid.UUID, session: SessionDep, who: CurrentUser) -> schemas.Thread:
     """Abort the running step, answer its open tool calls, and park the thread (§11)."""
     thread = await threads.get(session, thread_id, who, lock=True)
@@ -151,6 +156,7 @@ async def stop_thread(thread_id: uuid.UUID, session: SessionDep, who: CurrentUse
 
 @router.post(
     "/threads/{thread_id}/continue",
+    operation_id="continueThread",
     status_code=202,
     responses={**ERRORS, 409: {"model": schemas.Error}, 422: {"model": schemas.Error}},
 )
@@ -173,7 +179,7 @@ async def continue_thread(
     return result
 
 
-@router.post("/threads/{thread_id}/terminate", responses=ERRORS)
+@router.post("/threads/{thread_id}/terminate", operation_id="terminateThread", responses=ERRORS)
 async def terminate_thread(thread_id: uuid.UUID, session: SessionDep, who: CurrentUser) -> schemas.Thread:
     """End the thread and its descendants for good; later input gets 409."""
     thread = await threads.get(session, thread_id, who, lock=True)
@@ -185,7 +191,9 @@ async def terminate_thread(thread_id: uuid.UUID, session: SessionDep, who: Curre
 
 
 @router.patch(
-    "/threads/{thread_id}", responses={**ERRORS, **{status: {"model": schemas.Error} for status in (400, 413, 422)}}
+    "/threads/{thread_id}",
+    operation_id="updateThread",
+    responses={**ERRORS, **{status: {"model": schemas.Error} for status in (400, 413, 422)}},
 )
 async def update_thread(
     thread_id: uuid.UUID,
@@ -221,7 +229,7 @@ async def update_thread(
     return result
 
 
-@router.delete("/threads/{thread_id}", responses=ERRORS)
+@router.delete("/threads/{thread_id}", operation_id="deleteThread", responses=ERRORS)
 async def delete_thread(thread_id: uuid.UUID, session: SessionDep, who: CurrentUser) -> schemas.Deleted:
     """Delete the thread and all its descendants (children first); running work is abandoned."""
     thread = await threads.get(session, thread_id, who, lock=True)

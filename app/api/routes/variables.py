@@ -11,12 +11,12 @@ from app import environment, threads, variable_requests
 from app.api import bodies, schemas
 from app.api.deps import CatalogDep, CurrentUser, EnvLimits, FernetDep, SessionDep
 
-router = APIRouter(tags=["subagents"], route_class=bodies.Route)
+router = APIRouter(tags=["variables"], route_class=bodies.Route)
 
 ERRORS: dict[int | str, dict[str, Any]] = {401: {"model": schemas.Error}, 404: {"model": schemas.Error}}
 
 
-@router.get("/threads/{thread_id}/variables/{request_id}", responses=ERRORS)
+@router.get("/threads/{thread_id}/variables/{request_id}", operation_id="getVariableRequest", responses=ERRORS)
 async def get_request(
     thread_id: uuid.UUID, request_id: uuid.UUID, session: SessionDep, who: CurrentUser
 ) -> schemas.VariableRequest:
@@ -36,6 +36,7 @@ async def get_request(
 
 @router.post(
     "/threads/{thread_id}/variables/{request_id}",
+    operation_id="provideVariables",
     responses={**ERRORS, **{status: {"model": schemas.Error} for status in (400, 409, 413, 422)}},
 )
 async def provide(
