@@ -5,7 +5,9 @@ synthesised by a stream (`events_missed`)."""
 
 from __future__ import annotations
 
-from typing import Any, Literal, NotRequired, TypedDict
+from typing import Any, Literal, NotRequired
+
+from typing_extensions import TypedDict  # pydantic reads `typing`'s only from Python 3.12 (app/api/frames.py)
 
 from app.spec.definitions import Side
 

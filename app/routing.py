@@ -169,6 +169,11 @@ class Router(Generic[T]):
     def routes(self) -> list[Route]:
         return [r for r, _ in self._routes]
 
+    @property
+    def entries(self) -> list[tuple[Route, T]]:
+        """Each route with its endpoint, best first."""
+        return list(self._routes)
+
     def match(self, method: str, path: str) -> Match[T] | None:
         """The best route for `method` and `path`; `None` if no route matches the path whatever the method."""
         parts = split(path)

@@ -14,7 +14,7 @@ import pytest
 from fastapi import FastAPI
 from sqlalchemy import event
 
-from app import catalog, keys
+from app import __version__, catalog, keys
 from app.catalog import Catalog
 from app.spec import define_agent, define_model, define_prompt
 from tests.conftest import ROOT, client_for, wait_for
@@ -70,7 +70,7 @@ def assert_error(response: httpx.Response, status: int, code: str) -> dict[str, 
 
 
 async def test_health_ready_openapi(client: httpx.AsyncClient) -> None:
-    assert (await client.get("/health")).json() == {"status": "ok"}
+    assert (await client.get("/health")).json() == {"status": "ok", "version": __version__}
     for path in ("/health", "/ready"):  # uptime checkers that ask with HEAD
         head = await client.head(path)
         assert head.status_code == 200 and head.content == b"", path

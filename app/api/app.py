@@ -11,6 +11,7 @@ from fastapi.routing import APIRoute
 from fastapi_offline import FastAPIOffline
 from starlette.middleware.cors import CORSMiddleware
 
+from app import __version__
 from app.api import errors, openapi
 from app.api.guard import Guard
 from app.api.routes import (
@@ -53,7 +54,7 @@ def create_app(
 
     app = FastAPIOffline(  # `/docs` and `/redoc` from assets the package ships: no CDN, so they work offline
         title="Standard Agents runtime",
-        version="0.1.0",
+        version=__version__,
         description="Agent threads as HTTP resources: create threads, post messages, follow them over SSE.",
         lifespan=lifespan,
         swagger_ui_parameters={"validatorUrl": None},  # Swagger UI would fetch a badge from validator.swagger.io

@@ -86,10 +86,16 @@ class AttachmentIn(In):
 class MessageIn(In):
     model_config = ConfigDict(
         extra="forbid",
-        json_schema_extra={  # what `_not_empty` checks, so clients (and schema-driven tests) can see it
-            "anyOf": [
-                {"required": ["content"], "properties": {"content": {"type": "string", "pattern": TEXT}}},
-                {"required": ["attachments"], "properties": {"attachments": {"type": "array", "minItems": 1}}},
+        # what `_not_empty` checks, so clients (and schema-driven tests) can see it; inside `allOf`, as client
+        # generators read an `anyOf` beside `properties` as a union of two other types
+        json_schema_extra={
+            "allOf": [
+                {
+                    "anyOf": [
+                        {"required": ["content"], "properties": {"content": {"type": "string", "pattern": TEXT}}},
+                        {"required": ["attachments"], "properties": {"attachments": {"type": "array", "minItems": 1}}},
+                    ]
+                }
             ]
         },
     )
@@ -342,6 +348,11 @@ class AgentDetail(Agent):
 
 class Status(BaseModel):
     status: str
+
+
+class Health(BaseModel):
+    status: Literal["ok"]
+    version: str = Field(description="the server's version (`info.version` of the OpenAPI document)")
 
 
 class ErrorBody(BaseModel):

@@ -23,7 +23,7 @@ from sse_starlette.sse import SendTimeoutError
 from starlette.types import Message, Receive, Scope, Send
 
 from app import event_types, events, messages, threads, tokens
-from app.api import bodies, schemas
+from app.api import bodies, frames, schemas
 from app.api.deps import CurrentUser, HubDep, RuntimeDep, SessionDep, StreamReader
 from app.hub import Batch, Hub, Live, Overflow, Subscription
 from app.keys import Principal
@@ -34,11 +34,7 @@ router = APIRouter(tags=["events"], route_class=bodies.Route)
 
 KEEPALIVE_SECONDS = 15
 FINISHED = 64  # messages a stream remembers as finished; a stale delta belongs to one that finished a moment ago
-RESPONSES: dict[int | str, dict[str, Any]] = {
-    200: {"content": {"text/event-stream": {}}},
-    401: {"model": schemas.Error},
-    404: {"model": schemas.Error},
-}
+RESPONSES: dict[int | str, dict[str, Any]] = {401: {"model": schemas.Error}, 404: {"model": schemas.Error}}
 
 
 Reader = Callable[[AsyncSession, int, int], Awaitable[Sequence[events.Row]]]
@@ -240,7 +236,10 @@ def _response(
 
 
 @router.get(
-    "/threads/{thread_id}/events", operation_id="streamEvents", response_class=EventSourceResponse, responses=RESPONSES
+    "/threads/{thread_id}/events",
+    operation_id="streamEvents",
+    response_class=EventSourceResponse,
+    responses={**RESPONSES, 200: frames.response(frames.THREAD)},
 )
 async def stream(
     thread_id: uuid.UUID,
@@ -267,7 +266,12 @@ async def stream(
     return _response(rt, hub, who, thread_id, _start(since, last_event_id), read, missed, visible)
 
 
-@router.get("/events", operation_id="streamAllEvents", response_class=EventSourceResponse, responses=RESPONSES)
+@router.get(
+    "/events",
+    operation_id="streamAllEvents",
+    response_class=EventSourceResponse,
+    responses={**RESPONSES, 200: frames.response(frames.LIFECYCLE)},
+)
 async def lifecycle(
     rt: RuntimeDep,
     hub: HubDep,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
-from app import migrations
+from app import __version__, migrations
 from app.api import bodies, schemas
 from app.api.deps import RuntimeDep
 from app.api.errors import envelope
@@ -15,9 +15,9 @@ router = APIRouter(tags=["service"], route_class=bodies.Route)
 
 @router.head("/health", include_in_schema=False)  # uptime checkers and load balancers that ask with HEAD
 @router.get("/health", operation_id="getHealth")
-async def health() -> schemas.Status:
-    """The process is up."""
-    return schemas.Status(status="ok")
+async def health() -> schemas.Health:
+    """The process is up, and its version."""
+    return schemas.Health(status="ok", version=__version__)
 
 
 @router.head("/ready", include_in_schema=False)

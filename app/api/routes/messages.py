@@ -154,9 +154,16 @@ _BODY = {
                     },
                 },
                 "additionalProperties": False,
-                "anyOf": [  # text or a file, as for JSON (the properties bound them)
-                    {"required": ["content"], "properties": {"content": {"type": "string", "pattern": schemas.TEXT}}},
-                    {"required": ["files"], "properties": {"files": {"type": "array", "minItems": 1}}},
+                "allOf": [  # text or a file, as for JSON (the properties bound them; `allOf`: see `MessageIn`)
+                    {
+                        "anyOf": [
+                            {
+                                "required": ["content"],
+                                "properties": {"content": {"type": "string", "pattern": schemas.TEXT}},
+                            },
+                            {"required": ["files"], "properties": {"files": {"type": "array", "minItems": 1}}},
+                        ]
+                    }
                 ],
             },
             "encoding": {"metadata": {"contentType": "application/json"}},
