@@ -222,7 +222,8 @@ def _minimal(node: dict[str, Any], components: dict[str, Any]) -> Any:
     """The smallest value the schema takes: required fields only (a message's text), first choices."""
     node = _schema(node, components)
     if "properties" in node:
-        required = node.get("required", []) + [n for b in node.get("anyOf", [])[:1] for n in b.get("required", [])]
+        either = [b for part in node.get("allOf", []) for b in part.get("anyOf", [])]  # text or a file: the first
+        required = node.get("required", []) + [n for b in either[:1] for n in b.get("required", [])]
         return {name: _minimal(node["properties"][name], components) for name in required}
     if "anyOf" in node:
         return _minimal(node["anyOf"][0], components)

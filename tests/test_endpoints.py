@@ -399,6 +399,11 @@ async def test_responses_params_and_methods(app_factory: Any, tmp_path: Path) ->
         wrong = await client.delete(f"/threads/{tid}/teapot")
         assert wrong.status_code == 405 and wrong.headers["allow"] == "GET, PUT"  # `[name].put.py` matches too
         assert wrong.json()["error"]["code"] == "method_not_allowed"
+        for method in ("OPTIONS", "TRACE"):  # methods no endpoint can have: refused as DELETE is, not allowed all
+            other = await client.request(method, f"/threads/{tid}/teapot")
+            assert other.status_code == 405 and other.headers["allow"] == "GET, PUT", method
+        unknown = await client.request("OPTIONS", f"/threads/{tid}/nothing/here")
+        assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "endpoint_not_found"
         root = await client.put(f"/threads/{tid}")
         assert root.status_code == 405 and root.headers["allow"] == "GET, POST, PATCH, DELETE"
         assert (await client.put(f"/threads/{tid}/anything")).json() == {"name": "anything"}

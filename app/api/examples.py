@@ -11,13 +11,14 @@ from pydantic import BaseModel
 
 from app.api import schemas
 
-_THREAD_ID = "5b0f2c7e-3d4a-4e7b-9a51-6c2f0e8d1a93"
+THREAD_ID = "5b0f2c7e-3d4a-4e7b-9a51-6c2f0e8d1a93"
+MISSING_ID = "9f8e7d6c-5b4a-4392-8170-6f5e4d3c2b1a"  # the 404's
 _USER_MESSAGE_ID = "0e9c4b12-7f3a-4c8e-b1d2-5a6f7e8d9c01"
 _REPLY_ID = "7d2e1f30-9a8b-4c6d-a5e4-3b2c1d0e9f12"
 _AT = datetime(2026, 1, 15, 9, 30, tzinfo=UTC)
 
 _THREAD = schemas.Thread(
-    id=uuid.UUID(_THREAD_ID),
+    id=uuid.UUID(THREAD_ID),
     agent="assistant",
     origin_agent=None,
     type="ai_human",
@@ -68,20 +69,21 @@ _MESSAGES = [
 ]
 
 # operation id -> (where, the model that must take it, the example); `where` is `request` or a response's status
-_EXAMPLES: dict[str, list[tuple[str, type[BaseModel], dict[str, Any]]]] = {
+Table = dict[str, list[tuple[str, type[BaseModel], dict[str, Any]]]]
+EXAMPLES: Table = {
     "createThread": [
         ("request", schemas.ThreadIn, {"agent": "assistant", "name": "Support chat", "tags": ["support"],
                                        "env": {"LANGUAGE": "en"}, "messages": [{"content": "What is 6 times 7?"}]}),
         ("201", schemas.Thread, _THREAD.model_dump(mode="json")),
         ("422", schemas.Error, {"error": {
             "code": "invalid_request",
-            "message": "The request does not match the schema.",
+            "message": "Invalid request: agent: Field required",
             "details": {"problems": [{"field": "agent", "message": "Field required", "type": "missing"}]},
         }}),
     ],
     "getThread": [
         ("200", schemas.Thread, _THREAD.model_dump(mode="json")),
-        ("404", schemas.Error, {"error": {"code": "thread_not_found", "message": "Thread not found."}}),
+        ("404", schemas.Error, {"error": {"code": "thread_not_found", "message": f"Thread {MISSING_ID} not found"}}),
     ],
     "postMessage": [
         ("request", schemas.MessageIn, {"content": "What is 6 times 7?"}),
@@ -90,7 +92,7 @@ _EXAMPLES: dict[str, list[tuple[str, type[BaseModel], dict[str, Any]]]] = {
             "message_id": _USER_MESSAGE_ID, "done": True, "status": "idle", "outcome": "completed", "error": None,
             "messages": [m.model_dump(mode="json") for m in _MESSAGES],
         }),
-        ("409", schemas.Error, {"error": {"code": "thread_terminated", "message": "The thread is terminated."}}),
+        ("409", schemas.Error, {"error": {"code": "thread_terminated", "message": "Thread is terminated"}}),
     ],
     "listMessages": [
         ("200", schemas.MessageList, {"messages": [m.model_dump(mode="json") for m in _MESSAGES], "next_cursor": None}),
@@ -99,10 +101,11 @@ _EXAMPLES: dict[str, list[tuple[str, type[BaseModel], dict[str, Any]]]] = {
 _WAIT = 30  # `POST .../messages?wait=30`: the turn's messages in the answer, within 30 s
 
 
-def add(paths: dict[str, Any]) -> None:
-    """Put the examples on their operations (after the error responses have their envelope)."""
+def add(paths: dict[str, Any], table: Table = EXAMPLES) -> None:
+    """Put the examples of `table` on their operations (after the error responses have their envelope); a
+    `ValueError` if one does not fit its model."""
     operations = {op["operationId"]: op for item in paths.values() for op in item.values() if "operationId" in op}
-    for operation_id, examples in _EXAMPLES.items():
+    for operation_id, examples in table.items():
         operation = operations[operation_id]
         for where, model, value in examples:
             model.model_validate(value)
@@ -112,6 +115,6 @@ def add(paths: dict[str, Any]) -> None:
                 )
             place = operation["requestBody"] if where == "request" else operation["responses"][where]
             place["content"]["application/json"]["example"] = value
-    for param in operations["postMessage"]["parameters"]:
+    for param in operations.get("postMessage", {}).get("parameters", []):
         if param["name"] == "wait":
             param["example"] = _WAIT

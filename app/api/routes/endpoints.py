@@ -16,12 +16,27 @@ from fastapi.responses import JSONResponse
 from pydantic_core import PydanticSerializationError, to_jsonable_python
 from starlette.convertors import Convertor, register_url_convertor
 from starlette.exceptions import HTTPException
+from starlette.types import Receive, Scope, Send
 
 from app import engine, errors, routing, threads
 from app.api import bodies
 from app.api.deps import CatalogDep, FernetDep, SessionsDep, StreamUser
 
-router = APIRouter(tags=["endpoints"], route_class=bodies.OwnBody)
+
+class _Route(bodies.OwnBody):
+    """A method no endpoint can have (`OPTIONS`, `TRACE`, ...) is refused as `dispatch` refuses one the path's
+    endpoints lack: 405 with the methods they take, rather than every method this route passes on to `dispatch`."""
+
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.methods and scope["method"] not in self.methods:
+            path = str(scope["path_params"].get("path", ""))
+            match = scope["app"].state.runtime.catalog.endpoints.match(scope["method"], path)
+            _refuse(set(match.allow if match else ()) | (routing.THREAD_METHODS if not routing.split(path) else set()))
+            raise errors.EndpointNotFound(f"No endpoint of this thread answers `/{path.strip('/')}`.")
+        await super().handle(scope, receive, send)
+
+
+router = APIRouter(tags=["endpoints"], route_class=_Route)
 log = logging.getLogger(__name__)
 
 
