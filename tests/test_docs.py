@@ -252,6 +252,16 @@ def test_every_route_of_the_openapi_document_is_in_the_http_reference() -> None:
     assert sorted(documented - served) == [], "docs/http-api.md lists routes the server does not have"
 
 
+def test_every_operation_id_is_in_the_http_reference_beside_its_route() -> None:
+    page = _text(DOCS / "http-api.md")
+    for path, item in _openapi()["paths"].items():
+        for method, op in item.items():
+            if op["tags"] == ["endpoints"]:  # the deployment's own: the example's id is named in its section
+                assert f"`{op['operationId']}`" in section(page, "### Custom thread endpoints"), op["operationId"]
+            else:
+                assert f"| `{method.upper()} {path}` | `{op['operationId']}` |" in page, (method, path)
+
+
 NOT_HTTP = frozenset({"catalog_invalid"})  # `agents check` and start-up only: a server with a bad folder never serves
 
 
