@@ -349,9 +349,11 @@ def test_every_event_type_has_a_component_and_each_stream_a_union_of_them(tmp_pa
 
 
 def test_the_version_is_one_number(tmp_path: Path) -> None:
-    """`app.__version__` is the package's (pyproject), the document's `info.version` and `/health`'s (test_api)."""
+    """`app.__version__` is the package's (pyproject), the document's `info.version` and `/health`'s (test_api, and
+    `http-api.md`'s example)."""
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert __version__ == pyproject["project"]["version"]
+    assert f'`{{"status": "ok", "version": "{__version__}"}}`' in (ROOT / "docs" / "http-api.md").read_text()
     _, document = _contract(tmp_path)
     assert document["info"]["version"] == __version__
     health = document["components"]["schemas"]["Health"]

@@ -81,7 +81,7 @@ def _payload(payload: type, found: dict[str, dict[str, Any]]) -> dict[str, str]:
 
 
 def _frame(event: str, data: dict[str, str]) -> dict[str, Any]:
-    properties: dict[str, Any] = {"event": {"type": "string", "const": event, "enum": [event]}}
+    properties: dict[str, Any] = {"event": {"type": "string", "const": event}}
     required = ["event", "data"]
     if event not in UNSTORED:
         properties["id"] = {
