@@ -192,6 +192,11 @@ class Event:
     seq: int | None
     data: Payload
 
+    @property
+    def message(self) -> Message | None:
+        """The message a `message_data` event carries, as it is now (None for other events)."""
+        return self.data.data if isinstance(self.data, MessageData) else None
+
 
 def parse(name: str, seq: int | None, text: str, table: dict[str, type[Payload]]) -> Event:
     """The event a frame holds; its payload read by the model `table` names for it."""
