@@ -26,7 +26,9 @@ from agents_client import errors, models
 from agents_client import events as client_events
 from fastapi import FastAPI
 
-from app import catalog, event_types
+from app import catalog, event_types, keys
+from app.catalog import Catalog
+from app.spec import define_agent, define_model, define_prompt
 from tests import processes
 from tests.conftest import ROOT
 from tests.test_subagents import Brain, delegate
@@ -209,6 +211,23 @@ async def test_a_chat_loop_with_a_tool_turn(client: agents_client.AsyncClient) -
     assert (caught.value.status, caught.value.code) == (404, "thread_not_found")
 
 
+async def test_a_failed_turn_says_why_and_its_stream_comes_to_rest(app_factory: Any, serve: Serve) -> None:
+    model = define_model(name="m", provider="test", script=[{"error": "the provider is down"}] * 2)
+    prompt = define_prompt(name="p", tool_description="t", model="m", prompt="Answer.", include_chat=True)
+    agent = define_agent(name="agent", side_a={"prompt": "p"})
+    failing = Catalog(root=Path("."), models={"m": model}, prompts={"p": prompt}, agents={"agent": agent}, tools={})
+    async with agents_client.AsyncClient(await serve(await app_factory(failing, with_worker=True))) as client:
+        thread = await client.threads.create("agent")
+        turn = await client.messages.post(thread, "hello", wait=30)
+        assert (turn.done, turn.status, turn.outcome, turn.reply) == (True, "idle", "failed", None)
+        assert turn.error == models.TurnError(code="llm_error", message="the provider is down")
+        assert turn.messages[-1].metadata["error"] == {"code": "llm_error", "message": "the provider is down"}
+        async with client.events.stream(thread) as stream:
+            seen = [e async for e in _until(stream, lambda e: e.at_rest)]
+    assert client_events.Error(code="llm_error", message="the provider is down") in [e.data for e in seen]
+    assert "turn_ended" not in [e.name for e in seen]  # a failed turn has none: `at_rest` ends it
+
+
 async def test_stop_continue_terminate_and_the_errors_they_lead_to(client: agents_client.AsyncClient) -> None:
     thread = await client.threads.create("assistant")
     assert (await client.threads.stop(thread)).status == "stopped"
@@ -223,6 +242,27 @@ async def test_stop_continue_terminate_and_the_errors_they_lead_to(client: agent
     with pytest.raises(errors.Invalid) as invalid:
         await client.messages.post(thread, "hello", wait=301)
     assert invalid.value.code == "invalid_request" and invalid.value.details["problems"][0]["field"] == "query.wait"
+
+
+async def test_the_key_goes_with_every_call_and_every_stream(app_factory: Any, serve: Serve) -> None:
+    app = await app_factory(catalog.load(ROOT / "agents"), with_worker=True)
+    async with app.state.runtime.sessions() as session, session.begin():
+        _, key = await keys.create(session, "alice")
+    url = await serve(app)
+    async with agents_client.AsyncClient(url, key) as alice, agents_client.AsyncClient(url) as nobody:
+        assert (await nobody.health()).status == "ok"
+        with pytest.raises(errors.Unauthorized) as refused:
+            await nobody.threads.list()
+        assert refused.value.code == "unauthorized" and refused.value.headers["www-authenticate"] == "Bearer"
+        thread = await alice.threads.create("assistant")
+        assert thread.user_id == "alice"
+        assert (await alice.messages.post(thread, "What is 6 * 7?", wait=30)).reply == "The answer is 42."
+        async with alice.events.stream(thread) as stream:
+            assert (await anext(stream)).seq == 1
+        async with nobody.events.stream(thread) as stream:
+            with pytest.raises(errors.Unauthorized):  # at once: no retry makes a missing key right
+                await anext(stream)
+            assert stream.position.connections == 1
 
 
 async def test_a_closed_port_is_a_transport_error() -> None:
@@ -347,7 +387,7 @@ async def test_the_sync_client_live(live: str) -> None:
                 seen = []
                 for event in stream:
                     seen.append(event)
-                    if event.name == "turn_ended":
+                    if event.at_rest:
                         break
             with pytest.raises(errors.NotFound):
                 sync.messages.get(thread, uuid.uuid4())
@@ -356,7 +396,8 @@ async def test_the_sync_client_live(live: str) -> None:
     turn, seen, variable = await asyncio.to_thread(chat)
     assert turn.reply == "The answer is 5."
     assert [e.seq for e in seen if e.seq is not None] == list(range(1, len([e for e in seen if e.seq]) + 1))
-    assert seen[-1].data == client_events.TurnEnded(side="a", reason="stop_on_response")
+    assert client_events.TurnEnded(side="a", reason="stop_on_response") in [e.data for e in seen]
+    assert seen[-1].data == client_events.ThreadStatus(status="idle") and not any(e.at_rest for e in seen[:-1])
     data = [e.data for e in seen if isinstance(e.data, client_events.MessageData)]
     assert data[-1].data.content == "The answer is 5."
     assert (variable.name, variable.value) == ("COLOUR", "blue")
@@ -448,7 +489,8 @@ async def test_a_dropped_stream_resumes_without_a_gap_or_a_duplicate(
                 await client.messages.post(thread, "What is 4 * 5?")
             if event.name == "turn_ended" and len([e for e in seen if e.name == "turn_ended"]) == 2:
                 break
-    assert len(proxy.heads) == 2 and "last-event-id: 3\r\n" in proxy.heads[1].lower()
+    assert stream.position.connections == len(proxy.heads) == 2
+    assert "last-event-id: 3\r\n" in proxy.heads[1].lower()
     last = stored(seen)[-1][0]
     async with client.events.stream(thread) as again:
         everything = [e async for e in _until(again, lambda e: e.seq == last)]

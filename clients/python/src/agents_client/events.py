@@ -152,6 +152,8 @@ class Unknown(Payload):
     """An event this client does not know: its fields are kept as extra attributes (`model_extra`)."""
 
 
+RESTING = frozenset({"idle", "stopped", "terminated"})  # thread statuses with nothing running
+
 THREAD_EVENTS: dict[str, type[Payload]] = {
     "message_data": MessageData,
     "message_deleted": MessageDeleted,
@@ -191,6 +193,11 @@ class Event:
     name: str
     seq: int | None
     data: Payload
+
+    @property
+    def at_rest(self) -> bool:
+        """The thread came to rest (`idle`, `stopped`, `terminated`): the last event of a turn, ended or failed."""
+        return isinstance(self.data, ThreadStatus) and self.data.status in RESTING
 
     @property
     def message(self) -> Message | None:
