@@ -22,7 +22,7 @@ from typing import Any, get_type_hints
 import agents_client
 import httpx
 import pytest
-from agents_client import errors, models
+from agents_client import errors, models, sse
 from agents_client import events as client_events
 from fastapi import FastAPI
 
@@ -104,6 +104,14 @@ def test_an_error_answer_that_is_no_envelope_is_still_an_api_error() -> None:
     assert "Bad gateway" in caught.value.message
 
 
+def test_the_sse_decoder_reads_frames_as_the_standard_says() -> None:
+    decoder = sse.Decoder()
+    lines = [": ping - now", "id: 7", "event: error", 'data: {"code": "x",', 'data:"message": "y"}', "retry: 5", ""]
+    assert [decoder.feed(line) for line in lines][-1] == sse.Frame("error", "7", '{"code": "x",\n"message": "y"}')
+    assert decoder.feed("") is None  # a blank line alone is no frame
+    assert [decoder.feed(line) for line in ("data: {}", "")][-1] == sse.Frame("message", None, "{}")  # ids don't carry
+
+
 # -- streams resume: the rules, on a scripted transport -----------------------------------------------------------
 
 
@@ -144,7 +152,7 @@ def scripted(answers: list[httpx.Response]) -> tuple[agents_client.Client, list[
     return made, requests
 
 
-def sse(body: bytes, drop: bool = True) -> httpx.Response:
+def streamed(body: bytes, drop: bool = True) -> httpx.Response:
     return httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=Dropped(body, drop))
 
 
@@ -153,7 +161,7 @@ def test_a_stream_resumes_after_the_last_seq_and_drops_what_is_replayed() -> Non
                    "chunk": "Hi", "attempt": 1}), (2, "step_started", STEP))  # fmt: skip
     partial = b"id: 3\r\nevent: step_sta"  # cut mid-frame: never yielded
     replayed = frames((2, "step_started", STEP), (3, "turn_ended", {"side": "a", "reason": "stop_on_response"}))
-    sync, requests = scripted([sse(first + partial), sse(replayed, drop=False), sse(frames((4, "error", {}))[:5])])
+    sync, requests = scripted([streamed(first + partial), streamed(replayed, drop=False)])
     with sync, sync.events.stream("t", since=0) as stream:
         got = [(e.seq, e.name) for e in (next(stream), next(stream), next(stream), next(stream))]
         assert stream.last_seq == 3
@@ -163,7 +171,7 @@ def test_a_stream_resumes_after_the_last_seq_and_drops_what_is_replayed() -> Non
 
 
 def test_a_stream_gives_up_after_its_retries_and_raises_an_error_answer_at_once() -> None:
-    sync, requests = scripted([sse(b""), sse(b"", drop=False), sse(b"")])
+    sync, requests = scripted([streamed(b""), streamed(b"", drop=False), streamed(b"")])
     with sync, pytest.raises(errors.TransportError):
         next(sync.events.stream("t"))
     assert len(requests) == 3  # the first connection and two retries, none yielding anything
