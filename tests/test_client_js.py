@@ -1,0 +1,202 @@
+"""The JavaScript client (`clients/js/`): versioned with the server, one source for the playground's copy, every event
+type typed, its `node --test` suite run against a live server, and used in Chromium from a page of another origin."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import shutil
+import tomllib
+from asyncio.subprocess import PIPE, STDOUT
+from pathlib import Path
+from typing import Any
+
+import pytest
+from playwright.async_api import Request, async_playwright
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from app import catalog, event_types, keys
+from tests import processes
+from tests.conftest import ROOT, client_for
+from tests.test_playground import chromium
+
+CLIENT = ROOT / "clients" / "js"
+SOURCE = CLIENT / "src" / "index.js"
+TYPES = CLIENT / "src" / "index.d.ts"
+COPY = ROOT / "app" / "playground" / "client.js"  # what the playground serves: the package ships it
+
+
+def node() -> str:
+    """Node.js, or a skip that says how to get it (`.ci/run` installs Debian's `nodejs` when it is missing)."""
+    path = shutil.which("node")
+    if path is None:
+        pytest.skip("node is not installed: the JS client's tests run on it (`apt-get install -y nodejs`)")
+    return path
+
+
+def _listed(name: str, text: str) -> list[str]:
+    """The strings of the array `name = Object.freeze([...])` in the client's source."""
+    found = re.search(rf"export const {name} = Object\.freeze\(\[(.*?)\]\);", text, re.DOTALL)
+    assert found is not None, name
+    return re.findall(r'"(\w+)"', found.group(1))
+
+
+def _typed(name: str, text: str) -> list[str]:
+    """The event names of the interface `name` in the declarations."""
+    found = re.search(rf"export interface {name} \{{\n(.*?)\n\}}", text, re.DOTALL)
+    assert found is not None, name
+    return re.findall(r"^  (\w+):", found.group(1), re.MULTILINE)
+
+
+def test_the_client_is_versioned_with_the_server() -> None:
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    package = json.loads((CLIENT / "package.json").read_text())
+    assert package["version"] == version
+    assert f'export const VERSION = "{version}";' in SOURCE.read_text()
+    assert package["name"] == "standard-agents-client" and package["type"] == "module"
+    assert package["exports"]["."] == {"types": "./src/index.d.ts", "default": "./src/index.js"}
+    assert "dependencies" not in package  # none at run time
+
+
+def test_the_playground_serves_the_clients_source_as_it_is() -> None:
+    """One source: `clients/js/src/index.js`; the playground's `client.js` is a byte-identical copy, so that an
+    installed server (which has no `clients/`) serves it."""
+    assert COPY.read_bytes() == SOURCE.read_bytes(), "run `cp clients/js/src/index.js app/playground/client.js`"
+
+
+async def test_the_playground_route_serves_the_client(app_factory: Any) -> None:
+    app = await app_factory(catalog.load(ROOT / "agents"))
+    async with client_for(app) as c:
+        served = await c.get("/playground/client.js")
+    assert served.status_code == 200 and served.headers["content-type"] == "text/javascript; charset=utf-8"
+    assert served.content == SOURCE.read_bytes()
+
+
+def test_the_client_and_its_types_know_every_event_type() -> None:
+    """`EventSource` calls listeners only for the types it was told, and the typed union names each event: both
+    follow the server's table."""
+    source, types = SOURCE.read_text(), TYPES.read_text()
+    assert sorted(_listed("THREAD_EVENTS", source)) == sorted(event_types.THREAD_EVENTS)
+    assert sorted(_listed("LIFECYCLE_EVENTS", source)) == sorted(event_types.LIFECYCLE_EVENTS)
+    assert sorted(_typed("ThreadEventData", types)) == sorted(event_types.THREAD_EVENTS)
+    assert sorted(_typed("LifecycleEventData", types)) == sorted(event_types.LIFECYCLE_EVENTS)
+
+
+async def _key(sessions: async_sessionmaker[AsyncSession]) -> str:
+    """A key made before the app starts: the server requires keys from its first request."""
+    async with sessions() as s, s.begin():
+        _, key = await keys.create(s, "js")
+    return key
+
+
+@pytest.mark.slow  # node, a server and a worker in this process, an agent team's session
+async def test_the_node_suite_against_a_live_server(
+    app_factory: Any, serve: Any, sessions: async_sessionmaker[AsyncSession]
+) -> None:
+    """`node --test clients/js/test/` with the server's address and a key: a chat loop, a tool turn, a stream cut
+    twice by a proxy and resumed without gap or duplicate, files and attachments, the variables bootstrap, errors."""
+    runner = node()
+    key = await _key(sessions)
+    app = await app_factory(catalog.load(ROOT / "agents"), with_worker=True)
+    base = await serve(app)
+    env = {**os.environ, "AGENTS_CLIENT_TEST_URL": base, "AGENTS_CLIENT_TEST_KEY": key}
+    # a subprocess of asyncio: this event loop goes on serving the API while node runs
+    proc = await asyncio.create_subprocess_exec(
+        runner, "--test", "clients/js/test/", cwd=ROOT, env=env, stdout=PIPE, stderr=STDOUT
+    )
+    try:
+        out, _ = await asyncio.wait_for(proc.communicate(), 240)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    report = out.decode()
+    assert proc.returncode == 0, report
+    assert re.search(r"^# fail 0$", report, re.MULTILINE) and re.search(r"^# skipped 0$", report, re.MULTILINE)
+    passed = re.search(r"^# pass (\d+)$", report, re.MULTILINE)
+    assert passed is not None and int(passed.group(1)) >= 12, report
+
+
+PAGE = """<!doctype html>
+<meta charset="utf-8"><title>a chat page on another origin</title>
+<script type="module">
+import { AgentsClient, AgentsError } from "/client.js";
+
+window.chat = async (api, key, question) => {
+  const client = new AgentsClient({ baseUrl: api, apiKey: key });
+  const thread = await client.threads.create({ agent: "assistant" });
+  const controller = new AbortController();
+  let opened;
+  const open = new Promise((resolve) => { opened = resolve; });
+  const events = client.events.source(thread.id, { signal: controller.signal, onOpen: () => opened() });
+  const seqs = [];
+  let chunks = 0;
+  const answer = (async () => {
+    for await (const { event, seq, data } of events) {
+      if (seq !== null) seqs.push(seq);
+      if (event === "message_chunk") chunks += 1;
+      const m = event === "message_data" ? data.data : null;
+      if (m && m.role === "assistant" && m.status === "completed" && !m.tool_calls) return m.content;
+    }
+  })();
+  await open;
+  await client.messages.post(thread.id, question);
+  const content = await answer;
+  controller.abort();
+  const missing = await client.threads.get(crypto.randomUUID()).catch((e) => e);
+  return { thread: thread.id, content, seqs, chunks, error: missing instanceof AgentsError, code: missing.code };
+};
+window.ready = true;
+</script>
+"""
+
+
+@pytest.mark.slow  # a server and a worker in this process, Chromium
+async def test_a_page_of_another_origin_follows_a_thread_with_the_client(
+    app_factory: Any, serve: Any, sessions: async_sessionmaker[AsyncSession]
+) -> None:
+    """The page loads the client from its own origin, calls the API with a key (CORS preflights allow the client's
+    `X-Client` header), mints a stream token and follows the thread with `EventSource` until the answer arrives."""
+    key = await _key(sessions)
+    client_js = ("text/javascript; charset=utf-8", SOURCE.read_bytes())
+    with processes.page_server(PAGE.encode, {"/client.js": client_js}) as port:
+        origin = f"http://127.0.0.1:{port}"
+        app = await app_factory(catalog.load(ROOT / "agents"), with_worker=True, cors_origins=[origin])
+        api = await serve(app)
+        problems: list[str] = []
+        requests: list[Request] = []
+        async with async_playwright() as p:
+            browser = await p.chromium.launch(executable_path=chromium())
+            try:
+                page = await browser.new_page()
+                page.on("pageerror", lambda error: problems.append(f"page error: {error}"))
+                page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
+                page.on("request", lambda r: requests.append(r) if r.url.startswith(api) else None)
+                await page.goto(f"{origin}/")
+                await page.wait_for_function("() => window.ready === true")
+                result = await page.evaluate(
+                    "([api, key, question]) => chat(api, key, question)", [api, key, "What is 12 * (3 + 4)?"]
+                )
+            finally:
+                await browser.close()
+    assert result["content"] == "The answer is 84.", result
+    assert result["seqs"] == sorted(set(result["seqs"])) and result["chunks"] > 0, result
+    assert (result["error"], result["code"]) == (True, "thread_not_found")
+    streams = [r.url for r in requests if "/events" in r.url]
+    assert streams and all(re.search(rf"/threads/{result['thread']}/events\?token=", u) for u in streams), streams
+    calls = [r for r in requests if "/events" not in r.url and r.method != "OPTIONS"]
+    assert calls and all(r.headers.get("x-client") == f"standard-agents-client-js/{_version()}" for r in calls)
+    assert not any(key in r.url for r in requests)
+    assert [p for p in problems if "status of 404" not in p] == []  # the thread asked for, the page's favicon
+
+
+def _version() -> str:
+    return str(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"])
+
+
+def test_a_missing_node_is_a_skip_that_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(Path("/nonexistent")))
+    with pytest.raises(pytest.skip.Exception, match=r"node is not installed.*apt-get install -y nodejs"):
+        node()
