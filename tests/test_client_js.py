@@ -26,6 +26,7 @@ CLIENT = ROOT / "clients" / "js"
 SOURCE = CLIENT / "src" / "index.js"
 TYPES = CLIENT / "src" / "index.d.ts"
 COPY = ROOT / "app" / "playground" / "client.js"  # what the playground serves: the package ships it
+README = CLIENT / "README.md"
 
 
 def node() -> str:
@@ -48,6 +49,24 @@ def _typed(name: str, text: str) -> list[str]:
     found = re.search(rf"export interface {name} \{{\n(.*?)\n\}}", text, re.DOTALL)
     assert found is not None, name
     return re.findall(r"^  (\w+):", found.group(1), re.MULTILINE)
+
+
+def _example(language: str) -> str:
+    """The client README's one code block in `language` that is an example to run (`js` with an import of the
+    package, `html`)."""
+    blocks = re.findall(rf"```{language}\n(.*?)```", README.read_text(), re.DOTALL)
+    found: list[str] = [b for b in blocks if "import " in b]
+    assert len(found) == 1, f"the README's {language} example moved"
+    return found[0]
+
+
+def _browser_example(api: str, key: str) -> bytes:
+    """The README's page, for this server and key."""
+    page = _example("html")
+    for line, value in (('const api = "http://localhost:8000";', api), ('const key = "";', key)):
+        assert page.count(line) == 1, line
+        page = page.replace(line, re.sub(r'"[^"]*"', f'"{value}"', line))
+    return page.encode()
 
 
 def test_the_client_is_versioned_with_the_server() -> None:
@@ -93,10 +112,11 @@ async def _key(sessions: async_sessionmaker[AsyncSession]) -> str:
 
 @pytest.mark.slow  # node, a server and a worker in this process, an agent team's session
 async def test_the_node_suite_against_a_live_server(
-    app_factory: Any, serve: Any, sessions: async_sessionmaker[AsyncSession]
+    app_factory: Any, serve: Any, sessions: async_sessionmaker[AsyncSession], tmp_path: Path
 ) -> None:
     """`node --test clients/js/test/` with the server's address and a key: a chat loop, a tool turn, a stream cut
-    twice by a proxy and resumed without gap or duplicate, files and attachments, the variables bootstrap, errors."""
+    three times by a proxy and resumed without gap or duplicate, files and attachments, the variables bootstrap,
+    errors. Then the README's chat loop, fed two questions."""
     runner = node()
     key = await _key(sessions)
     app = await app_factory(catalog.load(ROOT / "agents"), with_worker=True)
@@ -117,6 +137,19 @@ async def test_the_node_suite_against_a_live_server(
     assert re.search(r"^# fail 0$", report, re.MULTILINE) and re.search(r"^# skipped 0$", report, re.MULTILINE)
     passed = re.search(r"^# pass (\d+)$", report, re.MULTILINE)
     assert passed is not None and int(passed.group(1)) >= 12, report
+
+    # the README's chat loop, as it is, with the package installed where it imports it from
+    (tmp_path / "node_modules").mkdir()
+    (tmp_path / "node_modules" / "standard-agents-client").symlink_to(CLIENT)
+    (tmp_path / "chat.mjs").write_text(_example("js"))
+    env = {**os.environ, "AGENTS_URL": base, "AGENTS_API_KEY": key}
+    chat = await asyncio.create_subprocess_exec(
+        runner, "chat.mjs", cwd=tmp_path, env=env, stdin=PIPE, stdout=PIPE, stderr=STDOUT
+    )
+    said, _ = await asyncio.wait_for(chat.communicate(b"What is 12 * (3 + 4)?\n\nAnd 2 + 2?\n"), 60)
+    lines = said.decode().splitlines()
+    assert chat.returncode == 0 and lines[1:] == ["The answer is 84.", "The answer is 4."], said.decode()
+    assert lines[0].startswith("thread ")
 
 
 PAGE = """<!doctype html>
@@ -158,13 +191,19 @@ async def test_a_page_of_another_origin_follows_a_thread_with_the_client(
     app_factory: Any, serve: Any, sessions: async_sessionmaker[AsyncSession]
 ) -> None:
     """The page loads the client from its own origin, calls the API with a key (CORS preflights allow the client's
-    `X-Client` header), mints a stream token and follows the thread with `EventSource` until the answer arrives."""
+    `X-Client` header), mints a stream token and follows the thread with `EventSource` until the answer arrives.
+    Then the client README's chat page, as it is, answers two questions."""
     key = await _key(sessions)
     client_js = ("text/javascript; charset=utf-8", SOURCE.read_bytes())
-    with processes.page_server(PAGE.encode, {"/client.js": client_js}) as port:
-        origin = f"http://127.0.0.1:{port}"
-        app = await app_factory(catalog.load(ROOT / "agents"), with_worker=True, cors_origins=[origin])
+    example: list[bytes] = []  # the README's page, once the API's address is known
+    with (
+        processes.page_server(PAGE.encode, {"/client.js": client_js}) as port,
+        processes.page_server(lambda: example[0], {"/standard-agents-client.js": client_js}) as readme_port,
+    ):
+        origin, readme = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{readme_port}"
+        app = await app_factory(catalog.load(ROOT / "agents"), with_worker=True, cors_origins=[origin, readme])
         api = await serve(app)
+        example.append(_browser_example(api, key))
         problems: list[str] = []
         requests: list[Request] = []
         async with async_playwright() as p:
@@ -179,6 +218,15 @@ async def test_a_page_of_another_origin_follows_a_thread_with_the_client(
                 result = await page.evaluate(
                     "([api, key, question]) => chat(api, key, question)", [api, key, "What is 12 * (3 + 4)?"]
                 )
+                example_page = await browser.new_page()  # the README's page, asked two questions
+                example_page.on("pageerror", lambda error: problems.append(f"page error: {error}"))
+                await example_page.goto(f"{readme}/")
+                asked = (("What is 12 * (3 + 4)?", "The answer is 84."), ("And 2 + 2?", "The answer is 4."))
+                for question, answer in asked:
+                    await example_page.fill("#question", question)
+                    await example_page.press("#question", "Enter")
+                    await example_page.locator("#log").filter(has_text=answer).wait_for(timeout=30_000)
+                logged = await example_page.inner_text("#log")
             finally:
                 await browser.close()
     assert result["content"] == "The answer is 84.", result
@@ -190,6 +238,7 @@ async def test_a_page_of_another_origin_follows_a_thread_with_the_client(
     assert calls and all(r.headers.get("x-client") == f"standard-agents-client-js/{_version()}" for r in calls)
     assert not any(key in r.url for r in requests)
     assert [p for p in problems if "status of 404" not in p] == []  # the thread asked for, the page's favicon
+    assert logged.splitlines() == ["> What is 12 * (3 + 4)?", "The answer is 84.", "> And 2 + 2?", "The answer is 4."]
 
 
 def _version() -> str:
