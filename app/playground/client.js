@@ -114,9 +114,11 @@ export async function* readEvents(body) {
   const decoder = new TextDecoder();
   let buffer = "";
   let frame = { event: "", id: null, data: [] };
+  let finished = false;
   try {
     for (;;) {
       const { value, done } = await reader.read();
+      finished = done;
       buffer += done ? decoder.decode() : decoder.decode(value, { stream: true });
       for (;;) {
         const end = buffer.search(/\r\n|\r|\n/);
@@ -141,6 +143,7 @@ export async function* readEvents(body) {
       if (done) return;
     }
   } finally {
+    if (!finished) await reader.cancel().catch(() => {}); // the reader stopped early: close the connection
     reader.releaseLock();
   }
 }
@@ -224,6 +227,8 @@ export class AgentsClient {
    * @param {Record<string, string>} [options.headers] more headers for every request
    * @param {number} [options.reconnectDelay] ms before a stream reconnects, doubled while it fails (default 1000)
    * @param {number} [options.maxReconnectDelay] the longest wait between reconnects in ms (default 15000)
+   * @param {number} [options.idleTimeout] ms a `fetch` stream may stay silent before it is taken for dropped and
+   *   resumed (default 45000: the server sends a keep-alive every 15 s)
    */
   constructor(options = {}) {
     this.baseUrl = String(options.baseUrl ?? "").replace(/\/+$/, "");
@@ -233,6 +238,7 @@ export class AgentsClient {
     this.headers = { ...(options.headers ?? {}) };
     this.reconnectDelay = options.reconnectDelay ?? 1000;
     this.maxReconnectDelay = options.maxReconnectDelay ?? 15000;
+    this.idleTimeout = options.idleTimeout ?? 45000;
     if (typeof this.fetchImpl !== "function") throw new Error("No global `fetch`: pass one as `options.fetch`.");
 
     const thread = (id) => `/threads/${encodeURIComponent(id)}`;
@@ -412,11 +418,19 @@ export class AgentsClient {
       while (!controller.signal.aborted) {
         const headers = { ...this.baseHeaders(), Accept: "text/event-stream" };
         if (last !== null) headers["Last-Event-ID"] = String(last);
+        // a connection of its own to abort: a network that drops it without a word leaves it silent for ever
+        const connection = linked(controller.signal);
+        let timer = null;
+        const touch = () => {
+          clearTimeout(timer);
+          timer = setTimeout(() => connection.abort(), this.idleTimeout);
+        };
         let failure;
         try {
+          touch();
           const response = await this.fetchImpl(`${this.baseUrl}${path}${query(params)}`, {
             headers,
-            signal: controller.signal,
+            signal: connection.signal,
             cache: "no-store",
           });
           if (!response.ok) {
@@ -426,7 +440,15 @@ export class AgentsClient {
           } else {
             delay = this.reconnectDelay;
             onOpen?.();
-            for await (const frame of readEvents(response.body)) {
+            const watched = response.body.pipeThrough(
+              new TransformStream({
+                transform(chunk, out) {
+                  touch(); // any byte, a keep-alive comment too, says the connection lives
+                  out.enqueue(chunk);
+                },
+              }),
+            );
+            for await (const frame of readEvents(watched)) {
               const item = parsed(frame.event, frame.id, frame.data);
               if (item.seq !== null) {
                 if (last !== null && item.seq <= last) continue; // seen before the connection dropped
@@ -438,7 +460,10 @@ export class AgentsClient {
         } catch (error) {
           if (controller.signal.aborted) return;
           if (error instanceof AgentsError && !failure) throw error;
-          failure = error; // the connection dropped or could not be made: resume
+          failure = error; // the connection dropped, went silent or could not be made: resume
+        } finally {
+          clearTimeout(timer);
+          connection.abort();
         }
         onRetry?.(failure ?? null);
         await sleep(delay, controller.signal);
@@ -505,23 +530,24 @@ export class AgentsClient {
       }
     };
 
+    const attempt = () =>
+      open().catch((error) => {
+        if (error instanceof AgentsError && error.status < 500 && error.status !== 429) channel.fail(error);
+        else {
+          onRetry?.(error); // the token could not be minted (the server away): try again
+          retry();
+        }
+      });
+
     const retry = () => {
       source?.close();
       source = null;
       clearTimeout(timer);
-      timer = setTimeout(() => {
-        open().catch((error) => {
-          if (error instanceof AgentsError && error.status < 500 && error.status !== 429) channel.fail(error);
-          else {
-            onRetry?.(error);
-            retry();
-          }
-        });
-      }, delay);
+      timer = setTimeout(attempt, delay);
       delay = Math.min(delay * 2, this.maxReconnectDelay);
     };
 
-    open().catch((error) => channel.fail(error));
+    attempt();
     return channel;
   }
 }

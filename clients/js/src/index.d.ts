@@ -411,6 +411,9 @@ export interface ClientOptions {
   reconnectDelay?: number;
   /** the longest wait between reconnects in ms (default 15000). */
   maxReconnectDelay?: number;
+  /** ms a `fetch` stream may stay silent before it is taken for dropped and resumed (default 45000; the server
+   * sends a keep-alive every 15 s). */
+  idleTimeout?: number;
 }
 
 export interface CallOptions {

@@ -11,13 +11,14 @@ const KEY = process.env.AGENTS_CLIENT_TEST_KEY;
 const skip = BASE ? false : "AGENTS_CLIENT_TEST_URL is not set: no server to test against";
 
 /** A TCP proxy in front of the server that cuts connections as a network would: all of them when told, and each
- * after the number of answer bytes `limits` gives it (in the order they were made; none past the list's end). It
- * keeps the request head of each connection. */
+ * after the number of answer bytes `limits` gives it (in the order they were made; none past the list's end); or
+ * silences them, dropping what the server sends without closing anything. It keeps each request's head. */
 class Proxy {
   constructor(target, limits = []) {
     this.target = new URL(target);
     this.limits = [...limits];
     this.sockets = new Set();
+    this.silenced = new Set();
     this.heads = [];
     this.server = net.createServer((client) => {
       const upstream = net.connect(Number(this.target.port), this.target.hostname);
@@ -31,6 +32,7 @@ class Proxy {
         upstream.write(chunk);
       });
       upstream.on("data", (chunk) => {
+        if (this.silenced.has(upstream)) return;
         if (chunk.length < left) {
           left -= chunk.length;
           client.write(chunk);
@@ -58,6 +60,10 @@ class Proxy {
 
   cut() {
     for (const socket of this.sockets) socket.destroy();
+  }
+
+  silence() {
+    for (const socket of this.sockets) this.silenced.add(socket);
   }
 
   stop() {
@@ -186,6 +192,34 @@ describe("the client against a live server", { skip }, () => {
     const agent = proxy.heads.find((h) => h.startsWith("GET /threads/"));
     assert.match(agent, new RegExp(`\\r\\nuser-agent: standard-agents-client-js/${VERSION.replaceAll(".", "\\.")}`, "i"));
     assert.match(proxy.heads.at(-1), /\r\nlast-event-id: \d+/i);
+  });
+
+  test("a stream gone silent (a network that drops it without a word) is resumed", async () => {
+    const thread = await client.threads.create({ agent: "assistant" });
+    const proxy = new Proxy(BASE);
+    const baseUrl = await proxy.start();
+    const proxied = new AgentsClient({ baseUrl, apiKey: KEY, reconnectDelay: 50, idleTimeout: 500 });
+    let opened = 0;
+    const seen = [];
+    const controller = new AbortController();
+    const reading = (async () => {
+      const stream = proxied.events.stream(thread.id, { signal: controller.signal, onOpen: () => (opened += 1) });
+      for await (const item of stream) {
+        if (item.seq !== null) seen.push(item.event);
+        if (item.event === "turn_ended") break;
+      }
+    })();
+    try {
+      await until(() => opened === 1, "the stream to open");
+      proxy.silence(); // what the server sends goes nowhere now; the connection stays open
+      assert.equal((await client.messages.post(thread.id, "What is 3 * 3?", { wait: 30 })).outcome, "completed");
+      await reading;
+    } finally {
+      controller.abort();
+      await proxy.stop();
+    }
+    assert.ok(opened >= 2, `opened ${opened}`);
+    assert.deepEqual(seen.slice(-1), ["turn_ended"]);
   });
 
   test("since and the lifecycle stream", async () => {
