@@ -13,6 +13,7 @@ from asyncio.subprocess import PIPE, STDOUT
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from playwright.async_api import Request, async_playwright
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -181,6 +182,23 @@ window.chat = async (api, key, question) => {
   const missing = await client.threads.get(crypto.randomUUID()).catch((e) => e);
   return { thread: thread.id, content, seqs, chunks, error: missing instanceof AgentsError, code: missing.code };
 };
+
+window.follow = async (api, key) => {  // follow a thread for as long as the page lives; `ask` posts to it
+  const client = new AgentsClient({ baseUrl: api, apiKey: key, reconnectDelay: 100 });
+  const thread = await client.threads.create({ agent: "assistant" });
+  const seen = { opened: 0, retried: 0, seqs: [], answers: [] };
+  window.followed = seen;
+  window.ask = async (question) => { await client.messages.post(thread.id, question); };
+  const events = client.events.source(thread.id, { onOpen: () => seen.opened++, onRetry: () => seen.retried++ });
+  (async () => {
+    for await (const { event, seq, data } of events) {
+      if (seq !== null) seen.seqs.push(seq);
+      const m = event === "message_data" ? data.data : null;
+      if (m && m.role === "assistant" && m.status === "completed" && !m.tool_calls) seen.answers.push(m.content);
+    }
+  })();
+  return thread.id;
+};
 window.ready = true;
 </script>
 """
@@ -239,6 +257,104 @@ async def test_a_page_of_another_origin_follows_a_thread_with_the_client(
     assert not any(key in r.url for r in requests)
     assert [p for p in problems if "status of 404" not in p] == []  # the thread asked for, the page's favicon
     assert logged.splitlines() == ["> What is 12 * (3 + 4)?", "The answer is 84.", "> And 2 + 2?", "The answer is 4."]
+
+
+class Cutter:
+    """A TCP proxy in front of the API that cuts every connection it carries when told, as a network would."""
+
+    def __init__(self, target: int) -> None:
+        self.target = target
+        self.writers: set[asyncio.StreamWriter] = set()
+        self.server: asyncio.Server | None = None
+
+    async def start(self) -> str:
+        self.server = await asyncio.start_server(self._carry, "127.0.0.1", 0)
+        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    async def _carry(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target)
+        self.writers |= {writer, up_writer}
+
+        async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+            try:
+                while data := await source.read(65536):
+                    sink.write(data)
+                    await sink.drain()
+            except OSError:
+                pass
+            finally:
+                sink.close()
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+    def cut(self) -> None:
+        for writer in self.writers:
+            writer.transport.abort()
+        self.writers.clear()
+
+    async def stop(self) -> None:
+        self.cut()
+        if self.server is not None:
+            self.server.close()
+            await self.server.wait_closed()
+
+
+@pytest.mark.slow  # a server and a worker in this process, Chromium, a stream token left to expire
+async def test_in_a_browser_a_cut_stream_resumes_with_a_new_stream_token(
+    app_factory: Any, serve: Any, sessions: async_sessionmaker[AsyncSession]
+) -> None:
+    """`events.source` in Chromium: the connection is cut once its stream token has expired; the browser's own retry
+    is refused (401), so the client mints a new token and opens the stream again after the last event it saw; the
+    next answer arrives and no event is seen twice or skipped."""
+    key = await _key(sessions)
+    client_js = ("text/javascript; charset=utf-8", SOURCE.read_bytes())
+    with processes.page_server(PAGE.encode, {"/client.js": client_js}) as port:
+        origin = f"http://127.0.0.1:{port}"
+        app = await app_factory(
+            catalog.load(ROOT / "agents"), with_worker=True, cors_origins=[origin], stream_token_seconds=1
+        )
+        served = await serve(app)
+        cutter = Cutter(int(served.rsplit(":", 1)[1]))
+        api = await cutter.start()
+        urls: list[str] = []
+        try:
+            async with async_playwright() as p:
+                browser = await p.chromium.launch(executable_path=chromium())
+                try:
+                    page = await browser.new_page()
+                    page.on("request", lambda r: urls.append(r.url) if "/events" in r.url else None)
+                    await page.goto(f"{origin}/")
+                    await page.wait_for_function("() => window.ready === true")
+                    thread = await page.evaluate("([api, key]) => follow(api, key)", [api, key])
+                    await page.wait_for_function("() => window.followed.opened === 1")
+                    await page.evaluate("(q) => ask(q)", "What is 12 * (3 + 4)?")
+                    await page.wait_for_function("() => window.followed.answers.length === 1")
+                    await asyncio.sleep(1.2)  # the stream token is too old to open the stream again
+                    cutter.cut()
+                    await page.wait_for_function("() => window.followed.opened === 2", timeout=30_000)
+                    await page.evaluate("(q) => ask(q)", "And 2 + 2?")
+                    await page.wait_for_function("() => window.followed.answers.length === 2")
+                    seen = await page.evaluate("() => window.followed")
+                finally:
+                    await browser.close()
+        finally:
+            await cutter.stop()
+    assert seen["answers"] == ["The answer is 84.", "The answer is 4."], seen
+    assert seen["retried"] >= 1
+    seqs = seen["seqs"]
+    async with (  # the stored events, read in one stream that nothing cut
+        httpx.AsyncClient(base_url=served, headers={"Authorization": f"Bearer {key}"}) as c,
+        c.stream("GET", f"/threads/{thread}/events") as stream,
+    ):
+        stored: list[int] = []
+        async for line in stream.aiter_lines():
+            if line.startswith("id: "):
+                stored.append(int(line.removeprefix("id: ")))
+                if stored[-1] >= seqs[-1]:
+                    break
+    assert seqs == stored, "an event seen twice, or skipped"
+    resumed = [u for u in urls if "since=" in u]
+    assert resumed and all(re.search(rf"/threads/{thread}/events\?token=[^&]+&since=\d+$", u) for u in resumed)
 
 
 def _version() -> str:
