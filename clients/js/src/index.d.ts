@@ -359,7 +359,11 @@ export interface ThreadEventData {
   tool_started: { tool: string; tool_call_id: string; depth?: number };
   tool_completed: { tool: string; tool_call_id: string; status: "success" | "error"; depth?: number };
   turn_ended: { side: Side; reason: "stop_on_response" | "stop_tool" | "max_steps" | "empty_response" | null };
-  session_ended: { status: "success" | "failure"; reason: string; result?: { content?: string | null; attachments?: unknown[] } };
+  session_ended: {
+    status: "success" | "failure";
+    reason: string;
+    result?: { content?: string | null; attachments?: unknown[] };
+  };
   thread_status: { status: ThreadStatus; status_text?: string | null };
   stopped_by_user: Record<string, never>;
   thread_terminated: Record<string, never>;
@@ -529,7 +533,12 @@ export declare class AgentsClient {
 
   variables: {
     get(threadId: Uuid, requestId: Uuid, options?: CallOptions): Promise<VariableRequest>;
-    provide(threadId: Uuid, requestId: Uuid, env: Record<string, string>, options?: CallOptions): Promise<VariablesDone>;
+    provide(
+      threadId: Uuid,
+      requestId: Uuid,
+      env: Record<string, string>,
+      options?: CallOptions,
+    ): Promise<VariablesDone>;
   };
 
   env: {

@@ -21,7 +21,11 @@ async function frames(...pieces) {
 }
 
 test("frames split across reads, with every kind of line end", async () => {
-  const text = 'id: 1\nevent: thread_status\ndata: {"status": "running"}\n\n: ping - now\r\n\r\nid: 2\r\nevent: x\r\ndata: a\r\ndata: b\r\n\r\nevent: message_chunk\rdata: {"chunk": "é"}\r\r';
+  const text =
+    'id: 1\nevent: thread_status\ndata: {"status": "running"}\n\n' +
+    ": ping - now\r\n\r\n" +
+    "id: 2\r\nevent: x\r\ndata: a\r\ndata: b\r\n\r\n" +
+    'event: message_chunk\rdata: {"chunk": "é"}\r\r';
   const whole = await frames(text);
   assert.deepEqual(whole, [
     { event: "thread_status", id: "1", data: '{"status": "running"}' },
