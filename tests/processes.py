@@ -9,7 +9,7 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -59,15 +59,18 @@ def stop(proc: subprocess.Popen[bytes]) -> int:
 
 
 @contextlib.contextmanager
-def page_server(page: Callable[[], bytes]) -> Iterator[int]:
+def page_server(page: Callable[[], bytes], assets: Mapping[str, tuple[str, bytes]] | None = None) -> Iterator[int]:
     """A second web server (another origin than the API's), on a port of its own, serving the HTML `page()` makes at
-    `/` to any host name (404 elsewhere), without logging; yields its port."""
+    `/` and each of `assets` (path: media type, body) to any host name (404 elsewhere), without logging; yields its
+    port."""
+    served = {"/": ("text/html; charset=utf-8", b""), **(assets or {})}
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
-            body = page() if self.path == "/" else b""
-            self.send_response(200 if self.path == "/" else 404)
-            self.send_header("Content-Type", "text/html; charset=utf-8")
+            media, body = served.get(self.path, ("text/html; charset=utf-8", b""))
+            body = page() if self.path == "/" else body
+            self.send_response(200 if self.path in served else 404)
+            self.send_header("Content-Type", media)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)

@@ -395,11 +395,12 @@ async def test_cors_lets_the_listed_origins_call_every_route(app_factory: Any, s
     base = await serve(app)
     origin = {"Origin": page}
     async with httpx.AsyncClient(base_url=base, timeout=10) as c:
-        asks = {"Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "authorization,content-type"}
+        headers = "authorization,content-type,x-client"  # `X-Client`: the JS client's version, in a browser
+        asks = {"Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": headers}
         preflight = await c.options("/threads", headers={**origin, **asks})
         assert preflight.status_code == 200 and preflight.headers["access-control-allow-origin"] == page
         allowed = {h.lower() for h in preflight.headers["access-control-allow-headers"].split(", ")}
-        assert {"authorization", "content-type", "last-event-id"} <= allowed
+        assert {"authorization", "content-type", "last-event-id", "x-client"} <= allowed
         created = await c.post("/threads", json={"agent": "assistant"}, headers=origin)
         assert created.status_code == 201 and created.headers["access-control-allow-origin"] == page
         tid = created.json()["id"]

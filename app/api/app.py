@@ -68,7 +68,8 @@ def create_app(
             CORSMiddleware,
             allow_origins=settings.cors_origins,
             allow_methods=["*"],
-            allow_headers=["Authorization", "Content-Type", "Last-Event-ID", "If-None-Match"],
+            # `X-Client`: the JS client's name and version, which a browser does not let it put in `User-Agent`
+            allow_headers=["Authorization", "Content-Type", "Last-Event-ID", "If-None-Match", "X-Client"],
             expose_headers=["ETag", "Retry-After", "Content-Disposition", "Location"],
             max_age=600,
         )

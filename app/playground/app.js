@@ -1,10 +1,13 @@
-// The playground: a client of the API like any other. Every call carries the pasted key (kept in this tab's
-// sessionStorage only); streams open with a stream token, since EventSource cannot send headers. Text from the
-// server is only ever set as textContent: nothing it sends is parsed as HTML.
+// The playground: a client of the API like any other, through the JS client (`client.js`, a copy of
+// clients/js/src/index.js). Every call carries the pasted key (kept in this tab's sessionStorage only); streams open
+// with a stream token, since EventSource cannot send headers. Text from the server is only ever set as textContent:
+// nothing it sends is parsed as HTML.
+
+import { AgentsClient, AgentsError } from "./client.js";
 
 const KEY = "agents-playground-key";
 const IMAGE = /^image\/(png|jpeg|gif|webp)$/;
-const REQUEST_PATH = /^\/threads\/[0-9a-f-]{36}\/variables\/[0-9a-f-]{36}$/;
+const REQUEST_PATH = /^\/threads\/([0-9a-f-]{36})\/variables\/([0-9a-f-]{36})$/;
 const UUID = /^[0-9a-f-]{36}$/;
 
 const $ = (id) => document.getElementById(id);
@@ -15,8 +18,8 @@ const state = {
   threadId: null,
   thread: null,
   generation: 0, // bumped on every thread switch: late answers for a thread no longer shown are dropped
-  source: null,
-  lastSeq: 0,
+  client: new AgentsClient(),
+  stream: null, // the AbortController of the stream followed
   messages: new Map(), // id -> Message, as last announced
   lengths: new Map(), // id -> code points of its content (chunk offsets count code points)
   streamed: new Set(), // ids of messages that received live deltas
@@ -25,39 +28,6 @@ const state = {
   images: new Map(), // "thread:path:etag" -> Promise<object URL> of its thumbnail
   timers: {},
 };
-
-class ApiError extends Error {
-  constructor(status, code, message) {
-    super(message);
-    this.status = status;
-    this.code = code;
-  }
-}
-
-async function api(path, { method = "GET", body, form, raw = false } = {}) {
-  const headers = {};
-  if (state.key) headers.Authorization = `Bearer ${state.key}`;
-  let payload = form; // FormData: the browser writes the multipart Content-Type with its boundary
-  if (body !== undefined) {
-    headers["Content-Type"] = "application/json";
-    payload = JSON.stringify(body);
-  }
-  const response = await fetch(path, { method, headers, body: payload, cache: "no-store" });
-  if (!response.ok) {
-    let code = String(response.status);
-    let message = response.statusText || "request failed";
-    try {
-      const error = (await response.json()).error;
-      code = error.code;
-      message = error.message;
-    } catch {
-      // not the error envelope: keep the status line
-    }
-    throw new ApiError(response.status, code, message);
-  }
-  if (raw) return response;
-  return response.status === 204 ? null : response.json();
-}
 
 function el(tag, props = {}, ...children) {
   const node = document.createElement(tag);
@@ -79,7 +49,7 @@ function notice(error) {
     box.hidden = true;
     return;
   }
-  const text = error instanceof ApiError ? `${error.message} (${error.code})` : String(error.message || error);
+  const text = error instanceof AgentsError ? `${error.message} (${error.code})` : String(error.message || error);
   box.replaceChildren(el("span", { text }), el("button", { class: "quiet", type: "button", text: "×", onclick: () => notice(null) }));
   box.hidden = false;
 }
@@ -115,7 +85,6 @@ function size(bytes) {
 
 const when = (iso) => (iso ? new Date(iso).toLocaleString() : "");
 const short = (id) => String(id).slice(0, 8);
-const encodePath = (path) => path.split("/").map(encodeURIComponent).join("/");
 
 // --- the key and the server ---------------------------------------------------------------------------------
 
@@ -124,13 +93,14 @@ async function connect() {
   resetThread();
   $("key-forget").hidden = !state.key;
   $("create").disabled = true;
+  state.client = new AgentsClient({ apiKey: state.key });
   try {
-    state.agents = await api("/agents");
+    state.agents = await state.client.agents.list();
   } catch (error) {
     state.agents = [];
     renderAgents();
     $("threads").replaceChildren();
-    if (error instanceof ApiError && error.status === 401) {
+    if (error instanceof AgentsError && error.status === 401) {
       $("key-state").textContent = state.key
         ? "This key was refused: paste another."
         : "This server needs an API key: paste one (it stays in this tab only).";
@@ -175,7 +145,7 @@ function describeAgent() {
 // --- threads ------------------------------------------------------------------------------------------------
 
 async function loadThreads() {
-  const { threads } = await api("/threads?parent_id=none&limit=100");
+  const { threads } = await state.client.threads.list({ parent_id: "none", limit: 100 });
   $("threads").replaceChildren(
     ...threads.map((t) =>
       el(
@@ -212,7 +182,7 @@ async function createThread(event) {
   if (name) body.name = name;
   const env = parseEnv($("thread-env").value);
   if (Object.keys(env).length) body.env = env;
-  const thread = await api("/threads", { method: "POST", body });
+  const thread = await state.client.threads.create(body);
   $("thread-name").value = "";
   await selectThread(thread.id);
   await loadThreads();
@@ -242,7 +212,7 @@ function setStatus(status) {
 function resetThread() {
   closeStream();
   state.generation += 1;
-  Object.assign(state, { threadId: null, thread: null, lastSeq: 0 });
+  Object.assign(state, { threadId: null, thread: null });
   for (const seen of [state.messages, state.lengths, state.streamed, state.calls, state.requests]) seen.clear();
   $("messages").replaceChildren();
   $("requests").replaceChildren();
@@ -261,10 +231,10 @@ async function selectThread(id) {
   state.threadId = id;
   for (const li of document.querySelectorAll("#threads li")) li.classList.toggle("active", li.dataset.id === id);
   history.replaceState(null, "", `#thread=${id}`);
-  const thread = await api(`/threads/${id}`);
+  const thread = await state.client.threads.get(id);
   if (generation !== state.generation) return;
   renderHead(thread);
-  await openStream(0);
+  openStream();
   refreshTree().catch(notice);
   refreshFiles().catch(notice);
 }
@@ -272,57 +242,43 @@ async function selectThread(id) {
 // --- the stream ---------------------------------------------------------------------------------------------
 
 function closeStream() {
-  if (state.source) state.source.close();
-  state.source = null;
+  if (state.stream) state.stream.abort();
+  state.stream = null;
   $("stream-state").textContent = "";
 }
 
-async function openStream(since) {
-  const id = state.threadId;
-  const generation = state.generation;
-  let url = `/threads/${id}/events?include_silent=true`;
-  if (state.key) {
-    const minted = await api("/stream-tokens", { method: "POST", body: { thread_id: id } });
-    url = `${minted.url}&include_silent=true`;
-  }
-  if (since) url += `&since=${since}`;
-  if (generation !== state.generation) return;
-  const source = new EventSource(url);
-  state.source = source;
-  $("stream-state").textContent = "connecting…";
-  $("stream-state").className = "small muted";
-  source.addEventListener("open", () => {
-    $("stream-state").textContent = "● live";
-    $("stream-state").className = "small live";
-    setComposer(true);
+function openStream() {
+  // the client resumes by itself: the browser reconnects with Last-Event-ID, and when it gives up (a stream token
+  // past its lifetime) the client mints a new token and resumes after the last event
+  const controller = new AbortController();
+  state.stream = controller;
+  const shown = (text, kind) => {
+    if (state.stream !== controller) return;
+    $("stream-state").textContent = text;
+    $("stream-state").className = `small ${kind}`;
+  };
+  shown("connecting…", "muted");
+  const events = state.client.events.source(state.threadId, {
+    include_silent: true,
+    signal: controller.signal,
+    onOpen: () => {
+      shown("● live", "live");
+      if (state.stream === controller) setComposer(true);
+    },
+    onRetry: () => shown("reconnecting…", "warn"),
   });
-  source.addEventListener("error", (event) => {
-    // the server's own `error` event (it has data) is news of the thread, not of the connection: HANDLERS show it
-    if (state.source !== source || typeof event.data === "string") return;
-    $("stream-state").textContent = "reconnecting…";
-    $("stream-state").className = "small warn";
-    // refused (a stream token past its lifetime, a database away): mint a new one, resume after the last event
-    if (source.readyState === EventSource.CLOSED) reopen(source, 1000);
+  (async () => {
+    for await (const { event, data } of events) {
+      if (state.stream !== controller) break;
+      try {
+        HANDLERS[event]?.(data);
+      } catch (error) {
+        notice(error);
+      }
+    }
+  })().catch((error) => {
+    if (state.stream === controller) notice(error); // refused for good (the thread is gone, the key revoked)
   });
-  for (const [type, handle] of Object.entries(HANDLERS)) {
-    source.addEventListener(type, (event) => {
-      // a connection failure is an `error` event too, with no data: only the server's own `error` has some
-      if (state.source !== source || typeof event.data !== "string") return;
-      const seq = Number(event.lastEventId);
-      if (seq > state.lastSeq) state.lastSeq = seq;
-      handle(JSON.parse(event.data));
-    });
-  }
-}
-
-function reopen(source, delay) {
-  setTimeout(() => {
-    if (state.source !== source) return;
-    openStream(state.lastSeq).catch((error) => {
-      if (error instanceof ApiError && error.status < 500) notice(error); // refused for good: say why
-      else reopen(source, Math.min(delay * 2, 15_000));
-    });
-  }, delay);
 }
 
 const HANDLERS = {
@@ -462,16 +418,7 @@ async function send(event) {
   const content = input.value.trim();
   const files = [...$("files-input").files];
   if ((!content && files.length === 0) || !state.threadId) return;
-  const path = `/threads/${state.threadId}/messages`;
-  let sent;
-  if (files.length) {
-    const form = new FormData();
-    form.append("content", content);
-    for (const file of files) form.append("file", file, file.name);
-    sent = await api(path, { method: "POST", form });
-  } else {
-    sent = await api(path, { method: "POST", body: { content } });
-  }
+  const sent = await state.client.messages.post(state.threadId, files.length ? { content, files } : { content });
   input.value = "";
   $("files-input").value = "";
   showChosen();
@@ -486,10 +433,10 @@ function thumbnail(path, etag) {
   // fetched with the key (an <img src> could not send it), then shown from a blob: URL; one fetch per content
   const key = `${state.threadId}:${path}:${etag}`;
   if (!state.images.has(key)) {
-    const url = `/threads/${state.threadId}/fs${encodePath(path)}?thumbnail=1`;
     state.images.set(
       key,
-      api(url, { raw: true })
+      state.client.files
+        .download(state.threadId, path, { thumbnail: true })
         .then((r) => r.blob())
         .then((blob) => URL.createObjectURL(blob))
         .catch((error) => {
@@ -528,7 +475,7 @@ function fileItem(file) {
 }
 
 async function download(file) {
-  const response = await api(`/threads/${state.threadId}/fs${encodePath(file.path)}`, { raw: true });
+  const response = await state.client.files.download(state.threadId, file.path);
   // a blob: URL has this page's origin: typed as bytes, it can only ever be saved, never rendered here
   const bytes = new Blob([await response.blob()], { type: "application/octet-stream" });
   const url = URL.createObjectURL(bytes);
@@ -542,7 +489,7 @@ async function download(file) {
 async function refreshFiles() {
   const id = state.threadId;
   if (!id) return;
-  const { entries } = await api(`/threads/${id}/fs?find=*`);
+  const { entries } = await state.client.files.find(id, "*");
   if (id !== state.threadId) return;
   const files = entries.filter((e) => e.type === "file");
   $("files").replaceChildren(...files.map(fileItem));
@@ -552,7 +499,7 @@ async function refreshFiles() {
 // --- subagents and their variables --------------------------------------------------------------------------
 
 async function children(id, depth) {
-  const { subagents } = await api(`/threads/${id}/subagents`);
+  const { subagents } = await state.client.threads.subagents(id);
   return Promise.all(
     subagents.map(async (entry) => ({
       entry,
@@ -593,18 +540,19 @@ async function refreshTree() {
 
 async function addRequest(data) {
   const rid = data?.request_id;
-  if (!rid || state.requests.has(rid) || !REQUEST_PATH.test(data.endpoint || "")) return;
+  const [, owner] = REQUEST_PATH.exec(data?.endpoint || "") || [];
+  if (!rid || state.requests.has(rid) || !owner) return;
   state.requests.add(rid);
   const generation = state.generation;
-  const request = await api(data.endpoint);
+  const request = await state.client.variables.get(owner, rid);
   if (generation !== state.generation) return;
   const card = el("div", { class: "request", dataset: { request: rid } });
   $("requests").append(card);
   $("requests-section").hidden = false;
-  renderRequest(card, data.endpoint, request);
+  renderRequest(card, owner, request);
 }
 
-function renderRequest(card, endpoint, request) {
+function renderRequest(card, owner, request) {
   const title = el("div", {}, el("strong", { text: request.agent }), " needs scoped variables");
   if (request.status !== "pending") {
     const child = request.child_thread_id;
@@ -635,8 +583,8 @@ function renderRequest(card, endpoint, request) {
       event.preventDefault();
       const env = {};
       for (const input of form.querySelectorAll("input")) env[input.name] = input.value;
-      await api(endpoint, { method: "POST", body: { env } });
-      renderRequest(card, endpoint, await api(endpoint));
+      await state.client.variables.provide(owner, request.request_id, env);
+      renderRequest(card, owner, await state.client.variables.get(owner, request.request_id));
       later("tree", refreshTree, 100);
     }),
   );
@@ -680,7 +628,7 @@ function bind() {
   });
   $("stop").addEventListener(
     "click",
-    guarded(() => api(`/threads/${state.threadId}/stop`, { method: "POST" })),
+    guarded(() => state.client.threads.stop(state.threadId)),
   );
   $("open-parent").addEventListener(
     "click",

@@ -18,6 +18,7 @@ router = APIRouter(include_in_schema=False, dependencies=[Depends(deps.local_in_
 ASSETS = {
     "index.html": "text/html; charset=utf-8",
     "app.js": "text/javascript; charset=utf-8",
+    "client.js": "text/javascript; charset=utf-8",  # clients/js/src/index.js, copied (tests/test_client_js.py)
     "style.css": "text/css; charset=utf-8",
     "icon.svg": "image/svg+xml",
 }
@@ -54,6 +55,11 @@ async def page() -> Response:
 @router.get("/playground/app.js")
 async def script() -> Response:
     return _asset("app.js")
+
+
+@router.get("/playground/client.js")
+async def client() -> Response:
+    return _asset("client.js")
 
 
 @router.get("/playground/style.css")
