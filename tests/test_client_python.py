@@ -71,7 +71,7 @@ def test_every_request_says_who_sends_it_and_with_which_key() -> None:
 
     def answer(request: httpx.Request) -> httpx.Response:
         seen.append(request)
-        return httpx.Response(200, json={"status": "ok"})
+        return httpx.Response(200, json={"status": "ok", "version": "0.1.0"})
 
     with agents_client.Client("http://api.test", "sa_key", transport=httpx.MockTransport(answer)) as sync:
         assert sync.health().status == "ok"
@@ -188,7 +188,8 @@ def test_a_stream_gives_up_after_its_retries_and_raises_an_error_answer_at_once(
 
 
 async def test_a_chat_loop_with_a_tool_turn(client: agents_client.AsyncClient) -> None:
-    assert (await client.health()).status == "ok"
+    health = await client.health()
+    assert (health.status, health.version) == ("ok", agents_client.__version__)  # the server's version is the client's
     assert "assistant" in [a.name for a in await client.agents.list()]
     assert (await client.agents.get("assistant")).side_a.prompt == "assistant"
     thread = await client.threads.create("assistant", name="sums", tags=["client"])

@@ -369,7 +369,7 @@ export class AgentsClient {
     };
   }
 
-  /** `GET /health`: `{status: "ok"}` while the server runs. */
+  /** `GET /health`: `{status: "ok", version}` while the server runs (its version, the same as this client's). */
   health(opts) {
     return this.request("GET", "/health", opts);
   }

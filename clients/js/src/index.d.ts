@@ -458,7 +458,7 @@ export declare class AgentsClient {
   readonly baseUrl: string;
   readonly apiKey: string | null;
 
-  health(options?: CallOptions): Promise<{ status: "ok" }>;
+  health(options?: CallOptions): Promise<{ status: "ok"; version: string }>;
   ready(options?: CallOptions): Promise<{ status: "ready" }>;
   /** Any call: its JSON answer (`null` for a 204), or with `raw` the `Response`; failures throw `AgentsError`. */
   request<T = unknown>(method: string, path: string, options?: RequestOptions & { raw?: false }): Promise<T>;

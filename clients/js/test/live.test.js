@@ -98,7 +98,7 @@ async function reference(threadId, seq) {
 
 describe("the client against a live server", { skip }, () => {
   test("health and agents", async () => {
-    assert.deepEqual(await client.health(), { status: "ok" });
+    assert.deepEqual(await client.health(), { status: "ok", version: VERSION }); // the server's version is the client's
     const agents = await client.agents.list();
     assert.ok(agents.some((a) => a.name === "assistant"));
     const assistant = await client.agents.get("assistant");

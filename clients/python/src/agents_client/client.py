@@ -59,8 +59,8 @@ def _read(sent: Call[T], response: httpx.Response) -> T:
     return sent.read(response)
 
 
-def _health() -> Call[models.Status]:
-    return Call("GET", "/health", call.model(models.Status))
+def _health() -> Call[models.Health]:
+    return Call("GET", "/health", call.model(models.Health))
 
 
 class Client:
@@ -106,7 +106,7 @@ class Client:
             raise errors.from_transport(exc, request.method, str(request.url)) from exc
         return _read(sent, response)
 
-    def health(self) -> models.Status:
+    def health(self) -> models.Health:
         """`{"status": "ok"}` while the server runs (no key needed)."""
         return self._send(_health())
 
@@ -159,7 +159,7 @@ class AsyncClient:
             raise errors.from_transport(exc, request.method, str(request.url)) from exc
         return _read(sent, response)
 
-    async def health(self) -> models.Status:
+    async def health(self) -> models.Health:
         """`{"status": "ok"}` while the server runs (no key needed)."""
         return await self._send(_health())
 

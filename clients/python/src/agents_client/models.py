@@ -164,6 +164,12 @@ class Status(Model):
     status: str
 
 
+class Health(Status):
+    """`GET /health`: the process is up, and the server's version (the one number the clients carry too)."""
+
+    version: str
+
+
 class FileRecord(Model):
     path: str
     name: str
