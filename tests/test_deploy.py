@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
 import signal
 import subprocess
 import sys
+import threading
 import tomllib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +71,7 @@ def _start_order(services: dict[str, Any]) -> list[str]:
 
 
 SECRETS = "deploy.env"  # the compose services' `env_file`: kept apart from the `.env` that `agents serve` reads
+IMAGE = "standard-agents:local"  # the one image of `migrate`, `api` and `worker`
 
 
 def _deploy_blocks() -> list[str]:
@@ -126,12 +132,18 @@ def test_compose_file_has_the_production_shape() -> None:
         assert "ADMIN_API_KEY" not in services[name]["environment"]
     assert services["worker"]["environment"]["ADMIN_API_KEY"] == ""  # `environment` wins over `env_file`
     assert "$" not in json.dumps(compose)  # nothing interpolated: `.env` reaches no container
+    ours = {name: services[name] for name in ("migrate", "api", "worker")}
+    assert {s["image"] for s in ours.values()} == {IMAGE}  # one image, built once: by `migrate` alone
+    assert [name for name, s in ours.items() if "build" in s] == ["migrate"] and ours["migrate"]["build"] == "."
+    assert ours["api"]["pull_policy"] == ours["worker"]["pull_policy"] == "never"  # never looked for in a registry
+    for service in ours.values():  # a model server on the host is `host.docker.internal`, on Linux too
+        assert service["extra_hosts"] == ["host.docker.internal:host-gateway"]
 
 
 def test_the_health_checks_name_commands_the_image_has() -> None:
     """The compose and Dockerfile checks run `agents health …`, which this CLI parses (the image installs it)."""
     dockerfile = (ROOT / "Dockerfile").read_text()
-    ours = [s for s in _compose()["services"].values() if "build" in s]
+    ours = [s for s in _compose()["services"].values() if s.get("image") == IMAGE]
     checks = [s["healthcheck"]["test"][1:] for s in ours if "healthcheck" in s]
     assert len(checks) == 2
     (docker_check,) = re.findall(r"^HEALTHCHECK .*CMD (\[.*\])$", dockerfile, re.MULTILINE)
@@ -154,6 +166,13 @@ async def test_the_compose_file_runs(database_url: str, tmp_path: Path) -> None:
     assert set(given_secrets) == {"SECRET_KEY", "ADMIN_API_KEY"} and not (project / ".env").exists()
     assert (project / SECRETS).stat().st_mode & 0o777 == 0o600
     admin_key = given_secrets["ADMIN_API_KEY"]
+    stack = contextlib.ExitStack()
+    model = stack.enter_context(_model_server())
+    with (project / SECRETS).open("a") as secrets:  # the README's lines for Ollama on the host, where ours listens
+        host = f"127.0.0.1:{model.port}"  # what `extra_hosts` makes `host.docker.internal:11434` here
+        secrets.write(_model_lines().replace("host.docker.internal:11434", host) + "\n")
+    given_secrets = {k: v for k, v in dotenv_values(project / SECRETS).items() if v is not None}
+    assert given_secrets["AGENTS_BASE_URL"] == f"http://{host}/v1"
     services = _compose()["services"]
     port = processes.free_port()
     base = {k: v for k, v in os.environ.items() if k not in ("SECRET_KEY", "AGENTS_DIR", "HOST", "PORT")}
@@ -224,6 +243,8 @@ async def test_the_compose_file_runs(database_url: str, tmp_path: Path) -> None:
                 return any(m["role"] == "assistant" and "84" in (m["content"] or "") for m in messages)
 
             await wait_for(answered, timeout=30)
+            asked = [(a["path"], a["body"]["model"]) for a in model.asked]
+            assert asked == [("/v1/chat/completions", "qwen2.5:14b")]  # the worker reached the model on the "host"
 
         again = processes.start(command(services["migrate"]["command"]), environment("migrate"), tmp_path / "m2.log")
         assert again.wait(60) == 0, (tmp_path / "m2.log").read_text()
@@ -250,9 +271,62 @@ async def test_the_compose_file_runs(database_url: str, tmp_path: Path) -> None:
         for proc in running.values():
             if proc.poll() is None:
                 processes.stop(proc)
+        stack.close()
 
 
 def test_dockerfile_runs_as_a_non_root_user() -> None:
     lines = (ROOT / "Dockerfile").read_text().splitlines()
     users = [line.split()[1] for line in lines if line.startswith("USER ")]
     assert users and users[-1] not in ("root", "0")
+
+
+def _model_lines() -> str:
+    """The README's `deploy.env` lines for a model server on the host (its one `ini` block under Deploying)."""
+    readme = (ROOT / "README.md").read_text().split("\n## Deploying\n", 1)[1].split("\n## ", 1)[0]
+    [block] = re.findall(r"```ini\n(.+?)\n```", readme, re.S)
+    assert "host.docker.internal:11434" in block
+    return str(block)
+
+
+@dataclass
+class _Model:
+    """An OpenAI-compatible Chat Completions server: every answer is "The answer is 84.", streamed; what it was asked
+    is kept."""
+
+    port: int = 0
+    asked: list[dict[str, Any]] = field(default_factory=list)
+
+
+@contextlib.contextmanager
+def _model_server() -> Iterator[_Model]:
+    model = _Model()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            model.asked.append({"path": self.path, "body": body})
+            chunks: list[dict[str, Any]] = [
+                {"choices": [{"index": 0, "delta": {"role": "assistant", "content": "The answer is 84."}}]},
+                {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+                {"choices": [], "usage": {"prompt_tokens": 12, "completion_tokens": 5}},
+            ]
+            stream = "".join(f"data: {json.dumps({'id': 'c1', 'model': body['model'], **c})}\n\n" for c in chunks)
+            data = (stream + "data: [DONE]\n\n").encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    model.port = server.server_address[1]
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield model
+    finally:
+        server.shutdown()
+        server.server_close()
