@@ -347,6 +347,23 @@ async def take_inbox(session: AsyncSession, thread_id: uuid.UUID) -> list[Input]
     return sorted((Input(r["id"], r["kind"], r["payload"]) for r in rows), key=lambda r: r.id)
 
 
+# TRACED: the trace context and queuing time of the oldest message waiting for the thread (`tracing.carrier`)
+_TRACED = """
+    SELECT payload -> 'trace' AS trace, payload ->> 'queued_at' AS queued_at FROM inbox
+    WHERE thread_id = $1 AND kind = 'message' AND set_aside_at IS NULL ORDER BY id LIMIT 1
+"""
+
+
+async def traced(session: AsyncSession, thread_id: uuid.UUID) -> tuple[Any, str | None]:
+    """The trace context the oldest waiting message was posted in, and when it was queued (None, None: no message);
+    asked only when traces are on."""
+    row = await (await statements.driver(session)).fetchrow(_TRACED, thread_id)
+    if row is None:
+        return None, None
+    trace = json.loads(row["trace"]) if isinstance(row["trace"], str) else row["trace"]
+    return trace, row["queued_at"]
+
+
 # SET_ASIDE: one input kept out of every later delivery, with the reason (poison input); SET_ASIDE_ALL: every input
 # still waiting for the thread.
 _SET_ASIDE = "UPDATE inbox SET set_aside_at = now(), error = $2 WHERE id = $1"
