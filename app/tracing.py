@@ -9,7 +9,8 @@ On when `OTEL_TRACES_EXPORTER` names an exporter (`otlp`, `console`), or when it
 a secret; message contents only with `OTEL_CAPTURE_CONTENT=true` (`content`), and then with known secrets masked.
 
 A posted message carries its request's trace context in its inbox payload (`carrier`); the execution that delivers it
-continues that trace (`resumed`), with a `queue.wait` span for the time the message waited to be claimed.
+continues that trace (`resumed`), with a `queue.wait` span for the time the message waited to be claimed, and links
+to the traces of the other messages it delivers.
 """
 
 from __future__ import annotations
@@ -18,13 +19,13 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import Any
 
 from opentelemetry.context import Context
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer, get_current_span
+from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode, Tracer, get_current_span
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.util.types import AttributeValue
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -123,21 +124,27 @@ def span(
     *,
     kind: SpanKind = SpanKind.INTERNAL,
     context: Context | None = None,
+    links: Sequence[Link] = (),
 ) -> AbstractContextManager[Span | None]:
     """A span around a block, current inside it (None when traces are off). An exception marks it failed with its
     type only: its message may hold contents or secrets."""
     tracer = _tracer
     if tracer is None:
         return _OFF
-    return _span(tracer, name, attributes, kind, context)
+    return _span(tracer, name, attributes, kind, context, links)
 
 
 @contextlib.contextmanager
 def _span(
-    tracer: Tracer, name: str, attributes: Attributes | None, kind: SpanKind, context: Context | None
+    tracer: Tracer,
+    name: str,
+    attributes: Attributes | None,
+    kind: SpanKind,
+    context: Context | None,
+    links: Sequence[Link] = (),
 ) -> Iterator[Span]:
     with tracer.start_as_current_span(
-        name, context, kind, attributes, record_exception=False, set_status_on_exception=False
+        name, context, kind, attributes, links, record_exception=False, set_status_on_exception=False
     ) as current:
         try:
             yield current
@@ -171,23 +178,33 @@ def carrier() -> dict[str, str] | None:
     return found or None
 
 
-def resumed(found: Any, queued_at: str | None) -> Context | None:
-    """The context a queued message was posted in (`carrier`), with a `queue.wait` span from its queuing to now; None
-    when off or when nothing was carried."""
+def resumed(queued: Sequence[tuple[Any, str | None]]) -> tuple[Context | None, list[Link]]:
+    """What an execution continues: the context the oldest of these queued messages (`carrier`, when it was queued)
+    was posted in, with a `queue.wait` span from its queuing to now, and links to the others' (posted before the
+    execution began, delivered by it too); (None, []) when off or when nothing was carried."""
     tracer = _tracer
-    if tracer is None or not isinstance(found, dict) or not found:
-        return None
-    context = _propagator.extract({str(k): str(v) for k, v in found.items()})
-    if not get_current_span(context).get_span_context().is_valid:
-        return None
+    if tracer is None:
+        return None, []
+    parent: Context | None = None
+    links: list[Link] = []
     now = time.time_ns()
-    start = now
-    if queued_at:
-        with contextlib.suppress(ValueError):
-            start = min(now, int(datetime.fromisoformat(queued_at).timestamp() * 1e9))
-    waited = tracer.start_span("queue.wait", context, SpanKind.CONSUMER, {"agents.queue.wait_ms": (now - start) / 1e6})
-    waited.end(now)
-    return context
+    for found, queued_at in queued:
+        if not isinstance(found, dict) or not found:
+            continue
+        context = _propagator.extract({str(k): str(v) for k, v in found.items()})
+        posted = get_current_span(context).get_span_context()
+        if not posted.is_valid:
+            continue
+        if parent is not None:
+            links.append(Link(posted))
+            continue
+        parent, start = context, now
+        if queued_at:
+            with contextlib.suppress(ValueError):
+                start = min(now, int(datetime.fromisoformat(queued_at).timestamp() * 1e9))
+        attributes = {"agents.queue.wait_ms": (now - start) / 1e6}
+        tracer.start_span("queue.wait", context, SpanKind.CONSUMER, attributes, start_time=start).end(now)
+    return parent, links
 
 
 # -- HTTP ----------------------------------------------------------------------------------------------------

@@ -134,6 +134,40 @@ async def test_a_tool_turn_is_one_trace_from_the_post_to_the_tool(
         assert hidden not in said
 
 
+async def test_a_worker_continues_the_trace_of_the_post(app_factory: Any, spans: InMemorySpanExporter) -> None:
+    cat = catalog([{"tool_calls": [{"name": "add", "arguments": {"a": 2, "b": 3}}]}, "5"])
+    app = await app_factory(cat)
+    client = client_for(app)
+    tid = (await client.post("/threads", json={"agent": "agent"})).json()["id"]
+    worker = await app_factory(cat, with_worker=True)  # another runtime: the API's context only via the inbox
+    assert worker is not app
+    await client.post(f"/threads/{tid}/messages", json={"content": "2+3?"}, headers={"traceparent": TRACEPARENT})
+    await settle(client, tid)
+    found = spans.get_finished_spans()
+    post = one(found, "POST /threads/{thread_id}/messages")
+    execution, tool = one(found, "execute"), one(found, "execute_tool add")
+    assert parent_of(execution) == span_id(post)
+    assert {s.context.trace_id for s in (post, execution, tool) if s.context is not None} == {int(TRACE_ID, 16)}
+
+
+async def test_messages_posted_before_one_execution_are_linked_to_it(
+    app_factory: Any, drive: Any, spans: InMemorySpanExporter
+) -> None:
+    app = await app_factory(catalog(["both read"]))
+    client = client_for(app)
+    tid = (await client.post("/threads", json={"agent": "agent"})).json()["id"]
+    await client.post(f"/threads/{tid}/messages", json={"content": "one"}, headers={"traceparent": TRACEPARENT})
+    await client.post(f"/threads/{tid}/messages", json={"content": "two"})  # a trace of its own
+    await drive(app)
+    await settle(client, tid)
+    found = spans.get_finished_spans()
+    first, second = [s for s in found if s.name == "POST /threads/{thread_id}/messages"]
+    execution = one(found, "execute")
+    assert parent_of(execution) == span_id(first) and parent_of(one(found, "queue.wait")) == span_id(first)
+    assert [link.context.span_id for link in execution.links] == [span_id(second)]
+    assert second.context is not None and second.context.trace_id != int(TRACE_ID, 16)
+
+
 async def test_contents_go_into_spans_only_when_allowed_and_secrets_never(
     app_factory: Any, drive: Any, spans: InMemorySpanExporter
 ) -> None:

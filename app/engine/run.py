@@ -123,12 +123,13 @@ class Engine:
     async def execute(self, claim: queue.Claim) -> None:
         """Run a claimed thread until it has nothing left to do, then release it; its span continues the trace of
         the message it delivers first (posted over HTTP, `tracing.resumed`), when traces are on."""
-        parent = None
+        queued: list[tuple[Any, str | None]] = []
         if tracing.enabled():
             async with self._sessions() as session:
-                parent = tracing.resumed(*await queue.traced(session, claim.thread_id))
+                queued = await queue.traced(session, claim.thread_id)
+        parent, links = tracing.resumed(queued)
         attributes: tracing.Attributes = {"agents.thread.id": str(claim.thread_id), "agents.attempt": claim.attempt}
-        with tracing.span("execute", attributes, context=parent):
+        with tracing.span("execute", attributes, context=parent, links=links):
             await self._execute(claim)
 
     async def _execute(self, claim: queue.Claim) -> None:
