@@ -253,7 +253,7 @@ def test_the_otel_variables_turn_traces_on(environ: dict[str, str], on: bool) ->
     assert tracing.wanted(environ) is on
 
 
-def test_started_installs_a_provider_and_stops_it(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_started_installs_a_provider_and_stops_it() -> None:
     environ = {"OTEL_TRACES_EXPORTER": "console", "OTEL_SERVICE_NAME": "svc"}
     with tracing.started(environ):
         assert tracing.enabled() and not tracing.content()
