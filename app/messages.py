@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy import Select, delete, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import errors, event_types, events, inputs, queue, statements, tables, threads
+from app import errors, event_types, events, inputs, queue, statements, tables, threads, tracing
 from app.spec.definitions import Side
 
 
@@ -304,7 +304,7 @@ def payload(
 ) -> tuple[uuid.UUID, dict[str, Any]]:
     """A new message's id, and the inbox payload that queues it (`enqueue`, or `queue.post` in one statement)."""
     message_id = uuid.uuid4()
-    return message_id, {
+    queued = {
         "id": str(message_id),
         "role": role,
         "content": content,
@@ -313,6 +313,9 @@ def payload(
         "attachments": attachments or [],
         "queued_at": datetime.now(UTC).isoformat(),
     }
+    if (trace := tracing.carrier()) is not None:  # the execution that delivers it continues this trace
+        queued[tracing.CARRIER] = trace
+    return message_id, queued
 
 
 async def enqueue(

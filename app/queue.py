@@ -347,6 +347,20 @@ async def take_inbox(session: AsyncSession, thread_id: uuid.UUID) -> list[Input]
     return sorted((Input(r["id"], r["kind"], r["payload"]) for r in rows), key=lambda r: r.id)
 
 
+# TRACED: the trace contexts and queuing times of the oldest messages waiting for the thread (`tracing.carrier`)
+_TRACED = """
+    SELECT payload -> 'trace' AS trace, payload ->> 'queued_at' AS queued_at FROM inbox
+    WHERE thread_id = $1 AND kind = 'message' AND set_aside_at IS NULL ORDER BY id LIMIT $2
+"""
+
+
+async def traced(session: AsyncSession, thread_id: uuid.UUID, limit: int = 8) -> list[tuple[Any, str | None]]:
+    """The trace context each of the oldest waiting messages was posted in, and when it was queued, oldest first;
+    asked only when traces are on."""
+    rows = await (await statements.driver(session)).fetch(_TRACED, thread_id, limit)
+    return [(json.loads(r["trace"]) if isinstance(r["trace"], str) else r["trace"], r["queued_at"]) for r in rows]
+
+
 # SET_ASIDE: one input kept out of every later delivery, with the reason (poison input); SET_ASIDE_ALL: every input
 # still waiting for the thread.
 _SET_ASIDE = "UPDATE inbox SET set_aside_at = now(), error = $2 WHERE id = $1"

@@ -19,7 +19,7 @@ import httpx
 from cryptography.fernet import Fernet
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
-from app import crypto, db, keys
+from app import crypto, db, keys, tracing
 from app.catalog import Catalog
 from app.engine.run import Engine, llm_http
 from app.hub import Hub, Publisher
@@ -71,6 +71,7 @@ class Runtime:
         fernet = crypto.server_key(settings)
         meter = Meter()
         async with contextlib.AsyncExitStack() as stack:
+            stack.enter_context(tracing.started())  # closed last: the spans of the shutdown are exported too
             if api:  # all kept open once opened
                 pool = db.create_engine(url, settings.db_pool_size, 0)
             else:

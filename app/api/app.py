@@ -11,7 +11,7 @@ from fastapi.routing import APIRoute
 from fastapi_offline import FastAPIOffline
 from starlette.middleware.cors import CORSMiddleware
 
-from app import __version__
+from app import __version__, tracing
 from app.api import errors, openapi
 from app.api.guard import Guard
 from app.api.routes import (
@@ -73,6 +73,8 @@ def create_app(
             expose_headers=["ETag", "Retry-After", "Content-Disposition", "Location"],
             max_age=600,
         )
+
+    app.add_middleware(tracing.Middleware)  # outermost: a span per request, a preflight's too (off: a pass-through)
 
     routers = (
         health.router,

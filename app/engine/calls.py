@@ -21,9 +21,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import httpx
+from opentelemetry.trace import Span, SpanKind
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import errors, events, files, llm, logs, masking, messages, tables
+from app import errors, events, files, llm, logs, masking, messages, tables, tracing
 from app.catalog import Catalog
 from app.engine import types
 from app.hub import Publisher
@@ -135,12 +136,23 @@ class Caller:
             for definition in retry.chain(self._catalog.models, prompt.model)
         ]
         model = retry.FallbackModel(chain, self._policy, recorder)
-        # each request's script position and key are given by the recorder (`_Recorder.open`)
-        with contextlib.suppress(ProviderError):  # every model failed: the last error is the last record's
-            async for event in model.stream(request, CallContext(str(thread_id), 0)):
-                if isinstance(event, TextDelta | ReasoningDelta):
-                    await recorder.delta(event)
-        assert recorder.last is not None
+        primary = chain[0][0]
+        attributes = {
+            "gen_ai.operation.name": "chat",
+            "gen_ai.system": primary.provider,
+            "gen_ai.request.model": primary.model or primary.name,
+            "agents.model": primary.name,
+            "agents.prompt": prompt.name,
+        }
+        with tracing.span(f"chat {primary.model or primary.name}", attributes, kind=SpanKind.CLIENT) as span:
+            # each request's script position and key are given by the recorder (`_Recorder.open`)
+            with contextlib.suppress(ProviderError):  # every model failed: the last error is the last record's
+                async for event in model.stream(request, CallContext(str(thread_id), 0)):
+                    if isinstance(event, TextDelta | ReasoningDelta):
+                        await recorder.delta(event)
+            assert recorder.last is not None
+            if span is not None:
+                _traced(span, recorder.last)
         if not defer:
             async with tx() as (session, _):
                 await write(session, recorder.last)
@@ -194,6 +206,11 @@ class _Recorder:
         """Write the request before it and announce this one (unless the caller did: `opened`); the request as the
         attempt's model is sent it, with its key."""
         definition = attempt.model
+        if attempt.follows is not None:
+            tracing.event(
+                f"gen_ai.{attempt.follows}",
+                {"gen_ai.request.model": definition.model or definition.name, "agents.attempt": attempt.number},
+            )
         made = self._opened if self.last is None else None
         if made is None:
             async with self._tx() as (session, _):
@@ -239,6 +256,11 @@ class _Recorder:
                 "thread %s: model %s (attempt %d) failed: %s: %s",
                 self._thread_id, attempt.model.name, attempt.number, outcome.kind, outcome.message,
             )  # fmt: skip
+        elif tracing.content():  # the answer itself, secrets masked: only when `OTEL_CAPTURE_CONTENT=true`
+            tracing.event(
+                "gen_ai.choice",
+                {"gen_ai.response.model": attempt.model.name, "content": masking.scrub(outcome.text, current.secrets)},
+            )
         log_id = uuid.uuid4()
         result.record = _log_row(log_id, self._thread_id, self._message_id, current, result, self._log_id)
         self._caller.meter.llm_request(result.record)
@@ -248,6 +270,10 @@ class _Recorder:
         """Write the failed model's last request and a `fallback_triggered` event naming its error."""
         last = self.last
         assert last is not None and isinstance(last.response, ProviderError)
+        tracing.event(
+            "gen_ai.fallback",
+            {"agents.from": failed.model.name, "agents.to": to.name, "error.type": last.response.kind},
+        )
         async with self._tx() as (session, thread):
             await write(session, last)
             await events.append(
@@ -256,6 +282,20 @@ class _Recorder:
                 "fallback_triggered",
                 {"from": failed.model.name, "to": to.name, "error": last.response.message},
             )
+
+
+def _traced(span: Span, result: Result) -> None:
+    """A call's span after it: the model that answered, its usage and finish reason, or the kind of its failure."""
+    definition, response = result.model, result.response
+    span.set_attribute("gen_ai.system", definition.provider)
+    span.set_attribute("gen_ai.response.model", definition.model or definition.name)
+    if isinstance(response, ProviderError):
+        tracing.failed(span, response.kind)
+        return
+    span.set_attribute("gen_ai.usage.input_tokens", response.usage.input_tokens)
+    span.set_attribute("gen_ai.usage.output_tokens", response.usage.output_tokens)
+    span.set_attribute("gen_ai.response.finish_reasons", [response.finish_reason])
+    span.set_attribute("agents.tool_calls", len(response.tool_calls))
 
 
 async def inline_images(session: AsyncSession, thread_id: uuid.UUID, messages: list[LLMMessage]) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 from sqlalchemy import inspect
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import events, logs, masking, messages, tables
+from app import events, logs, masking, messages, tables, tracing
 from app.catalog import Catalog
 from app.engine import types
 from app.engine.context import visible_rows
@@ -176,12 +176,15 @@ class Hooks:
         for hook in self._by_name.get(name, ()):
             running = _running.set(name)
             try:
-                out = await hook.fn(self._state, *copy.deepcopy(args), copy.deepcopy(value))
-                if out is None and none_ends:
-                    return None
-                value = check(out)
-            except Exception as exc:
-                await self._failed(hook, exc)
+                with tracing.span(f"hook {name}", _traced(hook)) as span:
+                    try:
+                        out = await hook.fn(self._state, *copy.deepcopy(args), copy.deepcopy(value))
+                        if out is None and none_ends:
+                            return None
+                        value = check(out)
+                    except Exception as exc:
+                        tracing.failed(span, type(exc).__name__)
+                        await self._failed(hook, exc)
             finally:
                 _running.reset(running)
         return value
@@ -190,9 +193,12 @@ class Hooks:
         for hook in self._by_name.get(name, ()):
             running = _running.set(name)
             try:
-                await hook.fn(self._state, StateMessage.model_validate(messages.to_dict(row)))
-            except Exception as exc:
-                await self._failed(hook, exc)
+                with tracing.span(f"hook {name}", _traced(hook)) as span:
+                    try:
+                        await hook.fn(self._state, StateMessage.model_validate(messages.to_dict(row)))
+                    except Exception as exc:
+                        tracing.failed(span, type(exc).__name__)
+                        await self._failed(hook, exc)
             finally:
                 _running.reset(running)
 
@@ -207,6 +213,11 @@ class Hooks:
                 thread.id, hook.name, hook.hook, text,
             )  # fmt: skip
             await logs.add(session, logs.hook_error(thread.id, hook=hook.hook, name=hook.name, text=text))
+
+
+def _traced(hook: HookDefinition) -> dict[str, str]:
+    """A hook's span attributes: which hook of which kind (never what it was given)."""
+    return {"agents.hook.name": hook.name, "agents.hook.type": hook.hook}
 
 
 def _state_messages(value: Any) -> list[StateMessage]:

@@ -23,7 +23,7 @@ from cryptography.fernet import Fernet
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app import control, errors, events, masking, messages, queue, statements, tables, threads
+from app import control, errors, events, masking, messages, queue, statements, tables, threads, tracing
 from app.catalog import Catalog
 from app.engine import (
     calls,
@@ -121,7 +121,18 @@ class Engine:
             raise
 
     async def execute(self, claim: queue.Claim) -> None:
-        """Run a claimed thread until it has nothing left to do, then release it."""
+        """Run a claimed thread until it has nothing left to do, then release it; its span continues the trace of
+        the message it delivers first (posted over HTTP, `tracing.resumed`), when traces are on."""
+        queued: list[tuple[Any, str | None]] = []
+        if tracing.enabled():
+            async with self._sessions() as session:
+                queued = await queue.traced(session, claim.thread_id)
+        parent, links = tracing.resumed(queued)
+        attributes: tracing.Attributes = {"agents.thread.id": str(claim.thread_id), "agents.attempt": claim.attempt}
+        with tracing.span("execute", attributes, context=parent, links=links):
+            await self._execute(claim)
+
+    async def _execute(self, claim: queue.Claim) -> None:
         if 1 < claim.attempt <= inbox.MAX_ATTEMPTS:  # a release resets it: the claim before this one never ended
             log.warning(
                 "thread %s: its last execution never finished (its worker died or lost the lease); running it "
@@ -254,6 +265,15 @@ class Engine:
 
     async def _step(self, claim: queue.Claim, step: Opened | Answered) -> Opened | Answered | Released | None:
         """The LLM call of an open step and the tools it asked for; returns the next step, or how the run ended."""
+        attributes: tracing.Attributes = {
+            "agents.agent": step.agent.name,
+            "agents.step": step.number,
+            "agents.side": step.side,
+        }
+        with tracing.span(f"step {step.number}", attributes):
+            return await self._step_in(claim, step)
+
+    async def _step_in(self, claim: queue.Claim, step: Opened | Answered) -> Opened | Answered | Released | None:
         side_config, prompt = self._prompt_of(step.agent, step.side)
         offered = {t.name: t for t in context.offered_tools(self._catalog, prompt, side_config, step.env)}
         prepared: Prepared | None = None

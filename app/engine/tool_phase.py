@@ -22,7 +22,7 @@ from typing import Any
 from cryptography.fernet import Fernet
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app import attachments, children, errors, events, files, queue, tables
+from app import attachments, children, errors, events, files, queue, tables, tracing
 from app.catalog import Catalog
 from app.engine import calls, child_tools, hooks, results, stops, subprompts, tools, types
 from app.engine.state import RunState, Shared, prepare_hooks
@@ -201,7 +201,9 @@ class ToolPhase:
     ) -> Ran | types.Outcome | None:
         """One call of a batch: a subagent's answered (or parked) in its own transaction, anything else run."""
         if self.is_subagent(offered, call):
-            return await self._subagent(claim, step, offered[call["function"]["name"]], call, group)
+            tool = offered[call["function"]["name"]]
+            with tracing.span(f"execute_tool {tool.name}", tools.traced(call, tool)):
+                return await self._subagent(claim, step, tool, call, group)
         assert prepared is not None
         async with bound:
             return await self._execute(claim, step, offered, call, prepared)

@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from app import errors, logs, masking, tables
+from app import errors, logs, masking, tables, tracing
 from app.catalog import Catalog
 from app.engine import tool_arguments, types
 from app.spec.define import ToolDefinition
@@ -93,7 +93,31 @@ def _session_arguments_problem(schema: dict[str, Any], arguments: dict[str, Any]
 async def execute(
     catalog: Catalog, offered: dict[str, types.OfferedTool], call: ToolCall, state: types.ToolState
 ) -> types.Outcome:
-    """Run one tool call; never raises for a bad call or a failing tool."""
+    """Run one tool call; never raises for a bad call or a failing tool. Its span names the tool and says how it
+    ended, never what it was given or gave back."""
+    name = call["function"]["name"]
+    with tracing.span(f"execute_tool {name}", traced(call, offered.get(name))) as span:
+        outcome = await _execute(catalog, offered, call, state)
+        if span is not None:
+            span.set_attribute("agents.tool.status", outcome.result.status)
+            if outcome.result.status != "success":
+                tracing.failed(span, "tool_error")
+        return outcome
+
+
+def traced(call: ToolCall, tool: types.OfferedTool | None) -> dict[str, str]:
+    """A tool call's span attributes (GenAI semantic conventions)."""
+    return {
+        "gen_ai.operation.name": "execute_tool",
+        "gen_ai.tool.name": call["function"]["name"],
+        "gen_ai.tool.call.id": call["id"],
+        "agents.tool.kind": tool.kind if tool is not None else "unknown",
+    }
+
+
+async def _execute(
+    catalog: Catalog, offered: dict[str, types.OfferedTool], call: ToolCall, state: types.ToolState
+) -> types.Outcome:
     name = call["function"]["name"]
     tool = offered.get(name)
     if tool is None:
