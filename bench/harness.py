@@ -70,7 +70,8 @@ class PrivatePostgres:
 class PgBouncer:
     """Debian's PgBouncer in transaction mode in front of the Postgres server at `server_url` (any database on it,
     reached as the URL's user, trusted), listening on 127.0.0.1 at a free port; its configuration and log in
-    `folder`. As root it runs as `postgres` (it refuses to run as root), so `folder` is handed to that user."""
+    `folder`. As root it runs as `postgres` (it refuses to run as root), or as the owner of the server's Unix socket
+    folder when the URL names one (a `pgserver` one's is its own user's alone); `folder` is handed to that user."""
 
     def __init__(self, server_url: str, folder: Path, pool_size: int = 20) -> None:
         program = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
@@ -90,9 +91,10 @@ class PgBouncer:
         )
         run_as: list[str] = []
         if os.geteuid() == 0:
+            owner = Path(host).owner() if host.startswith("/") else "postgres"
             for path in (folder, *folder.iterdir()):
-                shutil.chown(path, user="postgres")
-            run_as = ["-u", "postgres"]
+                shutil.chown(path, user=owner)
+            run_as = ["-u", owner]
         self._proc = subprocess.Popen(
             [program, *run_as, str(folder / "pgbouncer.ini")], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT
         )
