@@ -532,6 +532,9 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(UNUSABLE_DATABASE) from None
     except db.Unreachable as exc:
         where = f"DATABASE_URL ({dsn.redacted(read.database_url)})" if read.database_url else "the embedded Postgres"
+        direct = read.database_direct_url
+        if direct and read.database_url and exc.dsn not in ("", dsn.target(read.database_url).dsn):
+            where = f"DATABASE_DIRECT_URL ({dsn.redacted(direct)})"  # the only other URL a command connects to
         print(f"error: cannot connect to {where}: {exc}", file=sys.stderr)
         raise SystemExit(UNUSABLE_DATABASE) from None
     return 0

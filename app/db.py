@@ -45,7 +45,11 @@ def has_nul(value: Any) -> bool:
 
 class Unreachable(ConnectionError):
     """No connection to the database could be opened; the message says why in one line, never the password (an
-    `OSError`, so whatever waits out a database that is down waits this out too)."""
+    `OSError`, so whatever waits out a database that is down waits this out too); `dsn` is what asyncpg was given."""
+
+    def __init__(self, message: str, dsn: str = "") -> None:
+        super().__init__(message)
+        self.dsn = dsn
 
 
 async def connect(url: str, connect_timeout: float = CONNECT_TIMEOUT, *, pooled: bool = False) -> asyncpg.Connection:
@@ -127,7 +131,7 @@ async def _open(target: dsn.Target, seconds: float, pooled: bool = False) -> asy
             return await asyncpg.connect(target.dsn, timeout=seconds, statement_cache_size=0)
         return await asyncpg.connect(target.dsn, timeout=seconds, server_settings=SERVER_SETTINGS)
     except (OSError, ValueError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
-        raise Unreachable(" ".join(cause(error, target, seconds).split())) from error
+        raise Unreachable(" ".join(cause(error, target, seconds).split()), target.dsn) from error
 
 
 def cause(error: BaseException, target: dsn.Target, timeout: float) -> str:
