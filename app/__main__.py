@@ -75,9 +75,33 @@ def load_catalog(settings: Settings) -> Catalog:
     return loaded
 
 
+class NoSession(Exception):
+    """A LISTEN on the URL for sessions hears nothing: a pooler in transaction mode; the message says what to set."""
+
+
+async def _check_session(settings: Settings) -> None:
+    """Refuse to start when the URL that LISTENs (`DATABASE_DIRECT_URL`, else `DATABASE_URL`) hears no NOTIFY: a
+    pooler in transaction mode, where streams would never go live and workers would hear of nothing."""
+    url = settings.session_url
+    assert url
+    if await db.hears(url):
+        return
+    if settings.pooled:
+        raise NoSession(
+            f"DATABASE_DIRECT_URL ({dsn.redacted(url)}) is not a direct connection: a LISTEN there hears no NOTIFY "
+            "(a pooler in transaction mode?); set it to the database server's own host and port"
+        )
+    raise NoSession(
+        f"DATABASE_URL ({dsn.redacted(url)}) is a connection pooler in transaction mode: a LISTEN there hears no "
+        "NOTIFY, so streams and workers would wait in silence; keep DATABASE_URL on the pooler and set "
+        "DATABASE_DIRECT_URL to a direct connection to the same database (LISTEN and migrations use it); see "
+        'docs/deployment.md, "Behind a connection pooler"'
+    )
+
+
 async def _migrate(settings: Settings) -> None:
-    assert settings.database_url
-    engine = db.create_engine(settings.database_url, 1)
+    assert settings.session_url
+    engine = db.create_engine(settings.session_url, 1)  # a session of its own: never through a pooler
     try:
         await migrations.upgrade(engine)
     finally:
@@ -101,7 +125,7 @@ async def _bootstrap(settings: Settings, session: AsyncSession) -> tuple[tables.
 async def _migrate_and_bootstrap(settings: Settings) -> str | None:
     await _migrate(settings)
     assert settings.database_url
-    engine = db.create_engine(settings.database_url, 1)
+    engine = db.create_engine(settings.database_url, 1, pooled=settings.pooled)
     try:
         async with db.sessionmaker(engine)() as session, session.begin():
             stored = await _bootstrap(settings, session)
@@ -115,7 +139,7 @@ async def _before_serving(settings: Settings) -> None:
     real `SECRET_KEY`)."""
     crypto.server_key(settings)
     assert settings.database_url
-    engine = db.create_engine(settings.database_url, 1)
+    engine = db.create_engine(settings.database_url, 1, pooled=settings.pooled)
     try:
         async with db.sessionmaker(engine)() as session, session.begin():
             if stored := await _bootstrap(settings, session):
@@ -175,7 +199,7 @@ async def _warn_missing_keys(settings: Settings, catalog: Catalog) -> None:
     """Warn, once at start, of each model whose key is set neither in the environment nor as an instance variable
     (nor in an agent's or prompt's `env`): its calls would fail, and only then say why."""
     assert settings.database_url
-    engine = db.create_engine(settings.database_url, 1)
+    engine = db.create_engine(settings.database_url, 1, pooled=settings.pooled)
     try:
         async with db.sessionmaker(engine)() as session:
             _, instance = await environment.public(session, "instance", environment.INSTANCE)
@@ -195,6 +219,7 @@ def _serve(settings: Settings, with_worker: bool, migrate: bool) -> None:
 
     catalog = load_catalog(settings)
     with database(settings) as settings:
+        asyncio.run(_check_session(settings))
         if migrate and settings.migrate_on_start:
             asyncio.run(_migrate(settings))
         asyncio.run(_before_serving(settings))
@@ -267,6 +292,7 @@ async def _worker(settings: Settings) -> None:
     from app.runtime import Runtime
 
     catalog = load_catalog(settings)
+    await _check_session(settings)
     await _warn_missing_keys(settings, catalog)
     async with Runtime.open(settings, catalog, api=False, worker=True) as runtime:
         loop = asyncio.get_running_loop()
@@ -278,7 +304,7 @@ async def _worker(settings: Settings) -> None:
 
 async def _keys(settings: Settings, args: argparse.Namespace) -> None:
     assert settings.database_url
-    engine = db.create_engine(settings.database_url, 1)
+    engine = db.create_engine(settings.database_url, 1, pooled=settings.pooled)
     try:
         async with db.sessionmaker(engine)() as session, session.begin():
             if args.keys_command == "create":
@@ -327,7 +353,7 @@ async def _env(settings: Settings, args: argparse.Namespace) -> None:
     assert settings.database_url
     scope, owner = ("user", args.user) if args.user else ("instance", environment.INSTANCE)
     where = f"user {args.user}" if args.user else "the instance"
-    engine = db.create_engine(settings.database_url, 1)
+    engine = db.create_engine(settings.database_url, 1, pooled=settings.pooled)
     try:
         async with db.sessionmaker(engine)() as session, session.begin():
             if args.env_command == "set":
@@ -450,8 +476,15 @@ def main(argv: list[str] | None = None) -> int:
         read = Settings()
     except ValidationError as exc:
         print(f"error: invalid setting: {errors.problems(exc.errors(), spell=str.upper)}", file=sys.stderr)
-        url_refused = any(e["loc"] == ("database_url",) for e in exc.errors())
+        url_refused = any(e["loc"] in (("database_url",), ("database_direct_url",)) for e in exc.errors())
         raise SystemExit(UNUSABLE_DATABASE if url_refused else 1) from None
+    if read.database_direct_url and not read.database_url:
+        print(
+            "error: DATABASE_DIRECT_URL is set but DATABASE_URL is not: set DATABASE_URL to the pooler's URL "
+            "(or unset DATABASE_DIRECT_URL)",
+            file=sys.stderr,
+        )
+        raise SystemExit(UNUSABLE_DATABASE)
     logging.basicConfig(level=read.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if read.log_format == "json":
         for handler in logging.getLogger().handlers:
@@ -481,6 +514,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         with database(settings) as settings:
             if args.command == "migrate":
+                asyncio.run(_check_session(settings))
                 said = asyncio.run(_migrate_and_bootstrap(settings))
                 print("database is at the latest migration")
                 if said:
@@ -493,8 +527,14 @@ def main(argv: list[str] | None = None) -> int:
                 asyncio.run(_env(settings, args))
     except errors.AgentsError as exc:
         raise SystemExit(f"error: {exc.message}") from exc
+    except NoSession as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(UNUSABLE_DATABASE) from None
     except db.Unreachable as exc:
         where = f"DATABASE_URL ({dsn.redacted(read.database_url)})" if read.database_url else "the embedded Postgres"
+        direct = read.database_direct_url
+        if direct and read.database_url and exc.dsn not in ("", dsn.target(read.database_url).dsn):
+            where = f"DATABASE_DIRECT_URL ({dsn.redacted(direct)})"  # the only other URL a command connects to
         print(f"error: cannot connect to {where}: {exc}", file=sys.stderr)
         raise SystemExit(UNUSABLE_DATABASE) from None
     return 0

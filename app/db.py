@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import socket
 import ssl
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -15,11 +18,13 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from app import dsn
 
-# Every connection plans a prepared statement once and reuses the plan. Postgres' default re-plans each of the
+# Every direct connection plans a prepared statement once and reuses the plan. Postgres' default re-plans each of the
 # first five executions per connection, and for good whenever a plan for the given values looks cheaper: the hot
 # path's statements are key lookups where that never pays, and planning was most of their server-side cost
-# (bench/README.md, "plans").
+# (bench/README.md, "plans"). A pooled connection (`pooled`) prepares nothing to reuse, so it sets nothing: a
+# setting sent at connect would stay on whichever server connection the pooler opened, and PgBouncer refuses it.
 SERVER_SETTINGS = {"plan_cache_mode": "force_generic_plan"}
+PROBE_SECONDS = 5.0  # how long `hears` waits for its own notification (a direct connection hears it in milliseconds)
 
 CONNECT_TIMEOUT = 60.0  # seconds a connection may take to open when neither the URL nor the caller says (asyncpg's)
 
@@ -40,17 +45,46 @@ def has_nul(value: Any) -> bool:
 
 class Unreachable(ConnectionError):
     """No connection to the database could be opened; the message says why in one line, never the password (an
-    `OSError`, so whatever waits out a database that is down waits this out too)."""
+    `OSError`, so whatever waits out a database that is down waits this out too); `dsn` is what asyncpg was given."""
+
+    def __init__(self, message: str, dsn: str = "") -> None:
+        super().__init__(message)
+        self.dsn = dsn
 
 
-async def connect(url: str, connect_timeout: float = CONNECT_TIMEOUT) -> asyncpg.Connection:
+async def connect(url: str, connect_timeout: float = CONNECT_TIMEOUT, *, pooled: bool = False) -> asyncpg.Connection:
     """A raw asyncpg connection (LISTEN, claims, heartbeats, live deltas) with the engine's server settings, to a
-    `DATABASE_URL` in any accepted spelling; it waits `connect_timeout` seconds at most (the URL's, when shorter)."""
+    `DATABASE_URL` in any accepted spelling; it waits `connect_timeout` seconds at most (the URL's, when shorter).
+    `pooled`: the URL is a pooler in transaction mode, so nothing is prepared to be reused (`_open`)."""
     target = dsn.target(url)
-    return await _open(target, min(connect_timeout, target.timeout or connect_timeout))
+    return await _open(target, min(connect_timeout, target.timeout or connect_timeout), pooled)
 
 
-def create_engine(url: str, pool_size: int = 10, max_overflow: int | None = None) -> AsyncEngine:
+async def hears(url: str, wait: float = PROBE_SECONDS) -> bool:
+    """Whether a connection to `url` that LISTENs hears a NOTIFY sent from another connection within `wait`
+    seconds: what the API's streams and the workers' wake-ups need. A direct connection (or a pooler in session
+    mode, or one that pins a LISTENing connection to its server, as RDS Proxy does) hears it at once; behind a pooler
+    in transaction mode the LISTEN stayed on a server connection the client no longer holds, so nothing arrives."""
+    channel = f"agents_probe_{uuid.uuid4().hex}"
+    heard = asyncio.Event()
+    listener = await connect(url, 10, pooled=True)  # nothing prepared: whatever the URL is, the probe itself works
+    try:
+        await listener.add_listener(channel, lambda *_: heard.set())
+        sender = await connect(url, 10, pooled=True)
+        try:
+            await sender.execute(f"NOTIFY {channel}")
+        finally:
+            await sender.close()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(heard.wait(), wait)
+        return heard.is_set()
+    finally:
+        listener.terminate()  # its UNLISTEN would land on whatever server connection a pooler picks
+
+
+def create_engine(
+    url: str, pool_size: int = 10, max_overflow: int | None = None, *, pooled: bool = False
+) -> AsyncEngine:
     """An asyncpg engine; JSONB values go through the standard json module.
 
     Its connections are opened by `_open`, as the raw ones are: SQLAlchemy would hand the URL's query parameters
@@ -62,23 +96,42 @@ def create_engine(url: str, pool_size: int = 10, max_overflow: int | None = None
     as soon as the event loop sees the socket close, and the checkout below swaps it for a fresh one. A connection
     that dies while checked out fails its statement, SQLAlchemy then recycles every connection older than it, and the
     engine (`errors.Unavailable`) or the API (503) handles that one failure.
+
+    `pooled`: the URL is a pooler in transaction mode (`DATABASE_DIRECT_URL` is set), where each transaction may run
+    on another server connection: neither asyncpg nor SQLAlchemy's dialect keeps a prepared statement (`_open`).
     """
     target = dsn.target(url)
+    engine: AsyncEngine | None = None
+
+    def creator() -> Any:  # as `async_creator` would, with the dialect's own statement cache off when pooled
+        assert engine is not None
+        dbapi: Any = engine.sync_engine.dialect.dbapi
+        return dbapi.connect(
+            async_creator_fn=lambda: _open(target, target.timeout or CONNECT_TIMEOUT, pooled),
+            prepared_statement_cache_size=0 if pooled else 100,
+        )
+
     engine = create_async_engine(
         "postgresql+asyncpg://",
         pool_size=pool_size,
         max_overflow=pool_size if max_overflow is None else max_overflow,
-        async_creator=lambda: _open(target, target.timeout or CONNECT_TIMEOUT),
+        creator=creator,
     )
     event.listen(engine.sync_engine, "checkout", _closed_is_disconnected)
     return engine
 
 
-async def _open(target: dsn.Target, seconds: float) -> asyncpg.Connection:
+async def _open(target: dsn.Target, seconds: float, pooled: bool = False) -> asyncpg.Connection:
+    """A connection for `target`. Pooled, asyncpg's statement cache is off: each statement is then parsed as the
+    unnamed statement and run in the same exchange (Parse, Describe and Flush, then Bind, Execute and Sync, with no
+    Sync between that would let a pooler hand the server connection to another client), so nothing prepared is
+    looked for on a server connection that never saw it; and no server setting is sent."""
     try:
+        if pooled:
+            return await asyncpg.connect(target.dsn, timeout=seconds, statement_cache_size=0)
         return await asyncpg.connect(target.dsn, timeout=seconds, server_settings=SERVER_SETTINGS)
     except (OSError, ValueError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
-        raise Unreachable(" ".join(cause(error, target, seconds).split())) from error
+        raise Unreachable(" ".join(cause(error, target, seconds).split()), target.dsn) from error
 
 
 def cause(error: BaseException, target: dsn.Target, timeout: float) -> str:
@@ -101,6 +154,11 @@ def cause(error: BaseException, target: dsn.Target, timeout: float) -> str:
         if unreadable:
             return f"cannot read {', '.join(unreadable)} ({error.strerror})"
         return f"no server listens at that socket ({error.strerror})"  # a Unix socket's folder in `host`
+    if isinstance(error, asyncpg.ProtocolViolationError) and "startup parameter: plan_cache_mode" in str(error):
+        return (
+            f"{error} (a PgBouncer: in transaction mode keep DATABASE_URL on it and set DATABASE_DIRECT_URL to a "
+            "direct connection; in session mode add plan_cache_mode to its ignore_startup_parameters)"
+        )
     if isinstance(error, asyncpg.InvalidAuthorizationSpecificationError):  # a bad password, no such role, pg_hba
         return f"refused: {error}"
     return str(error) or type(error).__name__

@@ -35,12 +35,14 @@ class Heartbeat:
     def __init__(
         self,
         url: str,
+        pooled: bool,
         lease_seconds: float,
         watchdog_seconds: float,
         claims: Callable[[], list[queue.Claim]],
         on_lost: Callable[[set[tuple[uuid.UUID, uuid.UUID]]], None],
     ) -> None:
         self._url = url
+        self._pooled = pooled  # `url` is a pooler in transaction mode: each beat is one transaction, so it may be
         self._lease = lease_seconds
         self._watchdog = watchdog_seconds
         self._claims = claims
@@ -97,7 +99,7 @@ class Heartbeat:
                     log.warning("the worker's event loop has not run for %.1f s; its leases are kept alive", stalled)
                 claims = self._claims()
                 try:
-                    conn = conn or await db.connect(self._url, connect_timeout=interval)
+                    conn = conn or await db.connect(self._url, connect_timeout=interval, pooled=self._pooled)
                     async with asyncio.timeout(interval):
                         lost = await queue.heartbeat(conn, claims, self._lease, lock_timeout=interval / 2)
                 except Exception as exc:

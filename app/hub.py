@@ -386,8 +386,9 @@ class Publisher:
 
     LIMIT = 10_000
 
-    def __init__(self, dsn: str) -> None:
+    def __init__(self, dsn: str, *, pooled: bool = False) -> None:
         self._dsn = dsn
+        self._pooled = pooled  # `dsn` is a pooler in transaction mode: each send is one statement, so it may be
         self._conn: asyncpg.Connection | None = None
         self._queued: list[str] = []
         self._sender: asyncio.Task[None] | None = None
@@ -433,7 +434,7 @@ class Publisher:
             self._full = False
             try:
                 if self._conn is None or self._conn.is_closed():
-                    self._conn = await db.connect(self._dsn, connect_timeout=5)
+                    self._conn = await db.connect(self._dsn, connect_timeout=5, pooled=self._pooled)
                 # NOTIFY: in order, one round trip for the batch
                 await self._conn.execute("SELECT pg_notify($1, p) FROM unnest($2::text[]) AS p", CHANNEL, batch)
             except Exception as exc:  # unreachable, refused, or anything else: never the streaming call's failure

@@ -73,15 +73,15 @@ class Runtime:
         async with contextlib.AsyncExitStack() as stack:
             stack.enter_context(tracing.started())  # closed last: the spans of the shutdown are exported too
             if api:  # all kept open once opened
-                pool = db.create_engine(url, settings.db_pool_size, 0)
+                pool = db.create_engine(url, settings.db_pool_size, 0, pooled=settings.pooled)
             else:
-                pool = db.create_engine(url, *db.worker_pool(settings.worker_concurrency))
+                pool = db.create_engine(url, *db.worker_pool(settings.worker_concurrency), pooled=settings.pooled)
             stack.push_async_callback(pool.dispose)
             sessions = db.sessionmaker(pool)
             hub: Hub | None = None
             open_mode = False
             if api:
-                hub = Hub(url, settings.sse_buffer, sessions)
+                hub = Hub(settings.session_url or url, settings.sse_buffer, sessions)  # LISTEN: a session
                 await hub.start()
                 stack.push_async_callback(hub.stop)
                 open_mode = await _open_mode(settings, sessions)
@@ -89,10 +89,12 @@ class Runtime:
             if worker:
                 worker_db, worker_sessions = pool, sessions
                 if api:  # a pool of its own: executions never wait behind requests for a connection, or vice versa
-                    worker_db = db.create_engine(url, *db.worker_pool(settings.worker_concurrency))
+                    worker_db = db.create_engine(
+                        url, *db.worker_pool(settings.worker_concurrency), pooled=settings.pooled
+                    )
                     stack.push_async_callback(worker_db.dispose)
                     worker_sessions = db.sessionmaker(worker_db)
-                publisher = Publisher(url)
+                publisher = Publisher(url, pooled=settings.pooled)
                 stack.push_async_callback(publisher.close)
                 if http is None:
                     http = llm_http()

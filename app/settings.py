@@ -29,6 +29,11 @@ class Settings(BaseSettings):
     database_url: str | None = Field(
         default=None, description="Postgres URL (libpq's sslmode and friends in its query); unset = embedded Postgres"
     )
+    database_direct_url: str | None = Field(
+        default=None,
+        description="when DATABASE_URL is a pooler in transaction mode (PgBouncer, Supabase's or Neon's pooler): a "
+        "direct Postgres URL for what needs a session of its own (LISTEN, migrations); unset: DATABASE_URL is direct",
+    )
     agents_dir: Path = Field(default=Path("agents"), description="folder of agents, prompts, models, tools")
     data_dir: Path = Field(default=Path(".data"), description="embedded Postgres data and the generated key")
     secret_key: str | None = Field(default=None, description="encrypts secrets at rest")
@@ -120,10 +125,20 @@ class Settings(BaseSettings):
     llm_max_delay: float = Field(default=60.0, ge=0, description="the longest retry wait, even for Retry-After")
     process_env: dict[str, str] = Field(default_factory=lambda: dict(os.environ), exclude=True)
 
-    @field_validator("database_url")
+    @field_validator("database_url", "database_direct_url")
     @classmethod
     def _postgres_url(cls, value: str | None) -> str | None:
         return dsn.normalise(value) if value else None
+
+    @property
+    def pooled(self) -> bool:
+        """Whether `database_url` is a pooler in transaction mode: `database_direct_url` is set beside it."""
+        return self.database_direct_url is not None
+
+    @property
+    def session_url(self) -> str | None:
+        """The URL for what needs a session of its own (LISTEN, migrations): the direct one when there is one."""
+        return self.database_direct_url or self.database_url
 
     @field_validator("worker_heartbeat_file", mode="before")
     @classmethod

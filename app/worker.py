@@ -52,6 +52,7 @@ class Worker:
         assert self._settings.database_url is not None
         heartbeat = Heartbeat(
             self._settings.database_url,
+            self._settings.pooled,
             self._settings.lease_seconds,
             self._settings.watchdog_seconds,
             lambda: [c for c, _ in tuple(self._running.values())],
@@ -108,20 +109,21 @@ class Worker:
         most one poll interval)."""
         if listener is not None and not listener.is_closed():
             return listener
-        assert self._settings.database_url is not None
+        assert self._settings.session_url is not None
         if listener is not None:
             log.info("listener connection lost; reconnecting")
-        conn = await db.connect(self._settings.database_url, connect_timeout=10)
+        conn = await db.connect(self._settings.session_url, connect_timeout=10)  # LISTEN: never through a pooler
         await conn.add_listener(queue.WAKEUP_CHANNEL, lambda *_: self._notified())
         await conn.add_listener(control.CONTROL_CHANNEL, lambda *args: self._abandon(args[3]))
         return conn
 
     async def _claiming(self, claimer: asyncpg.Connection | None) -> asyncpg.Connection:
-        """The connection claims run on (each is one statement, outside any transaction), opened again if lost."""
+        """The connection claims run on (each is one statement, outside any transaction, so a pooler in transaction
+        mode may carry it), opened again if lost."""
         if claimer is not None and not claimer.is_closed():
             return claimer
         assert self._settings.database_url is not None
-        return await db.connect(self._settings.database_url, connect_timeout=10)
+        return await db.connect(self._settings.database_url, connect_timeout=10, pooled=self._settings.pooled)
 
     def _notified(self) -> None:
         self._notices += 1

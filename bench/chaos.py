@@ -32,12 +32,14 @@ from typing import Any
 
 import asyncpg
 import httpx
+from sqlalchemy.engine import make_url
 
 from app import db, dsn, migrations
-from bench.harness import ROOT, PrivatePostgres, Process, free_port, setup
+from bench.harness import ROOT, PgBouncer, PrivatePostgres, Process, free_port, setup
 
 AGENTS = ROOT / "bench" / "chaos_agents"
 LEASE_SECONDS = 3.0
+POOLER_SIZE = 40  # `--pooler`: PgBouncer's server connections for the ~200 clients of the API and the workers
 
 
 @dataclass
@@ -329,20 +331,31 @@ async def main(args: argparse.Namespace) -> int:
     work = Path(tempfile.mkdtemp(prefix="chaos-"))
     failed = 1
     pg = PrivatePostgres(work / "pg")
+    bouncer: PgBouncer | None = None
     try:
+        if args.pooler:  # the processes' DATABASE_URL; LISTEN and the harness's own checks go to the server
+            (work / "pgbouncer").mkdir()
+            bouncer = PgBouncer(pg.url, work / "pgbouncer", pool_size=POOLER_SIZE)
         engine = db.create_engine(dsn.normalise(pg.url), 1)
         await migrations.upgrade(engine)
         await engine.dispose()
         conn = await asyncpg.connect(pg.url)
         setup(
             "R10 — chaos",
-            {"seed": args.seed, "threads": args.threads, "duration": f"{args.duration} s", "workers": args.workers},
+            {
+                "seed": args.seed,
+                "threads": args.threads,
+                "duration": f"{args.duration} s",
+                "workers": args.workers,
+                "pooler": f"PgBouncer, transaction mode, {POOLER_SIZE} server connections" if bouncer else "none",
+            },
             await conn.fetchval("SHOW server_version"),
         )
         port = free_port()
         env = {
             **os.environ,
-            "DATABASE_URL": pg.url,
+            "DATABASE_URL": bouncer.url(make_url(pg.url).database or "postgres") if bouncer else pg.url,
+            **({"DATABASE_DIRECT_URL": pg.url} if bouncer else {}),
             "PORT": str(port),
             "CHAOS_DIR": str(work),
             "LEASE_SECONDS": str(LEASE_SECONDS),
@@ -392,6 +405,8 @@ async def main(args: argparse.Namespace) -> int:
             print(f"logs and database kept in {work}")
         return 1 if failed else 0
     finally:
+        if bouncer is not None:
+            bouncer.stop()
         pg.cleanup()
         if not failed:
             shutil.rmtree(work, ignore_errors=True)
@@ -405,6 +420,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--workers", type=int, default=3)
     parser.add_argument("--followers", type=int, default=10, help="SSE clients that drop and resume")
     parser.add_argument("--settle", type=float, default=120, help="seconds allowed to settle afterwards")
+    parser.add_argument(
+        "--pooler",
+        action="store_true",
+        help="the processes reach the database through PgBouncer in transaction mode (DATABASE_DIRECT_URL direct)",
+    )
     return parser.parse_args(argv)
 
 

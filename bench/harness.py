@@ -67,6 +67,64 @@ class PrivatePostgres:
         self._server.cleanup()
 
 
+class PgBouncer:
+    """Debian's PgBouncer in transaction mode in front of the Postgres server at `server_url` (any database on it,
+    reached as the URL's user, trusted), listening on 127.0.0.1 at a free port; its configuration and log in
+    `folder`. As root it runs as `postgres` (it refuses to run as root), or as the owner of the server's Unix socket
+    folder when the URL names one (a `pgserver` one's is its own user's alone); `folder` is handed to that user."""
+
+    def __init__(self, server_url: str, folder: Path, pool_size: int = 20) -> None:
+        program = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
+        if not Path(program).is_file():
+            raise FileNotFoundError("pgbouncer is not installed (Debian: apt-get install -y pgbouncer)")
+        url = make_url(dsn.normalise(server_url))
+        host = url.host or str(url.query.get("host", ""))  # a Unix socket's folder when the URL has no host
+        self.user = url.username or "postgres"
+        self.port = free_port()
+        self.log = folder / "pgbouncer.log"
+        (folder / "users.txt").write_text(f'"{self.user}" ""\n')
+        (folder / "pgbouncer.ini").write_text(
+            f"[databases]\n* = host={host} port={url.port or 5432}\n"
+            f"[pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {self.port}\nunix_socket_dir =\n"
+            f"auth_type = trust\nauth_file = {folder / 'users.txt'}\npool_mode = transaction\n"
+            f"max_client_conn = 2000\ndefault_pool_size = {pool_size}\nlogfile = {self.log}\n"
+        )
+        run_as: list[str] = []
+        if os.geteuid() == 0:
+            owner = Path(host).owner() if host.startswith("/") else "postgres"
+            for path in (folder, *folder.iterdir()):
+                shutil.chown(path, user=owner)
+            run_as = ["-u", owner]
+        self._proc = subprocess.Popen(
+            [program, *run_as, str(folder / "pgbouncer.ini")], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT
+        )
+        deadline = time.monotonic() + 10
+        while not _accepts(self.port):
+            if self._proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                said = self.log.read_text() if self.log.exists() else "(no log)"
+                raise RuntimeError(f"pgbouncer did not start:\n{said}")
+            time.sleep(0.05)
+
+    def url(self, database: str) -> str:
+        """The URL of `database` through the pooler."""
+        return f"postgresql://{self.user}@127.0.0.1:{self.port}/{database}"
+
+    def stop(self) -> None:
+        if self._proc.poll() is None:
+            self._proc.terminate()  # SIGTERM: PgBouncer's immediate shutdown
+            try:
+                self._proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+
+
+def _accepts(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
 def percentile(values: list[float], p: float) -> float:
     """The p-th percentile (nearest rank) of `values`."""
     ordered = sorted(values)

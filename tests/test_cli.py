@@ -406,6 +406,18 @@ def test_migrate_says_in_one_line_why_database_url_cannot_be_used(url: str, said
     assert said in _unusable(agents("migrate", env={"DATABASE_URL": url}))
 
 
+def test_a_direct_url_that_cannot_be_used_is_named(database_url: str) -> None:
+    refused = agents(
+        "migrate", env={"DATABASE_URL": database_url, "DATABASE_DIRECT_URL": "postgresql://u@127.0.0.1:1/db"}
+    )
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
+    assert "cannot connect to DATABASE_DIRECT_URL (postgresql://u@127.0.0.1:1/db): connection refused" in refused.stderr
+    alone = agents("migrate", env={"DATABASE_DIRECT_URL": database_url})
+    assert alone.returncode == 2 and "DATABASE_DIRECT_URL is set but DATABASE_URL is not" in alone.stderr, alone.stderr
+    wrong = agents("migrate", env={"DATABASE_URL": database_url, "DATABASE_DIRECT_URL": "mysql://u@h/db"})
+    assert wrong.returncode == 2 and "DATABASE_DIRECT_URL" in wrong.stderr and "mysql://" in wrong.stderr, wrong.stderr
+
+
 def test_a_missing_database_or_role_is_one_line(server_url: str) -> None:
     url = make_url(server_url)
     missing = url.set(database="no_such_database").render_as_string(hide_password=False)

@@ -125,6 +125,34 @@ async def test_every_connection_plans_a_statement_once_and_a_worker_pool_keeps_i
     assert db.worker_pool(50) == (54, 0)  # an overflow connection would be closed on return, and opened again
 
 
+async def test_a_pooled_connection_keeps_no_prepared_statement_and_sends_no_setting(database_url: str) -> None:
+    """What a pooler in transaction mode needs: no named statement on the server connection (the next transaction
+    may run on another one), no setting sent at connect; a direct connection keeps both."""
+    prepared = "SELECT count(*) FROM pg_prepared_statements"
+    for pooled in (True, False):
+        engine = db.create_engine(database_url, 1, pooled=pooled)
+        try:
+            async with db.sessionmaker(engine)() as s, s.begin():
+                for n in (1, 2):
+                    assert (await s.execute(text("SELECT CAST(:n AS int) + 1"), {"n": n})).scalar_one() == n + 1
+                assert (await (await statements.driver(s)).fetchval("SELECT $1::int", 7)) == 7
+                kept = (await s.execute(text(prepared))).scalar_one()
+                mode = (await s.execute(text("SHOW plan_cache_mode"))).scalar_one()
+        finally:
+            await engine.dispose()
+        assert (kept, mode) == ((0, "auto") if pooled else (kept or 1, "force_generic_plan")), (pooled, kept, mode)
+        raw = await db.connect(database_url, connect_timeout=10, pooled=pooled)
+        try:
+            await raw.fetchval("SELECT $1::int", 1)
+            assert (await raw.fetchval(prepared) == 0) is pooled
+        finally:
+            await raw.close()
+
+
+async def test_a_listen_on_a_direct_connection_hears_a_notify(database_url: str) -> None:
+    assert await db.hears(database_url)
+
+
 def _with_query(url: str, **query: str) -> str:
     return url + ("&" if "?" in url else "?") + urllib.parse.urlencode(query, quote_via=urllib.parse.quote)
 

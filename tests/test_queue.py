@@ -405,7 +405,7 @@ async def test_a_transaction_stalled_past_the_lease_keeps_it_and_nobody_else_cla
     claim = await _claim(sessions, lease=lease)
     assert claim is not None
     lost: list[set[tuple[uuid.UUID, uuid.UUID]]] = []
-    beat = Heartbeat(database_url, lease, 60, lambda: [claim], lost.append)
+    beat = Heartbeat(database_url, False, lease, 60, lambda: [claim], lost.append)
     beat.start()
     try:
         async with sessions() as s, s.begin():
