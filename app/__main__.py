@@ -208,7 +208,7 @@ def _serve(settings: Settings, with_worker: bool, migrate: bool) -> None:
             port=settings.port,
             log_level=settings.log_level,
             access_log=settings.access_log,
-            log_config=None if settings.log_format == "json" else uvicorn.config.LOGGING_CONFIG,  # json: ours
+            log_config=None if settings.log_format == "json" else logconfig.uvicorn_text(),  # json: ours
             timeout_graceful_shutdown=5,
             timeout_keep_alive=settings.keep_alive_seconds,  # uvicorn's 5 s equals httpx's expiry: a race (bench/burst)
         )

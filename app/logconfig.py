@@ -3,7 +3,11 @@ the libraries' chatter (pgserver and the `initdb` output it relays, alembic) at 
 
 from __future__ import annotations
 
+import copy
 import logging
+from typing import Any
+
+import uvicorn.config
 
 from app import jsonlog
 
@@ -22,3 +26,10 @@ def configure(level: str, json_format: bool, *, verbose: bool, quiet: bool) -> N
             handler.setFormatter(jsonlog.Formatter())
     for name in CHATTY:
         logging.getLogger(name).setLevel(logging.NOTSET if verbose else max(chosen, logging.WARNING))
+
+
+def uvicorn_text() -> dict[str, Any]:
+    """uvicorn's own text logging, its access lines on stderr too (its default writes them to stdout)."""
+    config = copy.deepcopy(uvicorn.config.LOGGING_CONFIG)
+    config["handlers"]["access"]["stream"] = "ext://sys.stderr"
+    return config

@@ -339,6 +339,29 @@ async def test_the_access_log_and_the_log_level_are_settings(database_url: str, 
     assert any(line["message"] == "Application startup complete." for line in lines)
 
 
+def _split(args: list[str], env: dict[str, str], folder: Path) -> subprocess.Popen[bytes]:
+    """`python -m app <args>`, its stdout in `folder/out` and its stderr in `folder/err`."""
+    with (folder / "out").open("wb") as out, (folder / "err").open("wb") as err:
+        return subprocess.Popen([sys.executable, "-m", "app", *args], cwd=ROOT, env=env, stdout=out, stderr=err)
+
+
+async def test_a_server_logs_on_stderr_only(database_url: str, tmp_path: Path) -> None:
+    """uvicorn writes its access lines to stdout by default; ours go to stderr with every other line."""
+    port = processes.free_port()
+    unset = ("SECRET_KEY", "AGENTS_DIR")
+    env = {k: v for k, v in os.environ.items() if k not in unset}
+    env |= {"DATABASE_URL": database_url, "PORT": str(port), "DATA_DIR": str(tmp_path)}
+    proc = _split(["api"], env, tmp_path)
+    try:
+        await processes.until_ready(f"http://127.0.0.1:{port}", proc, tmp_path / "err")
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+            assert (await client.get("/agents")).status_code == 200
+    finally:
+        assert processes.stop(proc) == 0
+    assert (tmp_path / "out").read_text() == ""
+    assert '"GET /agents HTTP/1.1" 200' in (tmp_path / "err").read_text()
+
+
 async def test_no_log_line_carries_a_stream_token(database_url: str, tmp_path: Path) -> None:
     """However the URL spells it (`%74oken=`, repeated, another name, percent-encoded), in text or JSON logs."""
     for name, extra in (("text", {}), ("json", {"LOG_FORMAT": "json"})):
