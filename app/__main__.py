@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import errno
 import gc
+import json
 import logging
 import signal
 import socket
@@ -295,7 +296,11 @@ async def _keys(settings: Settings, args: argparse.Namespace) -> None:
             elif args.keys_command == "adopt-local":  # for a user who has a key already
                 _say_adopted(await keys.adopt_open(session, args.user), sys.stdout)
             elif args.keys_command == "list":
-                for row in await keys.list_all(session):
+                rows = await keys.list_all(session)
+                if args.json:
+                    print(json.dumps([_key_json(row) for row in rows], indent=2))
+                    return
+                for row in rows:
                     state = f"revoked {row.revoked_at:%Y-%m-%d}" if row.revoked_at else "active"
                     print(f"{row.id}  {row.prefix}…  user={row.user_id}  admin={row.admin}  {state}")
             elif await keys.revoke(session, args.key) == 0:
@@ -304,6 +309,14 @@ async def _keys(settings: Settings, args: argparse.Namespace) -> None:
                 print("revoked 1 key")
     finally:
         await engine.dispose()
+
+
+def _key_json(row: tables.ApiKey) -> dict[str, object]:
+    """A key as `keys list --json` shows it: never the key, which is not stored."""
+    when = {name: value.isoformat() if value else None for name, value in (
+        ("created_at", row.created_at), ("last_used_at", row.last_used_at), ("revoked_at", row.revoked_at)
+    )}  # fmt: skip
+    return {"id": str(row.id), "prefix": row.prefix, "user": row.user_id, "admin": row.admin, **when}
 
 
 def _hidden_threads(count: int, user: str) -> str:
@@ -343,6 +356,9 @@ async def _env(settings: Settings, args: argparse.Namespace) -> None:
                 print(f"set {'secret ' if args.secret else ''}{args.name} for {where}")
             elif args.env_command == "list":
                 values, types = await environment.public(session, scope, owner)
+                if args.json:  # as `GET /env/user` answers: secrets are null
+                    print(json.dumps({"env": values, "env_types": types}, indent=2, ensure_ascii=False))
+                    return
                 for name, kind in types.items():
                     print(f"{name}={'***' if kind == 'secret' else values[name]}  ({kind})")
             elif await environment.remove(session, scope, owner, [args.name]) == 0:
@@ -433,7 +449,8 @@ def parser() -> argparse.ArgumentParser:
     )
     ka = ks.add_parser("adopt-local", help="give a user the threads and user variables made in open mode")
     ka.add_argument("--user", required=True, help="the user who takes them")
-    ks.add_parser("list", help="list keys")
+    kl = ks.add_parser("list", help="list keys (never the keys themselves)")
+    kl.add_argument("--json", action="store_true", help="one JSON array, for scripts")
     kr = ks.add_parser("revoke", help="revoke a key by its id or the prefix `keys list` shows")
     kr.add_argument("key", help="the key's id, or its prefix as `keys list` shows it (`…` optional)")
     e = sub.add_parser("env", help="instance and user variables (threads of every user inherit instance ones)")
@@ -443,7 +460,9 @@ def parser() -> argparse.ArgumentParser:
         whose = c.add_mutually_exclusive_group()
         whose.add_argument("--instance", action="store_true", help="the instance's values (the default)")
         whose.add_argument("--user", help="this user's values")
-        if name != "list":
+        if name == "list":
+            c.add_argument("--json", action="store_true", help='{"env": ..., "env_types": ...} as the API answers')
+        else:
             c.add_argument("name", help="the variable's name (letters, digits, `_`; not starting with a digit)")
         if name == "set":
             c.add_argument("value", help="its value")

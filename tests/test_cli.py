@@ -65,6 +65,10 @@ def test_migrate_and_keys(database_url: str) -> None:
     assert key.startswith("sa_")
     listed = agents("keys", "list", env=env)
     assert "user=alice" in listed.stdout and "admin=True" in listed.stdout and key not in listed.stdout
+    as_json = agents("keys", "list", "--json", env=env)
+    [shown] = json.loads(as_json.stdout)  # stdout is the JSON alone
+    assert shown["id"] == listed.stdout.split()[0] and shown["prefix"] == key[:10] and key not in as_json.stdout
+    assert (shown["user"], shown["admin"], shown["revoked_at"]) == ("alice", True, None) and as_json.stderr == ""
     revoked = agents("keys", "revoke", key[:10], env=env)
     assert revoked.returncode == 0 and "revoked 1" in revoked.stdout
     assert agents("keys", "revoke", "nope", env=env).returncode != 0
@@ -288,6 +292,11 @@ def test_env_set_list_delete(database_url: str, tmp_path: Path) -> None:
     listed = agents("env", "list", env=env)
     assert listed.returncode == 0 and listed.stdout.splitlines() == ["REGION=eu  (text)", "TOKEN=***  (secret)"]
     assert agents("env", "list", "--user", "alice", env=env).stdout.splitlines() == ["REGION=us  (text)"]
+    as_json = agents("env", "list", "--json", env=env)
+    assert json.loads(as_json.stdout) == {
+        "env": {"REGION": "eu", "TOKEN": None},
+        "env_types": {"REGION": "text", "TOKEN": "secret"},
+    }
     assert agents("env", "list", "--user", "bob", env=env).stdout == ""
     assert agents("env", "delete", "--user", "alice", "REGION", env=env).returncode == 0
     gone = agents("env", "delete", "--user", "alice", "REGION", env=env)
