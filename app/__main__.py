@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import errno
 import gc
+import json
 import logging
 import signal
 import socket
@@ -14,7 +15,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TextIO
 
 import httpx
 import uvicorn
@@ -22,16 +23,17 @@ from pydantic import ValidationError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import (
+    __version__,
     catalog,
     crypto,
     db,
     dsn,
     environment,
     errors,
-    jsonlog,
     keys,
     liveness,
     llm,
+    logconfig,
     migrations,
     postgres,
     tables,
@@ -232,7 +234,7 @@ def _serve(settings: Settings, with_worker: bool, migrate: bool) -> None:
             port=settings.port,
             log_level=settings.log_level,
             access_log=settings.access_log,
-            log_config=None if settings.log_format == "json" else uvicorn.config.LOGGING_CONFIG,  # json: ours
+            log_config=None if settings.log_format == "json" else logconfig.uvicorn_text(),  # json: ours
             timeout_graceful_shutdown=5,
             timeout_keep_alive=settings.keep_alive_seconds,  # uvicorn's 5 s equals httpx's expiry: a race (bench/burst)
         )
@@ -309,16 +311,22 @@ async def _keys(settings: Settings, args: argparse.Namespace) -> None:
         async with db.sessionmaker(engine)() as session, session.begin():
             if args.keys_command == "create":
                 row, key = await keys.create(session, args.user, args.admin)
-                print(f"created {'admin ' if row.admin else ''}key {row.prefix}… for user {row.user_id}")
-                _say_adopted(await keys.adopt_open(session, args.user) if args.adopt_local else None)
+                said = f"created {'admin ' if row.admin else ''}key {row.prefix}… for user {row.user_id}"
+                print(said, file=sys.stderr)  # stdout is the key alone: `KEY=$(agents keys create …)`
+                adopted = await keys.adopt_open(session, args.user) if args.adopt_local else None
+                _say_adopted(adopted, sys.stderr)
                 theirs = args.adopt_local or args.user == keys.OPEN.user_id  # a key for `local` sees them already
                 if not theirs and (count := await keys.open_threads(session)):
                     print(f"warning: {_hidden_threads(count, args.user)}", file=sys.stderr)
                 print(key)
             elif args.keys_command == "adopt-local":  # for a user who has a key already
-                _say_adopted(await keys.adopt_open(session, args.user))
+                _say_adopted(await keys.adopt_open(session, args.user), sys.stdout)
             elif args.keys_command == "list":
-                for row in await keys.list_all(session):
+                rows = await keys.list_all(session)
+                if args.json:
+                    print(json.dumps([_key_json(row) for row in rows], indent=2))
+                    return
+                for row in rows:
                     state = f"revoked {row.revoked_at:%Y-%m-%d}" if row.revoked_at else "active"
                     print(f"{row.id}  {row.prefix}…  user={row.user_id}  admin={row.admin}  {state}")
             elif await keys.revoke(session, args.key) == 0:
@@ -329,6 +337,14 @@ async def _keys(settings: Settings, args: argparse.Namespace) -> None:
         await engine.dispose()
 
 
+def _key_json(row: tables.ApiKey) -> dict[str, object]:
+    """A key as `keys list --json` shows it: never the key, which is not stored."""
+    when = {name: value.isoformat() if value else None for name, value in (
+        ("created_at", row.created_at), ("last_used_at", row.last_used_at), ("revoked_at", row.revoked_at)
+    )}  # fmt: skip
+    return {"id": str(row.id), "prefix": row.prefix, "user": row.user_id, "admin": row.admin, **when}
+
+
 def _hidden_threads(count: int, user: str) -> str:
     return (
         f"{count} thread(s) made in open mode belong to user {keys.OPEN.user_id!r}: with a key only admin keys see "
@@ -337,10 +353,10 @@ def _hidden_threads(count: int, user: str) -> str:
     )
 
 
-def _say_adopted(adopted: keys.Adopted | None) -> None:
+def _say_adopted(adopted: keys.Adopted | None, out: TextIO) -> None:
     if adopted is None:
         return
-    print(f"adopted {adopted.threads} open-mode thread(s) and {adopted.variables} user variable(s)")
+    print(f"adopted {adopted.threads} open-mode thread(s) and {adopted.variables} user variable(s)", file=out)
     if adopted.kept:
         print(
             f"warning: user variables {', '.join(adopted.kept)} stay with {keys.OPEN.user_id!r}: the user has "
@@ -366,6 +382,9 @@ async def _env(settings: Settings, args: argparse.Namespace) -> None:
                 print(f"set {'secret ' if args.secret else ''}{args.name} for {where}")
             elif args.env_command == "list":
                 values, types = await environment.public(session, scope, owner)
+                if args.json:  # as `GET /env/user` answers: secrets are null
+                    print(json.dumps({"env": values, "env_types": types}, indent=2, ensure_ascii=False))
+                    return
                 for name, kind in types.items():
                     print(f"{name}={'***' if kind == 'secret' else values[name]}  ({kind})")
             elif await environment.remove(session, scope, owner, [args.name]) == 0:
@@ -421,17 +440,21 @@ def _health(settings: Settings, args: argparse.Namespace) -> int:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="agents", description="The Standard Agents runtime.")
+    p.add_argument("--version", action="version", version=f"agents {__version__}", help="print the version and exit")
     p.add_argument("--agents-dir", type=Path, help="agents folder (default: AGENTS_DIR or ./agents)")
+    p.add_argument(
+        "-v", "--verbose", action="store_true", help="also log what the libraries say (pgserver, initdb, alembic)"
+    )
     sub = p.add_subparsers(dest="command", required=True)
     for name, text in (("serve", "API and a worker pool in one process"), ("api", "the API alone")):
         s = sub.add_parser(name, help=text)
-        s.add_argument("--host")
-        s.add_argument("--port", type=int)
+        s.add_argument("--host", help="address to listen on (default: HOST or 127.0.0.1)")
+        s.add_argument("--port", type=int, help="port to listen on (default: PORT or 8000)")
         if name == "serve":
-            s.add_argument("--concurrency", type=int, help="concurrent thread executions")
+            s.add_argument("--concurrency", type=int, help="concurrent thread executions (default: WORKER_CONCURRENCY)")
             s.add_argument("--no-migrate", action="store_true", help="do not migrate at start")
     w = sub.add_parser("worker", help="a worker pool alone")
-    w.add_argument("--concurrency", type=int)
+    w.add_argument("--concurrency", type=int, help="concurrent thread executions (default: WORKER_CONCURRENCY)")
     sub.add_parser("migrate", help="upgrade the database to the latest migration")
     sub.add_parser("check", help="validate the agents folder")
     h = sub.add_parser("health", help="exit 0 when a local api or worker is healthy (for container health checks)")
@@ -444,17 +467,18 @@ def parser() -> argparse.ArgumentParser:
     hw.add_argument("--max-age", type=float, help="seconds a beat may be old (default: what the worker wrote)")
     k = sub.add_parser("keys", help="API keys")
     ks = k.add_subparsers(dest="keys_command", required=True)
-    kc = ks.add_parser("create", help="print a new key (alone on the last line)")
-    kc.add_argument("--user", required=True)
-    kc.add_argument("--admin", action="store_true")
+    kc = ks.add_parser("create", help="print a new key, alone on stdout (what else it says goes to stderr)")
+    kc.add_argument("--user", required=True, help="the user the key acts as")
+    kc.add_argument("--admin", action="store_true", help="an admin key: it sees every user's threads")
     kc.add_argument(
         "--adopt-local", action="store_true", help="give the user the threads and user variables made in open mode"
     )
     ka = ks.add_parser("adopt-local", help="give a user the threads and user variables made in open mode")
-    ka.add_argument("--user", required=True)
-    ks.add_parser("list", help="list keys")
+    ka.add_argument("--user", required=True, help="the user who takes them")
+    kl = ks.add_parser("list", help="list keys (never the keys themselves)")
+    kl.add_argument("--json", action="store_true", help="one JSON array, for scripts")
     kr = ks.add_parser("revoke", help="revoke a key by its id or the prefix `keys list` shows")
-    kr.add_argument("key")
+    kr.add_argument("key", help="the key's id, or its prefix as `keys list` shows it (`…` optional)")
     e = sub.add_parser("env", help="instance and user variables (threads of every user inherit instance ones)")
     es = e.add_subparsers(dest="env_command", required=True)
     for name, text in (("set", "set a value"), ("list", "list values (secrets masked)"), ("delete", "remove a value")):
@@ -462,10 +486,12 @@ def parser() -> argparse.ArgumentParser:
         whose = c.add_mutually_exclusive_group()
         whose.add_argument("--instance", action="store_true", help="the instance's values (the default)")
         whose.add_argument("--user", help="this user's values")
-        if name != "list":
-            c.add_argument("name")
+        if name == "list":
+            c.add_argument("--json", action="store_true", help='{"env": ..., "env_types": ...} as the API answers')
+        else:
+            c.add_argument("name", help="the variable's name (letters, digits, `_`; not starting with a digit)")
         if name == "set":
-            c.add_argument("value")
+            c.add_argument("value", help="its value")
             c.add_argument("--secret", action="store_true", help="encrypt it; it is never shown again")
     return p
 
@@ -485,10 +511,8 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         raise SystemExit(UNUSABLE_DATABASE)
-    logging.basicConfig(level=read.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if read.log_format == "json":
-        for handler in logging.getLogger().handlers:
-            handler.setFormatter(jsonlog.Formatter())
+    serving = args.command in ("serve", "api", "worker")  # the others' output is what they print
+    logconfig.configure(read.log_level, read.log_format == "json", verbose=args.verbose, quiet=not serving)
     overrides: dict[str, object] = {}
     for field, attr in (
         ("agents_dir", "agents_dir"),

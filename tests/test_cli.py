@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shlex
 import socket
 import subprocess
 import sys
@@ -15,8 +16,8 @@ import pytest
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app import catalog, keys, threads
-from tests import processes
+from app import __version__, catalog, keys, threads
+from tests import processes, test_main
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.slow  # every test runs `python -m app …` as a real process
@@ -64,6 +65,10 @@ def test_migrate_and_keys(database_url: str) -> None:
     assert key.startswith("sa_")
     listed = agents("keys", "list", env=env)
     assert "user=alice" in listed.stdout and "admin=True" in listed.stdout and key not in listed.stdout
+    as_json = agents("keys", "list", "--json", env=env)
+    [shown] = json.loads(as_json.stdout)  # stdout is the JSON alone
+    assert shown["id"] == listed.stdout.split()[0] and shown["prefix"] == key[:10] and key not in as_json.stdout
+    assert (shown["user"], shown["admin"], shown["revoked_at"]) == ("alice", True, None) and as_json.stderr == ""
     revoked = agents("keys", "revoke", key[:10], env=env)
     assert revoked.returncode == 0 and "revoked 1" in revoked.stdout
     assert agents("keys", "revoke", "nope", env=env).returncode != 0
@@ -137,12 +142,67 @@ async def test_keys_create_names_open_mode_threads_and_adopts_them(
         alice = keys.Principal(user_id="alice")
         assert len((await threads.list_(s, alice))[0]) == 2
     quiet = await asyncio.to_thread(agents, "keys", "create", "--user", "bob", env=env)
-    assert quiet.stderr == ""  # nothing left to adopt
+    assert quiet.stderr.startswith("created key sa_") and "warning" not in quiet.stderr  # nothing left to adopt
     async with sessions() as s, s.begin():
         await threads.create(s, assistant, keys.OPEN)
     with_key = await asyncio.to_thread(agents, "keys", "create", "--user", "bob", "--adopt-local", env=env)
-    assert "adopted 1 open-mode thread(s) and 0 user variable(s)" in with_key.stdout and with_key.stderr == ""
-    assert with_key.stdout.splitlines()[-1].startswith("sa_")
+    assert with_key.stderr == "created key sa_" + with_key.stdout[3:10] + "… for user bob\n" + (
+        "adopted 1 open-mode thread(s) and 0 user variable(s)\n"
+    )
+    assert with_key.stdout.startswith("sa_") and len(with_key.stdout.splitlines()) == 1
+
+
+def test_keys_create_prints_the_key_alone_on_stdout_and_no_chatter(tmp_path: Path) -> None:
+    """On a first start of the embedded Postgres (initdb and all): `| tail -1` is the key, stdout holds nothing
+    else, and stderr holds what the command says, not the libraries' INFO lines (`-v` shows them, on stderr)."""
+    env = {"DATA_DIR": str(tmp_path / "data")}
+    command = f"{shlex.quote(sys.executable)} -m app keys create --user ci --admin | tail -1"
+    base = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "SECRET_KEY", "AGENTS_DIR")}
+    piped = subprocess.run(
+        ["bash", "-c", command], cwd=ROOT, env={**base, **env}, capture_output=True, text=True, timeout=120, check=True
+    )
+    key = piped.stdout.strip()
+    assert key.startswith("sa_") and len(key) > 40 and "\n" not in key, piped.stdout
+    assert piped.stderr == f"created admin key {key[:10]}… for user ci\n", piped.stderr  # no initdb, no pgserver
+    listed = agents("keys", "list", env=env)
+    assert listed.stderr == "" and "user=ci" in listed.stdout
+    assert all(line.endswith("active") for line in listed.stdout.splitlines())
+    chatty = agents("-v", "env", "list", env=env)
+    assert chatty.returncode == 0 and chatty.stdout == ""
+    assert "INFO pgserver" in chatty.stderr and "starting embedded PostgreSQL" in chatty.stderr
+
+
+def test_version() -> None:
+    result = agents("--version")
+    assert result.returncode == 0 and result.stdout == f"agents {__version__}\n" and result.stderr == ""
+
+
+def test_the_readme_command_lines_run(database_url: str, tmp_path: Path) -> None:
+    """The README's `agents` lines (keys, variables) pasted into bash against a test database, in README order."""
+    env = {"DATABASE_URL": database_url, "DATA_DIR": str(tmp_path)}
+    ran = 0
+    for line in test_main.command_lines():
+        args = test_main._argv(line)
+        if args[0] == "serve":
+            continue
+        pasted = line.replace(".venv/bin/agents", f"{shlex.quote(sys.executable)} -m app")
+        result = subprocess.run(
+            ["bash", "-c", f"set -eo pipefail\n{pasted}"],
+            cwd=ROOT,
+            env={**os.environ, **env},
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        if args[:2] == ["keys", "revoke"]:  # the README's example prefix: no key has it here
+            assert result.returncode == 1 and "no active key matches 'sa_zjI59x9…'" in result.stderr
+        else:
+            assert result.returncode == 0, f"{line}\n{result.stdout}{result.stderr}"
+        ran += 1
+    assert ran >= 9
+    listed = agents("env", "list", "--user", "alice", env=env)
+    assert listed.stdout == ""  # set, then deleted, as the README does
 
 
 def test_health_says_why_not(tmp_path: Path) -> None:
@@ -232,6 +292,11 @@ def test_env_set_list_delete(database_url: str, tmp_path: Path) -> None:
     listed = agents("env", "list", env=env)
     assert listed.returncode == 0 and listed.stdout.splitlines() == ["REGION=eu  (text)", "TOKEN=***  (secret)"]
     assert agents("env", "list", "--user", "alice", env=env).stdout.splitlines() == ["REGION=us  (text)"]
+    as_json = agents("env", "list", "--json", env=env)
+    assert json.loads(as_json.stdout) == {
+        "env": {"REGION": "eu", "TOKEN": None},
+        "env_types": {"REGION": "text", "TOKEN": "secret"},
+    }
     assert agents("env", "list", "--user", "bob", env=env).stdout == ""
     assert agents("env", "delete", "--user", "alice", "REGION", env=env).returncode == 0
     gone = agents("env", "delete", "--user", "alice", "REGION", env=env)
@@ -259,7 +324,8 @@ def test_a_bad_setting_is_named_not_traced() -> None:
 
 
 async def test_the_access_log_and_the_log_level_are_settings(database_url: str, tmp_path: Path) -> None:
-    """One line per request by default; `ACCESS_LOG=false` drops them, `LOG_LEVEL=warning` the start-up lines."""
+    """One line per request by default (`GET /ready` adds no alembic lines); `ACCESS_LOG=false` drops them,
+    `LOG_LEVEL=warning` the start-up lines."""
     logs = {}
     for name, extra in (
         ("default", {}),
@@ -271,13 +337,38 @@ async def test_the_access_log_and_the_log_level_are_settings(database_url: str, 
             httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client,
         ):
             assert (await client.get("/agents")).status_code == 200
+            assert (await client.get("/ready")).status_code == 200
         logs[name] = (tmp_path / f"{name}.log").read_text()
     assert '"GET /agents HTTP/1.1" 200' in logs["default"] and "Application startup complete" in logs["default"]
+    assert '"GET /ready HTTP/1.1" 200' in logs["default"] and "alembic" not in logs["default"]  # no chatter
     assert '"GET /agents' not in logs["quiet"] and "Application startup complete" not in logs["quiet"]
     lines = [json.loads(line) for line in logs["json"].splitlines() if line.strip()]  # every line, uvicorn's too
     assert {"time", "level", "logger", "message"} <= set(lines[0])
     assert any(line["logger"] == "uvicorn.access" and "GET /agents" in line["message"] for line in lines)
     assert any(line["message"] == "Application startup complete." for line in lines)
+
+
+def _split(args: list[str], env: dict[str, str], folder: Path) -> subprocess.Popen[bytes]:
+    """`python -m app <args>`, its stdout in `folder/out` and its stderr in `folder/err`."""
+    with (folder / "out").open("wb") as out, (folder / "err").open("wb") as err:
+        return subprocess.Popen([sys.executable, "-m", "app", *args], cwd=ROOT, env=env, stdout=out, stderr=err)
+
+
+async def test_a_server_logs_on_stderr_only(database_url: str, tmp_path: Path) -> None:
+    """uvicorn writes its access lines to stdout by default; ours go to stderr with every other line."""
+    port = processes.free_port()
+    unset = ("SECRET_KEY", "AGENTS_DIR")
+    env = {k: v for k, v in os.environ.items() if k not in unset}
+    env |= {"DATABASE_URL": database_url, "PORT": str(port), "DATA_DIR": str(tmp_path)}
+    proc = _split(["api"], env, tmp_path)
+    try:
+        await processes.until_ready(f"http://127.0.0.1:{port}", proc, tmp_path / "err")
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+            assert (await client.get("/agents")).status_code == 200
+    finally:
+        assert processes.stop(proc) == 0
+    assert (tmp_path / "out").read_text() == ""
+    assert '"GET /agents HTTP/1.1" 200' in (tmp_path / "err").read_text()
 
 
 async def test_no_log_line_carries_a_stream_token(database_url: str, tmp_path: Path) -> None:

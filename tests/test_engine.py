@@ -176,6 +176,70 @@ async def test_an_exception_escaping_a_step_is_logged_as_an_error_with_the_threa
     assert record.exc_info and isinstance(record.exc_info[1], LookupError)
 
 
+def _turn_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "app.engine.run" and r.levelno == logging.INFO]
+
+
+async def test_one_info_line_per_turn_with_its_steps_tokens_cost_duration_and_outcome(
+    app_factory: Any, drive: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Said once the turn's closing transaction committed; counted from the requests' log rows, no extra query."""
+    caplog.set_level(logging.INFO, logger="app.engine.run")
+    script = [
+        {"tool_calls": [{"name": "whoami"}], "usage": {"input_tokens": 1000, "output_tokens": 20}},
+        {"text": "It is done.", "usage": {"input_tokens": 1500, "output_tokens": 30}},
+        {"text": "Again.", "usage": {"input_tokens": 10, "output_tokens": 2}},
+    ]
+    cat = catalog(script)
+    priced = cat.models["m"].model_copy(update={"input_price": 3.0, "output_price": 15.0})  # USD per million tokens
+    cat = dataclasses.replace(cat, models={"m": priced})
+    client, tid = await run(app_factory, drive, cat, "tell me about s3cret-words")
+    [line] = _turn_lines(caplog)
+    fields = dict(word.split("=", 1) for word in line.removeprefix("turn ended: ").split())
+    assert fields.pop("duration_s").replace(".", "").isdigit()
+    assert fields == {
+        "thread": tid,
+        "agent": "agent",
+        "side": "a",
+        "steps": "2",
+        "requests": "2",
+        "tokens_in": "2500",
+        "tokens_out": "50",
+        "cost_usd": f"{(2500 * 3.0 + 50 * 15.0) / 1e6:.6f}",
+        "outcome": "stop_on_response",
+    }
+    assert "s3cret" not in caplog.text and "hi" not in line  # no message text, no variable (GREETING is "hi")
+    caplog.clear()
+    await client.post(f"/threads/{tid}/messages", json={"content": "again"})
+    await drive(client._transport.app)  # type: ignore[attr-defined]
+    await settle(client, tid)
+    [line] = _turn_lines(caplog)  # the next turn counts from its own start
+    assert " steps=1 requests=1 tokens_in=10 tokens_out=2 cost_usd=0.000060 " in line
+
+
+async def test_a_turn_that_fails_or_crashes_says_so_in_its_line(
+    app_factory: Any, drive: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="app.engine.run")
+    _, tid = await run(app_factory, drive, catalog([{"error": "bad request", "status": 400}]), "hi")
+    [line] = _turn_lines(caplog)
+    assert f"thread={tid} " in line and " cost_usd=unknown " in line  # the model has no prices
+    assert line.endswith(" outcome=llm_error session=failure") and " requests=1 tokens_in=0 " in line
+
+    def respond(request: Any) -> str:
+        raise LookupError("no such row")
+
+    cat = catalog([])
+    cat = dataclasses.replace(cat, models={"m": cat.models["m"].model_copy(update={"respond": respond})})
+    caplog.clear()
+    _, tid = await run(app_factory, drive, cat, "hi")
+    [line] = _turn_lines(caplog)
+    assert f"thread={tid} " in line and line.endswith(" outcome=crashed session=failure")
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR] == [
+        f"execution of thread {tid} failed"
+    ]  # and the crash itself, once
+
+
 async def test_tools_see_env_and_identity(app_factory: Any, drive: Any) -> None:
     cat = catalog([{"tool_calls": [{"name": "whoami"}]}, "ok"])
     client, tid = await run(app_factory, drive, cat, "who?")

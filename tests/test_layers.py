@@ -45,7 +45,7 @@ STORAGE_ORDER = (
 # the engine's modules, lowest first (issue 31): each imports engine modules of the layers before its own only, so
 # the graph is one-way; a new engine module is declared here
 ENGINE_LAYERS: tuple[tuple[str, ...], ...] = (
-    ("types", "tool_arguments"),  # value types and argument texts
+    ("types", "tool_arguments", "tally"),  # value types and argument texts; what a turn took
     ("stops", "history", "handoffs", "child_tools", "files", "tools", "calls", "step"),  # decisions, a tool, the model
     ("turns", "context"),
     ("hooks",),  # over `spec.ThreadState`: nothing from `state`

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from pydantic import BaseModel
 
 from app import catalog
@@ -75,7 +77,10 @@ def shape(rows: list[dict[str, Any]]) -> list[tuple[str, str | None, str | None]
     return [(r["role"], r["side"], r["content"]) for r in rows]
 
 
-async def test_the_example_agent_writes_until_the_reviewer_approves(app_factory: Any, drive: Any) -> None:
+async def test_the_example_agent_writes_until_the_reviewer_approves(
+    app_factory: Any, drive: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="app.engine.run")
     client, tid = await start(
         app_factory, drive, catalog.load(ROOT / "agents"), "Write a haiku about the harbour", agent="haiku_review"
     )
@@ -95,6 +100,10 @@ async def test_the_example_agent_writes_until_the_reviewer_approves(app_factory:
     assert session["result"] == {"content": poem, "attachments": []}
     names = [e for e, _ in await event_types(client, tid)]
     assert names.count("turn_ended") == 3 and names[-2:] == ["session_ended", "thread_status"]
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("turn ended:")]
+    said = [(line.split(" side=")[1][0], line.split(" outcome=")[1]) for line in lines]  # one per turn, each side's
+    assert said == [*[(s, "stop_on_response") for s in "aba"], ("b", "session_stop session=success")]
+    assert all(" steps=1 requests=1 " in line for line in lines)
 
 
 async def test_the_example_reviewer_fails_an_impossible_task(app_factory: Any, drive: Any) -> None:

@@ -26,7 +26,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import errors, events, files, llm, logs, masking, messages, tables, tracing
 from app.catalog import Catalog
-from app.engine import types
+from app.engine import tally, types
 from app.hub import Publisher
 from app.llm import recovery, retry
 from app.llm.base import (
@@ -103,6 +103,7 @@ class Caller:
         self._policy = policy
         self.process_env = process_env
         self._models: dict[str, Model] = {}
+        self.tallies = tally.Tallies()  # what each open turn's requests took (`Engine` says it when the turn ends)
 
     def _model(self, definition: ModelDefinition) -> Model:
         if definition.name not in self._models:
@@ -264,6 +265,7 @@ class _Recorder:
         log_id = uuid.uuid4()
         result.record = _log_row(log_id, self._thread_id, self._message_id, current, result, self._log_id)
         self._caller.meter.llm_request(result.record)
+        self._caller.tallies.of(self._thread_id).add(result.record)
         self.last, self._log_id = result, log_id
 
     async def fall_back(self, failed: retry.Attempt, to: ModelDefinition) -> None:

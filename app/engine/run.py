@@ -81,6 +81,7 @@ class Engine:
         )
         self._contexts: dict[uuid.UUID, dict[str, Any]] = {}  # per execution, by lease token
         self._turns: dict[uuid.UUID, asyncio.Lock] = {}  # per execution, by lease token: its transactions' turns
+        self._said: dict[uuid.UUID, list[str]] = {}  # per execution, by lease token: lines said once committed
         self._histories = Histories()  # by thread, kept across its executions (`app/engine/history.py`)
         self._subprompts = subprompts.Runner(
             catalog, self._caller, settings.max_session_steps, settings.tool_concurrency
@@ -114,11 +115,14 @@ class Engine:
                 await statements.write(session)  # anything else (the thread row's changes when no event was held)
         except BaseException as exc:
             self._histories.drop(claim.thread_id)  # what it read may hold writes that were just rolled back
+            self._said.pop(claim.token, None)  # a turn it ended did not end
             if isinstance(exc, DBAPIError | OSError) and errors.Contention.of(exc):
                 raise errors.Contention() from exc
             if isinstance(exc, DBAPIError | OSError) and errors.Unavailable.of(exc):
                 raise errors.Unavailable() from exc
             raise
+        for line in self._said.pop(claim.token, ()):  # committed: the turns it ended did end
+            log.info("%s", line)
 
     async def execute(self, claim: queue.Claim) -> None:
         """Run a claimed thread until it has nothing left to do, then release it; its span continues the trace of
@@ -139,6 +143,7 @@ class Engine:
                 "again (attempt %d of %d)", claim.thread_id, claim.attempt, inbox.MAX_ATTEMPTS,
             )  # fmt: skip
         self._contexts[claim.token] = {}
+        self._caller.tallies.of(claim.thread_id)  # the turn's clock, if it started before this execution
         try:
             released = False
             try:
@@ -164,6 +169,7 @@ class Engine:
         finally:
             self._contexts.pop(claim.token, None)
             self._turns.pop(claim.token, None)
+            self._said.pop(claim.token, None)
             self._histories.trim(claim.thread_id)
 
     async def _run_all(self, claim: queue.Claim) -> bool:
@@ -239,6 +245,7 @@ class Engine:
             return False
         if acting is not None:
             turns.start(thread, acting)
+            self._caller.tallies.start(thread.id)
         await threads.set_status(session, thread, threads.Status.RUNNING)
         return True
 
@@ -346,14 +353,17 @@ class Engine:
             await events.append(session, thread.id, "turn_ended", {"side": step.side, "reason": verdict.reason})
             thread.session_turns += 1
             owes_result = thread.parent_id is not None and thread.terminal
+            ended = verdict.reason
             verdict = stops.session_cap(agent, thread.session_turns, owes_result=owes_result)
             if verdict.ends == "nothing":
+                self._turn_ended(thread, str(ended))
                 if await turns.after(session, thread, agent, step.side):
+                    self._caller.tallies.start(thread.id)  # the other side's turn
                     return await self._open_step_in(session, thread, first=False, merged=True)
                 await queue.release_with_events(session, claim, thread)
                 return RELEASED
         if verdict.ends == "session":
-            await turns.end_session(session, thread, verdict)
+            await self._end_session(session, thread, verdict)
             await queue.release_with_events(session, claim, thread)
             return RELEASED
         return await self._open_step_in(session, thread, first=False, merged=True)
@@ -376,6 +386,7 @@ class Engine:
             acting = await self._deliver(session, thread, agent, mid_turn=thread.turn_steps > 0)
             if acting is not None:  # input between two turns picks who answers it (§2)
                 turns.start(thread, acting)
+                self._caller.tallies.start(thread.id)
         side = thread.side or "a"
         side_config, prompt = self._prompt_of(agent, side)
         held = self._history(thread)
@@ -390,7 +401,7 @@ class Engine:
             return Answered(side, thread.session_steps, last.id, agent, side_config, env, response, missing)
         redo = last is not None  # a call a crash interrupted (still `pending`): the same step again
         if thread.session_steps >= self._settings.max_session_steps and not redo:
-            await turns.end_session(
+            await self._end_session(
                 session, thread, types.Verdict("session", "max_total_steps", threads.SessionStatus.FAILURE)
             )
             return None
@@ -409,7 +420,7 @@ class Engine:
             )  # fmt: skip
         except types.MissingVariable as exc:  # the error first: a wait ends on the status that follows
             await events.append(session, thread.id, "error", {"code": "missing_variable", "message": str(exc)})
-            await turns.end_session(
+            await self._end_session(
                 session, thread, types.Verdict("session", "llm_error", threads.SessionStatus.FAILURE)
             )
             return None
@@ -434,6 +445,19 @@ class Engine:
             message=message,
         )
 
+    # -- how a turn ends ---------------------------------------------------------------------------------------
+
+    def _turn_ended(self, thread: tables.Thread, outcome: str) -> None:
+        """Say the turn's line (`tally.Tally.line`) once the transaction that ends it commits (`_tx`)."""
+        assert thread.lease_token is not None
+        line = self._caller.tallies.end(thread.id).line(thread, outcome)
+        self._said.setdefault(thread.lease_token, []).append(line)
+
+    async def _end_session(self, session: AsyncSession, thread: tables.Thread, verdict: types.Verdict) -> None:
+        """End the session, and with it the turn."""
+        self._turn_ended(thread, f"{verdict.reason} session={verdict.status}")
+        await turns.end_session(session, thread, verdict)
+
     # -- the model -----------------------------------------------------------------------------------------
 
     async def _store_response(
@@ -454,7 +478,7 @@ class Engine:
             await events.append(
                 session, thread.id, "step_completed", {"step": step.number, "side": step.side, "stopped": True}
             )
-            await turns.end_session(
+            await self._end_session(
                 session, thread, types.Verdict("session", "llm_error", threads.SessionStatus.FAILURE)
             )
             return None
@@ -472,7 +496,7 @@ class Engine:
         await control.close_open_work(session, thread, message, "crashed")
         await events.append(session, thread.id, "error", {"code": "crashed", "message": message})
         if thread.session_status == threads.SessionStatus.RUNNING:
-            await turns.end_session(session, thread, types.Verdict("session", "crashed", threads.SessionStatus.FAILURE))
+            await self._end_session(session, thread, types.Verdict("session", "crashed", threads.SessionStatus.FAILURE))
         else:
             await threads.set_status(session, thread, threads.Status.IDLE)
 
@@ -486,7 +510,7 @@ class Engine:
             await control.close_open_work(session, thread, f"The run failed: {text}", code)
             await events.append(session, thread.id, "error", {"code": code, "message": text})
             if thread.session_status == threads.SessionStatus.RUNNING:
-                await turns.end_session(
+                await self._end_session(
                     session, thread, types.Verdict("session", "crashed", threads.SessionStatus.FAILURE)
                 )
             else:
