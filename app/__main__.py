@@ -7,7 +7,6 @@ import asyncio
 import contextlib
 import errno
 import gc
-import json
 import logging
 import signal
 import socket
@@ -15,7 +14,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING
 
 import httpx
 import uvicorn
@@ -24,6 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import (
     __version__,
+    admin,
     catalog,
     crypto,
     db,
@@ -153,7 +153,7 @@ async def _before_serving(settings: Settings) -> None:
     if count and settings.loopback:  # not the open mode a developer on this machine may expect: say why, loudly
         log.warning("%s", _keys_required(settings, count, stored[0] if stored else None))
     if hidden:
-        log.warning("%s", _hidden_threads(hidden, "<id>"))
+        log.warning("%s", admin.hidden_threads(hidden, "<id>"))
     if count == 0 and not settings.loopback:
         raise SystemExit(
             f"refusing to serve on {settings.host} without an API key: set ADMIN_API_KEY to a key you choose "
@@ -302,97 +302,6 @@ async def _worker(settings: Settings) -> None:
             loop.add_signal_handler(sig, runtime.stopping.set)
         _settle()
         await runtime.until_stopped()
-
-
-async def _keys(settings: Settings, args: argparse.Namespace) -> None:
-    assert settings.database_url
-    engine = db.create_engine(settings.database_url, 1, pooled=settings.pooled)
-    try:
-        async with db.sessionmaker(engine)() as session, session.begin():
-            if args.keys_command == "create":
-                row, key = await keys.create(session, args.user, args.admin)
-                said = f"created {'admin ' if row.admin else ''}key {row.prefix}… for user {row.user_id}"
-                print(said, file=sys.stderr)  # stdout is the key alone: `KEY=$(agents keys create …)`
-                adopted = await keys.adopt_open(session, args.user) if args.adopt_local else None
-                _say_adopted(adopted, sys.stderr)
-                theirs = args.adopt_local or args.user == keys.OPEN.user_id  # a key for `local` sees them already
-                if not theirs and (count := await keys.open_threads(session)):
-                    print(f"warning: {_hidden_threads(count, args.user)}", file=sys.stderr)
-                print(key)
-            elif args.keys_command == "adopt-local":  # for a user who has a key already
-                _say_adopted(await keys.adopt_open(session, args.user), sys.stdout)
-            elif args.keys_command == "list":
-                rows = await keys.list_all(session)
-                if args.json:
-                    print(json.dumps([_key_json(row) for row in rows], indent=2))
-                    return
-                for row in rows:
-                    state = f"revoked {row.revoked_at:%Y-%m-%d}" if row.revoked_at else "active"
-                    print(f"{row.id}  {row.prefix}…  user={row.user_id}  admin={row.admin}  {state}")
-            elif await keys.revoke(session, args.key) == 0:
-                raise SystemExit(f"error: no active key matches {args.key!r} (see `agents keys list`)")
-            else:
-                print("revoked 1 key")
-    finally:
-        await engine.dispose()
-
-
-def _key_json(row: tables.ApiKey) -> dict[str, object]:
-    """A key as `keys list --json` shows it: never the key, which is not stored."""
-    when = {name: value.isoformat() if value else None for name, value in (
-        ("created_at", row.created_at), ("last_used_at", row.last_used_at), ("revoked_at", row.revoked_at)
-    )}  # fmt: skip
-    return {"id": str(row.id), "prefix": row.prefix, "user": row.user_id, "admin": row.admin, **when}
-
-
-def _hidden_threads(count: int, user: str) -> str:
-    return (
-        f"{count} thread(s) made in open mode belong to user {keys.OPEN.user_id!r}: with a key only admin keys see "
-        f"them; give them to a user with `agents keys adopt-local --user {user}` (or, with a new key, "
-        f"`agents keys create --user {user} --adopt-local`)"
-    )
-
-
-def _say_adopted(adopted: keys.Adopted | None, out: TextIO) -> None:
-    if adopted is None:
-        return
-    print(f"adopted {adopted.threads} open-mode thread(s) and {adopted.variables} user variable(s)", file=out)
-    if adopted.kept:
-        print(
-            f"warning: user variables {', '.join(adopted.kept)} stay with {keys.OPEN.user_id!r}: the user has "
-            "their own of the same names",
-            file=sys.stderr,
-        )
-
-
-async def _env(settings: Settings, args: argparse.Namespace) -> None:
-    assert settings.database_url
-    scope, owner = ("user", args.user) if args.user else ("instance", environment.INSTANCE)
-    where = f"user {args.user}" if args.user else "the instance"
-    engine = db.create_engine(settings.database_url, 1, pooled=settings.pooled)
-    try:
-        async with db.sessionmaker(engine)() as session, session.begin():
-            if args.env_command == "set":
-                values = {args.name: args.value}
-                limits = environment.Limits(settings.env_max_variables, settings.env_max_value_bytes)
-                environment.check(values, limits)
-                secret = {args.name} if args.secret else set()
-                fernet = crypto.server_key(settings)
-                await environment.put(session, fernet, scope, owner, values, secret, most=limits.variables)
-                print(f"set {'secret ' if args.secret else ''}{args.name} for {where}")
-            elif args.env_command == "list":
-                values, types = await environment.public(session, scope, owner)
-                if args.json:  # as `GET /env/user` answers: secrets are null
-                    print(json.dumps({"env": values, "env_types": types}, indent=2, ensure_ascii=False))
-                    return
-                for name, kind in types.items():
-                    print(f"{name}={'***' if kind == 'secret' else values[name]}  ({kind})")
-            elif await environment.remove(session, scope, owner, [args.name]) == 0:
-                raise SystemExit(f"no variable {args.name} for {where}")
-            else:
-                print(f"deleted {args.name} for {where}")
-    finally:
-        await engine.dispose()
 
 
 def _check(settings: Settings) -> int:
@@ -546,9 +455,9 @@ def main(argv: list[str] | None = None) -> int:
             elif args.command == "worker":
                 asyncio.run(_worker(settings))
             elif args.command == "keys":
-                asyncio.run(_keys(settings, args))
+                asyncio.run(admin.keys_command(settings, args))
             elif args.command == "env":
-                asyncio.run(_env(settings, args))
+                asyncio.run(admin.env_command(settings, args))
     except errors.AgentsError as exc:
         raise SystemExit(f"error: {exc.message}") from exc
     except NoSession as exc:
