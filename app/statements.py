@@ -131,12 +131,14 @@ _DRIVER = "statements.driver"  # `session.info` key: (the transaction, its Drive
 _WRITES_ONLY = "statements.writes_only"  # `session.info` key: the session sends no statement of its own
 
 
-class Unsent(Exception):
-    """A statement was asked of a `writes_only` session: the work needs an ordinary transaction."""
+class Unsent(BaseException):
+    """A statement was asked of a `writes_only` session: the work needs an ordinary transaction. Not an `Exception`:
+    code that catches those (a hook's, a tool's) lets it through to the engine, as it lets a cancellation through."""
 
 
-class Stale(Exception):
-    """A guarded statement found the row changed since it was read, or the lease gone: it wrote nothing."""
+class Stale(BaseException):
+    """A guarded statement found the row changed since it was read, or the lease gone: it wrote nothing. Not an
+    `Exception`, as `Unsent`."""
 
 
 def writes_only(session: AsyncSession) -> None:

@@ -68,8 +68,8 @@ def counting_postgres() -> Iterator[str]:
 class User:
     """A chat client: one thread of the `steps` agent and its open stream; each run is one turn on it."""
 
-    def __init__(self, client: httpx.AsyncClient, base: str) -> None:
-        self.client, self.base = client, base
+    def __init__(self, client: httpx.AsyncClient, base: str, steps: int) -> None:
+        self.client, self.base, self.steps = client, base, steps
         self.thread = ""
         self.stream: Stream | None = None
         self.reading: asyncio.Task[None] | None = None
@@ -84,7 +84,7 @@ class User:
         """One turn with one tool call, awaited on the thread's stream."""
         assert self.stream is not None
         start = len(self.stream.events)
-        posted = await self.client.post(f"/threads/{self.thread}/messages", json={"content": "steps 1"})
+        posted = await self.client.post(f"/threads/{self.thread}/messages", json={"content": f"steps {self.steps}"})
         posted.raise_for_status()
         await self.stream.until("turn_ended", lambda e: True, start)
         await self.stream.until("thread_status", lambda e: e.data.get("status") == "idle", start)
@@ -116,17 +116,18 @@ async def main() -> None:
     parser.add_argument("--warmup", type=int, default=30)
     parser.add_argument("--clients", type=int, default=1)
     parser.add_argument("--top", type=int, default=30)
+    parser.add_argument("--steps", type=int, default=1, help="tool calls per turn (1: a tool run)")
     args = parser.parse_args()
     with counting_postgres() as server:
         admin = await asyncpg.connect(server)
         version = str(await admin.fetchval("SHOW server_version"))
-        setup("statements per tool run", {"runs": args.runs, "clients": args.clients}, version)
+        setup("statements per tool run", {"runs": args.runs, "clients": args.clients, "steps": args.steps}, version)
         async with database(server) as url:
             name = url.rsplit("/", 1)[1]
             oid = await admin.fetchval("SELECT oid FROM pg_database WHERE datname = $1", name)
             await admin.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
             async with servers(url, [["serve"]]) as base, httpx.AsyncClient(base_url=base, timeout=60) as client:
-                users = [User(client, base) for _ in range(args.clients)]
+                users = [User(client, base, args.steps) for _ in range(args.clients)]
                 await asyncio.gather(*(u.open() for u in users))
                 await runs(users, args.warmup)
                 await asyncio.sleep(0.5)

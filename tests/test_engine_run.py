@@ -621,13 +621,14 @@ async def test_an_answer_is_stored_in_one_statement_without_begin_or_commit(
 ) -> None:
     """A step's answer reads nothing: its message, log row, events and the thread row's changes (with the close of
     the turn and the release) go in one statement guarded by the row's version and the lease, not in a fenced
-    transaction of four round trips."""
+    transaction of four round trips; the transactions that read (the openings, the tool's result) stay fenced."""
     with statements_sent(sessions) as seen:
-        result = await drive(
-            catalog(Model({"tool_calls": [{"name": "add", "arguments": {"a": 2, "b": 3}}]}, "5.")), "2+3?"
-        )
+        cat = catalog(Model({"tool_calls": [{"name": "add", "arguments": {"a": 2, "b": 3}}]}, "5."))
+        result = await drive(cat, "2+3?")
         await asyncio.sleep(0.05)  # the loggers are called soon after each statement
-    assert [(q.exception, "logs" in q.query) for q in guarded(seen)] == [(None, True), (None, True)]  # both answers
+    assert [(q.exception, "INSERT INTO logs" in q.query) for q in guarded(seen)] == [(None, True), (None, True)]
+    fences = [q for q in seen if "FROM threads t WHERE t.id = $1 AND t.lease_token = $2" in " ".join(q.query.split())]
+    assert len(fences) == 2  # the first step's opening; the tool's result with the second step's opening
     assert result.said() == [("user", "2+3?"), ("assistant", None), ("tool", "5"), ("assistant", "5.")]
     assert [r.kind for r in result.logs] == ["llm", "tool", "llm"]
     assert len(result.of("llm_response")) == 2 and len(result.of("step_completed")) == 2

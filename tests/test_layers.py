@@ -47,7 +47,7 @@ STORAGE_ORDER = (
 ENGINE_LAYERS: tuple[tuple[str, ...], ...] = (
     ("types", "tool_arguments", "tally"),  # value types and argument texts; what a turn took
     ("stops", "history", "handoffs", "child_tools", "files", "tools", "calls", "step"),  # decisions, a tool, the model
-    ("turns", "context"),
+    ("turns", "context", "transactions"),  # an execution's transactions on its thread row
     ("hooks",),  # over `spec.ThreadState`: nothing from `state`
     ("edits", "results", "pipeline"),  # a message edit; a tool result; a step's request and its answer stored
     ("messages",),

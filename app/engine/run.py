@@ -9,22 +9,18 @@ session), `history` (the messages kept between steps).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from contextlib import AbstractAsyncContextManager
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
 from cryptography.fernet import Fernet
-from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app import control, db, errors, events, masking, messages, queue, statements, tables, threads, tracing
+from app import control, errors, events, masking, messages, queue, tables, threads, tracing
 from app.catalog import Catalog
 from app.engine import (
     calls,
@@ -32,6 +28,7 @@ from app.engine import (
     context,
     effect_runs,
     handoffs,
+    hooks,
     inbox,
     pipeline,
     stops,
@@ -42,8 +39,8 @@ from app.engine import (
 from app.engine.history import Histories, History
 from app.engine.state import prepare_hooks
 from app.engine.step import OPEN_ON_ITS_OWN, RELEASED, Answered, Opened, OpenOnItsOwn, Released
-from app.engine.tally import Tally
 from app.engine.tool_phase import Closed, Prepared, ToolPhase
+from app.engine.transactions import Transactions
 from app.hub import Publisher
 from app.llm import retry
 from app.llm.base import LLMResponse, ProviderError
@@ -52,25 +49,6 @@ from app.settings import Settings
 from app.spec.definitions import AgentDefinition, PromptDefinition, Side, SideConfig
 
 log = logging.getLogger(__name__)
-
-T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class Held:
-    """The thread row as an execution's last transaction committed it: its columns, and its version (`xmin`)."""
-
-    record: dict[str, Any]
-    xmin: int
-
-
-@dataclass(frozen=True)
-class Said:
-    """A turn's line, said once the transaction that ends the turn commits; its tally, kept again if it does not."""
-
-    thread_id: uuid.UUID
-    tally: Tally
-    line: str
 
 
 def llm_http() -> httpx.AsyncClient:
@@ -101,10 +79,8 @@ class Engine:
             catalog, publisher, http, retry.Policy.from_settings(settings), settings.process_env, meter
         )
         self._contexts: dict[uuid.UUID, dict[str, Any]] = {}  # per execution, by lease token
-        self._turns: dict[uuid.UUID, asyncio.Lock] = {}  # per execution, by lease token: its transactions' turns
-        self._said: dict[uuid.UUID, list[Said]] = {}  # per execution, by lease token: lines said once committed
-        self._held: dict[uuid.UUID, Held] = {}  # per execution, by lease token: the row its last commit left
         self._histories = Histories()  # by thread, kept across its executions (`app/engine/history.py`)
+        self._txs = Transactions(sessions, self._histories, self._caller.tallies)
         self._subprompts = subprompts.Runner(
             catalog, self._caller, settings.max_session_steps, settings.tool_concurrency
         )
@@ -115,99 +91,13 @@ class Engine:
             fernet=fernet,
             runner=self._subprompts,
             meter=meter,
-            tx=self._tx,
+            transactions=self._txs,
             context=self._context,
         )
 
-    @asynccontextmanager
-    async def _tx(self, claim: queue.Claim) -> AsyncIterator[tuple[AsyncSession, tables.Thread]]:
-        """A transaction on the thread row, fenced by the claim's lease token. One at a time per execution: each
-        locks the thread row, so a second one (the calls of one answer run at once) could only wait for the first
-        while it held a connection of the pool; it waits here instead, holding nothing."""
-        self._held.pop(claim.token, None)
-        try:
-            async with (
-                self._turns.setdefault(claim.token, asyncio.Lock()),
-                self._sessions() as session,
-                session.begin(),
-            ):
-                thread = await queue.fence(session, claim)
-                events.hold(session, thread.id)  # the row is locked: its events go in one statement at the end
-                yield session, thread
-                xmin = await events.flush(session, thread)  # with the thread row's changes, in one statement
-                await statements.write(session)  # anything else (the thread row's changes when no event was held)
-        except BaseException as exc:
-            translated = self._not_committed(claim, exc)
-            if translated is exc:
-                raise
-            raise translated from exc
-        self._committed(claim, thread, xmin)
-
-    async def _written(self, claim: queue.Claim, work: Callable[[AsyncSession, tables.Thread], Awaitable[T]]) -> T:
-        """`work` in a transaction on the thread row (`_tx`); as one statement when it only writes and the row is
-        as this execution's last commit left it (`statements.writes_only`): no BEGIN, no fence, no COMMIT. It may
-        run twice: the second time in `_tx`, when the first could not be one statement (nothing was written)."""
-        held = self._held.pop(claim.token, None)
-        if held is not None:
-            try:
-                return await self._in_one_statement(claim, held, work)
-            except (statements.Unsent, statements.Stale):
-                self._unsay(claim.token)
-                self._histories.drop(claim.thread_id)  # its rows may hold what was not written
-        async with self._tx(claim) as (session, thread):
-            return await work(session, thread)
-
-    async def _in_one_statement(
-        self, claim: queue.Claim, held: Held, work: Callable[[AsyncSession, tables.Thread], Awaitable[T]]
-    ) -> T:
-        """`work` on a `writes_only` session and the held row, its writes sent in one guarded statement
-        (`events.Guard`: `Stale` if the row changed since, or the lease is gone; `Unsent` if it needed more)."""
-        try:
-            async with self._turns.setdefault(claim.token, asyncio.Lock()), self._sessions() as session:
-                statements.writes_only(session)
-                thread: tables.Thread = statements.attach(session, tables.Thread, held.record)
-                events.hold(session, thread.id)
-                try:
-                    done = await work(session, thread)
-                    if statements.unwritten(session, thread):
-                        raise statements.Unsent()
-                    async with db.autocommit(self._sessions) as auto:
-                        guard = queue.guard(await statements.driver(auto, flush=False), claim, held.xmin)
-                        xmin = await events.flush(session, thread, guard=guard)
-                except BaseException:
-                    session.expire_all()  # what it changed was not written
-                    raise
-        except (statements.Unsent, statements.Stale):
-            raise
-        except BaseException as exc:
-            translated = self._not_committed(claim, exc)
-            if translated is exc:
-                raise
-            raise translated from exc
-        self._committed(claim, thread, xmin)
-        return done
-
-    def _committed(self, claim: queue.Claim, thread: tables.Thread, xmin: int | None) -> None:
-        """A transaction committed: the lines of the turns it ended; the row as it left it, while the lease holds."""
-        if xmin is not None and thread.lease_token == claim.token:
-            self._held[claim.token] = Held(statements.record(thread), xmin)
-        for said in self._said.pop(claim.token, ()):  # the turns it ended did end
-            log.info("%s", said.line)
-
-    def _not_committed(self, claim: queue.Claim, exc: BaseException) -> BaseException:
-        """A transaction rolled back: forget what it did; the error to raise."""
-        self._histories.drop(claim.thread_id)  # what it read may hold writes that were just rolled back
-        self._unsay(claim.token)
-        if isinstance(exc, DBAPIError | OSError) and errors.Contention.of(exc):
-            return errors.Contention()
-        if isinstance(exc, DBAPIError | OSError) and errors.Unavailable.of(exc):
-            return errors.Unavailable()
-        return exc
-
-    def _unsay(self, token: uuid.UUID) -> None:
-        """The turns a transaction ended did not end: their tallies go on."""
-        for said in self._said.pop(token, ()):
-            self._caller.tallies.reopen(said.thread_id, said.tally)
+    def _tx(self, claim: queue.Claim) -> AbstractAsyncContextManager[tuple[AsyncSession, tables.Thread]]:
+        """A transaction on the thread row, fenced by the claim's lease (`Transactions.fenced`)."""
+        return self._txs.fenced(claim)
 
     async def execute(self, claim: queue.Claim) -> None:
         """Run a claimed thread until it has nothing left to do, then release it; its span continues the trace of
@@ -253,9 +143,7 @@ class Engine:
             log.warning("the database is unreachable; thread %s is left to its lease", claim.thread_id)
         finally:
             self._contexts.pop(claim.token, None)
-            self._turns.pop(claim.token, None)
-            self._said.pop(claim.token, None)
-            self._held.pop(claim.token, None)
+            self._txs.end(claim)
             self._histories.trim(claim.thread_id)
 
     async def _run_all(self, claim: queue.Claim) -> bool:
@@ -382,7 +270,7 @@ class Engine:
                 opened=step.requests_before,
                 defer=True,
             )
-            record = result.record  # written once by the transaction that commits (`_written` may run it twice)
+            record = result.record  # written once, by the transaction that commits (`written` may run `answer` twice)
 
             async def answer(
                 session: AsyncSession, thread: tables.Thread
@@ -399,7 +287,9 @@ class Engine:
                     return answered, None, None
                 return answered, None, await self._tools.announce(session, thread, claim, answered, offered, first)
 
-            stored, closed, prepared = await self._written(claim, answer)
+            # the user's hooks of the answer may read through the state: then it runs fenced, once
+            reads = bool(hooks.active(self._catalog, step.agent, prompt))
+            stored, closed, prepared = await self._txs.written(claim, answer, reads=reads)
             if stored is None:
                 self.meter.step(step.agent.name)
                 return None
@@ -545,9 +435,7 @@ class Engine:
 
     def _turn_ended(self, thread: tables.Thread, outcome: str) -> None:
         """Say the turn's line (`tally.Tally.line`) once the transaction that ends it commits (`_tx`)."""
-        assert thread.lease_token is not None
-        tally = self._caller.tallies.end(thread.id)
-        self._said.setdefault(thread.lease_token, []).append(Said(thread.id, tally, tally.line(thread, outcome)))
+        self._txs.say(thread, lambda tally: tally.line(thread, outcome))
 
     async def _end_session(self, session: AsyncSession, thread: tables.Thread, verdict: types.Verdict) -> None:
         """End the session, and with it the turn."""

@@ -15,7 +15,6 @@ import contextlib
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -27,6 +26,7 @@ from app.catalog import Catalog
 from app.engine import calls, child_tools, hooks, results, stops, subprompts, tools, types
 from app.engine.state import RunState, Shared, prepare_hooks
 from app.engine.step import Answered, Opened, OpenOnItsOwn, Released
+from app.engine.transactions import Transactions
 from app.metrics import Meter
 from app.settings import Settings
 from app.spec.messages import ToolCall
@@ -35,7 +35,6 @@ from app.spec.state import ExecutionState, SubagentEntry
 
 Closed = Opened | Answered | Released | OpenOnItsOwn | None  # what the transaction that closed a step opened next
 Close = Callable[[AsyncSession, tables.Thread, list[types.Outcome]], Awaitable[Closed]]
-Tx = Callable[[queue.Claim], AbstractAsyncContextManager[tuple[AsyncSession, tables.Thread]]]
 _SPAWNS = uuid.UUID("7b1c2f0e-5a43-4d8e-9a55-3f2d9c6e1b20")  # the namespace of an answer's spawn group ids
 
 
@@ -76,7 +75,7 @@ class ToolPhase:
         fernet: Fernet,
         runner: subprompts.Runner,
         meter: Meter,
-        tx: Tx,
+        transactions: Transactions,
         context: Callable[[tables.Thread], dict[str, Any]],
     ) -> None:
         self._settings = settings
@@ -85,7 +84,7 @@ class ToolPhase:
         self._fernet = fernet
         self._subprompts = runner
         self._meter = meter
-        self._tx = tx
+        self._tx = transactions.fenced
         self._context = context
 
     # -- which calls run together --------------------------------------------------------------------------
