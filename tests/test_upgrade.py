@@ -175,7 +175,8 @@ async def test_the_previous_release_runs_on_the_new_schema_and_this_one_takes_it
             await conn.execute("UPDATE schema_compat SET revision = '9999', runs_with = '9998'")
             refused = await client.get("/ready")
             assert refused.status_code == 503 and refused.json()["error"]["code"] == "schema_unknown", refused.text
-        worker = subprocess.run(
+        worker = await asyncio.to_thread(
+            subprocess.run,
             [sys.executable, "-m", "app", "worker"],
             cwd=ROOT,
             env={**env, "AGENTS_DIR": str(FIXTURE)},
