@@ -115,15 +115,15 @@ def record(connection: Connection) -> None:
     heads = MigrationContext.configure(connection).get_current_heads()
     if len(heads) != 1:
         return
-    runs_with = _runs_with(heads[0])
-    if runs_with is None or not inspect(connection).has_table("schema_compat"):
+    oldest = runs_with(heads[0])
+    if oldest is None or not inspect(connection).has_table("schema_compat"):
         return
     connection.execute(
         text(
             "INSERT INTO schema_compat (id, revision, runs_with) VALUES (1, :revision, :runs_with) "
             "ON CONFLICT (id) DO UPDATE SET revision = EXCLUDED.revision, runs_with = EXCLUDED.runs_with"
         ),
-        {"revision": heads[0], "runs_with": runs_with},
+        {"revision": heads[0], "runs_with": oldest},
     )
 
 
@@ -133,9 +133,9 @@ def _scripts() -> ScriptDirectory:
 
 
 @functools.cache
-def known() -> frozenset[str]:
-    """Every migration this release knows."""
-    return frozenset(script.revision for script in _scripts().walk_revisions())
+def known() -> tuple[str, ...]:
+    """Every migration this release knows, the first first."""
+    return tuple(reversed([script.revision for script in _scripts().walk_revisions()]))
 
 
 def head() -> str:
@@ -145,7 +145,8 @@ def head() -> str:
     return heads[0]
 
 
-def _runs_with(revision: str) -> str | None:
+def runs_with(revision: str) -> str | None:
+    """What the migration's script says in `runs_with` (None: nothing, as the scripts before 0016)."""
     script = _scripts().get_revision(revision)
     assert script is not None
     value = getattr(script.module, "runs_with", None)
