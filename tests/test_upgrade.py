@@ -170,28 +170,41 @@ async def test_the_previous_release_runs_on_the_new_schema_and_this_one_takes_it
             await _until(lambda: _caught_up(seen, max(logged)), 10, tmp_path)
             follower.cancel()
             assert seen == sorted(logged)  # one stream, across both releases' APIs: no gap, no duplicate
-            # a schema this release does not run on: `/ready` and a new worker refuse it by name
+            # a newer release's migration that says this release runs on it: served, and `agents migrate` leaves it
             await conn.execute("UPDATE alembic_version SET version_num = '9999'")
-            await conn.execute("UPDATE schema_compat SET revision = '9999', runs_with = '9998'")
+            await conn.execute("UPDATE schema_compat SET revision = '9999', runs_with = $1", migrations.head())
+            assert (await client.get("/ready")).status_code == 200
+            assert await _command("migrate", env) == (
+                0,
+                f"database is at migration 9999, newer than this release's {migrations.head()}, which runs on it\n",
+            )
+            # one that does not: `/ready`, `agents migrate` and a new worker refuse it by name
+            await conn.execute("UPDATE schema_compat SET runs_with = '9998'")
             refused = await client.get("/ready")
             assert refused.status_code == 503 and refused.json()["error"]["code"] == "schema_unknown", refused.text
-        worker = await asyncio.to_thread(
-            subprocess.run,
-            [sys.executable, "-m", "app", "worker"],
-            cwd=ROOT,
-            env={**env, "AGENTS_DIR": str(FIXTURE)},
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-        assert worker.returncode == 1, worker.stderr
-        assert "error: The database is at migration 9999, which this release" in worker.stderr
+        for command in ("migrate", "worker"):
+            code, said = await _command(command, env)
+            assert code == 1 and "error: The database is at migration 9999, which this release" in said, said
     finally:
         for proc in processes:
             if proc.poll() is None:
                 stop(proc)
         await conn.close()
+
+
+async def _command(command: str, env: dict[str, str]) -> tuple[int, str]:
+    """`agents <command>` of this release: its exit code, and stdout (or stderr when it failed)."""
+    done = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "app", command],
+        cwd=ROOT,
+        env={**env, "AGENTS_DIR": str(FIXTURE)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    return done.returncode, done.stdout if done.returncode == 0 else done.stderr
 
 
 async def _thread(client: httpx.AsyncClient, content: str, crash_dir: Path) -> str:
