@@ -141,6 +141,8 @@ async def test_the_previous_release_runs_on_the_new_schema_and_this_one_takes_it
                 "SELECT runs_with FROM schema_compat WHERE revision = $1", migrations.head()
             )
             assert runs_with in revisions(old), "the newest migration does not say the previous release runs on it"
+            if "schema_compat" in (old / "app" / "migrations.py").read_text():  # a release that reads it says so
+                assert (await client.get("/ready")).status_code == 200
             # the previous release finishes that turn, and runs a new one, on the migrated schema
             await _until(lambda: _answered(client, paused, "pause: paused"), 20, tmp_path)
             tool = await _thread(client, "slow-tool", tmp_path)
