@@ -27,7 +27,7 @@ from app import db, dsn, migrations
 from tests.conftest import _with_database
 from tests.processes import free_port, start, stop, until_ready
 from tests.test_crash import FIXTURE, SECRET_KEY, read_jsonl
-from tests.test_upgrade import _answered, _calls, _thread, _until
+from tests.test_upgrade import answered, has_calls, new_thread, tried, until
 
 pytestmark = pytest.mark.slow  # real processes, pg_dump and pg_restore, a worker killed with -9
 
@@ -104,18 +104,18 @@ async def test_a_dump_of_a_live_database_restored_into_a_new_one_resumes_every_t
         processes += [api, worker]
         await until_ready(base, api, tmp_path / "api.log")
         async with httpx.AsyncClient(base_url=base, timeout=10) as client:
-            paused = await _thread(client, "pause", tmp_path)  # its tool sleeps 3 s
+            paused = await new_thread(client, "pause", tmp_path)  # its tool sleeps 3 s
             stored = await client.put(f"/threads/{paused}/fs/data/blob.bin", content=content)
             assert stored.status_code == 201, stored.text
-            hung = await _thread(client, "slow-tool", tmp_path)  # its tool hangs on its first try
+            hung = await new_thread(client, "slow-tool", tmp_path)  # its tool hangs on its first try
             seen: list[dict[str, Any]] = []
             follower = asyncio.create_task(_read(base, paused, {}, seen))
-            await _until(lambda: _calls(client, paused), 20, tmp_path)
-            await _until(lambda: _tried(tmp_path), 20, tmp_path)
+            await until(lambda: has_calls(client, paused), 20, tmp_path)
+            await until(lambda: tried(tmp_path), 20, tmp_path)
             dump = tmp_path / "agents.dump"
             await _run(pg_program("pg_dump", major), "-Fc", "-f", str(dump), "-d", dsn.target(source).dsn)
             # the source goes on past the dump: the stream sees the paused turn end; then the source is lost
-            await _until(lambda: _answered(client, paused, "pause: paused"), 20, tmp_path)
+            await until(lambda: answered(client, paused, "pause: paused"), 20, tmp_path)
             await asyncio.wait_for(follower, 10)
             worker.send_signal(signal.SIGKILL)
             worker.wait(10)
@@ -129,11 +129,11 @@ async def test_a_dump_of_a_live_database_restored_into_a_new_one_resumes_every_t
         last_seen = [f["id"] for f in seen if "id" in f][-1]
         resumed: list[dict[str, Any]] = []
         reader = asyncio.create_task(_read(restored_base, paused, {"Last-Event-ID": last_seen}, resumed))
-        await _until(lambda: _some(resumed), 10, tmp_path)
+        await until(lambda: _some(resumed), 10, tmp_path)
         processes.append(start(["worker"], restored_env, tmp_path / "restored-worker.log"))
         async with httpx.AsyncClient(base_url=restored_base, timeout=10) as client:
-            await _until(lambda: _answered(client, paused, "pause: paused"), 30, tmp_path)
-            await _until(lambda: _answered(client, hung, "finished: slept as crashy-agent"), 30, tmp_path)
+            await until(lambda: answered(client, paused, "pause: paused"), 30, tmp_path)
+            await until(lambda: answered(client, hung, "finished: slept as crashy-agent"), 30, tmp_path)
             assert (await client.get(f"/threads/{paused}/fs/data/blob.bin")).content == content
         await asyncio.wait_for(reader, 10)
         conn = await asyncpg.connect(dsn.target(target).dsn)
@@ -157,10 +157,6 @@ async def test_a_dump_of_a_live_database_restored_into_a_new_one_resumes_every_t
 async def _run(*command: str) -> None:
     done = await asyncio.to_thread(subprocess.run, command, capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, f"{command[0]}: {done.stderr}"
-
-
-async def _tried(crash_dir: Path) -> bool:
-    return bool(read_jsonl(crash_dir / "tools.jsonl"))
 
 
 async def _some(frames: list[dict[str, Any]]) -> bool:

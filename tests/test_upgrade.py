@@ -132,8 +132,8 @@ async def test_the_previous_release_runs_on_the_new_schema_and_this_one_takes_it
         await until_ready(old_base, old_api, tmp_path / "old-api.log")
         async with httpx.AsyncClient(base_url=old_base, timeout=10) as client:
             # a turn of the previous release in flight (its tool sleeps 3 s) while this release migrates
-            paused = await _thread(client, "pause", tmp_path)
-            await _until(lambda: _calls(client, paused), 20, tmp_path)
+            paused = await new_thread(client, "pause", tmp_path)
+            await until(lambda: has_calls(client, paused), 20, tmp_path)
             said = migrate(env)
             assert "database is at the latest migration" in said
             assert await conn.fetchval("SELECT version_num FROM alembic_version") == migrations.head()
@@ -144,9 +144,9 @@ async def test_the_previous_release_runs_on_the_new_schema_and_this_one_takes_it
             if "schema_compat" in (old / "app" / "migrations.py").read_text():  # a release that reads it says so
                 assert (await client.get("/ready")).status_code == 200
             # the previous release finishes that turn, and runs a new one, on the migrated schema
-            await _until(lambda: _answered(client, paused, "pause: paused"), 20, tmp_path)
-            tool = await _thread(client, "slow-tool", tmp_path)
-            await _until(lambda: _tried(tmp_path), 20, tmp_path)
+            await until(lambda: answered(client, paused, "pause: paused"), 20, tmp_path)
+            tool = await new_thread(client, "slow-tool", tmp_path)
+            await until(lambda: tried(tmp_path), 20, tmp_path)
             assert {r["pid"] for r in read_jsonl(tmp_path / "tools.jsonl")} == {old_worker.pid}
             seen: list[int] = []
             bases = [old_base]
@@ -161,15 +161,15 @@ async def test_the_previous_release_runs_on_the_new_schema_and_this_one_takes_it
             bases.append(new_base)
             assert stop(old_api) == 0
         async with httpx.AsyncClient(base_url=new_base, timeout=10) as client:
-            await _until(lambda: _answered(client, tool, "finished: slept as crashy-agent"), 30, tmp_path)
+            await until(lambda: answered(client, tool, "finished: slept as crashy-agent"), 30, tmp_path)
             assert {r["pid"] for r in read_jsonl(tmp_path / "tools.jsonl")} == {old_worker.pid, new_worker.pid}
             # the previous release's thread goes on under this release
             assert (await client.post(f"/threads/{paused}/messages", json={"content": "again"})).status_code == 202
-            await _until(lambda: _answered(client, paused, "pause: paused", count=8), 20, tmp_path)
+            await until(lambda: answered(client, paused, "pause: paused", count=8), 20, tmp_path)
             logged = [
                 r["seq"] for r in await conn.fetch("SELECT seq FROM events WHERE thread_id = $1", uuid.UUID(tool))
             ]
-            await _until(lambda: _caught_up(seen, max(logged)), 10, tmp_path)
+            await until(lambda: _caught_up(seen, max(logged)), 10, tmp_path)
             follower.cancel()
             assert seen == sorted(logged)  # one stream, across both releases' APIs: no gap, no duplicate
             # a newer release's migration that says this release runs on it: served, and `agents migrate` leaves it
@@ -209,7 +209,8 @@ async def _command(command: str, env: dict[str, str]) -> tuple[int, str]:
     return done.returncode, done.stdout if done.returncode == 0 else done.stderr
 
 
-async def _thread(client: httpx.AsyncClient, content: str, crash_dir: Path) -> str:
+async def new_thread(client: httpx.AsyncClient, content: str, crash_dir: Path) -> str:
+    """A `crashy` thread (tests/fixtures/agents_crash) with `content` posted; its id."""
     created = await client.post("/threads", json={"agent": "crashy", "env": {"CRASH_DIR": str(crash_dir)}})
     assert created.status_code == 201, created.text
     tid: str = created.json()["id"]
@@ -217,12 +218,14 @@ async def _thread(client: httpx.AsyncClient, content: str, crash_dir: Path) -> s
     return tid
 
 
-async def _calls(client: httpx.AsyncClient, tid: str) -> bool:
+async def has_calls(client: httpx.AsyncClient, tid: str) -> bool:
+    """Whether the thread's model answered with tool calls (its tool is running, or ran)."""
     rows = (await client.get(f"/threads/{tid}/messages")).json()["messages"]
     return any(m["tool_calls"] for m in rows)
 
 
-async def _answered(client: httpx.AsyncClient, tid: str, text: str, count: int = 4) -> bool:
+async def answered(client: httpx.AsyncClient, tid: str, text: str, count: int = 4) -> bool:
+    """Whether the thread is idle with `count` messages, all completed, the last one `text`."""
     thread = (await client.get(f"/threads/{tid}")).json()
     rows = (await client.get(f"/threads/{tid}/messages")).json()["messages"]
     return (
@@ -233,7 +236,8 @@ async def _answered(client: httpx.AsyncClient, tid: str, text: str, count: int =
     )
 
 
-async def _tried(crash_dir: Path) -> bool:
+async def tried(crash_dir: Path) -> bool:
+    """Whether `slow_tool` started (it hangs on its first try)."""
     return bool(read_jsonl(crash_dir / "tools.jsonl"))
 
 
@@ -241,7 +245,7 @@ async def _caught_up(seen: list[int], last: int) -> bool:
     return bool(seen) and seen[-1] == last
 
 
-async def _until(predicate: Any, timeout: float, folder: Path) -> None:
+async def until(predicate: Any, timeout: float, folder: Path) -> None:
     """Poll until `predicate()` is true; fail with the processes' logs after `timeout` seconds."""
     deadline = asyncio.get_running_loop().time() + timeout
     while True:
