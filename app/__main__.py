@@ -101,11 +101,11 @@ async def _check_session(settings: Settings) -> None:
     )
 
 
-async def _migrate(settings: Settings) -> None:
+async def _migrate(settings: Settings) -> migrations.Schema:
     assert settings.session_url
     engine = db.create_engine(settings.session_url, 1)  # a session of its own: never through a pooler
     try:
-        await migrations.upgrade(engine)
+        return await migrations.upgrade(engine)
     finally:
         await engine.dispose()
 
@@ -124,8 +124,8 @@ async def _bootstrap(settings: Settings, session: AsyncSession) -> tuple[tables.
     return row, said
 
 
-async def _migrate_and_bootstrap(settings: Settings) -> str | None:
-    await _migrate(settings)
+async def _migrate_and_bootstrap(settings: Settings) -> tuple[migrations.Schema, str | None]:
+    found = await _migrate(settings)
     assert settings.database_url
     engine = db.create_engine(settings.database_url, 1, pooled=settings.pooled)
     try:
@@ -133,7 +133,7 @@ async def _migrate_and_bootstrap(settings: Settings) -> str | None:
             stored = await _bootstrap(settings, session)
     finally:
         await engine.dispose()
-    return stored[1] if stored else None
+    return found, stored[1] if stored else None
 
 
 async def _before_serving(settings: Settings) -> None:
@@ -295,6 +295,7 @@ async def _worker(settings: Settings) -> None:
 
     catalog = load_catalog(settings)
     await _check_session(settings)
+    await _schema_fits(settings)
     await _warn_missing_keys(settings, catalog)
     async with Runtime.open(settings, catalog, api=False, worker=True) as runtime:
         loop = asyncio.get_running_loop()
@@ -302,6 +303,16 @@ async def _worker(settings: Settings) -> None:
             loop.add_signal_handler(sig, runtime.stopping.set)
         _settle()
         await runtime.until_stopped()
+
+
+async def _schema_fits(settings: Settings) -> None:
+    """A worker waits while the database is behind this release and exits on a schema it does not run on."""
+    assert settings.database_url
+    engine = db.create_engine(settings.database_url, 1, pooled=settings.pooled)
+    try:
+        await migrations.until_runs(engine)
+    finally:
+        await engine.dispose()
 
 
 def _check(settings: Settings) -> int:
@@ -448,8 +459,13 @@ def main(argv: list[str] | None = None) -> int:
         with database(settings) as settings:
             if args.command == "migrate":
                 asyncio.run(_check_session(settings))
-                said = asyncio.run(_migrate_and_bootstrap(settings))
-                print("database is at the latest migration")
+                found, said = asyncio.run(_migrate_and_bootstrap(settings))
+                if found.fit is migrations.Fit.NEWER:
+                    print(
+                        f"database is at migration {found.at}, newer than this release's {found.head}, which runs on it"
+                    )
+                else:
+                    print("database is at the latest migration")
                 if said:
                     print(said)
             elif args.command == "worker":

@@ -153,6 +153,18 @@ class Busy(NotReady):
     code = "busy"
 
 
+class SchemaBehind(NotReady):
+    """The database is at an older migration than this release needs: run `agents migrate`."""
+
+    code = "schema_behind"
+
+
+class SchemaUnknown(NotReady):
+    """The database was migrated by a newer release whose schema this release does not run on."""
+
+    code = "schema_unknown"
+
+
 class StillMissing(MissingVariables):
     """Required variables are still missing."""
 

@@ -411,18 +411,23 @@ _MISSED = """
 
 
 async def missed(session: AsyncSession, thread_id: uuid.UUID, after: int) -> int | None:
-    """When retention removed events after `after`, the oldest seq still stored (the `events_missed` answer)."""
+    """When retention removed events after `after`, or `after` is past the thread's last event, the oldest seq still
+    stored (the `events_missed` answer; the stream goes on from there)."""
     found = await (await statements.driver(session)).fetchrow(_MISSED, thread_id)
     assert found is not None  # the caller read the thread
     return _oldest_missed(found, after)
 
 
 def _oldest_missed(found: asyncpg.Record, after: int) -> int | None:
-    """From the `last` seq and the `oldest` one stored: the oldest after `after` if retention took any before it."""
-    if after >= found["last"]:
+    """From the `last` seq and the `oldest` one stored: the oldest if retention took any after `after`, or if
+    `after` is past the last (the client saw events this database does not hold: it was restored from a backup
+    older than what the client saw, docs/deployment.md "Backup and restore")."""
+    oldest = int(found["oldest"] if found["oldest"] is not None else found["last"] + 1)
+    if after > found["last"]:
+        return oldest
+    if after == found["last"]:
         return None
-    oldest = found["oldest"] if found["oldest"] is not None else found["last"] + 1
-    return int(oldest) if oldest > after + 1 else None
+    return oldest if oldest > after + 1 else None
 
 
 # -- the lifecycle stream ------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from typing import Any, ClassVar
 from sqlalchemy import (
     BigInteger,
     Boolean,
+    CheckConstraint,
     DateTime,
     Float,
     ForeignKey,
@@ -16,6 +17,7 @@ from sqlalchemy import (
     Index,
     Integer,
     LargeBinary,
+    SmallInteger,
     String,
     Text,
     UniqueConstraint,
@@ -374,3 +376,17 @@ class MetricTotal(Base):
     labels: Mapped[str] = mapped_column(Text, primary_key=True)  # canonical JSON: `{"agent":"assistant"}`
     family: Mapped[str] = mapped_column(String(200))  # the series the sample belongs to: `agents_steps`
     value: Mapped[float] = mapped_column(Float, server_default="0")
+
+
+class SchemaCompat(Base):
+    """One row: the migration the schema is at and the oldest release (named by its newest migration) whose code runs
+    on it, written by every upgrade (`app/migrations.py`) and read by a process that finds a migration it does not
+    know."""
+
+    __tablename__ = "schema_compat"
+
+    id: Mapped[int] = mapped_column(SmallInteger, primary_key=True, server_default="1")
+    revision: Mapped[str] = mapped_column(Text)
+    runs_with: Mapped[str] = mapped_column(Text)
+
+    __table_args__ = (CheckConstraint("id = 1", name="schema_compat_one_row"),)

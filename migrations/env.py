@@ -7,7 +7,7 @@ import asyncio
 from alembic import context
 from sqlalchemy import Connection
 
-from app import db
+from app import db, migrations
 from app.settings import Settings
 from app.tables import Base
 
@@ -18,6 +18,7 @@ def _run(connection: Connection) -> None:
     context.configure(connection=connection, target_metadata=target_metadata, compare_type=True)
     with context.begin_transaction():
         context.run_migrations()
+        migrations.record(connection)  # which releases run on the schema now: read by older ones
 
 
 async def _run_from_url(url: str) -> None:

@@ -14,6 +14,9 @@ revision: str = ${repr(up_revision)}
 down_revision: str | None = ${repr(down_revision)}
 branch_labels: str | Sequence[str] | None = ${repr(branch_labels)}
 depends_on: str | Sequence[str] | None = ${repr(depends_on)}
+# the oldest release (named by its newest migration) whose code runs on the schema this leaves: the release before
+# this one, as migrations expand, then contract one release later (ARCHITECTURE.md, "Migrations")
+runs_with: str = ${repr(down_revision)}
 
 
 def upgrade() -> None:

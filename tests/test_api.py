@@ -92,8 +92,8 @@ async def test_health_ready_openapi(client: httpx.AsyncClient) -> None:
 
 async def test_ready_is_503_when_migrations_are_behind(client: httpx.AsyncClient, app: FastAPI) -> None:
     async with app.state.runtime.db.begin() as conn:
-        await conn.exec_driver_sql("UPDATE alembic_version SET version_num = 'old'")
-    assert_error(await client.get("/ready"), 503, "not_ready")
+        await conn.exec_driver_sql("UPDATE alembic_version SET version_num = '0001'")
+    assert_error(await client.get("/ready"), 503, "schema_behind")
 
 
 async def test_agents(client: httpx.AsyncClient) -> None:

@@ -69,6 +69,30 @@ async def test_every_event_expired_still_says_where_the_log_goes_on(app_factory:
     assert frames == [{"event": "events_missed", "data": {"oldest_seq": 2}}]
 
 
+async def test_a_resume_point_past_the_last_event_is_events_missed_and_the_log_again(
+    app_factory: Any, serve: Any
+) -> None:
+    """A database restored from a backup older than what a client saw: its `Last-Event-ID` is past the thread's last
+    event. Before, the stream waited for events after it and left out every one the restored server wrote up to it."""
+    app = await app_factory(catalog.load(ROOT / "agents"), with_worker=True)
+    client = client_for(app)
+    tid = (await client.post("/threads", json={"agent": "assistant"})).json()["id"]
+    await turn(client, tid, "what is 2 + 2?")
+    async with app.state.runtime.sessions() as session:
+        last = (
+            await session.execute(text("SELECT event_seq FROM threads WHERE id = :id"), {"id": uuid.UUID(tid)})
+        ).scalar_one()
+    base = await serve(app)
+    frames = await read_events(base, f"/threads/{tid}/events", "turn_ended", headers={"Last-Event-ID": str(last + 5)})
+    assert frames[0] == {"event": "events_missed", "data": {"oldest_seq": 1}}
+    assert [int(f["id"]) for f in frames[1:]] == list(range(1, len(frames)))  # the stored log, from its start
+    # at the last event exactly, nothing was missed
+    reader = asyncio.create_task(read_events(base, f"/threads/{tid}/events?since={last}", "turn_ended"))
+    await turn(client, tid, "and 3 + 3?")
+    after = await asyncio.wait_for(reader, 10)
+    assert after[0]["id"] == str(last + 1) and all(f["event"] != "events_missed" for f in after)
+
+
 async def test_lifecycle_stream_follows_the_callers_threads(app_factory: Any, serve: Any) -> None:
     app = await app_factory(catalog.load(ROOT / "agents"))
     alice, bob, admin = await _key(app, "alice"), await _key(app, "bob"), await _key(app, "root", admin=True)

@@ -204,8 +204,10 @@ def _response(
         try:
             # shielded, as the backlog's reads are: a client hanging up mid-query must not cost the pool its connection
             kept = await asyncio.shield(oldest(position))
-            if kept is not None:  # retention removed part of what was asked for: say so, then go on
+            if kept is not None:  # retention removed part of what was asked for, or it is past what is stored (a
+                # database restored from an older backup): say so, then go on from the oldest event stored
                 yield ServerSentEvent(event="events_missed", data=json.dumps(event_types.Missed(oldest_seq=kept)))
+                position = kept - 1
             while True:
                 rows = await asyncio.shield(backlog(position))  # shielded, as above
                 if rows:

@@ -23,11 +23,12 @@ async def health() -> schemas.Health:
 @router.head("/ready", include_in_schema=False)
 @router.get("/ready", operation_id="getReady", response_model=schemas.Status, responses={503: {"model": schemas.Error}})
 async def ready(rt: RuntimeDep) -> JSONResponse:
-    """The database answers and its migrations are current."""
+    """The database answers and this release runs on its schema: at this release's newest migration, or at a newer
+    one whose release says this one still runs on it. 503 `schema_behind` or `schema_unknown` otherwise."""
     try:
-        current = await migrations.is_current(rt.db)
+        found = await migrations.schema(rt.db)
     except Exception:
         return envelope(503, "not_ready", "The database does not answer.")
-    if not current:
-        return envelope(503, "not_ready", "The database is not at the latest migration: run `agents migrate`.")
+    if not found.runs:
+        raise found.refusal()
     return JSONResponse({"status": "ready"})
