@@ -8,8 +8,10 @@ servers under test; it listens on 127.0.0.1 only.
 
 POST /v1/chat/completions (also /chat/completions), `stream` true or false:
 * the request offers tools and its last message is the user's: a tool-call answer, `--tool-calls` calls (1 when the
-  request says `parallel_tool_calls: false`) of the tool `--tool-name` with arguments {"q": "answer"}, distinct ids;
-  a request that offers tools but not that one is answered 400 (a misconfigured benchmark fails loudly);
+  request says `parallel_tool_calls: false`) of the tool `--tool-name`, distinct ids; a user message
+  `call:<tool>[,<tool>…]` asks for those calls instead (bench/soak.py: subagents, files, effects). The arguments are
+  made from each tool's schema (`{"q": "answer"}` for B4's `lookup_slow`). A request that does not offer a tool it
+  would call is answered 400 (a misconfigured benchmark fails loudly);
 * otherwise (e.g. after the tool results): a text answer of `--chunks` pieces.
 Timeline of every answer, from the request's arrival: the first chunk at TTFT, chunk i at TTFT + i x interval, the
 closing chunk (`finish_reason`; then `usage` when `stream_options.include_usage`; then `[DONE]`) at
@@ -32,8 +34,23 @@ import time
 import uuid
 from typing import Any
 
+CALL = "call:"  # a user message `call:<tool>[,<tool>…] …` asks for these calls instead of the default ones
 ARGS = '{"q": "answer"}'
 ARG_PIECES = ['{"q": ', '"answer"', "}"]
+SAMPLE = {"string": "answer", "integer": 1, "number": 1, "boolean": True, "array": [], "object": {}}
+
+
+def argument_pieces(function: dict[str, Any]) -> list[str]:
+    """A call's arguments, made from the tool's JSON schema (each required property a sample of its type), in three
+    fragments as a streaming model sends them; `lookup_slow(q)` gets exactly `{"q": "answer"}`."""
+    schema = function.get("parameters") or {}
+    properties = schema.get("properties") or {}
+    args = {k: SAMPLE.get(str((properties.get(k) or {}).get("type")), "answer") for k in schema.get("required") or []}
+    text = json.dumps(args)
+    if text == ARGS:
+        return ARG_PIECES
+    third = max(1, len(text) // 3)
+    return [p for p in (text[:third], text[third : 2 * third], text[2 * third :]) if p]
 
 
 class Fake:
@@ -85,25 +102,28 @@ class Fake:
         tools = body.get("tools") or []
         last = messages[-1] if messages else {}
         if tools and isinstance(last, dict) and last.get("role") == "user":
-            offered = [(t.get("function") or {}).get("name") for t in tools if isinstance(t, dict)]
-            if self.tool_name not in offered:
-                return f"the fake model calls `{self.tool_name}`, which this request does not offer ({offered})"
-            k = self.tool_calls
-            if body.get("parallel_tool_calls") is False:
-                k = 1
-                self.stats["parallel_false"] += 1
+            offered = {
+                (t.get("function") or {}).get("name"): t.get("function") or {} for t in tools if isinstance(t, dict)
+            }
+            asked = str(last.get("content") or "")
+            if asked.startswith(CALL):  # `call:a,b …`: these tools, once each, in this order
+                names = asked[len(CALL) :].split(" ", 1)[0].split(",")
+            else:
+                names = [self.tool_name] * self.tool_calls
+                if body.get("parallel_tool_calls") is False:
+                    names = names[:1]
+                    self.stats["parallel_false"] += 1
+            missing = [n for n in names if n not in offered]
+            if missing:
+                return f"the fake model calls `{missing[0]}`, which this request does not offer ({list(offered)})"
+            k = len(names)
             parts: list[dict[str, Any]] = []
-            for i in range(k):
+            for i, name in enumerate(names):
                 call_id = f"call_{uuid.uuid4().hex[:24]}"
                 parts.append(
-                    {
-                        "index": i,
-                        "id": call_id,
-                        "type": "function",
-                        "function": {"name": self.tool_name, "arguments": ""},
-                    }
+                    {"index": i, "id": call_id, "type": "function", "function": {"name": name, "arguments": ""}}
                 )
-                parts += [{"index": i, "function": {"arguments": p}} for p in ARG_PIECES]
+                parts += [{"index": i, "function": {"arguments": p}} for p in argument_pieces(offered[name])]
             # spread the deltas over the slots, in order; within a slot, consecutive deltas of one call are joined
             # (OpenAI never sends one call's `index` twice in a chunk; LangChain would split such a call in two)
             slots: list[list[dict[str, Any]]] = [[] for _ in range(self.chunks)]
@@ -153,7 +173,7 @@ class Fake:
                         fresh = {
                             "id": p.get("id"),
                             "type": "function",
-                            "function": {"name": self.tool_name, "arguments": ""},
+                            "function": {"name": p["function"].get("name"), "arguments": ""},
                         }
                         c = calls.setdefault(p["index"], fresh)
                         c["function"]["arguments"] += p["function"]["arguments"]
