@@ -50,6 +50,7 @@ AGENTS = ROOT / "bench" / "soak_agents"
 FAKE_LLM = ROOT / "bench" / "peers" / "fake_llm.py"
 LEASE_SECONDS = 10.0  # the runtime's default, which the soak keeps
 TURN_TIMEOUT = 300.0
+MAX_CONNECTIONS = 300  # the soak's own Postgres (`roomy`)
 # what a user asks for (fake_llm.py reads `call:`): three `work` calls at once, or one, a subagent, a file, an effect
 WORDS = {"go": 0.5, "call:work": 0.1, "call:soak_child": 0.1, "call:keep_file,work": 0.2, "call:later": 0.1}
 
@@ -125,7 +126,7 @@ class Client:
                     await asyncio.sleep(1)
                     continue
                 if self.breaks == breaks:
-                    turns.append(Turn(ended, first - t0, ended - t0))
+                    turns.append(Turn(ended, first - t0, ended - t0, word))
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), self.rng.expovariate(1 / think))
 
@@ -190,6 +191,19 @@ def _pid(process: Process) -> int | None:
     return process.proc.pid if process.proc is not None else None
 
 
+async def roomy(pg: PrivatePostgres) -> None:
+    """Room for every process's pool: at the default settings a worker keeps WORKER_CONCURRENCY + 4 connections
+    (54) and the API 20 and a listener, ~140 in all (and a restarted worker's new pool may open before the old one's
+    backends are gone), past Postgres's default `max_connections` of 100."""
+    conn = await asyncpg.connect(pg.url)
+    try:
+        await conn.execute(f"ALTER SYSTEM SET max_connections = {MAX_CONNECTIONS}")
+    finally:
+        await conn.close()
+    await asyncio.to_thread(pg.stop)
+    await asyncio.to_thread(pg.start)
+
+
 def fake_llm(folder: Path) -> tuple[subprocess.Popen[bytes], str]:
     """B4's model server as a process of its own (its CPU is not the client's); its base URL."""
     port = free_port()
@@ -214,6 +228,7 @@ async def main(args: argparse.Namespace) -> int:
     model, llm_url = fake_llm(work)
     failed = 1
     try:
+        await roomy(pg)
         engine = db.create_engine(dsn.normalise(pg.url), 1)
         await migrations.upgrade(engine)
         await engine.dispose()
@@ -224,8 +239,10 @@ async def main(args: argparse.Namespace) -> int:
             "think": f"{args.think} s (mean, exponential)", "restarts": f"worker B every {args.restart_every} s",
             "window": f"{window * args.sample_every / 60:.0f} min (warm-up, and each end's latency window)",
             "model": "bench/peers/fake_llm.py (300 ms TTFT, 10 chunks 80 ms apart), tools 0.5 s",
-            "seed": args.seed, "load": os.getloadavg(),
+            "server": f"Postgres of its own, max_connections {MAX_CONNECTIONS}", "seed": args.seed,
+            "load": " ".join(f"{x:.2f}" for x in os.getloadavg()),
         }  # fmt: skip
+        os.environ.pop("DATABASE_URL", None)  # the processes get the soak's own server; `setup` says "embedded"
         setup("Soak — issue 36", settings, await conn.fetchval("SHOW server_version"))
         port = free_port()
         env = {**os.environ, "DATABASE_URL": pg.url, "PORT": str(port), "CHAOS_DIR": str(work), "SOAK_LLM_URL": llm_url}
@@ -298,6 +315,7 @@ def report(
     if errors:
         print("client errors: " + ", ".join(f"{k} × {v}" for k, v in errors.most_common()))
     if samples:
+        print("\n" + "\n".join(soak_sample.kinds_table(samples)))
         print("\n" + "\n".join(soak_sample.table_table(samples[0], samples[-1])))
     verdicts = soak_sample.verdicts(samples, window, ["api", "worker A"])
     print("\n| figure | measured | met |\n| --- | --- | --- |")

@@ -42,6 +42,7 @@ class Turn:
     ended: float  # time.monotonic()
     first_output: float
     turn: float
+    asked: str = "go"  # the user message (what the turn calls)
 
 
 @dataclass
@@ -209,3 +210,16 @@ def table_table(first: Sample, last: Sample) -> list[str]:
 
 def _mb(table: dict[str, int], key: str) -> str:
     return f"{table.get(key, 0) / 2**20:.2f}"
+
+
+def kinds_table(samples: list[Sample]) -> list[str]:
+    """Per kind of turn (what the user message asked for), over the whole run: count, first output, turn time."""
+    kinds: dict[str, list[Turn]] = {}
+    for s in samples:
+        for t in s.turns:
+            kinds.setdefault(t.asked, []).append(t)
+    lines = ["| asked | turns | first output p50 ms | turn p50 / p99 ms |", "| --- | --- | --- | --- |"]
+    for asked, turns in sorted(kinds.items()):
+        first, whole = ms([t.first_output for t in turns]), ms([t.turn for t in turns])
+        lines.append(f"| `{asked}` | {len(turns)} | {first['p50']} | {whole['p50']} / {whole['p99']} |")
+    return lines

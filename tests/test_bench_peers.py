@@ -102,7 +102,9 @@ async def test_a_user_message_can_name_the_calls_and_their_arguments_follow_each
                                              "required": ["message"]})  # fmt: skip
     work = LLMTool("work", "no arguments", {"type": "object", "properties": {}})
     asked = LLMMessage("user", "call:child,work please")
-    _, answer, _ = await ask(fake_url, LLMRequest(model="fake", messages=[asked], tools=[work, child, LOOKUP]))
+    registry = LLMMessage("system", "Subagents of this thread: …")  # what our runtime appends once there are some
+    request = LLMRequest(model="fake", messages=[asked, registry], tools=[work, child, LOOKUP])
+    _, answer, _ = await ask(fake_url, request)
     assert [c["function"]["name"] for c in answer.tool_calls] == ["child", "work"]
     assert [json.loads(c["function"]["arguments"]) for c in answer.tool_calls] == [{"message": "answer"}, {}]
     with pytest.raises(ProviderError) as caught:

@@ -7,11 +7,11 @@ Standard library only (raw asyncio HTTP/1.1, keep-alive), so that it costs littl
 servers under test; it listens on 127.0.0.1 only.
 
 POST /v1/chat/completions (also /chat/completions), `stream` true or false:
-* the request offers tools and its last message is the user's: a tool-call answer, `--tool-calls` calls (1 when the
-  request says `parallel_tool_calls: false`) of the tool `--tool-name`, distinct ids; a user message
-  `call:<tool>[,<tool>…]` asks for those calls instead (bench/soak.py: subagents, files, effects). The arguments are
-  made from each tool's schema (`{"q": "answer"}` for B4's `lookup_slow`). A request that does not offer a tool it
-  would call is answered 400 (a misconfigured benchmark fails loudly);
+* the request offers tools and its last message (system messages aside) is the user's: a tool-call answer,
+  `--tool-calls` calls (1 when the request says `parallel_tool_calls: false`) of the tool `--tool-name`, distinct
+  ids; a user message `call:<tool>[,<tool>…]` asks for those calls instead (bench/soak.py: subagents, files,
+  effects). The arguments are made from each tool's schema (`{"q": "answer"}` for B4's `lookup_slow`). A request
+  that does not offer a tool it would call is answered 400 (a misconfigured benchmark fails loudly);
 * otherwise (e.g. after the tool results): a text answer of `--chunks` pieces.
 Timeline of every answer, from the request's arrival: the first chunk at TTFT, chunk i at TTFT + i x interval, the
 closing chunk (`finish_reason`; then `usage` when `stream_options.include_usage`; then `[DONE]`) at
@@ -100,7 +100,9 @@ class Fake:
         """('tool_calls' | 'stop', one delta per slot), or an error message."""
         messages = body.get("messages") or []
         tools = body.get("tools") or []
-        last = messages[-1] if messages else {}
+        # the last message but system ones (our runtime appends the subagent registry after the user's message)
+        spoken = [m for m in messages if not (isinstance(m, dict) and m.get("role") == "system")]
+        last = spoken[-1] if spoken else {}
         if tools and isinstance(last, dict) and last.get("role") == "user":
             offered = {
                 (t.get("function") or {}).get("name"): t.get("function") or {} for t in tools if isinstance(t, dict)
