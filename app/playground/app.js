@@ -199,11 +199,11 @@ function showThreads() {
 
 function parseEnv(text) {
   const env = {};
-  for (const line of text.split("\n")) {
-    if (!line.trim()) continue;
-    const at = line.indexOf("=");
-    if (at < 1) throw new Error(`A variable line is NAME=value: "${line.trim()}"`);
-    env[line.slice(0, at).trim()] = line.slice(at + 1);
+  for (const row of text.split("\n")) {
+    if (!row.trim()) continue;
+    const at = row.indexOf("=");
+    if (at < 1) throw new Error(`A variable line is NAME=value: "${row.trim()}"`);
+    env[row.slice(0, at).trim()] = row.slice(at + 1);
   }
   return env;
 }
