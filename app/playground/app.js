@@ -119,22 +119,25 @@ async function connect() {
 }
 
 async function refused(error) {
-  // said where the key is, and where the threads would be: why nothing shows, and what to do
-  let why;
+  // said where the key is (short) and where the threads would be (why nothing shows, and what to do)
+  let short_, why;
   if (!state.key) {
-    why = "This server needs an API key: paste one (it stays in this tab only).";
+    short_ = "This server needs an API key: paste one (it stays in this tab only).";
+    why = short_;
   } else {
     const open = await new AgentsClient().agents.list().then(
       () => true,
       () => false,
     );
+    short_ = open ? "Key refused: this server needs none (open mode)" : "Key refused: paste another";
     why = open
-      ? `The server refused this key (${error.code}), and it needs none: it is in open mode. Forget the key to go on.`
-      : `The server refused this key (${error.code}: ${error.message}). Paste another, or forget it.`;
+      ? `The server refused the key in this tab (${error.code}), and it needs none: it is in open mode. ` +
+        "Forget the key (top right) to go on."
+      : `The server refused the key in this tab (${error.code}: ${error.message}). Paste another, or forget it.`;
   }
-  $("key-state").textContent = why;
+  $("key-state").textContent = short_;
   $("key-state").className = "warn";
-  $("threads").replaceChildren(el("li", { class: "muted small refused", text: why }));
+  $("threads").replaceChildren(el("li", { class: "small refused", text: why }));
   $("key-input").focus();
 }
 

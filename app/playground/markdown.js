@@ -1,12 +1,18 @@
 // Markdown for the playground: parsed by marked, sanitized by DOMPurify (both vendored, see vendor/README.md),
 // returned as a DOM fragment (never set as HTML by this page), with code blocks highlighted by the small tokenizer
-// below. Images, forms and inline styles are dropped: the page's Content-Security-Policy would refuse them anyway,
-// and a reply has no business drawing controls into the page.
+// below. Raw HTML in the text shows as text; images, forms and inline styles are dropped (the page's
+// Content-Security-Policy would refuse them anyway, and a reply has no business drawing controls into the page).
 
 import { Marked } from "./vendor/marked.esm.js";
 import DOMPurify from "./vendor/purify.es.mjs";
 
+const ESCAPES = { "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" };
+const escape = (/** @type {string} */ text) => text.replace(/[&<>"']/g, (c) => ESCAPES[/** @type {keyof ESCAPES} */ (c)]);
+
+// HTML written in the Markdown shows as the text it is: it is never parsed (even inertly: Chromium reports the
+// inline handlers and styles it meets to the page's CSP); DOMPurify then checks what marked itself made (links)
 const parser = new Marked({ gfm: true, breaks: true, async: false });
+parser.use({ renderer: { html: ({ text }) => escape(text) } });
 
 const PURIFY = {
   RETURN_DOM_FRAGMENT: true,

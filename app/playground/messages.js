@@ -27,7 +27,9 @@ export function source(m, shape) {
   if (m.role === "system") return { kind: "system", label: "system" };
   if (meta.source === "effect") return { kind: "effect", label: `effect${meta.effect ? ` · ${meta.effect}` : ""}` };
   if (m.subagent_id) return { kind: "subagent", label: `subagent · ${m.subagent_title || m.subagent_name || "?"}` };
-  if (shape?.type === "dual_ai" && m.role === "assistant" && (m.side === "a" || m.side === "b")) {
+  // a `dual_ai` thread stores side B's answers as `user` messages (side A's perspective): a model wrote them
+  const modelWrote = m.role === "assistant" || Boolean(m.model) || Boolean((m.tool_calls || []).length);
+  if (shape?.type === "dual_ai" && modelWrote && (m.side === "a" || m.side === "b")) {
     const side = m.side === "a" ? shape.side_a : shape.side_b;
     return { kind: `side-${m.side}`, label: `${side?.label || "side"} · side ${m.side.toUpperCase()}` };
   }

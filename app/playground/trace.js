@@ -12,7 +12,8 @@ import { el, short } from "./dom.js";
  *   response: Record<string, any> | null, request: Record<string, any> | null, retry_of: string | null,
  *   fallback_of: string | null, created_at: string }} Log
  * @typedef {{ id: string, role: string, content: string | null, silent: boolean, created_at?: string,
- *   subagent_id?: string | null, tool_call_id?: string | null, name?: string | null, metadata?: Record<string, any> }} Msg
+ *   subagent_id?: string | null, tool_call_id?: string | null, name?: string | null, model?: string | null,
+ *   tool_calls?: unknown[] | null, metadata?: Record<string, any> }} Msg
  */
 
 /**
@@ -34,13 +35,20 @@ export async function load(client, threadId) {
 }
 
 /**
- * The logs in turns: each user message (not silent) opens one, and a log belongs to the last turn opened before it.
+ * Whether a message opens a turn: one a person or an effect queued — not a `dual_ai` side B's model output (stored
+ * as `user`, with its `model`), nor a subagent's news.
+ * @param {Msg} m
+ */
+const opensTurn = (m) => m.role === "user" && !m.model && !(m.tool_calls || []).length && !m.subagent_id;
+
+/**
+ * The logs in turns: a log belongs to the last turn opened before it.
  * @param {Log[]} logs
  * @param {Msg[]} messages
  */
 export function turns(logs, messages) {
   const starts = messages
-    .filter((m) => m.role === "user" && m.created_at)
+    .filter((m) => opensTurn(m) && m.created_at)
     .map((m) => ({ at: String(m.created_at), message: m }))
     .sort((a, b) => a.at.localeCompare(b.at));
   /** @type {{ message: Msg | null, logs: Log[] }[]} */
@@ -73,7 +81,8 @@ export function totals(logs) {
   };
 }
 
-const ms = (/** @type {number | null} */ value) => (value == null ? "–" : `${Math.round(value)} ms`);
+const ms = (/** @type {number | null} */ value) =>
+  value == null ? "–" : `${value < 10 ? value.toFixed(2) : Math.round(value)} ms`;
 const usd = (/** @type {number | null} */ value) => (value == null ? "no price" : `$${value.toFixed(6)}`);
 
 /** @param {ReturnType<typeof totals>} t */
