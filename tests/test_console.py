@@ -75,10 +75,15 @@ async def test_a_new_user_explores_the_launch_team(database_url: str, tmp_path: 
         await page.wait_for_selector(".map-agent[data-agent=launch]")
 
         # a turn: Stop while it runs, the lead's reply streaming in, each side drawn as itself
-        await page.click("#tab-thread")
         await create(page, "launch")
+        await page.click("#tab-trace")  # the trace follows the turn while it runs
         await say(page, LAUNCH)
         await page.wait_for_selector("#stop:visible")
+        await page.wait_for_function(
+            "() => document.querySelector('#trace .trace-entry[data-kind=tool]') "
+            "&& document.querySelector('#trace-live').textContent.startsWith('●') "
+            "&& ['running', 'waiting'].includes(document.querySelector('#thread-status').textContent)"
+        )  # a tool's entry is drawn, and the live line says what runs, while the turn still runs
         streaming = ".msg.side-a[data-streamed=true]"
         await page.wait_for_function(
             f"() => [...document.querySelectorAll('{streaming}')].some((n) => Number(n.dataset.chunks) >= 3 "
@@ -93,7 +98,7 @@ async def test_a_new_user_explores_the_launch_team(database_url: str, tmp_path: 
         assert await page.locator(".msg.user[data-source=user]").filter(has_text=LAUNCH).count() == 1
 
         # the trace: every model call with tokens and cost, every tool with its duration, a subagent linked
-        await page.click("#tab-trace")
+        await page.click("#refresh-trace")
         turn = page.locator(".trace-turn").filter(has_text="Turn 1")
         await turn.wait_for()
         llm = turn.locator(".trace-entry[data-kind=llm]")

@@ -17,7 +17,7 @@ const UUID = /^[0-9a-f-]{36}$/;
 
 /** @type {(id: string) => any} */
 const $ = (id) => document.getElementById(id);
-const RUNNING = new Set(["running", "queued"]); // a turn under way: Stop shows only then
+const RUNNING = new Set(["running", "queued", "waiting"]); // a turn under way: Stop shows only then
 
 const state = {
   key: "",
@@ -391,7 +391,8 @@ const HANDLERS = {
   },
   thread_status: ({ status }) => {
     setStatus(status);
-    if (!RUNNING.has(status)) $("trace-live").textContent = "";
+    if (status === "waiting") $("trace-live").textContent = "● waiting on a blocking subagent…";
+    else if (!RUNNING.has(status)) $("trace-live").textContent = "";
   },
   step_started: ({ step, side }) => {
     $("trace-live").textContent = `● step ${step}${side ? ` (side ${side.toUpperCase()})` : ""} running…`;
