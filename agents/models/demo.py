@@ -87,5 +87,5 @@ def configured(**offline):
     return {"provider": provider, "model": model, "base_url": os.environ.get("AGENTS_BASE_URL") or None}
 
 
-# offline, the reply streams in 4-character chunks 25 ms apart: a few hundred ms for a short answer, as a real model
-define_model(name="demo", **configured(respond=respond, chunk_size=4, chunk_delay_ms=25))
+# offline, the reply streams in 8-character chunks 50 ms apart (a longer reply over most of a second), as a real model
+define_model(name="demo", **configured(respond=respond, chunk_size=8, chunk_delay_ms=50))

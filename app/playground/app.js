@@ -120,22 +120,22 @@ async function connect() {
 
 async function refused(error) {
   // said where the key is (short) and where the threads would be (why nothing shows, and what to do)
-  let short_, why;
+  let headline, why;
   if (!state.key) {
-    short_ = "This server needs an API key: paste one (it stays in this tab only).";
-    why = short_;
+    headline = "This server needs an API key: paste one (it stays in this tab only).";
+    why = headline;
   } else {
     const open = await new AgentsClient().agents.list().then(
       () => true,
       () => false,
     );
-    short_ = open ? "Key refused: this server needs none (open mode)" : "Key refused: paste another";
+    headline = open ? "Key refused: this server needs none (open mode)" : "Key refused: paste another";
     why = open
       ? `The server refused the key in this tab (${error.code}), and it needs none: it is in open mode. ` +
         "Forget the key (top right) to go on."
       : `The server refused the key in this tab (${error.code}: ${error.message}). Paste another, or forget it.`;
   }
-  $("key-state").textContent = short_;
+  $("key-state").textContent = headline;
   $("key-state").className = "warn";
   $("threads").replaceChildren(el("li", { class: "small refused", text: why }));
   $("key-input").focus();
