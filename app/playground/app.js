@@ -5,13 +5,13 @@
 
 import { AgentsClient, AgentsError } from "./client.js";
 import { el, short } from "./dom.js";
+import * as files from "./files.js";
 import * as agentMap from "./map.js";
 import * as messages from "./messages.js";
 import { render } from "./markdown.js";
 import * as trace from "./trace.js";
 
 const KEY = "agents-playground-key";
-const IMAGE = /^image\/(png|jpeg|gif|webp)$/;
 const REQUEST_PATH = /^\/threads\/([0-9a-f-]{36})\/variables\/([0-9a-f-]{36})$/;
 const UUID = /^[0-9a-f-]{36}$/;
 
@@ -73,13 +73,6 @@ const codePoints = (text) => {
   for (const _ of text) n += 1;
   return n;
 };
-
-function size(bytes) {
-  if (bytes == null) return "";
-  if (bytes < 1024) return `${bytes} B`;
-  if (bytes < 1024 * 1024) return `${(bytes / 1024).toFixed(1)} KB`;
-  return `${(bytes / 1024 / 1024).toFixed(1)} MB`;
-}
 
 const when = (iso) => (iso ? new Date(iso).toLocaleString() : "");
 
@@ -531,9 +524,10 @@ async function send(event) {
   event.preventDefault();
   const input = $("input");
   const content = input.value.trim();
-  const files = [...$("files-input").files];
-  if ((!content && files.length === 0) || !state.threadId) return;
-  const sent = await state.client.messages.post(state.threadId, files.length ? { content, files } : { content });
+  const chosen = [...$("files-input").files];
+  if ((!content && chosen.length === 0) || !state.threadId) return;
+  const body = chosen.length ? { content, files: chosen } : { content };
+  const sent = await state.client.messages.post(state.threadId, body);
   input.value = "";
   $("files-input").value = "";
   showChosen();
@@ -544,61 +538,9 @@ async function send(event) {
 
 // --- files --------------------------------------------------------------------------------------------------
 
-function thumbnail(path, etag) {
-  // fetched with the key (an <img src> could not send it), then shown from a blob: URL; one fetch per content
-  const key = `${state.threadId}:${path}:${etag}`;
-  if (!state.images.has(key)) {
-    state.images.set(
-      key,
-      state.client.files
-        .download(state.threadId, path, { thumbnail: true })
-        .then((r) => r.blob())
-        .then((blob) => URL.createObjectURL(blob))
-        .catch((error) => {
-          state.images.delete(key); // a refusal (busy, not an image) is not kept: the next render asks again
-          throw error;
-        }),
-    );
-  }
-  return state.images.get(key);
-}
-
 function fileItem(file) {
-  const item = el("li", { class: "file", dataset: { path: file.path } });
-  if (IMAGE.test(file.mime_type || "")) {
-    const img = el("img", { class: "thumb", alt: file.name, loading: "lazy" });
-    thumbnail(file.path, file.etag || file.size)
-      .then((url) => {
-        img.src = url;
-      })
-      .catch(() => img.replaceWith(el("span", { class: "thumb none", text: "no preview" })));
-    item.append(img);
-  } else {
-    item.append(el("span", { class: "thumb none", text: (file.name.split(".").pop() || "file").slice(0, 4) }));
-  }
-  item.append(
-    el(
-      "div",
-      { class: "file-about" },
-      el("span", { class: "name", text: file.name || file.path, title: file.path }),
-      el("span", { class: "path muted small", text: file.path, title: file.path }),
-      el("span", { class: "muted small", text: [file.mime_type, size(file.size)].filter(Boolean).join(" · ") }),
-    ),
-    el("button", { type: "button", class: "quiet small", text: "Download", onclick: guarded(() => download(file)) }),
-  );
-  return item;
-}
-
-async function download(file) {
-  const response = await state.client.files.download(state.threadId, file.path);
-  // a blob: URL has this page's origin: typed as bytes, it can only ever be saved, never rendered here
-  const bytes = new Blob([await response.blob()], { type: "application/octet-stream" });
-  const url = URL.createObjectURL(bytes);
-  const link = el("a", { href: url, download: file.name || file.path.split("/").pop() });
-  document.body.append(link);
-  link.click();
-  link.remove();
-  setTimeout(() => URL.revokeObjectURL(url), 60_000);
+  // thumbnails are cached per thread and content; a download's failure goes to the notice
+  return files.item(file, { client: state.client, threadId: state.threadId, images: state.images, failed: notice });
 }
 
 async function refreshFiles() {
@@ -606,9 +548,9 @@ async function refreshFiles() {
   if (!id) return;
   const { entries } = await state.client.files.find(id, "*");
   if (id !== state.threadId) return;
-  const files = entries.filter((e) => e.type === "file");
-  $("files").replaceChildren(...files.map(fileItem));
-  if (files.length === 0) $("files").append(el("li", { class: "muted small", text: "none" }));
+  const stored = entries.filter((e) => e.type === "file");
+  $("files").replaceChildren(...stored.map(fileItem));
+  if (stored.length === 0) $("files").append(el("li", { class: "muted small", text: "none" }));
 }
 
 // --- subagents and their variables --------------------------------------------------------------------------

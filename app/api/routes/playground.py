@@ -22,6 +22,7 @@ ASSETS = {
     "app.js": JS,
     "client.js": JS,  # clients/js/src/index.js, copied (tests/test_client_js.py)
     "dom.js": JS,
+    "files.js": JS,
     "markdown.js": JS,
     "messages.js": JS,
     "trace.js": JS,
