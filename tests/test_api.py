@@ -145,6 +145,34 @@ async def test_an_agent_detail_draws_its_shape(client: httpx.AsyncClient) -> Non
     assert worker["side_b"]["session_tools"] == {"stop": "approve", "fail": "reject"}
 
 
+async def test_an_agent_detail_names_handoffs_includes_and_prompt_hooks(app_factory: Any) -> None:
+    """An `ai_human` agent offered as a tool is a handoff; a prompt's own `hooks` replace the agent's for it; the
+    prompts whose text a prompt includes are named."""
+    base = _catalog()
+    billing = define_agent(
+        name="billing", side_a={"prompt": "needs_var"}, expose_as_tool=True, tool_description="Billing desk."
+    )
+    desk = define_prompt(
+        name="desk",
+        model="slow",
+        prompt=[{"type": "text", "content": "Front desk. "}, {"type": "include", "prompt": "needs_var"}],
+        tools=["billing", "calculate"],
+        hooks=[],
+    )
+    front = define_agent(name="front", side_a={"prompt": "desk"}, hooks=["audit"])
+    cat = dataclasses.replace(
+        base, prompts={**base.prompts, "desk": desk}, agents={**base.agents, "billing": billing, "front": front}
+    )
+    async with client_for(await app_factory(cat)) as client:
+        detail = (await client.get("/agents/front")).json()
+    [prompt] = detail["prompt_details"]
+    assert detail["hooks"] == ["audit"] and prompt["hooks"] == [] and prompt["includes"] == ["needs_var"]
+    assert [(t["name"], t["kind"], t["description"], t["blocking"]) for t in prompt["tools"]] == [
+        ("billing", "handoff", "Billing desk.", None),
+        ("calculate", "tool", "Evaluate an arithmetic expression and return the result.", None),
+    ]
+
+
 async def test_an_absolute_icon_path_is_a_full_url_in_responses(app_factory: Any) -> None:
     """Spec `AgentDefinition.icon`: absolute paths are converted to full URLs in API responses — on the request's
     base URL, or on `PUBLIC_URL` when set; URLs, relative paths and other text stay as they are."""

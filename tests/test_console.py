@@ -181,6 +181,32 @@ async def test_reading_and_managing_threads(database_url: str, tmp_path: Path) -
         assert '<img src=x onerror="window.hit=1">' in cleaned["text"] and '<b style="color:red">' in cleaned["text"]
         assert cleaned["links"] == [[None, "", ""], ["https://example.com", "_blank", "noopener noreferrer"]], cleaned
 
+        # the trace draws what the example turns do not show: a retried call, a fallback and a hook's error
+        drawn = await page.evaluate(
+            """async () => {
+              const trace = await import("/playground/trace.js");
+              const at = (s) => `2026-01-01T00:00:0${s}Z`;
+              const llm = { kind: "llm", message_id: null, provider: "test", tool: null, input_tokens: 5,
+                output_tokens: 1, cached_tokens: 0, reasoning_tokens: 0, cost: null, latency_ms: 3, ttft_ms: 1,
+                finish_reason: "stop", response: null, request: null, retry_of: null, fallback_of: null };
+              const logs = [
+                { ...llm, id: "1", model: "main", attempt: 1, status: "error", error: "overloaded", created_at: at(1) },
+                { ...llm, id: "2", model: "main", attempt: 2, status: "error", error: "overloaded", retry_of: "1",
+                  created_at: at(2) },
+                { ...llm, id: "3", model: "backup", attempt: 1, status: "success", error: null, fallback_of: "2",
+                  created_at: at(3) },
+                { ...llm, id: "4", kind: "hook", model: null, tool: "redact_cards", attempt: 1, status: "error",
+                  error: "boom", created_at: at(4) },
+              ];
+              const box = document.createElement("div");
+              trace.draw(box, logs, [{ id: "u", role: "user", content: "hi", created_at: at(0) }], () => {});
+              return [...box.querySelectorAll(".trace-entry")].map((e) => e.innerText.replace(/\\s+/g, " "));
+            }"""
+        )
+        assert "overloaded" in drawn[0] and "retry" in drawn[1] and "attempt 2" in drawn[1], drawn
+        assert "backup" in drawn[2] and "fallback" in drawn[2] and "no price" in drawn[2], drawn
+        assert "redact_cards" in drawn[3] and "boom" in drawn[3] and "hook" in drawn[3].lower(), drawn
+
         # a tool call and its result; deleting the result alone is refused, said on the message itself
         await say(page, "What is 6 * 7?")
         await page.locator(".msg.assistant .text").filter(has_text="The answer is 42.").wait_for()
