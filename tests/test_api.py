@@ -106,6 +106,73 @@ async def test_agents(client: httpx.AsyncClient) -> None:
     assert_error(await client.get("/agents/nope"), 404, "agent_not_found")
 
 
+async def test_an_agent_detail_draws_its_shape(client: httpx.AsyncClient) -> None:
+    """`GET /agents/launch`: each side's stop rules and session tools, and each prompt it runs (the polisher, a
+    subprompt, too) with its model and its tools by kind, subagents with their modes."""
+    launch = (await client.get("/agents/launch")).json()
+    assert launch["max_session_turns"] == 4 and launch["hooks"] == []
+    assert launch["side_a"] == {
+        "label": "Lead",
+        "prompt": "launch_lead",
+        "stop_on_response": True,
+        "stop_tool": None,
+        "max_steps": None,
+        "session_tools": {},
+    }
+    assert launch["side_b"]["session_tools"] == {"stop": "accept"}
+    prompts = {p["name"]: p for p in launch["prompt_details"]}
+    assert [p["name"] for p in launch["prompt_details"]] == ["launch_client", "launch_lead", "polish"]
+    lead = prompts["launch_lead"]
+    assert lead["model"] == "launch_team" and lead["include_chat"] and lead["description"]
+    tools = {t["name"]: t for t in lead["tools"]}
+    assert tools["qa_team"] == {
+        "name": "qa_team",
+        "kind": "subagent",
+        "description": "A worker drafts, a reviewer approves (with the file) or rejects.",
+        "optional": None,
+        "blocking": True,
+        "resumable": False,
+        "immediate": False,
+    }
+    assert (tools["researcher"]["blocking"], tools["researcher"]["resumable"]) == (False, True)
+    assert (tools["publisher"]["optional"], tools["polish"]["kind"], tools["polish"]["blocking"]) == (
+        "PUBLISH",
+        "subprompt",
+        None,
+    )
+    worker = (await client.get("/agents/qa_team")).json()  # a subagent's own map
+    assert {t["name"]: t["kind"] for p in worker["prompt_details"] for t in p["tools"]} == {"write_draft": "tool"}
+    assert worker["side_b"]["session_tools"] == {"stop": "approve", "fail": "reject"}
+
+
+async def test_an_agent_detail_names_handoffs_includes_and_prompt_hooks(app_factory: Any) -> None:
+    """An `ai_human` agent offered as a tool is a handoff; a prompt's own `hooks` replace the agent's for it; the
+    prompts whose text a prompt includes are named."""
+    base = _catalog()
+    billing = define_agent(
+        name="billing", side_a={"prompt": "needs_var"}, expose_as_tool=True, tool_description="Billing desk."
+    )
+    desk = define_prompt(
+        name="desk",
+        model="slow",
+        prompt=[{"type": "text", "content": "Front desk. "}, {"type": "include", "prompt": "needs_var"}],
+        tools=["billing", "calculate"],
+        hooks=[],
+    )
+    front = define_agent(name="front", side_a={"prompt": "desk"}, hooks=["audit"])
+    cat = dataclasses.replace(
+        base, prompts={**base.prompts, "desk": desk}, agents={**base.agents, "billing": billing, "front": front}
+    )
+    async with client_for(await app_factory(cat)) as client:
+        detail = (await client.get("/agents/front")).json()
+    [prompt] = detail["prompt_details"]
+    assert detail["hooks"] == ["audit"] and prompt["hooks"] == [] and prompt["includes"] == ["needs_var"]
+    assert [(t["name"], t["kind"], t["description"], t["blocking"]) for t in prompt["tools"]] == [
+        ("billing", "handoff", "Billing desk.", None),
+        ("calculate", "tool", "Evaluate an arithmetic expression and return the result.", None),
+    ]
+
+
 async def test_an_absolute_icon_path_is_a_full_url_in_responses(app_factory: Any) -> None:
     """Spec `AgentDefinition.icon`: absolute paths are converted to full URLs in API responses — on the request's
     base URL, or on `PUBLIC_URL` when set; URLs, relative paths and other text stay as they are."""

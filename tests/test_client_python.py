@@ -191,7 +191,14 @@ async def test_a_chat_loop_with_a_tool_turn(client: agents_client.AsyncClient) -
     health = await client.health()
     assert (health.status, health.version) == ("ok", agents_client.__version__)  # the server's version is the client's
     assert "assistant" in [a.name for a in await client.agents.list()]
-    assert (await client.agents.get("assistant")).side_a.prompt == "assistant"
+    assistant = await client.agents.get("assistant")
+    assert assistant.side_a.prompt == "assistant"
+    assert {t.name: t.kind for t in assistant.prompt_details[0].tools} == {
+        "calculate": "tool",
+        "get_time": "tool",
+        "write_report": "tool",
+        "set_reminder": "tool",
+    }
     thread = await client.threads.create("assistant", name="sums", tags=["client"])
     turn = await client.messages.post(thread, "What is 12 * (3 + 4)?", wait=30)
     assert (turn.done, turn.status, turn.outcome, turn.error) == (True, "idle", "completed", None)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import json
 import re
 from collections.abc import Iterator
 from dataclasses import fields as dataclass_fields
@@ -134,7 +135,8 @@ def test_what_the_examples_say_is_what_the_loader_reads(folder: Path) -> None:
     assert not isinstance(scout.immediate, bool) and scout.immediate.description_env == "SCOUT_BRIEF"
     assert loaded.kind_of("billing") == "agent" and loaded.agents["billing"].type == "ai_human"
     scripted = loaded.models["scripted"]
-    assert (scripted.chunk_size, scripted.delay_ms, len(scripted.script or [])) == (4, 50, 5)
+    timing = (scripted.chunk_size, scripted.delay_ms, scripted.chunk_delay_ms)
+    assert timing == (4, 50, 20) and len(scripted.script or []) == 5
 
 
 def _fields(*models: type[BaseModel]) -> set[str]:
@@ -225,6 +227,15 @@ async def test_the_scripted_example_runs_as_the_page_says(folder: Path, app_fact
         (1, "success", None),
         (1, "error", "bad request"),
     ]
+
+
+async def test_the_agent_detail_in_http_api_md_is_what_the_server_answers(folder: Path, app_factory: Any) -> None:
+    """docs/http-api.md shows `GET /agents/qa_team` for this page's `qa_team`: the server answers exactly that."""
+    page = (ROOT / "docs" / "http-api.md").read_text()
+    shown = re.search(r"`GET /agents/\{name\}` answers for the `qa_team`.*?```json\n(.*?)```", page, re.DOTALL)
+    assert shown is not None, "the example moved"
+    async with client_for(await app_factory(catalog.load(folder))) as client:
+        assert (await client.get("/agents/qa_team")).json() == json.loads(shown[1])
 
 
 # the page's `fast`, `backup` and `local` talk to real providers: an offline stand-in, recording what it is sent

@@ -4,6 +4,7 @@ policy and no data, and used in a real browser (Debian's chromium, driven by Pla
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import io
 import os
 import re
@@ -72,6 +73,9 @@ async def test_the_page_is_static_and_its_policy_allows_only_the_servers_own_fil
             ("/playground/app.js", "text/javascript; charset=utf-8"),
             ("/playground/style.css", "text/css; charset=utf-8"),
             ("/playground/icon.svg", "image/svg+xml"),
+            ("/playground/markdown.js", "text/javascript; charset=utf-8"),
+            ("/playground/vendor/purify.es.mjs", "text/javascript; charset=utf-8"),
+            ("/playground/vendor/LICENSE-marked.txt", "text/plain; charset=utf-8"),
         ):
             asset = await c.get(path)
             assert asset.status_code == 200 and asset.headers["content-type"] == media, path
@@ -79,7 +83,8 @@ async def test_the_page_is_static_and_its_policy_allows_only_the_servers_own_fil
         assert (await c.get("/playground/../app/settings.py")).status_code == 404
         assert (await c.get("/playground/nope.js")).status_code == 404
         assert "/" not in (await c.get("/openapi.json")).json()["paths"]  # not part of the API
-    assert "innerHTML" not in (PAGE / "app.js").read_text()  # server text is only ever set as textContent
+    for script in PAGE.glob("*.js"):  # server text is set as textContent, or as nodes DOMPurify returns
+        assert "innerHTML" not in script.read_text(), script.name
 
 
 async def test_the_page_holds_no_data_and_weakens_no_check(app_factory: Any) -> None:
@@ -113,10 +118,22 @@ def test_every_file_of_the_page_is_package_data() -> None:
     """A non-editable install has the page: each file matches a `package-data` pattern and is one the route serves."""
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())
     patterns = config["tool"]["setuptools"]["package-data"]["app"]
-    names = sorted(p.name for p in PAGE.iterdir())
+    names = sorted(str(p.relative_to(PAGE)) for p in PAGE.rglob("*") if p.is_file())
     assert names == sorted(playground.ASSETS)
     for name in names:
         assert any(Path("playground", name).match(pattern) for pattern in patterns), name
+
+
+def test_the_vendored_scripts_are_the_npm_packages_files() -> None:
+    """Each vendored file is the one vendor/README.md names (its SHA-256), with its licence beside it."""
+    table = (PAGE / "vendor" / "README.md").read_text()
+    rows = re.findall(r"^\| `([^`]+)` \| `([^`]+)` ([\d.]+) \|.*\| `([0-9a-f]{64})` \|$", table, re.MULTILINE)
+    assert {row[0] for row in rows} == {"marked.esm.js", "purify.es.mjs"}
+    for name, package, version, digest in rows:
+        data = (PAGE / "vendor" / name).read_bytes()
+        assert hashlib.sha256(data).hexdigest() == digest, name
+        assert version.encode() in data[:400], (name, version)  # the file's own banner names its version
+        assert (PAGE / "vendor" / f"LICENSE-{package}.txt").is_file()
 
 
 # --- the page in a browser -----------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""Remind the user: queue a message that wakes the thread, so the assistant answers it."""
+"""Remind the user: queue a message that wakes the thread, so the assistant answers it. Its `metadata` says where it
+came from (`source: effect`), so a client (the playground) draws it as the effect's, not as the user's."""
 
 from pydantic import BaseModel, Field
 
@@ -11,4 +12,4 @@ class RemindArgs(BaseModel):
 
 @define_effect(description="Send the user a reminder.")
 async def remind(state: ThreadState, args: RemindArgs) -> None:
-    await state.queue_message("user", f"Reminder: {args.text}")
+    await state.queue_message("user", f"Reminder: {args.text}", metadata={"source": "effect", "effect": "remind"})

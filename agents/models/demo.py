@@ -2,9 +2,9 @@
 
 Offline it is the `test` provider with a small `respond` function: it calls `calculate` for arithmetic, `get_time`
 when asked the time, `write_report` when asked for a report, `set_reminder` for "remind me in N seconds to ...",
-and answers tool results and reminders in words. With `AGENTS_PROVIDER=openai|anthropic` (and optionally
-`AGENTS_MODEL`, `AGENTS_BASE_URL`) it is that provider's model; the key comes from `OPENAI_API_KEY` /
-`ANTHROPIC_API_KEY` (see the README).
+answers tool results and reminders in words, and shows a Markdown sample when asked for code or Markdown. With
+`AGENTS_PROVIDER=openai|anthropic` (and optionally `AGENTS_MODEL`, `AGENTS_BASE_URL`) it is that provider's model; the
+key comes from `OPENAI_API_KEY` / `ANTHROPIC_API_KEY` (see the README).
 """
 
 import os
@@ -39,10 +39,25 @@ def respond(request):
         return {"tool_calls": [{"name": "calculate", "arguments": {"expression": expression}}]}
     if "time" in text.lower():
         return {"tool_calls": [{"name": "get_time", "arguments": {}}]}
+    if "code" in text.lower() or "markdown" in text.lower():
+        return {"text": SAMPLE}
     return {
         "text": "I am the demo assistant on the offline `test` model. "
         "Ask me to calculate something like 2 + 2 * 3, ask me for the time, or ask for a report."
     }
+
+
+SAMPLE = """Here is **Markdown** with some `inline code`:
+
+- a list item
+- another one
+
+```python
+def greet(name):
+    # say hello
+    return f"Hello, {name}!" * 2
+```
+"""
 
 
 def arithmetic(text):
@@ -72,4 +87,5 @@ def configured(**offline):
     return {"provider": provider, "model": model, "base_url": os.environ.get("AGENTS_BASE_URL") or None}
 
 
-define_model(name="demo", **configured(respond=respond, chunk_size=8))
+# offline, the reply streams in 8-character chunks 50 ms apart (a longer reply over most of a second), as a real model
+define_model(name="demo", **configured(respond=respond, chunk_size=8, chunk_delay_ms=50))

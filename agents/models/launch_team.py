@@ -96,4 +96,14 @@ def respond(request):
     return ROLES[role](request)
 
 
-define_model(name="launch_team", provider="test", respond=respond)
+# prices (USD per million tokens) give each call a cost in `/logs` (the playground's trace shows it); the text streams
+# in 4-character chunks 20 ms apart, as a real model's would
+define_model(
+    name="launch_team",
+    provider="test",
+    respond=respond,
+    input_price=0.4,
+    output_price=1.6,
+    chunk_size=4,
+    chunk_delay_ms=20,
+)

@@ -338,12 +338,48 @@ class Agent(BaseModel):
 class Side(BaseModel):
     label: str | None
     prompt: str
+    stop_on_response: bool = Field(description="the side's turn ends when its model answers without a tool call")
+    stop_tool: str | None = Field(description="a tool whose call ends the side's turn")
+    max_steps: int | None
+    session_tools: dict[str, str] = Field(
+        description="the session tools the side binds: `stop`, `fail` and `status`, each to its tool's name"
+    )
+
+
+class ToolLink(BaseModel):
+    """One entry of a prompt's `tools`, by what it refers to: a `tool` (a callable), a `subprompt`, a `subagent`
+    (a `dual_ai` agent) or a `handoff` (an `ai_human` agent); the subagent fields are null for the other kinds."""
+
+    name: str
+    kind: Literal["tool", "subprompt", "subagent", "handoff"]
+    description: str | None
+    optional: str | None = Field(description="the variable that turns the entry on (`true`, `1` or `yes`)")
+    blocking: bool | None
+    resumable: bool | None
+    immediate: bool | None
+
+
+class PromptDetail(BaseModel):
+    """A prompt an agent runs (a side's, or a subprompt's reached from one), with its model, tools and hooks."""
+
+    name: str
+    model: str
+    description: str | None
+    include_chat: bool
+    includes: list[str] = Field(description="the prompts whose text this prompt includes")
+    hooks: list[str] = Field(description="the hooks that run for this prompt (its own `hooks`, else the agent's)")
+    tools: list[ToolLink]
 
 
 class AgentDetail(Agent):
     side_a: Side
     side_b: Side | None
     prompts: list[str]
+    max_session_turns: int | None
+    hooks: list[str] = Field(description="the agent's hooks (a prompt's own `hooks` replace them for that prompt)")
+    prompt_details: list[PromptDetail] = Field(
+        description="every prompt of `prompts` and the subprompts they reach, in that order: the agent's shape"
+    )
 
 
 class Status(BaseModel):

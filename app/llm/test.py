@@ -80,6 +80,8 @@ class TestModel:
         if reply.reasoning:
             yield ReasoningDelta(reply.reasoning)
         for start in range(0, len(text), size):
+            if start and d.chunk_delay_ms:  # a pause between chunks, so a reader sees the text stream in
+                await asyncio.sleep(d.chunk_delay_ms / 1000)
             yield TextDelta(text[start : start + size])
         # ids unique per thread, across its models: by script position, or at random for a `respond` function (the
         # engine counts a thread's requests only for a script)

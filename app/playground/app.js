@@ -1,16 +1,23 @@
 // The playground: a client of the API like any other, through the JS client (`client.js`, a copy of
 // clients/js/src/index.js). Every call carries the pasted key (kept in this tab's sessionStorage only); streams open
-// with a stream token, since EventSource cannot send headers. Text from the server is only ever set as textContent:
-// nothing it sends is parsed as HTML.
+// with a stream token, since EventSource cannot send headers. Text from the server is set as textContent, except a
+// model's Markdown, which markdown.js parses and sanitizes into DOM nodes (never HTML set on the page).
 
 import { AgentsClient, AgentsError } from "./client.js";
+import { el, short } from "./dom.js";
+import * as files from "./files.js";
+import * as agentMap from "./map.js";
+import * as messages from "./messages.js";
+import { render } from "./markdown.js";
+import * as trace from "./trace.js";
 
 const KEY = "agents-playground-key";
-const IMAGE = /^image\/(png|jpeg|gif|webp)$/;
 const REQUEST_PATH = /^\/threads\/([0-9a-f-]{36})\/variables\/([0-9a-f-]{36})$/;
 const UUID = /^[0-9a-f-]{36}$/;
 
+/** @type {(id: string) => any} */
 const $ = (id) => document.getElementById(id);
+const RUNNING = new Set(["running", "queued", "waiting"]); // a turn under way: Stop shows only then
 
 const state = {
   key: "",
@@ -26,22 +33,13 @@ const state = {
   calls: new Map(), // tool call id -> "running" | its status
   requests: new Set(), // variable request ids shown
   images: new Map(), // "thread:path:etag" -> Promise<object URL> of its thumbnail
+  threads: [], // the list as last loaded (filtered by agent, tag and status on the server)
+  shape: null, // the selected thread's agent (`GET /agents/{name}`): its type and side labels, for the messages
+  maps: [], // the agent names of the map panel, the one shown last (a subagent's map opens on top)
+  panel: "panel-thread",
+  /** @type {Record<string, any>} */
   timers: {},
 };
-
-function el(tag, props = {}, ...children) {
-  const node = document.createElement(tag);
-  for (const [name, value] of Object.entries(props)) {
-    if (value === undefined || value === null || value === false) continue;
-    if (name === "class") node.className = value;
-    else if (name === "text") node.textContent = value;
-    else if (name === "dataset") Object.assign(node.dataset, value);
-    else if (name.startsWith("on")) node.addEventListener(name.slice(2), value);
-    else node.setAttribute(name, value === true ? "" : value);
-  }
-  node.append(...children.filter((c) => c !== null && c !== undefined && c !== false));
-  return node;
-}
 
 function notice(error) {
   const box = $("notice");
@@ -76,15 +74,7 @@ const codePoints = (text) => {
   return n;
 };
 
-function size(bytes) {
-  if (bytes == null) return "";
-  if (bytes < 1024) return `${bytes} B`;
-  if (bytes < 1024 * 1024) return `${(bytes / 1024).toFixed(1)} KB`;
-  return `${(bytes / 1024 / 1024).toFixed(1)} MB`;
-}
-
 const when = (iso) => (iso ? new Date(iso).toLocaleString() : "");
-const short = (id) => String(id).slice(0, 8);
 
 // --- the key and the server ---------------------------------------------------------------------------------
 
@@ -99,14 +89,8 @@ async function connect() {
   } catch (error) {
     state.agents = [];
     renderAgents();
-    $("threads").replaceChildren();
     if (error instanceof AgentsError && error.status === 401) {
-      $("key-state").textContent = state.key
-        ? "This key was refused: paste another."
-        : "This server needs an API key: paste one (it stays in this tab only).";
-      $("key-state").className = "warn";
-      $("key-input").focus();
-      if (state.key) notice(error);
+      await refused(error);
       return;
     }
     throw error;
@@ -115,6 +99,7 @@ async function connect() {
   $("key-state").className = "muted";
   renderAgents();
   await loadThreads();
+  showMap().catch(notice);
   const wanted = new URLSearchParams(location.hash.slice(1)).get("thread");
   if (!wanted) return;
   try {
@@ -126,11 +111,37 @@ async function connect() {
   }
 }
 
+async function refused(error) {
+  // said where the key is (short) and where the threads would be (why nothing shows, and what to do)
+  let headline, why;
+  if (!state.key) {
+    headline = "This server needs an API key: paste one (it stays in this tab only).";
+    why = headline;
+  } else {
+    const open = await new AgentsClient().agents.list().then(
+      () => true,
+      () => false,
+    );
+    headline = open ? "Key refused: this server needs none (open mode)" : "Key refused: paste another";
+    why = open
+      ? `The server refused the key in this tab (${error.code}), and it needs none: it is in open mode. ` +
+        "Forget the key (top right) to go on."
+      : `The server refused the key in this tab (${error.code}: ${error.message}). Paste another, or forget it.`;
+  }
+  $("key-state").textContent = headline;
+  $("key-state").className = "warn";
+  $("threads").replaceChildren(el("li", { class: "small refused", text: why }));
+  $("key-input").focus();
+}
+
 function renderAgents() {
   const select = $("agent");
-  select.replaceChildren(
-    ...state.agents.map((a) => el("option", { value: a.name, text: a.title ? `${a.title} (${a.name})` : a.name })),
-  );
+  const option = (a) => el("option", { value: a.name, text: a.title ? `${a.title} (${a.name})` : a.name });
+  select.replaceChildren(...state.agents.map(option));
+  const filter = $("filter-agent");
+  const chosen = filter.value;
+  filter.replaceChildren(el("option", { value: "", text: "any agent" }), ...state.agents.map(option));
+  filter.value = state.agents.some((a) => a.name === chosen) ? chosen : "";
   $("create").disabled = state.agents.length === 0;
   describeAgent();
 }
@@ -145,9 +156,23 @@ function describeAgent() {
 // --- threads ------------------------------------------------------------------------------------------------
 
 async function loadThreads() {
-  const { threads } = await state.client.threads.list({ parent_id: "none", limit: 100 });
+  const params = { parent_id: "none", limit: 200 };
+  for (const [name, id] of [["agent", "filter-agent"], ["status", "filter-status"], ["tag", "filter-tag"]]) {
+    const value = $(id).value.trim();
+    if (value) params[name] = value;
+  }
+  const { threads } = await state.client.threads.list(params);
+  state.threads = threads;
+  showThreads();
+}
+
+function showThreads() {
+  // the search runs here, over what the filters fetched: name, agent, tags and id
+  const words = $("thread-search").value.trim().toLowerCase().split(/\s+/).filter(Boolean);
+  const text = (t) => [t.name, t.agent, t.id, ...(t.tags || [])].filter(Boolean).join(" ").toLowerCase();
+  const shown = state.threads.filter((t) => words.every((w) => text(t).includes(w)));
   $("threads").replaceChildren(
-    ...threads.map((t) =>
+    ...shown.map((t) =>
       el(
         "li",
         { dataset: { id: t.id }, class: t.id === state.threadId ? "active" : "" },
@@ -157,20 +182,24 @@ async function loadThreads() {
           el("span", { class: "title", text: t.name || t.agent }),
           el("span", { class: `badge ${t.status}`, text: t.status }),
           el("span", { class: "muted small", text: `${t.agent} · ${short(t.id)} · ${when(t.created_at)}` }),
+          (t.tags || []).length ? el("span", { class: "tags" }, ...t.tags.map((tag) => el("span", { class: "tag", text: tag }))) : null,
         ),
       ),
     ),
   );
-  if (threads.length === 0) $("threads").append(el("li", { class: "muted small", text: "no threads yet" }));
+  if (shown.length === 0) {
+    const filtered = words.length || ["filter-agent", "filter-status", "filter-tag"].some((id) => $(id).value.trim());
+    $("threads").append(el("li", { class: "muted small", text: filtered ? "no thread matches" : "no threads yet" }));
+  }
 }
 
 function parseEnv(text) {
   const env = {};
-  for (const line of text.split("\n")) {
-    if (!line.trim()) continue;
-    const at = line.indexOf("=");
-    if (at < 1) throw new Error(`A variable line is NAME=value: "${line.trim()}"`);
-    env[line.slice(0, at).trim()] = line.slice(at + 1);
+  for (const row of text.split("\n")) {
+    if (!row.trim()) continue;
+    const at = row.indexOf("=");
+    if (at < 1) throw new Error(`A variable line is NAME=value: "${row.trim()}"`);
+    env[row.slice(0, at).trim()] = row.slice(at + 1);
   }
   return env;
 }
@@ -192,14 +221,49 @@ function renderHead(thread) {
   state.thread = thread;
   $("thread-title").textContent = `${thread.name || thread.agent} · ${short(thread.id)}`;
   $("thread-title").title = thread.id;
+  $("thread-tags").replaceChildren(...(thread.tags || []).map((tag) => el("span", { class: "tag", text: tag })));
   setStatus(thread.status);
   $("open-parent").hidden = !thread.parent_id;
-  $("stop").hidden = false;
+  $("edit-thread").hidden = false;
+  $("delete-thread").hidden = false;
+}
+
+function editThread() {
+  $("edit-name").value = state.thread.name || "";
+  $("edit-tags").value = (state.thread.tags || []).join(", ");
+  $("thread-edit").hidden = false;
+  $("edit-name").focus();
+}
+
+async function saveThread(event) {
+  event.preventDefault();
+  const tags = $("edit-tags").value.split(",").map((t) => t.trim()).filter(Boolean);
+  const thread = await state.client.threads.update(state.threadId, { name: $("edit-name").value.trim(), tags });
+  $("thread-edit").hidden = true;
+  renderHead(thread);
+  await loadThreads();
+}
+
+function askDelete() {
+  const below = state.thread.children_count || 0;
+  $("delete-what").textContent = below
+    ? `Delete this thread and its ${below} subagent thread${below === 1 ? "" : "s"} (and theirs), with every message and file?`
+    : "Delete this thread with every message and file?";
+  $("delete-confirm").hidden = false;
+}
+
+async function deleteThread() {
+  await state.client.threads.delete(state.threadId);
+  $("delete-confirm").hidden = true;
+  resetThread();
+  history.replaceState(null, "", location.pathname);
+  await loadThreads();
 }
 
 function setStatus(status) {
   const badge = $("thread-status");
   badge.hidden = false;
+  $("stop").hidden = !RUNNING.has(status);
   badge.textContent = status;
   badge.className = `badge ${status}`;
   const entry = document.querySelector(`#threads li[data-id="${CSS.escape(state.threadId || "")}"] .badge`);
@@ -220,7 +284,13 @@ function resetThread() {
   $("tree").replaceChildren("none");
   $("files").replaceChildren(el("li", { class: "muted small", text: "none" }));
   $("thread-title").textContent = "No thread selected";
-  for (const id of ["thread-status", "open-parent", "stop"]) $(id).hidden = true;
+  $("thread-tags").replaceChildren();
+  for (const id of ["thread-status", "open-parent", "stop", "edit-thread", "delete-thread", "thread-edit", "delete-confirm"]) {
+    $(id).hidden = true;
+  }
+  state.shape = null;
+  $("trace").replaceChildren(el("p", { class: "muted small", text: "Pick a thread to see its turns." }));
+  $("trace-live").textContent = "";
   setComposer(false);
 }
 
@@ -234,9 +304,13 @@ async function selectThread(id) {
   const thread = await state.client.threads.get(id);
   if (generation !== state.generation) return;
   renderHead(thread);
+  state.shape = await state.client.agents.get(thread.agent).catch(() => null); // side labels; gone from the catalog: none
+  if (generation !== state.generation) return;
   openStream();
   refreshTree().catch(notice);
   refreshFiles().catch(notice);
+  showMap(thread.agent).catch(notice);
+  if (state.panel === "panel-trace") refreshTrace().catch(notice);
 }
 
 // --- the stream ---------------------------------------------------------------------------------------------
@@ -288,6 +362,10 @@ const HANDLERS = {
     if (meta.error_code === "subagent_env_required") addRequest(meta.error_data).catch(notice);
     if (data.role === "tool" || (data.attachments || []).length) later("files", refreshFiles);
   },
+  message_deleted: ({ message_id }) => {
+    state.messages.delete(message_id);
+    document.querySelector(`#messages li[data-id="${CSS.escape(message_id)}"]`)?.remove();
+  },
   message_chunk: ({ message_id, offset, chunk }) => {
     const message = state.messages.get(message_id);
     if (!message || state.lengths.get(message_id) !== offset) return; // already have it (a resumed stream)
@@ -297,17 +375,36 @@ const HANDLERS = {
     const node = document.querySelector(`#messages li[data-id="${CSS.escape(message_id)}"]`);
     if (node) {
       node.dataset.streamed = "true";
-      node.querySelector(".text").textContent = message.content;
+      node.dataset.chunks = String(Number(node.dataset.chunks || 0) + 1); // how many deltas drew it (the test reads it)
+      const text = node.querySelector(".text");
+      if (text.classList.contains("markdown")) text.replaceChildren(render(message.content));
+      else text.textContent = message.content;
       scrollDown();
     }
   },
-  thread_status: ({ status }) => setStatus(status),
-  tool_started: ({ tool_call_id }) => markCall(tool_call_id, "running"),
+  thread_status: ({ status }) => {
+    setStatus(status);
+    if (status === "waiting") $("trace-live").textContent = "● waiting on a blocking subagent…";
+    else if (!RUNNING.has(status)) $("trace-live").textContent = "";
+  },
+  step_started: ({ step, side }) => {
+    $("trace-live").textContent = `● step ${step}${side ? ` (side ${side.toUpperCase()})` : ""} running…`;
+  },
+  step_completed: () => later("trace", refreshTrace, 200),
+  tool_started: ({ tool_call_id, name }) => {
+    markCall(tool_call_id, "running");
+    if (name) $("trace-live").textContent = `● tool ${name} running…`;
+  },
   tool_completed: ({ tool_call_id, status }) => {
     markCall(tool_call_id, status);
     later("files", refreshFiles);
+    later("trace", refreshTrace, 200);
   },
-  turn_ended: () => later("files", refreshFiles),
+  turn_ended: () => {
+    later("files", refreshFiles);
+    later("trace", refreshTrace, 100);
+    $("trace-live").textContent = "";
+  },
   session_ended: ({ status, reason }) => line(`Session ended: ${status}${reason ? ` (${reason})` : ""}`),
   stopped_by_user: () => line("Stopped by the user"),
   thread_terminated: () => line("Thread terminated"),
@@ -357,48 +454,59 @@ function upsert(message) {
 }
 
 function renderMessage(m) {
-  const classes = ["msg", m.role, m.status];
-  if (m.silent) classes.push("silent");
-  if (m.tool_status) classes.push(`tool-${m.tool_status}`);
-  const who = [m.role === "tool" ? `tool · ${m.name}` : m.role];
-  if (m.model) who.push(m.model);
-  if (m.silent) who.push("silent");
-  if (m.status === "queued" || m.status === "pending" || m.status === "failed") who.push(m.status);
-  if (m.role === "tool" && m.tool_status) who.push(m.tool_status);
-  const node = el(
-    "li",
-    { class: classes.join(" "), dataset: { id: m.id, role: m.role } },
-    el("div", { class: "who", text: who.join(" · ") }),
-    el("div", { class: "text", text: m.content || "" }),
-  );
-  const error = m.status === "failed" ? (m.metadata || {}).error : null; // why it failed: `{code, message}`
-  if (error && typeof error === "object") {
-    node.append(el("div", { class: "error", text: `${error.message} (${error.code})` }));
-  }
-  if (state.streamed.has(m.id)) node.dataset.streamed = "true";
+  const node = messages.draw(m, {
+    shape: state.shape,
+    streamed: state.streamed.has(m.id),
+    edit: (message) => editMessage(message),
+    remove: (message) => guarded(() => removeMessage(message))(),
+  });
   if (m.role === "tool" && m.tool_call_id) markCall(m.tool_call_id, m.tool_status || "done");
-  for (const call of m.tool_calls || []) {
-    let args = call.function.arguments;
-    try {
-      args = JSON.stringify(JSON.parse(args));
-    } catch {
-      // shown as sent
-    }
-    node.append(
-      el(
-        "div",
-        { class: "call", dataset: { callId: call.id } },
-        el("span", { class: "tool-name", text: call.function.name }),
-        el("code", { text: args }),
-        el("span", { class: "call-state" }),
-      ),
-    );
-    if (state.calls.has(call.id)) showCall(node.lastChild, state.calls.get(call.id));
+  for (const call of node.querySelectorAll(".call")) {
+    if (state.calls.has(call.dataset.callId)) showCall(call, state.calls.get(call.dataset.callId));
   }
   if ((m.attachments || []).length) {
     node.append(el("ul", { class: "attachments" }, ...m.attachments.map((a) => fileItem(a))));
   }
   return node;
+}
+
+const messageNode = (id) => document.querySelector(`#messages li[data-id="${CSS.escape(id)}"]`);
+
+function editMessage(m) {
+  const node = messageNode(m.id);
+  if (!node) return;
+  messages.editor(node, m, async (content) => {
+    const edited = await state.client.messages.edit(state.threadId, m.id, content);
+    upsert(edited); // the stream announces it too (`message_data`)
+  });
+}
+
+async function removeMessage(m) {
+  // the API's rules decide: a tool result whose call is still there is refused (409 `tool_result_alone`); the
+  // refusal is said on the message itself
+  const node = messageNode(m.id);
+  const ask = node?.querySelector(".msg-actions");
+  if (node && ask && !node.dataset.confirm) {
+    node.dataset.confirm = "true";
+    ask.append(
+      el("span", { class: "confirm-inline small" }, "delete this message? ",
+        el("button", { type: "button", class: "link small danger", text: "yes", onclick: guarded(() => removeMessage(m)) }),
+        el("button", { type: "button", class: "link small", text: "no", onclick: () => upsert(state.messages.get(m.id) || m) }),
+      ),
+    );
+    return;
+  }
+  try {
+    await state.client.messages.delete(state.threadId, m.id);
+  } catch (error) {
+    if (!(error instanceof AgentsError) || !node) throw error;
+    node.querySelector(".confirm-inline")?.remove();
+    delete node.dataset.confirm;
+    node.append(el("div", { class: "error refusal", text: `Not deleted: ${error.message} (${error.code})` }));
+    return;
+  }
+  state.messages.delete(m.id);
+  node?.remove();
 }
 
 function markCall(id, status) {
@@ -416,9 +524,10 @@ async function send(event) {
   event.preventDefault();
   const input = $("input");
   const content = input.value.trim();
-  const files = [...$("files-input").files];
-  if ((!content && files.length === 0) || !state.threadId) return;
-  const sent = await state.client.messages.post(state.threadId, files.length ? { content, files } : { content });
+  const chosen = [...$("files-input").files];
+  if ((!content && chosen.length === 0) || !state.threadId) return;
+  const body = chosen.length ? { content, files: chosen } : { content };
+  const sent = await state.client.messages.post(state.threadId, body);
   input.value = "";
   $("files-input").value = "";
   showChosen();
@@ -429,61 +538,9 @@ async function send(event) {
 
 // --- files --------------------------------------------------------------------------------------------------
 
-function thumbnail(path, etag) {
-  // fetched with the key (an <img src> could not send it), then shown from a blob: URL; one fetch per content
-  const key = `${state.threadId}:${path}:${etag}`;
-  if (!state.images.has(key)) {
-    state.images.set(
-      key,
-      state.client.files
-        .download(state.threadId, path, { thumbnail: true })
-        .then((r) => r.blob())
-        .then((blob) => URL.createObjectURL(blob))
-        .catch((error) => {
-          state.images.delete(key); // a refusal (busy, not an image) is not kept: the next render asks again
-          throw error;
-        }),
-    );
-  }
-  return state.images.get(key);
-}
-
 function fileItem(file) {
-  const item = el("li", { class: "file", dataset: { path: file.path } });
-  if (IMAGE.test(file.mime_type || "")) {
-    const img = el("img", { class: "thumb", alt: file.name, loading: "lazy" });
-    thumbnail(file.path, file.etag || file.size)
-      .then((url) => {
-        img.src = url;
-      })
-      .catch(() => img.replaceWith(el("span", { class: "thumb none", text: "no preview" })));
-    item.append(img);
-  } else {
-    item.append(el("span", { class: "thumb none", text: (file.name.split(".").pop() || "file").slice(0, 4) }));
-  }
-  item.append(
-    el(
-      "div",
-      { class: "file-about" },
-      el("span", { class: "name", text: file.name || file.path, title: file.path }),
-      el("span", { class: "path muted small", text: file.path, title: file.path }),
-      el("span", { class: "muted small", text: [file.mime_type, size(file.size)].filter(Boolean).join(" · ") }),
-    ),
-    el("button", { type: "button", class: "quiet small", text: "Download", onclick: guarded(() => download(file)) }),
-  );
-  return item;
-}
-
-async function download(file) {
-  const response = await state.client.files.download(state.threadId, file.path);
-  // a blob: URL has this page's origin: typed as bytes, it can only ever be saved, never rendered here
-  const bytes = new Blob([await response.blob()], { type: "application/octet-stream" });
-  const url = URL.createObjectURL(bytes);
-  const link = el("a", { href: url, download: file.name || file.path.split("/").pop() });
-  document.body.append(link);
-  link.click();
-  link.remove();
-  setTimeout(() => URL.revokeObjectURL(url), 60_000);
+  // thumbnails are cached per thread and content; a download's failure goes to the notice
+  return files.item(file, { client: state.client, threadId: state.threadId, images: state.images, failed: notice });
 }
 
 async function refreshFiles() {
@@ -491,9 +548,9 @@ async function refreshFiles() {
   if (!id) return;
   const { entries } = await state.client.files.find(id, "*");
   if (id !== state.threadId) return;
-  const files = entries.filter((e) => e.type === "file");
-  $("files").replaceChildren(...files.map(fileItem));
-  if (files.length === 0) $("files").append(el("li", { class: "muted small", text: "none" }));
+  const stored = entries.filter((e) => e.type === "file");
+  $("files").replaceChildren(...stored.map(fileItem));
+  if (stored.length === 0) $("files").append(el("li", { class: "muted small", text: "none" }));
 }
 
 // --- subagents and their variables --------------------------------------------------------------------------
@@ -591,6 +648,49 @@ function renderRequest(card, owner, request) {
   card.replaceChildren(title, el("p", { class: "muted small", text: "Values go to that subagent only, stored encrypted." }), form);
 }
 
+// --- the trace and the agent map -------------------------------------------------------------------------
+
+async function refreshTrace() {
+  const id = state.threadId;
+  if (!id || state.panel !== "panel-trace") return;
+  const logs = await trace.load(state.client, id);
+  if (id !== state.threadId) return;
+  trace.draw($("trace"), logs, [...state.messages.values()], (child) => guarded(() => selectThread(child))());
+}
+
+async function showMap(name) {
+  // a thread's agent, else the agent picked for a new thread; a subagent's map opens on top of it (`← back`)
+  const agent = name || state.thread?.agent || $("agent").value;
+  if (!agent) return;
+  state.maps = [agent];
+  await drawMap();
+}
+
+async function drawMap() {
+  const name = state.maps.at(-1);
+  const detail = await state.client.agents.get(name);
+  if (state.maps.at(-1) !== name) return;
+  const back = state.maps.length > 1 ? () => {
+    state.maps.pop();
+    guarded(drawMap)();
+  } : null;
+  agentMap.draw($("map"), detail, (next) => {
+    state.maps.push(next);
+    guarded(drawMap)();
+  }, back);
+}
+
+function showPanel(id) {
+  state.panel = id;
+  for (const tab of document.querySelectorAll(".tabs .tab")) {
+    const on = tab.dataset.panel === id;
+    tab.setAttribute("aria-selected", String(on));
+    $(tab.dataset.panel).hidden = !on;
+  }
+  document.querySelector(".layout").classList.toggle("wide", id !== "panel-thread");
+  if (id === "panel-trace") refreshTrace().catch(notice);
+}
+
 // --- start --------------------------------------------------------------------------------------------------
 
 function bind() {
@@ -614,7 +714,28 @@ function bind() {
       await connect();
     }),
   );
-  $("agent").addEventListener("change", describeAgent);
+  $("agent").addEventListener("change", () => {
+    describeAgent();
+    if (!state.threadId) showMap().catch(notice);
+  });
+  $("thread-search").addEventListener("input", showThreads);
+  $("thread-filters").addEventListener("submit", (event) => event.preventDefault());
+  for (const id of ["filter-agent", "filter-status"]) $(id).addEventListener("change", guarded(loadThreads));
+  $("filter-tag").addEventListener("input", () => later("threads", loadThreads));
+  $("edit-thread").addEventListener("click", editThread);
+  $("thread-edit").addEventListener("submit", guarded(saveThread));
+  $("edit-cancel").addEventListener("click", () => {
+    $("thread-edit").hidden = true;
+  });
+  $("delete-thread").addEventListener("click", askDelete);
+  $("delete-yes").addEventListener("click", guarded(deleteThread));
+  $("delete-no").addEventListener("click", () => {
+    $("delete-confirm").hidden = true;
+  });
+  $("refresh-trace").addEventListener("click", guarded(refreshTrace));
+  for (const tab of document.querySelectorAll(".tabs .tab")) {
+    tab.addEventListener("click", () => showPanel(tab.dataset.panel));
+  }
   $("new-thread").addEventListener("submit", guarded(createThread));
   $("refresh-threads").addEventListener("click", guarded(loadThreads));
   $("refresh-files").addEventListener("click", guarded(refreshFiles));

@@ -119,6 +119,7 @@ class ModelDefinition(Definition):
     respond: Callable[..., Any] | None = None
     chunk_size: int | None = Field(default=None, ge=1)
     delay_ms: int = Field(default=0, ge=0)
+    chunk_delay_ms: int = Field(default=0, ge=0)
 
     @model_validator(mode="before")
     @classmethod
@@ -138,6 +139,8 @@ class ModelDefinition(Definition):
             for name in ("script", "respond", "chunk_size"):
                 if getattr(self, name) is not None:
                     raise ValueError(f"`{name}` applies to the `test` provider only")
+            if self.chunk_delay_ms:
+                raise ValueError("`chunk_delay_ms` applies to the `test` provider only")
         return self
 
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from app.llm.base import CallContext, Done, LLMRequest, LLMResponse, ProviderError, ReasoningDelta, TextDelta
 from app.llm.test import TestModel
@@ -94,6 +96,23 @@ async def test_delay_ms_waits_before_answering() -> None:
     started = time.monotonic()
     await collect(model)
     assert time.monotonic() - started >= 0.05
+
+
+async def test_chunk_delay_ms_spreads_the_chunks_over_time() -> None:
+    """Each chunk after the first waits `chunk_delay_ms`: the text streams in as a reader would see a real model's."""
+    model = TestModel(define_model(name="m", provider="test", script=["abcdefgh"], chunk_size=2, chunk_delay_ms=40))
+    arrived: list[float] = []
+    started = time.monotonic()
+    async for event in model.stream(REQUEST, CallContext("t", 0)):
+        if isinstance(event, TextDelta):
+            arrived.append(time.monotonic() - started)
+    assert len(arrived) == 4 and arrived[0] < 0.04  # the first chunk at once
+    assert all(later - earlier >= 0.035 for earlier, later in itertools.pairwise(arrived)), arrived
+
+
+def test_chunk_delay_ms_is_for_the_test_provider_only() -> None:
+    with pytest.raises(ValidationError, match="`chunk_delay_ms` applies to the `test` provider only"):
+        define_model(name="m", provider="openai", model="gpt-4.1-mini", chunk_delay_ms=10)
 
 
 @pytest.mark.parametrize("is_async", [False, True])

@@ -11,16 +11,30 @@ from importlib import resources
 
 from fastapi import APIRouter, Depends, Response
 
+from app import errors
 from app.api import deps
 
 router = APIRouter(include_in_schema=False, dependencies=[Depends(deps.local_in_open_mode)])
 
+JS = "text/javascript; charset=utf-8"
 ASSETS = {
     "index.html": "text/html; charset=utf-8",
-    "app.js": "text/javascript; charset=utf-8",
-    "client.js": "text/javascript; charset=utf-8",  # clients/js/src/index.js, copied (tests/test_client_js.py)
+    "app.js": JS,
+    "client.js": JS,  # clients/js/src/index.js, copied (tests/test_client_js.py)
+    "dom.js": JS,
+    "files.js": JS,
+    "markdown.js": JS,
+    "messages.js": JS,
+    "trace.js": JS,
+    "map.js": JS,
     "style.css": "text/css; charset=utf-8",
     "icon.svg": "image/svg+xml",
+    # npm packages copied byte for byte, with their licences (vendor/README.md: versions and checksums)
+    "vendor/marked.esm.js": JS,
+    "vendor/purify.es.mjs": JS,
+    "vendor/LICENSE-marked.txt": "text/plain; charset=utf-8",
+    "vendor/LICENSE-dompurify.txt": "text/plain; charset=utf-8",
+    "vendor/README.md": "text/markdown; charset=utf-8",
 }
 POLICY = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' blob:; connect-src 'self'; "
@@ -52,21 +66,9 @@ async def page() -> Response:
     return _asset("index.html")
 
 
-@router.get("/playground/app.js")
-async def script() -> Response:
-    return _asset("app.js")
-
-
-@router.get("/playground/client.js")
-async def client() -> Response:
-    return _asset("client.js")
-
-
-@router.get("/playground/style.css")
-async def style() -> Response:
-    return _asset("style.css")
-
-
-@router.get("/playground/icon.svg")
-async def icon() -> Response:
-    return _asset("icon.svg")
+@router.get("/playground/{name:path}")
+async def asset(name: str) -> Response:
+    """A file of the page; anything not in `ASSETS` is 404."""
+    if name not in ASSETS or name == "index.html":
+        raise errors.NotFound()
+    return _asset(name)

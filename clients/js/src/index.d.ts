@@ -53,10 +53,44 @@ export interface Agent {
   variables: Variable[];
 }
 
+export interface AgentSide {
+  label: string | null;
+  prompt: string;
+  stop_on_response: boolean;
+  stop_tool: string | null;
+  max_steps: number | null;
+  /** the session tools the side binds: `stop`, `fail`, `status` → the tool's name */
+  session_tools: Partial<Record<"stop" | "fail" | "status", string>>;
+}
+
+export interface ToolLink {
+  name: string;
+  kind: "tool" | "subprompt" | "subagent" | "handoff";
+  description: string | null;
+  optional: string | null;
+  blocking: boolean | null;
+  resumable: boolean | null;
+  immediate: boolean | null;
+}
+
+export interface PromptDetail {
+  name: string;
+  model: string;
+  description: string | null;
+  include_chat: boolean;
+  includes: string[];
+  hooks: string[];
+  tools: ToolLink[];
+}
+
 export interface AgentDetail extends Agent {
-  side_a: { label: string | null; prompt: string };
-  side_b: { label: string | null; prompt: string } | null;
+  side_a: AgentSide;
+  side_b: AgentSide | null;
   prompts: string[];
+  max_session_turns: number | null;
+  hooks: string[];
+  /** the sides' prompts, then the subprompts they reach: the agent's shape */
+  prompt_details: PromptDetail[];
 }
 
 export interface Session {

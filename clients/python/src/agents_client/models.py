@@ -8,7 +8,7 @@ import uuid
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 ThreadStatus = Literal["idle", "queued", "running", "waiting", "stopped", "terminated"]
 
@@ -152,12 +152,41 @@ class Agent(Model):
 class Side(Model):
     label: str | None
     prompt: str
+    stop_on_response: bool = True
+    stop_tool: str | None = None
+    max_steps: int | None = None
+    session_tools: dict[str, str] = Field(default_factory=dict)
+
+
+class ToolLink(Model):
+    """One entry of a prompt's `tools`: `kind` is `tool`, `subprompt`, `subagent` or `handoff`."""
+
+    name: str
+    kind: str
+    description: str | None
+    optional: str | None
+    blocking: bool | None
+    resumable: bool | None
+    immediate: bool | None
+
+
+class PromptDetail(Model):
+    name: str
+    model: str
+    description: str | None
+    include_chat: bool
+    includes: list[str]
+    hooks: list[str]
+    tools: list[ToolLink]
 
 
 class AgentDetail(Agent):
     side_a: Side
     side_b: Side | None
     prompts: list[str]
+    max_session_turns: int | None = None
+    hooks: list[str] = Field(default_factory=list)
+    prompt_details: list[PromptDetail] = Field(default_factory=list)
 
 
 class Status(Model):
