@@ -294,16 +294,26 @@ async def test_a_key_revoked_before_its_stream_subscribed_is_caught_by_the_next_
         the_hub.unsubscribe(sub)
 
 
-async def _listening(dsn: str) -> tuple[Any, list[dict[str, Any]]]:
+async def _listening(dsn: str, payloads: list[int] | None = None) -> tuple[Any, list[dict[str, Any]]]:
+    """A connection listening to the hub's channel; the deltas it heard, unpacked (`payloads`: deltas per
+    notification)."""
     conn = await db.connect(dsn, connect_timeout=5)
     heard: list[dict[str, Any]] = []
-    await conn.add_listener(hub.CHANNEL, lambda *args: heard.append(json.loads(args[3])))
+
+    def unpack(*args: Any) -> None:
+        packed = json.loads(args[3])
+        heard.extend({"thread_id": t, "type": type_, "data": data} for t, type_, data in packed)
+        if payloads is not None:
+            payloads.append(len(packed))
+
+    await conn.add_listener(hub.CHANNEL, unpack)
     return conn, heard
 
 
 async def test_deltas_queued_meanwhile_go_out_together_in_order(database_url: str) -> None:
     dsn = database_url
-    listener, heard = await _listening(dsn)
+    payloads: list[int] = []
+    listener, heard = await _listening(dsn, payloads)
     publisher = hub.Publisher(dsn)
     sent: list[int] = []
     try:
@@ -330,8 +340,9 @@ async def test_deltas_queued_meanwhile_go_out_together_in_order(database_url: st
             publisher.publish(thread_id, "message_chunk", {"message_id": str(thread_id), "chunk": "ab", "offset": i})
         publisher.publish(threads[0], "message_chunk", {"message_id": "long", "chunk": "y" * 2500, "offset": 0})
         await publisher.sent()  # returns once all of it is out
-        assert sent == [63]  # one statement for everything queued while nothing was being sent
+        assert len(sent) == 1  # one statement for everything queued while nothing was being sent
         await wait_for(lambda: asyncio.sleep(0, len(heard) == 64), interval=0.01)
+        assert payloads[1:] == [56, 7]  # packed into as few notifications as fit (~130 bytes a small delta)
         for thread_id in threads:
             mine = [h["data"]["offset"] for h in heard if h["data"]["message_id"] == str(thread_id)]
             assert mine == sorted(mine) and len(mine) == 20
