@@ -91,6 +91,14 @@ class Overflow(Exception):
     """The subscriber fell behind and was cut off; it resumes with `Last-Event-ID`."""
 
 
+class _Buffer(list["Stored | Live | Batch"]):
+    """A subscription's buffer: a list (56 bytes empty, a deque 760: ten thousand idle streams hold one each) taken
+    from the front, which stays short (the stream takes all of it at once)."""
+
+    def popleft(self) -> Stored | Live | Batch:
+        return self.pop(0)
+
+
 class Subscription:
     """One SSE client's bounded buffer of notifications; the stream takes what is buffered in one go.
 
@@ -126,7 +134,7 @@ class Subscription:
     ) -> None:
         self.key = key
         self.api_key = api_key  # the key the stream was opened with (none in open mode)
-        self.items: deque[Stored | Live | Batch] = deque()
+        self.items = _Buffer()
         self.size = size
         self.overflowed = False
         self._waiter: asyncio.Future[None] | None = None

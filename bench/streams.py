@@ -39,7 +39,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 
@@ -66,8 +66,7 @@ class Reader(asyncio.Protocol):
         self.closed = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        transport.write(self._request)
+        cast(asyncio.WriteTransport, transport).write(self._request)  # uvloop's is not an asyncio class
 
     def data_received(self, data: bytes) -> None:
         now = time.time()
@@ -166,10 +165,11 @@ async def run_once(server_url: str, args: argparse.Namespace) -> dict[str, float
         await asyncio.sleep(3)  # every stream past its backlog read, waiting on live events
         opened = rss_kb(pid)
         gc.disable()  # the client keeps every frame's times: collector pauses would show as lag
-        cpu = cpu_seconds([pid])
+        cpu, mine, wall = cpu_seconds([pid]), time.process_time(), time.perf_counter()
         sent = await _writer(url, threads[: args.active], args)
         await asyncio.sleep(2)  # the last events on their way
         cpu = cpu_seconds([pid]) - cpu
+        mine, wall = time.process_time() - mine, time.perf_counter() - wall
         gc.enable()
         after = rss_kb(pid)
         closed = sum(r.closed for r in readers)
@@ -201,6 +201,8 @@ async def run_once(server_url: str, args: argparse.Namespace) -> dict[str, float
         "p99": percentile(lags, 99) if lags else float("nan"),
         "max": max(lags) if lags else float("nan"),
         "cpu_ms_per_1000": cpu * 1000 / max(1, delivered) * 1000,
+        "server_cores": cpu / wall,
+        "client_cores": mine / wall,
     }
 
 
@@ -294,9 +296,9 @@ async def main() -> None:
         )
         print(
             "\n| run | RSS before / open / after MB | KB per stream | frames delivered / written | idle frames "
-            "| p50 ms | p99 ms | max ms | server CPU ms per 1,000 frames | closed | connect s |"
+            "| p50 ms | p99 ms | max ms | server CPU ms / 1,000 frames | cores: server / client | closed | connect s |"
         )
-        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
         results = []
         for i in range(args.runs):
             r = await run_once(server_url, args)
@@ -304,7 +306,8 @@ async def main() -> None:
             print(
                 f"| {i + 1} | {r['before_mb']:.0f} / {r['opened_mb']:.0f} / {r['after_mb']:.0f} "
                 f"| {r['per_stream_kb']:.1f} | {r['delivered']:.0f} / {r['expected']:.0f} | {r['idle_frames']:.0f} "
-                f"| {r['p50']:.1f} | {r['p99']:.1f} | {r['max']:.1f} | {r['cpu_ms_per_1000']:.0f} | {r['closed']:.0f} "
+                f"| {r['p50']:.1f} | {r['p99']:.1f} | {r['max']:.1f} | {r['cpu_ms_per_1000']:.0f} "
+                f"| {r['server_cores']:.2f} / {r['client_cores']:.2f} | {r['closed']:.0f} "
                 f"| {r['connect_s']:.1f} |",
                 flush=True,
             )

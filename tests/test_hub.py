@@ -9,6 +9,7 @@ import uuid
 from typing import Any, cast
 
 import pytest
+from sqlalchemy import func, select
 
 from app import catalog, db, event_types, events, hub, keys
 from app.hub import Batch, Live, Overflow, Stored, Subscription
@@ -389,3 +390,39 @@ async def test_a_waiter_is_served_even_when_a_sender_was_cut_off(database_url: s
         await listener.close()
     publisher.publish(uuid.uuid4(), "message_chunk", {"message_id": "m", "chunk": "late", "offset": 0})
     assert publisher._sender is None or publisher._sender.done()  # closed: dropped, no connection reopened
+
+
+async def test_packed_deltas_reach_each_followed_thread_as_one_delivery_in_order(app_factory: Any) -> None:
+    app = await app_factory(catalog.load(ROOT / "agents"))
+    first, second, unfollowed = await _thread(app), await _thread(app), uuid.uuid4()
+    the_hub: hub.Hub = app.state.runtime.hub
+    subs = {t: the_hub.subscribe(t) for t in (first, second)}
+    publisher = hub.Publisher(app.state.runtime.settings.database_url)
+    try:
+        for i in range(6):  # queued together: one notification
+            thread_id = (first, second, unfollowed)[i % 3]
+            publisher.publish(thread_id, "message_chunk", {"message_id": "m", "chunk": f"{i}", "offset": i})
+        await publisher.sent()
+        await wait_for(lambda: asyncio.sleep(0, all(len(delivered(s)) == 2 for s in subs.values())), interval=0.01)
+        for thread_id, i in ((first, 0), (second, 1)):
+            [delivery] = subs[thread_id].items  # one delivery: the stream writes it in one send
+            assert isinstance(delivery, Batch)
+            assert [cast(Live, d).data["chunk"] for d in delivery.items] == [f"{i}", f"{i + 3}"]
+        # one delta in a notification of its own, as a publisher of the previous version sends it
+        old = {"thread_id": str(first), "type": "message_chunk", "data": {"message_id": "m", "chunk": "x", "offset": 6}}
+        async with app.state.runtime.sessions() as session, session.begin():
+            await session.execute(select(func.pg_notify(hub.CHANNEL, json.dumps(old))))
+        await wait_for(lambda: asyncio.sleep(0, len(delivered(subs[first])) == 3), interval=0.01)
+        assert cast(Live, delivered(subs[first])[-1]).data["chunk"] == "x"
+    finally:
+        await publisher.close()
+        for sub in subs.values():
+            the_hub.unsubscribe(sub)
+
+
+def test_deltas_are_packed_in_order_into_notifications_that_fit() -> None:
+    items = [json.dumps([str(uuid.uuid4()), "message_chunk", {"chunk": "z" * n}]) for n in (10, 3000, 3000, 3000, 5)]
+    payloads = hub._packed(items)
+    assert [len(json.loads(p)) for p in payloads] == [3, 2]
+    assert all(len(p.encode()) <= hub.NOTIFY_BYTES for p in payloads)
+    assert [x for p in payloads for x in json.loads(p)] == [json.loads(i) for i in items]
