@@ -175,6 +175,7 @@ async def run_once(server_url: str, args: argparse.Namespace) -> dict[str, float
         closed = sum(r.closed for r in readers)
         del warm
     lags: list[float] = []
+    late: set[int] = set()  # the seconds in which a frame arrived more than 100 ms late
     delivered = idle_frames = 0
     for i, reader in enumerate(readers):
         if i >= args.active:
@@ -186,6 +187,8 @@ async def run_once(server_url: str, args: argparse.Namespace) -> dict[str, float
             origin = stamp if stamp is not None else commits.get(seq) if seq is not None else None
             if origin is not None:
                 lags.append((at - origin) * 1000)
+                if at - origin > 0.1:
+                    late.add(int(at))
     expected = sum(int(v["count"]) for v in sent.values())
     return {
         "connect_s": connect_s,
@@ -197,6 +200,8 @@ async def run_once(server_url: str, args: argparse.Namespace) -> dict[str, float
         "delivered": delivered,
         "idle_frames": idle_frames,
         "closed": closed,
+        "late": sum(1 for lag in lags if lag > 100),
+        "late_seconds": len(late),
         "p50": percentile(lags, 50) if lags else float("nan"),
         "p99": percentile(lags, 99) if lags else float("nan"),
         "max": max(lags) if lags else float("nan"),
@@ -296,9 +301,10 @@ async def main() -> None:
         )
         print(
             "\n| run | RSS before / open / after MB | KB per stream | frames delivered / written | idle frames "
-            "| p50 ms | p99 ms | max ms | server CPU ms / 1,000 frames | cores: server / client | closed | connect s |"
+            "| p50 ms | p99 ms | max ms | > 100 ms: frames (in s) | server CPU ms / 1,000 frames "
+            "| cores: server / client | closed | connect s |"
         )
-        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
         results = []
         for i in range(args.runs):
             r = await run_once(server_url, args)
@@ -306,7 +312,8 @@ async def main() -> None:
             print(
                 f"| {i + 1} | {r['before_mb']:.0f} / {r['opened_mb']:.0f} / {r['after_mb']:.0f} "
                 f"| {r['per_stream_kb']:.1f} | {r['delivered']:.0f} / {r['expected']:.0f} | {r['idle_frames']:.0f} "
-                f"| {r['p50']:.1f} | {r['p99']:.1f} | {r['max']:.1f} | {r['cpu_ms_per_1000']:.0f} "
+                f"| {r['p50']:.1f} | {r['p99']:.1f} | {r['max']:.1f} | {r['late']:.0f} ({r['late_seconds']:.0f}) "
+                f"| {r['cpu_ms_per_1000']:.0f} "
                 f"| {r['server_cores']:.2f} / {r['client_cores']:.2f} | {r['closed']:.0f} "
                 f"| {r['connect_s']:.1f} |",
                 flush=True,
