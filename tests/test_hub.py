@@ -11,7 +11,7 @@ from typing import Any, cast
 import pytest
 from sqlalchemy import func, select
 
-from app import catalog, db, event_types, events, hub, keys
+from app import catalog, db, event_types, events, hub, keys, publisher
 from app.hub import Batch, Live, Overflow, Stored, Subscription
 from tests.conftest import ROOT, client_for, wait_for
 from tests.test_api import read_events
@@ -368,10 +368,10 @@ async def test_publishing_never_waits_for_the_database_nor_fails(caplog: pytest.
 
 def test_a_delta_is_split_so_every_piece_fits_in_a_notify() -> None:
     text = "😀" * 1500 + "a" * 2500  # JSON writes each emoji as 12 bytes
-    pieces = hub._pieces(text, hub.PIECE)
+    pieces = publisher._pieces(text, publisher.PIECE)
     assert "".join(pieces) == text
-    assert all(len(json.dumps({"chunk": p}).encode()) < hub.NOTIFY_BYTES - 300 for p in pieces)
-    assert hub._pieces("", hub.PIECE) == [""]
+    assert all(len(json.dumps({"chunk": p}).encode()) < publisher.NOTIFY_BYTES - 300 for p in pieces)
+    assert publisher._pieces("", publisher.PIECE) == [""]
 
 
 async def test_a_waiter_is_served_even_when_a_sender_was_cut_off(database_url: str) -> None:
@@ -422,7 +422,7 @@ async def test_packed_deltas_reach_each_followed_thread_as_one_delivery_in_order
 
 def test_deltas_are_packed_in_order_into_notifications_that_fit() -> None:
     items = [json.dumps([str(uuid.uuid4()), "message_chunk", {"chunk": "z" * n}]) for n in (10, 3000, 3000, 3000, 5)]
-    payloads = hub._packed(items)
+    payloads = publisher._packed(items)
     assert [len(json.loads(p)) for p in payloads] == [3, 2]
-    assert all(len(p.encode()) <= hub.NOTIFY_BYTES for p in payloads)
+    assert all(len(p.encode()) <= publisher.NOTIFY_BYTES for p in payloads)
     assert [x for p in payloads for x in json.loads(p)] == [json.loads(i) for i in items]
