@@ -5,8 +5,13 @@ this process, the hub reads the new events **once** and hands the same `Entry` (
 subscriber, so a thousand streams on one thread cost one query per event, not a thousand. The batch an engine
 transaction writes usually comes with its announcement (`thread_id:seq:[[type, data], ...]`, when it fits in a
 payload): then nothing is read at all, unless a read of that thread is under way or a seq was skipped. Streamed deltas
-(`message_chunk`) arrive as JSON payloads; a delta that arrives while the events before it are still being read
+(`message_chunk`) arrive as JSON payloads, several in one (`Publisher` packs what was queued together), a thread's
+deltas of one payload handed on as one delivery; a delta that arrives while the events before it are still being read
 waits for them, so a subscriber never sees a message's text before the message.
+
+Each subscription keeps its stream's clock (last send, send under way), and one ticker task looks at all of them: a
+keepalive is asked of a quiet stream and a stream whose client stopped reading is ended, without a task or timer per
+stream (10,000 open streams are a chat widget's scale: bench/streams.py).
 
 A stream opened with an API key is cut off once the key is revoked, whichever process revoked it: the hub hears of
 every change to the keys, and checks them again every `KEY_CHECK` seconds.
@@ -20,6 +25,7 @@ import json
 import logging
 import uuid
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,13 +33,16 @@ import asyncpg
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app import db, events, keys
+from app.publisher import Publisher
+
+__all__ = ["Publisher"]  # where the engine has always imported it from (`app/publisher.py` since it grew)
 
 log = logging.getLogger(__name__)
 
 CHANNEL = events.CHANNEL
-PIECE = 1000  # characters per NOTIFY: even fully escaped, a piece stays under the 8000-byte limit
 WATCH_INTERVAL = 1.0  # seconds between checks that the LISTEN connection is still open
 KEY_CHECK = 5.0  # seconds between checks of the keys streams were opened with, changed or not
+TICK = 1.0  # seconds between the ticker's looks at every stream's clock (keepalives, send timeouts)
 
 
 @dataclass
@@ -75,50 +84,113 @@ class Live:
 
 @dataclass(frozen=True)
 class Batch:
-    """Events the hub read together, in seq order, buffered as one delivery."""
+    """Events the hub read together, in seq order, or deltas that came in one notification: one delivery."""
 
-    items: list[Stored]
+    items: Sequence[Stored | Live]
 
 
 class Overflow(Exception):
     """The subscriber fell behind and was cut off; it resumes with `Last-Event-ID`."""
 
 
-class Subscription:
-    """One SSE client's bounded buffer of notifications; the stream takes what is buffered in one go."""
+class _Buffer(list["Stored | Live | Batch"]):
+    """A subscription's buffer: a list (56 bytes empty, a deque 760: ten thousand idle streams hold one each) taken
+    from the front, which stays short (the stream takes all of it at once)."""
 
-    def __init__(self, key: uuid.UUID, size: int, api_key: uuid.UUID | None = None) -> None:
+    def popleft(self) -> Stored | Live | Batch:
+        return self.pop(0)
+
+
+class Subscription:
+    """One SSE client's bounded buffer of notifications; the stream takes what is buffered in one go.
+
+    It also keeps the stream's clock, which the hub's one ticker reads for every subscriber (rather than a ping task
+    and a send timer per stream): `ping` asks the stream for a keepalive once `keepalive` seconds passed since its
+    last send; a send under way for `send_timeout` seconds cancels `task` (the stream's own), with `timed_out` set.
+    """
+
+    __slots__ = (
+        "_waiter",
+        "api_key",
+        "items",
+        "keepalive",
+        "key",
+        "last_send",
+        "overflowed",
+        "ping",
+        "send_timeout",
+        "sending_since",
+        "size",
+        "task",
+        "timed_out",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        key: uuid.UUID,
+        size: int,
+        api_key: uuid.UUID | None = None,
+        *,
+        keepalive: float | None = None,
+        send_timeout: float | None = None,
+    ) -> None:
         self.key = key
         self.api_key = api_key  # the key the stream was opened with (none in open mode)
-        self.items: deque[Stored | Live | Batch] = deque()
+        self.items = _Buffer()
         self.size = size
         self.overflowed = False
-        self._ready = asyncio.Event()
+        self._waiter: asyncio.Future[None] | None = None
+        self.keepalive = keepalive
+        self.send_timeout = send_timeout
+        self.task: asyncio.Task[Any] | None = None
+        self.last_send = asyncio.get_running_loop().time()
+        self.sending_since: float | None = None
+        self.ping = False
+        self.timed_out = False
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     def cut_off(self) -> None:
         """End this stream: the client resumes with `Last-Event-ID` and misses nothing."""
         self.overflowed = True
-        self._ready.set()
+        self._wake()
 
     def push(self, item: Stored | Live | Batch) -> None:
         if len(self.items) >= self.size:
             self.overflowed = True
         else:
             self.items.append(item)
-        self._ready.set()
+        self._wake()
 
-    def push_all(self, items: list[Stored]) -> None:
+    def push_all(self, items: Sequence[Stored | Live]) -> None:
         """Buffer a batch the hub read, in one slot: the buffer bounds how many deliveries a subscriber lags."""
         if items:
             self.push(Batch(items))
 
     async def wait(self) -> None:
-        """Until something is buffered; `Overflow` once the buffer ran over."""
-        while not self.items and not self.overflowed:
-            self._ready.clear()
-            await self._ready.wait()
+        """Until something is buffered or a keepalive is due; `Overflow` once the buffer ran over."""
+        while not self.items and not self.overflowed and not self.ping:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
         if self.overflowed:
             raise Overflow()
+
+    def tick(self, now: float) -> None:
+        """The ticker's look at this stream: a send stuck past `send_timeout` ends it, a quiet one is pinged."""
+        if self.sending_since is not None:
+            stuck = self.send_timeout is not None and now - self.sending_since >= self.send_timeout
+            if stuck and self.task is not None and not self.timed_out:
+                self.timed_out = True
+                self.task.cancel()
+        elif self.keepalive is not None and now - self.last_send >= self.keepalive and not self.ping:
+            self.ping = True
+            self._wake()
 
 
 @dataclass
@@ -127,7 +199,7 @@ class _Tail:
 
     fetched: int
     wanted: int
-    held: deque[tuple[int, Live]] = field(default_factory=deque)
+    held: deque[tuple[int, Live | Batch]] = field(default_factory=deque)
 
 
 class Hub:
@@ -145,12 +217,16 @@ class Hub:
         self._watcher: asyncio.Task[None] | None = None
         self._keys_changed = asyncio.Event()
         self._key_checker: asyncio.Task[None] | None = None
+        self._ticker: asyncio.Task[None] | None = None
+        self._ending: asyncio.Task[None] | None = None
+        self._ended = False  # the process is stopping: every stream is ended, a new one at once
         self.keyless = keys.Keyless()  # open mode's key count, kept while this connection hears of key changes
 
     async def start(self) -> None:
         await self._listen()
         self._watcher = asyncio.create_task(self._watch(), name="hub-listener")
         self._key_checker = asyncio.create_task(self._end_revoked(), name="hub-keys")
+        self._ticker = asyncio.create_task(self._tick(), name="hub-ticker")
 
     async def _listen(self) -> None:
         conn = await db.connect(self._dsn, connect_timeout=10)
@@ -188,6 +264,29 @@ class Hub:
                 for sub in list(subs):
                     sub.cut_off()
 
+    async def _tick(self) -> None:
+        """Every `TICK` seconds, each stream's clock: one task for all of them."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(TICK)
+            now = loop.time()
+            for subs in list(self._subs.values()):
+                for sub in subs:
+                    sub.tick(now)
+
+    def end_streams_on(self, stopping: asyncio.Event) -> None:
+        """Once `stopping` is set, end every stream (its client resumes elsewhere with `Last-Event-ID`), and any
+        opened later at once: the server's shutdown need not wait for them. The first call's event counts."""
+        if self._ending is None:
+            self._ending = asyncio.create_task(self._end_all(stopping), name="hub-stopping")
+
+    async def _end_all(self, stopping: asyncio.Event) -> None:
+        await stopping.wait()
+        self._ended = True
+        for subs in list(self._subs.values()):
+            for sub in subs:
+                sub.cut_off()
+
     async def _end_revoked(self) -> None:
         """Cut off the streams whose key was revoked, and those opened in open mode once a key exists: when keys
         change, and every `KEY_CHECK` seconds for a change announced before a stream subscribed (while it was being
@@ -219,7 +318,7 @@ class Hub:
             return revoked, keyless and await keys.active_count(session) > 0
 
     async def stop(self) -> None:
-        for task in (self._watcher, self._key_checker):
+        for task in (self._watcher, self._key_checker, self._ticker, self._ending):
             if task is not None:
                 task.cancel()
         if self._drainer is not None:
@@ -230,9 +329,19 @@ class Hub:
                 await self._conn.close(timeout=2)
             self._conn = None
 
-    def subscribe(self, key: uuid.UUID, api_key: uuid.UUID | None = None) -> Subscription:
-        sub = Subscription(key, self._buffer, api_key)
+    def subscribe(
+        self,
+        key: uuid.UUID,
+        api_key: uuid.UUID | None = None,
+        *,
+        keepalive: float | None = None,
+        send_timeout: float | None = None,
+    ) -> Subscription:
+        """A subscription to `key`'s events; `keepalive` and `send_timeout` (seconds) as `Subscription` says."""
+        sub = Subscription(key, self._buffer, api_key, keepalive=keepalive, send_timeout=send_timeout)
         self._subs.setdefault(key, set()).add(sub)
+        if self._ended:
+            sub.cut_off()
         return sub
 
     def unsubscribe(self, sub: Subscription) -> None:
@@ -248,14 +357,16 @@ class Hub:
     def subscribers(self) -> int:
         return sum(len(s) for s in self._subs.values())
 
-    def _push(self, key: uuid.UUID, item: Stored | Live) -> None:
+    def _push(self, key: uuid.UUID, item: Stored | Live | Batch) -> None:
         for sub in list(self._subs.get(key, ())):
             sub.push(item)
 
     def _on_notify(self, _conn: object, _pid: int, _channel: str, payload: object) -> None:
         assert isinstance(payload, str)
         try:
-            if payload.startswith("{"):
+            if payload.startswith("["):
+                self._deltas(json.loads(payload))
+            elif payload.startswith("{"):  # one delta, as a `Publisher` before deltas were packed sends it
                 body = json.loads(payload)
                 key = uuid.UUID(body["thread_id"])
                 data = body["data"]
@@ -270,7 +381,21 @@ class Hub:
         except (ValueError, KeyError, TypeError):
             log.warning("ignoring malformed event notification %r", payload[:100])
 
-    def _live(self, key: uuid.UUID, item: Live) -> None:
+    def _deltas(self, packed: list[list[Any]]) -> None:
+        """Deltas packed in one notification (`[[thread_id, type, data], ...]`, in order): each followed thread's
+        handed on as one delivery, decoded only where someone follows the thread."""
+        found: dict[str, list[Live]] = {}
+        followed: dict[str, bool] = {}
+        for tid, type_, data in packed:
+            known = followed.get(tid)
+            if known is None:
+                known = followed[tid] = uuid.UUID(tid) in self._subs
+            if known:
+                found.setdefault(tid, []).append(Live(str(type_), data, json.dumps(data)))
+        for tid, lives in found.items():
+            self._live(uuid.UUID(tid), lives[0] if len(lives) == 1 else Batch(lives))
+
+    def _live(self, key: uuid.UUID, item: Live | Batch) -> None:
         if key not in self._subs:
             return
         tail = self._tails.get(key)
@@ -357,113 +482,3 @@ class Hub:
             self._pending.add(key)  # a full page, or more announced meanwhile
         while tail.held and (tail.held[0][0] <= tail.fetched or tail.fetched >= tail.wanted):
             self._push(key, tail.held.popleft()[1])
-
-
-NOTIFY_BYTES = 8000 - 1  # a NOTIFY payload's limit (less one: the terminating zero)
-
-
-def _pieces(text: str, size: int) -> list[str]:
-    """`text` in consecutive pieces of at most `size` characters whose event stays under a NOTIFY's limit once
-    encoded (JSON escapes a character into as many as 12 bytes), so no piece is refused."""
-    pieces: list[str] = []
-    for start in range(0, len(text), size):
-        piece = text[start : start + size]
-        if len(json.dumps(piece).encode()) > NOTIFY_BYTES - 400:  # room for the event's other fields
-            pieces += _pieces(piece, max(1, size // 2))
-        else:
-            pieces.append(piece)
-    return pieces or [text]
-
-
-class Publisher:
-    """Sends live-only events (streamed deltas) on its own connection, outside any transaction.
-
-    `publish` queues and returns: a sender task sends what is queued in order, everything queued while a send was
-    under way in one statement. A caller never waits behind the others' round trips (with one send per delta under a
-    lock, fifty streaming calls queued ~190 ms per delta under load); `sent` waits for what it queued, so a message's
-    deltas go out before the transaction that stores it commits. Deltas are a courtesy (the stored message carries
-    the text), so a batch the database refuses is dropped, and so is a delta that finds `LIMIT` queued."""
-
-    LIMIT = 10_000
-
-    def __init__(self, dsn: str, *, pooled: bool = False) -> None:
-        self._dsn = dsn
-        self._pooled = pooled  # `dsn` is a pooler in transaction mode: each send is one statement, so it may be
-        self._conn: asyncpg.Connection | None = None
-        self._queued: list[str] = []
-        self._sender: asyncio.Task[None] | None = None
-        self._full = False  # warned about a full queue, until it drains
-        self._queued_total = 0  # events queued so far
-        self._sent_total = 0  # events sent (or dropped) so far
-        self._waiting: list[tuple[int, asyncio.Future[None]]] = []  # `sent` callers: the count each waits for
-        self._closed = False
-
-    def publish(self, thread_id: uuid.UUID, type_: str, data: dict[str, Any]) -> None:
-        """Queue a live event for sending; text longer than a NOTIFY allows is split into consecutive chunks."""
-        if self._closed:
-            return
-        if len(self._queued) >= self.LIMIT:
-            if not self._full:
-                log.warning("live events dropped: %d queued; the stored messages carry the text", self.LIMIT)
-                self._full = True
-            return
-        chunk = str(data.get("chunk", ""))
-        offset = int(data.get("offset", 0))
-        for piece in _pieces(chunk, PIECE):
-            body = {"thread_id": str(thread_id), "type": type_, "data": {**data, "chunk": piece, "offset": offset}}
-            self._queued.append(json.dumps(body))
-            self._queued_total += 1
-            offset += len(piece)
-        self._sending()
-
-    def _sending(self) -> None:
-        if self._queued and (self._sender is None or self._sender.done()):
-            self._sender = asyncio.get_running_loop().create_task(self._send())
-
-    async def sent(self) -> None:
-        """Wait until every event queued so far has been sent (or dropped)."""
-        if self._sent_total < self._queued_total:
-            done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            self._waiting.append((self._queued_total, done))
-            self._sending()  # a sender cut off (cancelled) leaves its queue to the next one
-            await done
-
-    async def _send(self) -> None:
-        while self._queued:
-            batch, self._queued = self._queued, []
-            self._full = False
-            try:
-                if self._conn is None or self._conn.is_closed():
-                    self._conn = await db.connect(self._dsn, connect_timeout=5, pooled=self._pooled)
-                # NOTIFY: in order, one round trip for the batch
-                await self._conn.execute("SELECT pg_notify($1, p) FROM unnest($2::text[]) AS p", CHANNEL, batch)
-            except Exception as exc:  # unreachable, refused, or anything else: never the streaming call's failure
-                log.warning(
-                    "%d live events not sent (%s); the stored messages carry the text", len(batch), type(exc).__name__
-                )
-                if not isinstance(exc, asyncpg.PostgresError) and self._conn is not None:  # the connection's end
-                    conn, self._conn = self._conn, None
-                    with contextlib.suppress(Exception):
-                        await conn.close(timeout=1)
-            finally:  # sent, dropped, or cut off (a cancelled sender): nobody waits for these any longer
-                self._sent_total += len(batch)
-                self._wake()
-
-    def _wake(self) -> None:
-        still = []
-        for target, done in self._waiting:
-            if target > self._sent_total:
-                still.append((target, done))
-            elif not done.done():
-                done.set_result(None)
-        self._waiting = still
-
-    async def close(self) -> None:
-        """Send what is queued, then close the connection; later events are dropped."""
-        self._closed = True
-        if self._sender is not None:
-            await self._sender
-            self._sender = None
-        if self._conn is not None:
-            await self._conn.close()
-            self._conn = None

@@ -9,8 +9,9 @@ import uuid
 from typing import Any, cast
 
 import pytest
+from sqlalchemy import func, select
 
-from app import catalog, db, event_types, events, hub, keys
+from app import catalog, db, event_types, events, hub, keys, publisher
 from app.hub import Batch, Live, Overflow, Stored, Subscription
 from tests.conftest import ROOT, client_for, wait_for
 from tests.test_api import read_events
@@ -294,16 +295,26 @@ async def test_a_key_revoked_before_its_stream_subscribed_is_caught_by_the_next_
         the_hub.unsubscribe(sub)
 
 
-async def _listening(dsn: str) -> tuple[Any, list[dict[str, Any]]]:
+async def _listening(dsn: str, payloads: list[int] | None = None) -> tuple[Any, list[dict[str, Any]]]:
+    """A connection listening to the hub's channel; the deltas it heard, unpacked (`payloads`: deltas per
+    notification)."""
     conn = await db.connect(dsn, connect_timeout=5)
     heard: list[dict[str, Any]] = []
-    await conn.add_listener(hub.CHANNEL, lambda *args: heard.append(json.loads(args[3])))
+
+    def unpack(*args: Any) -> None:
+        packed = json.loads(args[3])
+        heard.extend({"thread_id": t, "type": type_, "data": data} for t, type_, data in packed)
+        if payloads is not None:
+            payloads.append(len(packed))
+
+    await conn.add_listener(hub.CHANNEL, unpack)
     return conn, heard
 
 
 async def test_deltas_queued_meanwhile_go_out_together_in_order(database_url: str) -> None:
     dsn = database_url
-    listener, heard = await _listening(dsn)
+    payloads: list[int] = []
+    listener, heard = await _listening(dsn, payloads)
     publisher = hub.Publisher(dsn)
     sent: list[int] = []
     try:
@@ -330,8 +341,9 @@ async def test_deltas_queued_meanwhile_go_out_together_in_order(database_url: st
             publisher.publish(thread_id, "message_chunk", {"message_id": str(thread_id), "chunk": "ab", "offset": i})
         publisher.publish(threads[0], "message_chunk", {"message_id": "long", "chunk": "y" * 2500, "offset": 0})
         await publisher.sent()  # returns once all of it is out
-        assert sent == [63]  # one statement for everything queued while nothing was being sent
+        assert len(sent) == 1  # one statement for everything queued while nothing was being sent
         await wait_for(lambda: asyncio.sleep(0, len(heard) == 64), interval=0.01)
+        assert payloads[1:] == [56, 7]  # packed into as few notifications as fit (~130 bytes a small delta)
         for thread_id in threads:
             mine = [h["data"]["offset"] for h in heard if h["data"]["message_id"] == str(thread_id)]
             assert mine == sorted(mine) and len(mine) == 20
@@ -356,10 +368,10 @@ async def test_publishing_never_waits_for_the_database_nor_fails(caplog: pytest.
 
 def test_a_delta_is_split_so_every_piece_fits_in_a_notify() -> None:
     text = "😀" * 1500 + "a" * 2500  # JSON writes each emoji as 12 bytes
-    pieces = hub._pieces(text, hub.PIECE)
+    pieces = publisher._pieces(text, publisher.PIECE)
     assert "".join(pieces) == text
-    assert all(len(json.dumps({"chunk": p}).encode()) < hub.NOTIFY_BYTES - 300 for p in pieces)
-    assert hub._pieces("", hub.PIECE) == [""]
+    assert all(len(json.dumps({"chunk": p}).encode()) < publisher.NOTIFY_BYTES - 300 for p in pieces)
+    assert publisher._pieces("", publisher.PIECE) == [""]
 
 
 async def test_a_waiter_is_served_even_when_a_sender_was_cut_off(database_url: str) -> None:
@@ -378,3 +390,39 @@ async def test_a_waiter_is_served_even_when_a_sender_was_cut_off(database_url: s
         await listener.close()
     publisher.publish(uuid.uuid4(), "message_chunk", {"message_id": "m", "chunk": "late", "offset": 0})
     assert publisher._sender is None or publisher._sender.done()  # closed: dropped, no connection reopened
+
+
+async def test_packed_deltas_reach_each_followed_thread_as_one_delivery_in_order(app_factory: Any) -> None:
+    app = await app_factory(catalog.load(ROOT / "agents"))
+    first, second, unfollowed = await _thread(app), await _thread(app), uuid.uuid4()
+    the_hub: hub.Hub = app.state.runtime.hub
+    subs = {t: the_hub.subscribe(t) for t in (first, second)}
+    publisher = hub.Publisher(app.state.runtime.settings.database_url)
+    try:
+        for i in range(6):  # queued together: one notification
+            thread_id = (first, second, unfollowed)[i % 3]
+            publisher.publish(thread_id, "message_chunk", {"message_id": "m", "chunk": f"{i}", "offset": i})
+        await publisher.sent()
+        await wait_for(lambda: asyncio.sleep(0, all(len(delivered(s)) == 2 for s in subs.values())), interval=0.01)
+        for thread_id, i in ((first, 0), (second, 1)):
+            [delivery] = subs[thread_id].items  # one delivery: the stream writes it in one send
+            assert isinstance(delivery, Batch)
+            assert [cast(Live, d).data["chunk"] for d in delivery.items] == [f"{i}", f"{i + 3}"]
+        # one delta in a notification of its own, as a publisher of the previous version sends it
+        old = {"thread_id": str(first), "type": "message_chunk", "data": {"message_id": "m", "chunk": "x", "offset": 6}}
+        async with app.state.runtime.sessions() as session, session.begin():
+            await session.execute(select(func.pg_notify(hub.CHANNEL, json.dumps(old))))
+        await wait_for(lambda: asyncio.sleep(0, len(delivered(subs[first])) == 3), interval=0.01)
+        assert cast(Live, delivered(subs[first])[-1]).data["chunk"] == "x"
+    finally:
+        await publisher.close()
+        for sub in subs.values():
+            the_hub.unsubscribe(sub)
+
+
+def test_deltas_are_packed_in_order_into_notifications_that_fit() -> None:
+    items = [json.dumps([str(uuid.uuid4()), "message_chunk", {"chunk": "z" * n}]) for n in (10, 3000, 3000, 3000, 5)]
+    payloads = publisher._packed(items)
+    assert [len(json.loads(p)) for p in payloads] == [3, 2]
+    assert all(len(p.encode()) <= publisher.NOTIFY_BYTES for p in payloads)
+    assert [x for p in payloads for x in json.loads(p)] == [json.loads(i) for i in items]

@@ -13,13 +13,13 @@ import asyncio
 import json
 import logging
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query
 from sqlalchemy.ext.asyncio import AsyncSession
 from sse_starlette import EventSourceResponse, ServerSentEvent
-from sse_starlette.sse import SendTimeoutError
+from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 
 from app import event_types, events, messages, threads, tokens
@@ -40,6 +40,7 @@ RESPONSES: dict[int | str, dict[str, Any]] = {401: {"model": schemas.Error}, 404
 Reader = Callable[[AsyncSession, int, int], Awaitable[Sequence[events.Row]]]
 Missed = Callable[[AsyncSession, int], Awaitable[int | None]]
 Visible = Callable[[str, dict[str, Any]], bool]
+Follow = Callable[[Subscription], AsyncGenerator[bytes, None]]
 
 
 def _visible(include_silent: bool, depth: int, reasoning: bool) -> Visible:
@@ -61,62 +62,70 @@ def _start(since: int | None, last_event_id: str | None) -> int:
     return since or 0
 
 
-class _EventStream(EventSourceResponse):
-    """An `EventSourceResponse` that always ends its HTTP message: at shutdown sse-starlette cancels the stream
-    without a last body message, and the client would see a broken chunked response instead of a clean end.
+PING = b": ping\r\n\r\n"
 
-    A send that waits `timeout` seconds for the client to read (any send: events, pings, the last message) drops
-    the client: `_watch` times the sends, rather than sse-starlette's `send_timeout` and its cancel scope per send (it
-    showed in the fan-out profile), and sse-starlette closes the generator, which releases its subscription."""
 
-    def __init__(self, content: AsyncIterator[ServerSentEvent | bytes], timeout: float) -> None:
-        super().__init__(
-            content,
-            ping=KEEPALIVE_SECONDS,
-            headers={"X-Accel-Buffering": "no"},
-            data_sender_callable=self._watch,  # run in the response's task group: its error ends the response
-        )
-        self._timeout = timeout
-        self._sending = 0  # sends under way
-        self._since = 0.0  # since when some send has been under way
+class _EventStream(Response):
+    """The SSE response, lean enough for 10,000 open streams in one process (bench/streams.py): the request's own
+    task writes the frames, and one more waits for the client's disconnect (which ends the stream at once); its
+    keepalives and its send timeout are the hub ticker's (`hub.Subscription`), not a task and a timer of its own.
+
+    A send that waits `timeout` seconds for the client to read (any send: events, pings) drops the client: the
+    connection is closed without ending the body, and the stream's subscription released. A stream ended by the hub
+    (cut off, its key revoked, the process stopping) ends its body cleanly."""
+
+    media_type = "text/event-stream"
+
+    def __init__(self, hub: Hub, rt: Runtime, who: Principal, key: uuid.UUID, follow: Follow) -> None:
+        self.status_code = 200
+        self.background = None
+        self.init_headers({"Cache-Control": "no-store", "Connection": "keep-alive", "X-Accel-Buffering": "no"})
+        self._hub, self._rt, self._who, self._key, self._follow = hub, rt, who, key, follow
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        ended = False
-        loop = asyncio.get_running_loop()
-
-        async def tracked(message: Message) -> None:
-            nonlocal ended
-            ended = ended or (message["type"] == "http.response.body" and not message.get("more_body", False))
-            if not self._sending:
-                self._since = loop.time()
-            self._sending += 1
-            try:
-                await send(message)
-            finally:
-                self._sending -= 1
-
+        hub = self._hub
+        hub.end_streams_on(self._rt.stopping)
+        keepalive, timeout = KEEPALIVE_SECONDS, self._rt.settings.sse_send_timeout
+        sub = hub.subscribe(self._key, self._who.key_id, keepalive=keepalive, send_timeout=timeout)
+        sub.task = asyncio.current_task()
+        gone = asyncio.ensure_future(_until_gone(receive, sub))
+        streams = self._rt.meter.streams.labels("lifecycle" if self._key == events.LIFECYCLE else "thread")
+        streams.inc()
+        body = self._follow(sub)
         try:
-            await super().__call__(scope, receive, tracked)
-        except SendTimeoutError:  # no last message: it would wait as long; the server closes the connection
-            log.warning("dropped a stream: its client read nothing for %g s", self._timeout)
-            return
-        if not ended:
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            await self._send(sub, send, {"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+            async for chunk in body:
+                await self._send(sub, send, {"type": "http.response.body", "body": chunk, "more_body": True})
+            await self._send(sub, send, {"type": "http.response.body", "body": b"", "more_body": False})
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if not sub.timed_out or task is None:
+                raise
+            task.uncancel()  # the ticker's cancel: the client stopped reading; the server closes the connection
+            log.warning("dropped a stream: its client read nothing for %g s", timeout)
+        finally:
+            streams.dec()
+            hub.unsubscribe(sub)
+            gone.cancel()
+            await body.aclose()
 
-    async def _watch(self) -> None:
-        """`SendTimeoutError` once a send has been under way for `timeout` seconds."""
+    @staticmethod
+    async def _send(sub: Subscription, send: Send, message: Message) -> None:
+        """Send, the time the send began on the subscription's clock for the ticker."""
         loop = asyncio.get_running_loop()
-        while True:
-            wait = self._timeout
-            if self._sending:
-                wait = self._since + self._timeout - loop.time()
-                if wait <= 0:
-                    raise SendTimeoutError()
-            await asyncio.sleep(wait)
+        sub.sending_since = loop.time()
+        try:
+            await send(message)
+        finally:
+            sub.sending_since = None
+            sub.last_send = loop.time()
 
-    async def _send_with_timeout(self, send: Send, message: Message) -> None:
-        """Send directly: `_watch` applies the timeout."""
-        await send(message)
+
+async def _until_gone(receive: Receive, sub: Subscription) -> None:
+    """End the stream once its client has gone."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    sub.cut_off()
 
 
 class _Finished:
@@ -141,7 +150,11 @@ class _Finished:
 
 
 def _frame(seq: int | None, type_: str, text: str) -> bytes:
-    return ServerSentEvent(id=None if seq is None else str(seq), event=type_, data=text).encode()
+    """An event's SSE frame; `text` is JSON (no line breaks but escaped ones), `type_` an event type."""
+    head = f"event: {type_}\r\n" if seq is None else f"id: {seq}\r\nevent: {type_}\r\n"
+    if "\n" in text or "\r" in text:  # not JSON as serialised here: each line its own `data:` line
+        text = "\r\ndata: ".join(text.splitlines())
+    return (head + "data: " + text + "\r\n\r\n").encode()
 
 
 def _take(
@@ -181,12 +194,11 @@ def _response(
     missed: Missed,
     visible: Visible,
     owner: str | None = None,
-) -> EventSourceResponse:
+) -> Response:
     """Replay the log after `after`, then follow the hub until `who`'s key is revoked; `owner` keeps only that user's
     entries (lifecycle)."""
     factory = rt.sessions
     contiguous = key != events.LIFECYCLE  # a thread's seqs have no holes: a hole means "read the log"
-    streams = rt.meter.streams.labels("thread" if contiguous else "lifecycle")
 
     async def backlog(position: int) -> Sequence[events.Row]:
         async with factory() as session:
@@ -196,17 +208,17 @@ def _response(
         async with factory() as session:
             return await missed(session, position)
 
-    async def generate() -> AsyncIterator[ServerSentEvent | bytes]:
+    async def follow(sub: Subscription) -> AsyncGenerator[bytes, None]:
         position = after
         finished = _Finished()
-        sub = hub.subscribe(key, who.key_id)  # subscribe first, then read the backlog: nothing falls between
-        streams.inc()
         try:
             # shielded, as the backlog's reads are: a client hanging up mid-query must not cost the pool its connection
             kept = await asyncio.shield(oldest(position))
             if kept is not None:  # retention removed part of what was asked for, or it is past what is stored (a
                 # database restored from an older backup): say so, then go on from the oldest event stored
-                yield ServerSentEvent(event="events_missed", data=json.dumps(event_types.Missed(oldest_seq=kept)))
+                yield ServerSentEvent(
+                    event="events_missed", data=json.dumps(event_types.Missed(oldest_seq=kept))
+                ).encode()
                 position = kept - 1
             while True:
                 rows = await asyncio.shield(backlog(position))  # shielded, as above
@@ -217,24 +229,25 @@ def _response(
                     replay = [_frame(r.seq, r.type, json.dumps(r.data)) for r in rows if visible(r.type, r.data)]
                     if replay:
                         yield b"".join(replay)
+                if sub.overflowed:  # cut off (its key revoked, its client gone) or lagging while the backlog replays
+                    return
                 if len(rows) == events.PAGE:
-                    if sub.overflowed:  # cut off (its key revoked) or lagging while the backlog replays
-                        return
                     continue  # a full page: more may be stored; anything later is notified
                 while True:  # follow the hub, sending what is buffered in one write, until only the log can help
                     await sub.wait()
                     frames, position, caught_up = _take(sub, position, contiguous, owner, visible, finished)
+                    if sub.ping:
+                        sub.ping = False
+                        if not frames:
+                            frames.append(PING)
                     if frames:
                         yield b"".join(frames)
                     if not caught_up:
                         break
         except Overflow:
             return  # the client resumes with Last-Event-ID
-        finally:
-            streams.dec()
-            hub.unsubscribe(sub)
 
-    return _EventStream(generate(), rt.settings.sse_send_timeout)
+    return _EventStream(hub, rt, who, key, follow)
 
 
 @router.get(
@@ -253,7 +266,7 @@ async def stream(
     depth: Annotated[int, Query(ge=0, le=100)] = 0,
     reasoning: bool = False,
     last_event_id: Annotated[str | None, Header(max_length=100)] = None,
-) -> EventSourceResponse:
+) -> Response:
     """Stored events of the thread after `Last-Event-ID` (or `since`), then live ones."""
     async with rt.sessions() as session:
         await threads.get(session, thread_id, who)
@@ -280,7 +293,7 @@ async def lifecycle(
     who: StreamReader,
     since: Annotated[int | None, Query(ge=0, le=2**62)] = None,
     last_event_id: Annotated[str | None, Header(max_length=100)] = None,
-) -> EventSourceResponse:
+) -> Response:
     """`thread_created`, `thread_updated`, `thread_deleted` for the caller's threads (every thread for an admin)."""
     user = None if who.admin else who.user_id
 
