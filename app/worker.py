@@ -234,10 +234,13 @@ class Worker:
 
     def _cancel_lost(self, lost: set[tuple[uuid.UUID, uuid.UUID]]) -> None:
         """The heartbeat found these leases gone: the executions that held them must stop at once and write nothing.
-        A thread released and claimed again since the heartbeat read its claims runs under a new token: left alone."""
+        A thread released and claimed again since the heartbeat read its claims runs under a new token, and one whose
+        execution is giving it back released it itself (its commit came between the heartbeat's read of the claims
+        and its statement; cancelled, the execution lost what it does once committed): both are left alone. An
+        execution whose release then fails ends anyway, and every write it tries is fenced."""
         for thread_id, token in lost:
             entry = self._running.get(thread_id)
-            if entry is not None and entry[0].token == token:
+            if entry is not None and entry[0].token == token and not entry[0].releasing:
                 self._engine.meter.lease_losses.inc()
                 log.warning("lease of thread %s lost; cancelling its execution", thread_id)
                 entry[1].cancel()

@@ -313,3 +313,61 @@ async def test_a_queue_connection_left_mid_statement_is_opened_anew(app_factory:
     await client.post(f"/threads/{thread['id']}/messages", json={"content": "hi"})
     await settle(client, thread["id"])
     assert broke and [r["content"] for r in await stored(client, thread["id"])] == ["hi", "done"]
+
+
+async def test_a_lease_its_execution_gave_back_is_not_reported_lost(
+    app_factory: Any, settings: Any, monkeypatch: Any, caplog: Any
+) -> None:
+    """The heartbeat reads the claims, then the database: a turn that ended in between has released its lease, and
+    the report of it "lost" could reach the worker before the execution got past its releasing commit — which was
+    then cancelled (its "turn ended" line lost, a lease loss counted, no fault anywhere). Here the heartbeat beats
+    right after every commit, before the execution goes on: as it did in a B4 run, where it happened 2–5 times."""
+    import sqlalchemy.orm
+    from sqlalchemy import event
+    from sqlalchemy.util import await_only
+
+    from app import db, heartbeat, worker
+
+    beats: list[heartbeat.Heartbeat] = []
+
+    class Recorded(heartbeat.Heartbeat):
+        def start(self) -> None:
+            beats.append(self)
+            super().start()
+
+    monkeypatch.setattr(worker, "Heartbeat", Recorded)
+    conn = await db.connect(settings.database_url)
+    reported: list[set[tuple[uuid.UUID, uuid.UUID]]] = []
+    busy: list[bool] = []
+
+    def beat_now(session: Any) -> None:  # inside the execution's commit, after the database committed
+        claims = beats[0]._claims() if beats else []
+        if not claims or busy:
+            return
+        busy.append(True)
+        try:
+            lost = await_only(queue.heartbeat(conn, claims, settings.lease_seconds))
+        finally:
+            busy.clear()
+        if lost:
+            reported.append(lost)
+            beats[0]._on_lost(lost)
+
+    event.listen(sqlalchemy.orm.Session, "after_commit", beat_now)
+    try:
+        record = {"calls": 0, "cancelled": 0}
+        app = await app_factory(slow_catalog(0, record), with_worker=True)
+        client = client_for(app)
+        tid = uuid.UUID((await client.post("/threads", json={"agent": "agent"})).json()["id"])
+        caplog.set_level("INFO", logger="app")
+        await client.post(f"/threads/{tid}/messages", json={"content": "hi"})
+        await settle(client, str(tid))
+        await wait_for(lambda: asyncio.sleep(0, not _executing(tid)))
+    finally:
+        event.remove(sqlalchemy.orm.Session, "after_commit", beat_now)
+        await conn.close()
+    assert reported and all(tid in {t for t, _ in lost} for lost in reported)  # the heartbeat did see it gone
+    said = [r.getMessage() for r in caplog.records]
+    assert not [line for line in said if "lease of thread" in line]
+    assert [line for line in said if line.startswith(f"turn ended: thread={tid}")]
+    assert app.state.runtime.meter.work.get_sample_value("agents_lease_losses_total") == 0
