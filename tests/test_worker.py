@@ -371,3 +371,58 @@ async def test_a_lease_its_execution_gave_back_is_not_reported_lost(
     assert not [line for line in said if "lease of thread" in line]
     assert [line for line in said if line.startswith(f"turn ended: thread={tid}")]
     assert app.state.runtime.meter.work.get_sample_value("agents_lease_losses_total") == 0
+
+
+async def test_executions_waiting_on_a_model_hold_no_connection(app_factory: Any) -> None:
+    """What lets a worker run 1,000 turns at once (`WORKER_CONCURRENCY`) on a pool of `DB_POOL_SIZE`: an execution
+    waiting on its model holds no connection. Eight wait at once on a pool of one, and none holds one meanwhile."""
+    from sqlalchemy import event
+    from sqlalchemy.pool import Pool
+
+    count = 8
+    holding: dict[int, str] = {}  # connection record → the execution task that checked it out
+
+    def out(_: Any, record: Any, __: Any) -> None:
+        task = asyncio.current_task()
+        if task is not None and task.get_name().startswith("thread-"):
+            holding[id(record)] = task.get_name()
+
+    def back(_: Any, record: Any) -> None:
+        holding.pop(id(record), None)
+
+    everyone = asyncio.Event()
+    answer = asyncio.Event()
+    calls = 0
+
+    async def respond(request: LLMRequest) -> str:
+        nonlocal calls
+        calls += 1
+        if calls == count:
+            everyone.set()
+        await answer.wait()
+        return "done"
+
+    model = define_model(name="m", provider="test", respond=respond)
+    prompt = define_prompt(name="p", model="m", prompt="Be brief.", include_chat=True)
+    agent = define_agent(name="agent", side_a={"prompt": "p"})
+    cat = Catalog(root=Path("."), models={"m": model}, prompts={"p": prompt}, agents={"agent": agent}, tools={})
+    event.listen(Pool, "checkout", out)
+    event.listen(Pool, "checkin", back)
+    try:
+        app = await app_factory(cat, with_worker=True, worker_concurrency=count, db_pool_size=1)
+        client = client_for(app)
+        tids = [(await client.post("/threads", json={"agent": "agent"})).json()["id"] for _ in range(count)]
+        for tid in tids:
+            await client.post(f"/threads/{tid}/messages", json={"content": "hi"})
+        await asyncio.wait_for(everyone.wait(), 10)  # with a connection held per wait, the second would never come
+        await asyncio.sleep(0.05)
+        held_while_waiting = dict(holding)
+        answer.set()
+        for tid in tids:
+            await settle(client, tid)
+    finally:
+        event.remove(Pool, "checkout", out)
+        event.remove(Pool, "checkin", back)
+    assert held_while_waiting == {}
+    for tid in tids:
+        assert [r["content"] for r in await stored(client, tid)] == ["hi", "done"]

@@ -85,11 +85,18 @@ async def run(handler: Handler, request: LLMRequest = HELLO, **fields: Any) -> t
     return events[:-1], events[-1].response
 
 
-def replying(*events: dict[str, Any], seen: list[httpx.Request] | None = None) -> Handler:
+def replying(*events: dict[str, Any], seen: list[httpx.Request] | None = None, one_read: bool = False) -> Handler:
+    """A server streaming `events`, each in a network read of its own (a model slower than the network), or all in
+    `one_read`."""
+
+    async def reads() -> AsyncIterator[bytes]:
+        for event in [events] if one_read else [(e,) for e in events]:
+            yield sse(*event)
+
     def handler(request: httpx.Request) -> httpx.Response:
         if seen is not None:
             seen.append(request)
-        return httpx.Response(200, content=sse(*events), headers={"content-type": "text/event-stream"})
+        return httpx.Response(200, content=reads(), headers={"content-type": "text/event-stream"})
 
     return handler
 
@@ -306,6 +313,14 @@ async def test_streamed_text() -> None:
     assert events == [TextDelta("Hel"), TextDelta("lo"), TextDelta("!")]
     assert response.text == "Hello!" and response.finish_reason == "stop"
     assert response.tool_calls == [] and response.reasoning is None and response.reasoning_details is None
+
+
+async def test_the_deltas_of_one_read_go_out_as_one() -> None:
+    """A read carrying several events (a fast model, a busy connection) hands on one delta per kind in a row."""
+    stream = replying(start(), *text_block(0, "Hel", "lo", "!"), *end(), one_read=True)
+    events, response = await run(stream)
+    assert events == [TextDelta("Hello!")]
+    assert response.text == "Hello!"
 
 
 async def test_thinking_and_tool_use_become_the_final_response() -> None:
