@@ -374,7 +374,8 @@ class AnthropicModel:
                 if r.status_code >= 400:
                     await r.aread()
                     raise _http_error(r, self.key_env, ctx.api_key)
-                async for found in sse.batches(r):  # what one read completed, its deltas merged
+                reads = sse.batches(r)
+                async for found in reads:  # what one read completed, its deltas merged
                     deltas: list[StreamEvent] = []
                     for data in found:
                         event = _event(data)
@@ -393,6 +394,7 @@ class AnthropicModel:
                     for delta in deltas:
                         yield delta
                     if assembly.stopped:
+                        await sse.rest(reads)
                         break
         except httpx.TimeoutException as exc:
             raise ProviderError(f"anthropic: timed out ({type(exc).__name__})", kind="timeout", retriable=True) from exc

@@ -148,7 +148,8 @@ class OpenAIModel:
                     for event in reply.take():
                         yield event
                 else:
-                    async for found in sse.batches(response):  # what one read completed, its deltas merged
+                    reads = sse.batches(response)
+                    async for found in reads:  # what one read completed, its deltas merged
                         done = False
                         for data in found:
                             if not data.endswith("}") and data.strip() == "[DONE]":
@@ -158,6 +159,7 @@ class OpenAIModel:
                         for event in reply.take():
                             yield event
                         if done:
+                            await sse.rest(reads)
                             break
         except httpx.TimeoutException as exc:
             raise ProviderError(

@@ -10,11 +10,15 @@ lines (keep-alives) and fields other than `data` are skipped
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 
 import httpx
 
 from app.llm.base import ReasoningDelta, StreamEvent, TextDelta
+
+REST_SECONDS = 1.0  # how long what follows a stream's last event is read before the connection is dropped
 
 
 async def batches(response: httpx.Response) -> AsyncIterator[list[str]]:
@@ -40,6 +44,16 @@ async def batches(response: httpx.Response) -> AsyncIterator[list[str]]:
     last = _data(_text(pending.replace(b"\r\n", b"\n").replace(b"\r", b"\n").strip(b"\n")))
     if last is not None:
         yield [last]
+
+
+async def rest(reads: AsyncIterator[list[str]]) -> None:
+    """Read the body after the stream's last event (`[DONE]`, `message_stop`): normally nothing but its end, in the
+    same read. A response read to its end gives its connection back to the pool; one closed before drops it, and the
+    next call opens another (a TCP and a TLS handshake). A server that keeps it open is left after `REST_SECONDS`."""
+    with contextlib.suppress(TimeoutError, httpx.HTTPError):
+        async with asyncio.timeout(REST_SECONDS):
+            async for _ in reads:
+                pass
 
 
 def _text(raw: bytes) -> str:

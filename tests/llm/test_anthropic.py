@@ -323,6 +323,19 @@ async def test_the_deltas_of_one_read_go_out_as_one() -> None:
     assert response.text == "Hello!"
 
 
+async def test_the_body_after_message_stop_is_read_to_its_end_so_the_connection_is_kept() -> None:
+    """httpx pools a connection only once its response was read to the end (see the `openai` adapter's test)."""
+    ended: list[bool] = []
+
+    async def reads() -> AsyncIterator[bytes]:
+        yield sse(start(), *text_block(0, "Hi"), *end())
+        yield b"\n"  # what follows `message_stop`: here a blank line, usually just the body's end
+        ended.append(True)
+
+    await run(lambda _: httpx.Response(200, content=reads(), headers={"content-type": "text/event-stream"}))
+    assert ended == [True]
+
+
 async def test_thinking_and_tool_use_become_the_final_response() -> None:
     stream = [
         start(input_tokens=50, cache_read_input_tokens=1000, cache_creation_input_tokens=200, output_tokens=1),

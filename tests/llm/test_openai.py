@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
@@ -35,12 +36,17 @@ SIMPLE = LLMRequest(model="gpt-4.1-mini", messages=[LLMMessage("user", "hi")])
 class Reads(httpx.AsyncByteStream):
     """A response body arriving in these network reads."""
 
-    def __init__(self, reads: list[bytes]) -> None:
+    def __init__(self, reads: list[bytes], then: asyncio.Event | None = None) -> None:
         self._reads = reads
+        self._then = then  # what the body waits for after its reads, if anything
+        self.ended = False
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         for read in self._reads:
             yield read
+        if self._then is not None:
+            await self._then.wait()
+        self.ended = True
 
 
 def streamed(reads: list[bytes]) -> httpx.Response:
@@ -365,6 +371,23 @@ async def test_the_stream_is_framed_from_its_reads_whatever_their_boundaries() -
     deltas, response = await call(lambda _: streamed(reads))
     assert deltas == [TextDelta("Hello"), TextDelta(" caf\u00e9 \u2615"), ReasoningDelta("hm")]
     assert (response.text, response.reasoning, response.finish_reason) == ("Hello caf\u00e9 \u2615", "hm", "stop")
+
+
+async def test_the_body_after_done_is_read_to_its_end_so_the_connection_is_kept() -> None:
+    """httpx pools a connection only once its response was read to the end: a stream left at `[DONE]` (the body's
+    closing chunk unread) dropped it, and every call opened a new one (a TCP and a TLS handshake each)."""
+    body = Reads([f"data: {json.dumps(e) if isinstance(e, dict) else e}\n\n".encode() for e in STOP] + [b"\n"])
+    await call(lambda _: httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=body))
+    assert body.ended
+
+
+async def test_a_server_that_keeps_the_stream_open_after_done_is_left(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("app.llm.sse.REST_SECONDS", 0.05)
+    body = Reads([f"data: {json.dumps(e) if isinstance(e, dict) else e}\n\n".encode() for e in STOP], asyncio.Event())
+    deltas, response = await asyncio.wait_for(
+        call(lambda _: httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=body)), 5
+    )
+    assert (deltas, response.text, body.ended) == ([TextDelta("ok")], "ok", False)
 
 
 @pytest.mark.parametrize(
