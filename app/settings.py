@@ -84,6 +84,12 @@ class Settings(BaseSettings):
         description="thread executions at once per worker process; one waiting on a model costs memory (tens of KB), "
         "not CPU nor a database connection",
     )
+    worker_active: int = Field(
+        default=50,
+        ge=1,
+        description="of a worker's executions, those at once that are not waiting on a model (opening and closing "
+        "steps, running tools): the bound for CPU-bound work; the others wait on their model, or for a turn",
+    )
     lease_seconds: float = Field(default=10.0, gt=0)
     poll_interval: float = Field(default=1.0, gt=0)
     watchdog_seconds: float = Field(

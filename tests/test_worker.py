@@ -426,3 +426,50 @@ async def test_executions_waiting_on_a_model_hold_no_connection(app_factory: Any
     assert held_while_waiting == {}
     for tid in tids:
         assert [r["content"] for r in await stored(client, tid)] == ["hi", "done"]
+
+
+async def test_executions_at_work_are_bounded_apart_from_those_waiting_on_a_model(app_factory: Any) -> None:
+    """`WORKER_CONCURRENCY` executions may wait on their model at once; of them only `WORKER_ACTIVE` do anything
+    else at once (here: run a tool), the others waiting for a turn."""
+    from app.spec import ThreadState, define_tool
+
+    count, active = 6, 2
+    everyone = asyncio.Event()
+    calls = 0
+    running = most = 0
+
+    async def respond(request: LLMRequest) -> Any:
+        nonlocal calls
+        if request.messages[-1].role == "tool":
+            return "done"
+        calls += 1
+        if calls == count:
+            everyone.set()
+        await asyncio.wait_for(everyone.wait(), 10)  # all of them wait on the model at once
+        return {"tool_calls": [{"name": "work", "arguments": {}}]}
+
+    @define_tool(description="Works a while.")
+    async def work(state: ThreadState) -> str:
+        nonlocal running, most
+        running += 1
+        most = max(most, running)
+        await asyncio.sleep(0.1)
+        running -= 1
+        return "worked"
+
+    model = define_model(name="m", provider="test", respond=respond)
+    prompt = define_prompt(name="p", model="m", prompt="Work.", include_chat=True, tools=["work"])
+    agent = define_agent(name="agent", side_a={"prompt": "p"})
+    cat = Catalog(
+        root=Path("."), models={"m": model}, prompts={"p": prompt}, agents={"agent": agent}, tools={"work": work}
+    )
+    app = await app_factory(cat, with_worker=True, worker_concurrency=count, worker_active=active)
+    client = client_for(app)
+    tids = [(await client.post("/threads", json={"agent": "agent"})).json()["id"] for _ in range(count)]
+    for tid in tids:
+        await client.post(f"/threads/{tid}/messages", json={"content": "go"})
+    for tid in tids:
+        await settle(client, tid)
+        assert [r["content"] for r in await stored(client, tid)][-1] == "done"
+    assert everyone.is_set()
+    assert most == active
