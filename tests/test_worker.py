@@ -338,17 +338,18 @@ async def test_a_lease_its_execution_gave_back_is_not_reported_lost(
     monkeypatch.setattr(worker, "Heartbeat", Recorded)
     conn = await db.connect(settings.database_url)
     reported: list[set[tuple[uuid.UUID, uuid.UUID]]] = []
-    busy: list[bool] = []
+    one_at_a_time = asyncio.Lock()  # on the one connection
 
-    def beat_now(session: Any) -> None:  # inside the execution's commit, after the database committed
+    def beat_now(session: Any) -> None:  # inside an execution's commit, after the database committed
+        task = asyncio.current_task()
         claims = beats[0]._claims() if beats else []
-        if not claims or busy:
+        if not claims or task is None or not task.get_name().startswith("thread-"):
             return
-        busy.append(True)
+        await_only(one_at_a_time.acquire())
         try:
             lost = await_only(queue.heartbeat(conn, claims, settings.lease_seconds))
         finally:
-            busy.clear()
+            one_at_a_time.release()
         if lost:
             reported.append(lost)
             beats[0]._on_lost(lost)
