@@ -81,7 +81,7 @@ class Settings(BaseSettings):
     worker_concurrency: int = Field(
         default=1000,
         ge=1,
-        description="thread executions at once per worker process; one waiting on a model costs memory (tens of KB), "
+        description="thread executions at once per worker process; one waiting on a model costs memory (~50 KB), "
         "not CPU nor a database connection",
     )
     worker_active: int = Field(
