@@ -18,6 +18,7 @@ from typing import Any, Literal, Protocol, overload
 
 import asyncpg
 from sqlalchemy import inspect as sa_inspect
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm.attributes import set_committed_value
 
@@ -81,16 +82,33 @@ _NEWS = "CASE WHEN $2 > 0 THEN pg_notify($5, CAST($1 AS text) || ':' || (next.ev
 
 @functools.lru_cache(maxsize=1024)  # the same few shapes every time, as asyncpg caches each prepared text
 def append_many(
-    *, first: str = "", sets: str = "", where: str = "", returning: str = "", then: str = "", select: str = ""
+    *,
+    first: str = "",
+    sets: str = "",
+    where: str = "",
+    returning: str = "",
+    then: str = "",
+    select: str = "",
+    guarded: bool = False,
 ) -> str:
-    """APPEND_MANY with the caller's parts (see above)."""
+    """APPEND_MANY with the caller's parts (see above). The row's `xmin` (the version it now is) comes back as
+    `row_xmin`. `guarded`: a statement sent on its own (`Guard`) that fails, writing nothing, where `where` finds no
+    row: one row always comes back, and `1 / 0` in it when the UPDATE wrote none. Its deferred writes (`first`) run
+    after the query that reads `next`, so the thread row is locked first, as in a fenced transaction."""
     # the parts are SQL of this module and of `queue` (S608), their values parameters
     update = (
         f"UPDATE threads SET {_listed(', ', 'event_seq = event_seq + $2', sets)} "  # noqa: S608
-        f"WHERE {_listed(' AND ', 'id = $1', where)} RETURNING {_listed(', ', 'event_seq', returning)}"
+        f"WHERE {_listed(' AND ', 'id = $1', where)} "
+        f"RETURNING {_listed(', ', 'event_seq', 'xmin AS row_xmin', returning)}"
     )
     ctes = _listed(", ", first, f"next AS ({update})", then, _STORED)
-    return f"WITH {ctes} SELECT {_listed(', ', _NEWS, select)} FROM next"  # noqa: S608
+    items = _listed(", ", _NEWS, "next.row_xmin", select)
+    if not guarded:
+        return f"WITH {ctes} SELECT {items} FROM next"  # noqa: S608
+    return (
+        f"WITH {ctes}, out AS (SELECT {items} FROM next) "  # noqa: S608
+        "SELECT out.*, 1 / (SELECT count(*)::int FROM next) AS written FROM (SELECT 1) AS one LEFT JOIN out ON true"
+    )
 
 
 def _listed(separator: str, *parts: str) -> str:
@@ -132,6 +150,17 @@ class Rider:
 _BATCH = "events.batch"  # `session.info` key of the events held for one thread until `flush`
 
 
+@dataclass(frozen=True)
+class Guard:
+    """How `flush` sends a `statements.writes_only` session's writes: in one statement on `driver` (autocommit), the
+    thread row written only where `where` holds as well (its parameters `args`, numbered `$1`… in `where`), and
+    nothing written at all where it does not (`statements.Stale`)."""
+
+    driver: statements.Driver
+    where: str
+    args: tuple[Any, ...]
+
+
 @dataclass
 class _Held:
     thread_id: uuid.UUID
@@ -146,23 +175,30 @@ def hold(session: AsyncSession, thread_id: uuid.UUID) -> None:
     session.info[_BATCH] = _Held(thread_id)
 
 
-async def flush(session: AsyncSession, thread: tables.Thread | None = None) -> None:
+async def flush(
+    session: AsyncSession, thread: tables.Thread | None = None, *, guard: Guard | None = None
+) -> int | None:
     """Write the events held on `session` (before its commit, and before a savepoint); with the held thread's row,
     its changed columns go in the same statement (the events' UPDATE of that row), and so do the deferred writes
-    (`statements.defer`) and the rider (`add_rider`)."""
+    (`statements.defer`) and the rider (`add_rider`). Returns the row's version it left (`xmin`), if it wrote it.
+    `guard`: the session is `writes_only`; the statement goes on the guard's driver, guarded (`Guard`)."""
     held: _Held | None = session.info.get(_BATCH)
     if held is None:
-        return
+        if guard is not None:
+            raise statements.Unsent()
+        return None
     row = thread if thread is not None and thread.id == held.thread_id else None
     rider = held.rider if held.rider is not None and (row is not None or not held.rider.final) else None
     writes = statements.deferred(session)
+    if guard is not None and not held.items:  # the guard rides on the events' UPDATE of the row
+        raise statements.Unsent()
     if not (held.items or writes or rider):
-        return
-    driver = await statements.driver(session, flush=False, carries=True)
+        return None
+    driver = guard.driver if guard is not None else await statements.driver(session, flush=False, carries=True)
     extra = [a for _, args in writes for a in args]
     if not held.items and rider is None:  # the deferred writes alone
         await driver.execute(f"WITH {statements.ctes(writes, 1)} SELECT 1", *extra)
-        return
+        return None
     types, datas = [t for t, _ in held.items], [d for _, d in held.items]
     held.items = []
     if rider is not None:
@@ -170,14 +206,27 @@ async def flush(session: AsyncSession, thread: tables.Thread | None = None) -> N
     args = rider.args if rider is not None else ()
     changes = None if row is None else _changes(row, rider, first=7 + len(args))
     sets, params = ("", []) if changes is None else (changes.sets, changes.params)
+    at = 7 + len(args) + len(params)  # the next parameter's number
+    where = rider.where if rider is not None else ""
+    guarding: tuple[Any, ...] = ()
+    if guard is not None:
+        where = _listed(" AND ", where, statements.renumbered(guard.where, at + len(extra) - 1))
+        guarding = guard.args
     sql = append_many(
-        first=statements.ctes(writes, 7 + len(args) + len(params)) if writes else "",
+        first=statements.ctes(writes, at) if writes else "",
         sets=_listed(", ", rider.sets if rider is not None else "", sets),
-        **(_parts(rider) if rider is not None else {}),
+        guarded=guard is not None,
+        **(_parts(rider, where) if rider is not None else {"where": where}),
     )
-    found = await driver.fetchrow(
-        sql, held.thread_id, len(types), types, datas, CHANNEL, carried(types, datas), *args, *params, *extra
-    )
+    try:
+        found = await driver.fetchrow(
+            sql, held.thread_id, len(types), types, datas, CHANNEL, carried(types, datas), *args, *params, *extra,
+            *guarding,
+        )  # fmt: skip
+    except DBAPIError as exc:
+        if guard is not None and isinstance(exc.orig, asyncpg.DivisionByZeroError):  # `written`: no row
+            raise statements.Stale() from exc
+        raise
     if found is None and rider is not None and rider.where:
         raise errors.LeaseLost()
     if changes is not None:
@@ -187,6 +236,7 @@ async def flush(session: AsyncSession, thread: tables.Thread | None = None) -> N
         for key in rider.columns:
             set_committed_value(row, key, found[key])
         statements.settle(session, row)
+    return None if found is None else int(found["row_xmin"])
 
 
 def _changes(row: tables.Thread, rider: Rider | None, first: int) -> statements.Changes | None:
@@ -198,12 +248,13 @@ def _changes(row: tables.Thread, rider: Rider | None, first: int) -> statements.
     return statements.changes(row, keys, first=first) if keys else None
 
 
-def _parts(rider: Rider) -> dict[str, str]:
-    """A rider's parts of `append_many`; a final one's also return the columns it writes (as `next` holds them)."""
+def _parts(rider: Rider, where: str) -> dict[str, str]:
+    """A rider's parts of `append_many` (`where` its own and any guard's); a final one's also return the columns it
+    writes (as `next` holds them)."""
     returning = ", ".join(rider.columns) if rider.final else ""
     read_back = ", ".join(f"next.{c}" for c in rider.columns) if rider.final else ""
     return {
-        "where": rider.where,
+        "where": where,
         "returning": returning,
         "then": rider.then,
         "select": _listed(", ", read_back, rider.select),

@@ -220,6 +220,20 @@ async def fence(session: AsyncSession, claim: Claim) -> tables.Thread:
     return thread
 
 
+# GUARD: the condition of a statement that is its own transaction (`events.Guard`, the engine's writes-only
+# transactions): the thread row is the version the execution's last commit left (`$1`, its xmin: nobody wrote it
+# since, so everything read from it still holds) and the claim (`$2`) still holds a live lease, as `FENCE` checks.
+_GUARD = (
+    "xmin = $1 AND lease_token = $2 AND EXISTS "
+    "(SELECT 1 FROM leases l WHERE l.thread_id = threads.id AND l.token = $2 AND l.expires_at > now())"
+)
+
+
+def guard(driver: statements.Driver, claim: Claim, xmin: int) -> events.Guard:
+    """The guard of a writes-only transaction of `claim` on `driver` (autocommit), from the row's version `xmin`."""
+    return events.Guard(driver, _GUARD, (xmin, claim.token))
+
+
 # HEARTBEAT: renew every lease this process holds in one statement, run by `app/heartbeat.py` on its own connection.
 # Engine transactions never lock lease rows (only the thread row), so a renewal waits for nothing but a statement that
 # ends the lease anyway (a claim of an expired one, a release, a revoke); such a row is skipped here and retried

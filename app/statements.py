@@ -76,7 +76,10 @@ async def driver(session: AsyncSession, *, flush: bool = True, carries: bool = F
     """The session's connection as a `Driver`, inside its transaction (begun here if no statement began it yet).
     Pending ORM changes are flushed first, as SQLAlchemy's own statements would (unless in `no_autoflush`);
     `flush=False` for a statement that neither reads nor writes what the ORM may hold back (an event, a new row).
-    Deferred writes (`defer`) are sent first, unless the statement `carries` them itself (`deferred`)."""
+    Deferred writes (`defer`) are sent first, unless the statement `carries` them itself (`deferred`).
+    `Unsent` in a session that sends nothing before its last statement (`writes_only`)."""
+    if _WRITES_ONLY in session.info:
+        raise Unsent()
     sync = session.sync_session
     if flush and sync.autoflush:
         await write(session)
@@ -117,6 +120,40 @@ async def driver(session: AsyncSession, *, flush: bool = True, carries: bool = F
 _DRIVER = "statements.driver"  # `session.info` key: (the transaction, its Driver)
 
 
+# -- sessions that write in one statement --------------------------------------------------------------------------
+# A transaction that reads nothing and writes only what can ride in one statement (the thread row's changes, its
+# events, deferred writes) needs no BEGIN, no lock taken first and no COMMIT: the statement is its own transaction.
+# The engine runs such a transaction on a `writes_only` session, from the thread row as its last commit left it, and
+# sends the statement guarded (`events.Guard`: the row unchanged since, the lease still held); anything that would
+# send a statement before it (a read, a write that cannot be deferred) raises `Unsent` instead, and a guard that fails
+# writes nothing and raises `Stale`: the caller then runs the same work as an ordinary transaction.
+
+_WRITES_ONLY = "statements.writes_only"  # `session.info` key: the session sends no statement of its own
+
+
+class Unsent(Exception):
+    """A statement was asked of a `writes_only` session: the work needs an ordinary transaction."""
+
+
+class Stale(Exception):
+    """A guarded statement found the row changed since it was read, or the lease gone: it wrote nothing."""
+
+
+def writes_only(session: AsyncSession) -> None:
+    """From now on `session` sends no statement: it defers its writes (`defer`) for one statement sent elsewhere
+    (`events.flush` with a guard); a read or a write that cannot wait raises `Unsent`."""
+    session.info[_WRITES_ONLY] = True
+
+
+def unwritten(session: AsyncSession, row: Any) -> bool:
+    """Whether `session` holds changes that are neither deferred nor `row`'s own (which the guarded statement
+    writes): new or deleted objects, or changed columns of another row."""
+    sync = session.sync_session
+    if sync.new or sync.deleted:
+        return True
+    return any(other is not row and sa_inspect(other).committed_state for other in sync.dirty)
+
+
 # -- deferred writes ---------------------------------------------------------------------------------------------
 # A write nothing reads back at once (a message's answer, a log row, an inbox row) can wait for the transaction's next
 # statement and ride in it as a data-modifying CTE: `events.flush` writes the engine's held events that way, so such
@@ -134,10 +171,15 @@ async def defer(session: AsyncSession, sql: str, args: list[Any], row: Any = Non
     """Send the write `sql` (it returns nothing) with the transaction's next statement; `row` names the row it
     changes when it changes an existing one (an UPDATE's key). Inside a savepoint, and for the thread row, it is sent
     at once (a savepoint's end must find it written, or rolled back)."""
-    carrier = await driver(session, flush=False, carries=True)  # the transaction is begun: never autocommit
     table = _table(sql)
     held: list[tuple[str, list[Any], tuple[str, Any] | None]] = session.info.get(_DEFERRED, [])
     target = None if row is None else (table, row)
+    if _WRITES_ONLY in session.info:
+        if table == "threads" or (target is not None and target in {t for *_, t in held}):
+            raise Unsent()
+        session.info.setdefault(_DEFERRED, []).append((sql, args, target))
+        return
+    carrier = await driver(session, flush=False, carries=True)  # the transaction is begun: never autocommit
     if (
         session.in_nested_transaction()
         or table == "threads"
@@ -184,13 +226,14 @@ def ctes(writes: list[tuple[str, list[Any]]], first: int) -> str:
     if found is None:
         parts, at = [], first
         for i, (write, args) in enumerate(writes):
-            parts.append(f"w{i} AS ({_renumbered(write, at - 1)})")
+            parts.append(f"w{i} AS ({renumbered(write, at - 1)})")
             at += len(args)
         found = _CTES[key] = ", ".join(parts)
     return found
 
 
-def _renumbered(sql: str, shift: int) -> str:
+def renumbered(sql: str, shift: int) -> str:
+    """`sql` with its parameters numbered `shift` higher."""
     return _PARAMETER.sub(lambda m: f"${int(m.group(1)) + shift}", sql)
 
 
@@ -213,6 +256,16 @@ def _on_execute(state: Any) -> None:
     _send_deferred(state.session)
 
 
+def _refuse(session: Session, *_: Any) -> None:
+    """No statement, flush or commit of SQLAlchemy's own in a `writes_only` session."""
+    if _WRITES_ONLY in session.info:
+        raise Unsent()
+
+
+event.listen(Session, "do_orm_execute", lambda state: _refuse(state.session))
+event.listen(Session, "before_flush", _refuse)
+event.listen(Session, "before_commit", _refuse)
+event.listen(Session, "after_begin", _refuse)
 event.listen(Session, "do_orm_execute", _on_execute)
 event.listen(Session, "before_flush", _send_deferred)
 event.listen(Session, "before_commit", _send_deferred)
@@ -386,6 +439,12 @@ def _columns_of(cls: type) -> tuple[Any, list[tuple[str, str]], list[str]]:
         pairs = [(a.key, a.columns[0].name) for a in mapper.column_attrs]
         found = _COLUMNS[cls] = (mapper, pairs, [c.name for c in mapper.primary_key])
     return found
+
+
+def record(row: Any) -> dict[str, Any]:
+    """A persistent ORM object's columns as `attach` takes them back (by column name)."""
+    _, pairs, _ = _columns_of(type(row))
+    return {name: row.__dict__[attr] for attr, name in pairs}
 
 
 def attach(session: AsyncSession, cls: type, record: Any) -> Any:

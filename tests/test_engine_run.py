@@ -3,8 +3,10 @@ claim with the `test` provider, and read the rows and events it left. No HTTP, n
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -14,7 +16,7 @@ import httpx
 import pytest
 from cryptography.fernet import Fernet
 from pydantic import BaseModel
-from sqlalchemy import func, select
+from sqlalchemy import delete, event, func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app import db, environment, events, hub, inputs, keys, messages, metrics, queue, statements, tables, threads
@@ -582,3 +584,103 @@ async def test_a_callable_session_tool_called_with_null_attachments_ends_the_ses
     result = await drive(cat, "wrap up")
     assert (result.thread.session_status, result.thread.session_reason) == ("success", "session_stop")
     assert result.thread.session_result == {"content": "finished", "attachments": []}
+
+
+# -- transactions of one statement ----------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def statements_sent(sessions: async_sessionmaker[AsyncSession]) -> Iterator[list[Any]]:
+    """Every statement sent on the pool's connections meanwhile (asyncpg's query loggers), with its error if any."""
+    pool = sessions.kw["bind"].sync_engine
+    seen: list[Any] = []
+
+    def out(dbapi_connection: Any, *_: Any) -> None:
+        dbapi_connection.driver_connection.add_query_logger(seen.append)
+
+    def back(dbapi_connection: Any, *_: Any) -> None:
+        if dbapi_connection is not None and dbapi_connection.driver_connection is not None:
+            dbapi_connection.driver_connection.remove_query_logger(seen.append)
+
+    event.listen(pool, "checkout", out)
+    event.listen(pool, "checkin", back)
+    try:
+        yield seen
+    finally:
+        event.remove(pool, "checkout", out)
+        event.remove(pool, "checkin", back)
+
+
+def guarded(seen: list[Any]) -> list[Any]:
+    """The statements sent as transactions of their own (`events.Guard`)."""
+    return [q for q in seen if "AS written" in q.query]
+
+
+async def test_an_answer_is_stored_in_one_statement_without_begin_or_commit(
+    drive: Drive, sessions: async_sessionmaker[AsyncSession]
+) -> None:
+    """A step's answer reads nothing: its message, log row, events and the thread row's changes (with the close of
+    the turn and the release) go in one statement guarded by the row's version and the lease, not in a fenced
+    transaction of four round trips."""
+    with statements_sent(sessions) as seen:
+        result = await drive(
+            catalog(Model({"tool_calls": [{"name": "add", "arguments": {"a": 2, "b": 3}}]}, "5.")), "2+3?"
+        )
+        await asyncio.sleep(0.05)  # the loggers are called soon after each statement
+    assert [(q.exception, "logs" in q.query) for q in guarded(seen)] == [(None, True), (None, True)]  # both answers
+    assert result.said() == [("user", "2+3?"), ("assistant", None), ("tool", "5"), ("assistant", "5.")]
+    assert [r.kind for r in result.logs] == ["llm", "tool", "llm"]
+    assert len(result.of("llm_response")) == 2 and len(result.of("step_completed")) == 2
+    assert result.thread.status == "idle" and released(result)
+
+
+async def test_an_answer_whose_thread_changed_meanwhile_is_stored_in_a_transaction_once(
+    drive: Drive, sessions: async_sessionmaker[AsyncSession]
+) -> None:
+    """Input posted while the model answers changes the thread row: the guarded statement writes nothing, and the
+    same answer is stored by a fenced transaction instead, once (one log row, one event each)."""
+
+    async def respond(request: LLMRequest) -> definitions.TestReply:
+        model.requests.append(request)
+        if len(model.requests) > 1:
+            return definitions.TestReply(text="saw it")
+        async with sessions() as s, s.begin():
+            (thread,) = (await s.execute(select(tables.Thread))).scalars()
+            await messages.enqueue(s, await threads.lock(s, thread.id), "user", "also this")
+        return definitions.TestReply(tool_calls=[definitions.TestToolCall(name="add", arguments={"a": 1, "b": 1})])
+
+    model = Model()
+    cat = catalog([])
+    m = define_model(name="m", provider="test", respond=respond)
+    cat = Catalog(root=cat.root, models={"m": m}, prompts=cat.prompts, agents=cat.agents, tools=cat.tools)
+    with statements_sent(sessions) as seen:
+        result = await drive(cat, "start")
+        await asyncio.sleep(0.05)
+    refused = [type(q.exception).__name__ for q in guarded(seen) if q.exception is not None]
+    assert refused == ["DivisionByZeroError"]  # the first answer's: the row was not the version it was read as
+    assert result.said() == [
+        ("user", "start"), ("assistant", None), ("tool", "2"), ("user", "also this"), ("assistant", "saw it"),
+    ]  # fmt: skip
+    assert [r.kind for r in result.logs] == ["llm", "tool", "llm"]
+    assert len(result.of("llm_response")) == 2 and len(result.of("tool_started")) == 1
+    assert len(result.of("turn_ended")) == 1 and released(result)
+
+
+async def test_an_answer_after_the_lease_was_lost_writes_nothing(
+    drive: Drive, sessions: async_sessionmaker[AsyncSession]
+) -> None:
+    """The lease revoked while the model answers (as stop and terminate revoke it): the guarded statement writes
+    nothing, and the fenced transaction it falls back to finds the lease gone: the answer is not stored."""
+
+    async def respond(request: LLMRequest) -> str:
+        async with sessions() as s, s.begin():
+            await s.execute(delete(tables.Lease))
+        return "too late"
+
+    cat = catalog([])
+    m = define_model(name="m", provider="test", respond=respond)
+    cat = Catalog(root=cat.root, models={"m": m}, prompts=cat.prompts, agents=cat.agents, tools=cat.tools)
+    result = await drive(cat, "hi")
+    assert [(r.role, r.status) for r in result.rows] == [("user", "completed"), ("assistant", "pending")]
+    assert result.logs == [] and result.of("llm_response") == []
+    assert result.thread.lease_token is not None  # not given back by a worker that no longer holds it

@@ -13,17 +13,18 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 from cryptography.fernet import Fernet
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app import control, errors, events, masking, messages, queue, statements, tables, threads, tracing
+from app import control, db, errors, events, masking, messages, queue, statements, tables, threads, tracing
 from app.catalog import Catalog
 from app.engine import (
     calls,
@@ -41,6 +42,7 @@ from app.engine import (
 from app.engine.history import Histories, History
 from app.engine.state import prepare_hooks
 from app.engine.step import OPEN_ON_ITS_OWN, RELEASED, Answered, Opened, OpenOnItsOwn, Released
+from app.engine.tally import Tally
 from app.engine.tool_phase import Closed, Prepared, ToolPhase
 from app.hub import Publisher
 from app.llm import retry
@@ -50,6 +52,25 @@ from app.settings import Settings
 from app.spec.definitions import AgentDefinition, PromptDefinition, Side, SideConfig
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Held:
+    """The thread row as an execution's last transaction committed it: its columns, and its version (`xmin`)."""
+
+    record: dict[str, Any]
+    xmin: int
+
+
+@dataclass(frozen=True)
+class Said:
+    """A turn's line, said once the transaction that ends the turn commits; its tally, kept again if it does not."""
+
+    thread_id: uuid.UUID
+    tally: Tally
+    line: str
 
 
 def llm_http() -> httpx.AsyncClient:
@@ -84,7 +105,8 @@ class Engine:
         )
         self._contexts: dict[uuid.UUID, dict[str, Any]] = {}  # per execution, by lease token
         self._turns: dict[uuid.UUID, asyncio.Lock] = {}  # per execution, by lease token: its transactions' turns
-        self._said: dict[uuid.UUID, list[str]] = {}  # per execution, by lease token: lines said once committed
+        self._said: dict[uuid.UUID, list[Said]] = {}  # per execution, by lease token: lines said once committed
+        self._held: dict[uuid.UUID, Held] = {}  # per execution, by lease token: the row its last commit left
         self._histories = Histories()  # by thread, kept across its executions (`app/engine/history.py`)
         self._subprompts = subprompts.Runner(
             catalog, self._caller, settings.max_session_steps, settings.tool_concurrency
@@ -105,6 +127,7 @@ class Engine:
         """A transaction on the thread row, fenced by the claim's lease token. One at a time per execution: each
         locks the thread row, so a second one (the calls of one answer run at once) could only wait for the first
         while it held a connection of the pool; it waits here instead, holding nothing."""
+        self._held.pop(claim.token, None)
         try:
             async with (
                 self._turns.setdefault(claim.token, asyncio.Lock()),
@@ -114,18 +137,80 @@ class Engine:
                 thread = await queue.fence(session, claim)
                 events.hold(session, thread.id)  # the row is locked: its events go in one statement at the end
                 yield session, thread
-                await events.flush(session, thread)  # with the thread row's changes, in one statement
+                xmin = await events.flush(session, thread)  # with the thread row's changes, in one statement
                 await statements.write(session)  # anything else (the thread row's changes when no event was held)
         except BaseException as exc:
-            self._histories.drop(claim.thread_id)  # what it read may hold writes that were just rolled back
-            self._said.pop(claim.token, None)  # a turn it ended did not end
-            if isinstance(exc, DBAPIError | OSError) and errors.Contention.of(exc):
-                raise errors.Contention() from exc
-            if isinstance(exc, DBAPIError | OSError) and errors.Unavailable.of(exc):
-                raise errors.Unavailable() from exc
+            translated = self._not_committed(claim, exc)
+            if translated is exc:
+                raise
+            raise translated from exc
+        self._committed(claim, thread, xmin)
+
+    async def _written(self, claim: queue.Claim, work: Callable[[AsyncSession, tables.Thread], Awaitable[T]]) -> T:
+        """`work` in a transaction on the thread row (`_tx`); as one statement when it only writes and the row is
+        as this execution's last commit left it (`statements.writes_only`): no BEGIN, no fence, no COMMIT. It may
+        run twice: the second time in `_tx`, when the first could not be one statement (nothing was written)."""
+        held = self._held.pop(claim.token, None)
+        if held is not None:
+            try:
+                return await self._in_one_statement(claim, held, work)
+            except (statements.Unsent, statements.Stale):
+                self._unsay(claim.token)
+                self._histories.drop(claim.thread_id)  # its rows may hold what was not written
+        async with self._tx(claim) as (session, thread):
+            return await work(session, thread)
+
+    async def _in_one_statement(
+        self, claim: queue.Claim, held: Held, work: Callable[[AsyncSession, tables.Thread], Awaitable[T]]
+    ) -> T:
+        """`work` on a `writes_only` session and the held row, its writes sent in one guarded statement
+        (`events.Guard`: `Stale` if the row changed since, or the lease is gone; `Unsent` if it needed more)."""
+        try:
+            async with self._turns.setdefault(claim.token, asyncio.Lock()), self._sessions() as session:
+                statements.writes_only(session)
+                thread: tables.Thread = statements.attach(session, tables.Thread, held.record)
+                events.hold(session, thread.id)
+                try:
+                    done = await work(session, thread)
+                    if statements.unwritten(session, thread):
+                        raise statements.Unsent()
+                    async with db.autocommit(self._sessions) as auto:
+                        guard = queue.guard(await statements.driver(auto, flush=False), claim, held.xmin)
+                        xmin = await events.flush(session, thread, guard=guard)
+                except BaseException:
+                    session.expire_all()  # what it changed was not written
+                    raise
+        except (statements.Unsent, statements.Stale):
             raise
-        for line in self._said.pop(claim.token, ()):  # committed: the turns it ended did end
-            log.info("%s", line)
+        except BaseException as exc:
+            translated = self._not_committed(claim, exc)
+            if translated is exc:
+                raise
+            raise translated from exc
+        self._committed(claim, thread, xmin)
+        return done
+
+    def _committed(self, claim: queue.Claim, thread: tables.Thread, xmin: int | None) -> None:
+        """A transaction committed: the lines of the turns it ended; the row as it left it, while the lease holds."""
+        if xmin is not None and thread.lease_token == claim.token:
+            self._held[claim.token] = Held(statements.record(thread), xmin)
+        for said in self._said.pop(claim.token, ()):  # the turns it ended did end
+            log.info("%s", said.line)
+
+    def _not_committed(self, claim: queue.Claim, exc: BaseException) -> BaseException:
+        """A transaction rolled back: forget what it did; the error to raise."""
+        self._histories.drop(claim.thread_id)  # what it read may hold writes that were just rolled back
+        self._unsay(claim.token)
+        if isinstance(exc, DBAPIError | OSError) and errors.Contention.of(exc):
+            return errors.Contention()
+        if isinstance(exc, DBAPIError | OSError) and errors.Unavailable.of(exc):
+            return errors.Unavailable()
+        return exc
+
+    def _unsay(self, token: uuid.UUID) -> None:
+        """The turns a transaction ended did not end: their tallies go on."""
+        for said in self._said.pop(token, ()):
+            self._caller.tallies.reopen(said.thread_id, said.tally)
 
     async def execute(self, claim: queue.Claim) -> None:
         """Run a claimed thread until it has nothing left to do, then release it; its span continues the trace of
@@ -173,6 +258,7 @@ class Engine:
             self._contexts.pop(claim.token, None)
             self._turns.pop(claim.token, None)
             self._said.pop(claim.token, None)
+            self._held.pop(claim.token, None)
             self._histories.trim(claim.thread_id)
 
     async def _run_all(self, claim: queue.Claim) -> bool:
@@ -288,6 +374,7 @@ class Engine:
         offered = {t.name: t for t in context.offered_tools(self._catalog, prompt, side_config, step.env)}
         prepared: Prepared | None = None
         if isinstance(step, Opened):
+            opened = step
             result = await self._caller.call(
                 lambda: self._tx(claim),
                 claim.thread_id,
@@ -298,19 +385,28 @@ class Engine:
                 opened=step.requests_before,
                 defer=True,
             )
-            closed: Closed = None
-            async with self._tx(claim) as (session, thread):
-                response = await self._store_response(session, thread, step, result, side_config)
+            record = result.record  # written once by the transaction that commits (`_written` may run it twice)
+
+            async def answer(
+                session: AsyncSession, thread: tables.Thread
+            ) -> tuple[Answered | None, Closed, Prepared | None]:
+                result.record = record
+                response = await self._store_response(session, thread, opened, result, side_config)
                 if response is None:  # the model failed: the step ended the session
-                    self.meter.step(step.agent.name)
-                    return None
-                answered = step.answered(response)
+                    return None, None, None
+                answered = opened.answered(response)
                 if not answered.calls:
-                    closed = await self._close(session, thread, claim, answered, offered, [])
-                else:
-                    first = self._tools.batch(answered.calls, offered, prompt.parallel_tool_calls)
-                    if any(not self._tools.is_subagent(offered, c) for c in first):
-                        prepared = await self._tools.announce(session, thread, claim, answered, offered, first)
+                    return answered, await self._close(session, thread, claim, answered, offered, []), None
+                first = self._tools.batch(answered.calls, offered, prompt.parallel_tool_calls)
+                if all(self._tools.is_subagent(offered, c) for c in first):
+                    return answered, None, None
+                return answered, None, await self._tools.announce(session, thread, claim, answered, offered, first)
+
+            stored, closed, prepared = await self._written(claim, answer)
+            if stored is None:
+                self.meter.step(step.agent.name)
+                return None
+            answered = stored
             if not answered.calls:
                 return await self._after_close(claim, answered, closed)
         else:
@@ -453,8 +549,8 @@ class Engine:
     def _turn_ended(self, thread: tables.Thread, outcome: str) -> None:
         """Say the turn's line (`tally.Tally.line`) once the transaction that ends it commits (`_tx`)."""
         assert thread.lease_token is not None
-        line = self._caller.tallies.end(thread.id).line(thread, outcome)
-        self._said.setdefault(thread.lease_token, []).append(line)
+        tally = self._caller.tallies.end(thread.id)
+        self._said.setdefault(thread.lease_token, []).append(Said(thread.id, tally, tally.line(thread, outcome)))
 
     async def _end_session(self, session: AsyncSession, thread: tables.Thread, verdict: types.Verdict) -> None:
         """End the session, and with it the turn."""

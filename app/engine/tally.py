@@ -62,3 +62,7 @@ class Tallies:
     def end(self, thread_id: uuid.UUID) -> Tally:
         """The ended turn's tally, no longer kept."""
         return self._open.pop(thread_id, None) or Tally()
+
+    def reopen(self, thread_id: uuid.UUID, tally: Tally) -> None:
+        """An ended turn's tally kept again: the transaction that ended the turn did not commit."""
+        self._open[thread_id] = tally
