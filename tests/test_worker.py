@@ -319,12 +319,11 @@ async def test_a_lease_its_execution_gave_back_is_not_reported_lost(
     app_factory: Any, settings: Any, monkeypatch: Any, caplog: Any
 ) -> None:
     """The heartbeat reads the claims, then the database: a turn that ended in between has released its lease, and
-    the report of it "lost" could reach the worker before the execution got past its releasing commit — which was
+    the report of it "lost" could reach the worker before the execution got past its releasing statement — which was
     then cancelled (its "turn ended" line lost, a lease loss counted, no fault anywhere). Here the heartbeat beats
-    right after every commit, before the execution goes on: as it did in a B4 run, where it happened 2–5 times."""
-    import sqlalchemy.orm
-    from sqlalchemy import event
-    from sqlalchemy.util import await_only
+    right after every statement of an execution returns, before the execution goes on: as it did in a B4 run,
+    where it happened 2–5 times."""
+    import asyncpg
 
     from app import db, heartbeat, worker
 
@@ -338,23 +337,34 @@ async def test_a_lease_its_execution_gave_back_is_not_reported_lost(
     monkeypatch.setattr(worker, "Heartbeat", Recorded)
     conn = await db.connect(settings.database_url)
     reported: list[set[tuple[uuid.UUID, uuid.UUID]]] = []
-    one_at_a_time = asyncio.Lock()  # on the one connection
+    beating: list[bool] = []  # the beat's own statement is not followed by another
 
-    def beat_now(session: Any) -> None:  # inside an execution's commit, after the database committed
+    async def beat_now() -> None:
         task = asyncio.current_task()
         claims = beats[0]._claims() if beats else []
-        if not claims or task is None or not task.get_name().startswith("thread-"):
+        if beating or not claims or task is None or not task.get_name().startswith("thread-"):
             return
-        await_only(one_at_a_time.acquire())
+        beating.append(True)
         try:
-            lost = await_only(queue.heartbeat(conn, claims, settings.lease_seconds))
+            lost = await queue.heartbeat(conn, claims, settings.lease_seconds)
         finally:
-            one_at_a_time.release()
+            beating.clear()
         if lost:
             reported.append(lost)
             beats[0]._on_lost(lost)
 
-    event.listen(sqlalchemy.orm.Session, "after_commit", beat_now)
+    for name in ("execute", "fetch", "fetchrow", "fetchval"):  # every statement, a session's COMMIT included
+        real = getattr(asyncpg.connection.Connection, name)
+
+        def after(real: Any = real) -> Any:
+            async def statement(self: Any, *args: Any, **kwargs: Any) -> Any:
+                result = await real(self, *args, **kwargs)
+                await beat_now()  # the database has done it; the execution has not gone on yet
+                return result
+
+            return statement
+
+        monkeypatch.setattr(asyncpg.connection.Connection, name, after())
     try:
         record = {"calls": 0, "cancelled": 0}
         app = await app_factory(slow_catalog(0, record), with_worker=True)
@@ -365,7 +375,6 @@ async def test_a_lease_its_execution_gave_back_is_not_reported_lost(
         await settle(client, str(tid))
         await wait_for(lambda: asyncio.sleep(0, not _executing(tid)))
     finally:
-        event.remove(sqlalchemy.orm.Session, "after_commit", beat_now)
         await conn.close()
     assert reported and all(tid in {t for t, _ in lost} for lost in reported)  # the heartbeat did see it gone
     said = [r.getMessage() for r in caplog.records]
