@@ -164,15 +164,6 @@ def cause(error: BaseException, target: dsn.Target, timeout: float) -> str:
     return str(error) or type(error).__name__
 
 
-def worker_pool(worker_concurrency: int) -> tuple[int, int]:
-    """Pool size and overflow for a worker: one connection per running execution, plus the claim loop and the
-    timers. (An execution running the calls of one answer at once still holds one: its transactions take turns
-    before they take a connection, `Engine._tx`.) All of them stay open once opened: an overflow connection is
-    closed when it goes back, and under load that meant a new connection (a Postgres backend, every statement
-    prepared again) several times a second."""
-    return worker_concurrency + 4, 0
-
-
 def _closed_is_disconnected(dbapi_connection: Any, record: Any, proxy: Any) -> None:
     """Refuse a pooled connection asyncpg already knows is closed; the pool retries with a new one."""
     raw = getattr(dbapi_connection, "_connection", None)

@@ -29,7 +29,7 @@ import dataclasses
 import json
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import asyncpg
@@ -42,13 +42,16 @@ from app import errors, event_types, events, inputs, statements, tables
 WAKEUP_CHANNEL = "agents_wakeup"
 
 
-@dataclass(frozen=True)
+@dataclass
 class Claim:
-    """A worker's hold on one thread: the fencing token every commit is conditioned on."""
+    """A worker's hold on one thread: the fencing token every commit is conditioned on. `releasing` is set when its
+    execution starts to give it back, before the releasing statement: a heartbeat that read the claims before that
+    commit and the database after it finds the lease gone, and must not take it for lost (`Worker._cancel_lost`)."""
 
     thread_id: uuid.UUID
     token: uuid.UUID
     attempt: int
+    releasing: bool = field(default=False, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -480,6 +483,7 @@ async def release(
 
     Returns whether the thread is still runnable (a worker is woken at commit if so).
     """
+    claim.releasing = True
     driver = await statements.driver(session, flush=row is None)
     if not fenced and await driver.fetchrow(_LOCK_HELD, claim.thread_id, claim.token) is None:
         raise errors.LeaseLost()
@@ -510,6 +514,7 @@ async def release_with_events(session: AsyncSession, claim: Claim, row: tables.T
     """`release` (neither `again` nor a refund) in a fenced transaction: in the statement that writes its held events
     when it holds them (one round trip fewer; mark nothing runnable after this), else on its own, as it is when input
     deferred to that statement would escape its look at the inbox."""
+    claim.releasing = True
     rider = dataclasses.replace(RELEASING, args=(claim.token, WAKEUP_CHANNEL))
     if "inbox" in statements.deferred_tables(session) or not events.add_rider(session, row.id, rider):
         await release(session, claim, fenced=True, row=row)

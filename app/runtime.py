@@ -72,10 +72,9 @@ class Runtime:
         meter = Meter()
         async with contextlib.AsyncExitStack() as stack:
             stack.enter_context(tracing.started())  # closed last: the spans of the shutdown are exported too
-            if api:  # all kept open once opened
-                pool = db.create_engine(url, settings.db_pool_size, 0, pooled=settings.pooled)
-            else:
-                pool = db.create_engine(url, *db.worker_pool(settings.worker_concurrency), pooled=settings.pooled)
+            # every pool keeps its connections open once opened (an overflow one would be closed on return, and
+            # opened again under load); a worker's executions hold one only inside a transaction
+            pool = db.create_engine(url, settings.db_pool_size, 0, pooled=settings.pooled)
             stack.push_async_callback(pool.dispose)
             sessions = db.sessionmaker(pool)
             hub: Hub | None = None
@@ -89,9 +88,7 @@ class Runtime:
             if worker:
                 worker_db, worker_sessions = pool, sessions
                 if api:  # a pool of its own: executions never wait behind requests for a connection, or vice versa
-                    worker_db = db.create_engine(
-                        url, *db.worker_pool(settings.worker_concurrency), pooled=settings.pooled
-                    )
+                    worker_db = db.create_engine(url, settings.db_pool_size, 0, pooled=settings.pooled)
                     stack.push_async_callback(worker_db.dispose)
                     worker_sessions = db.sessionmaker(worker_db)
                 publisher = Publisher(url, pooled=settings.pooled)

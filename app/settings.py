@@ -78,7 +78,18 @@ class Settings(BaseSettings):
     playground: bool | None = Field(
         default=None, description="serve the browser playground at `/`; unset: on when the API binds to loopback"
     )
-    worker_concurrency: int = Field(default=50, ge=1)
+    worker_concurrency: int = Field(
+        default=1000,
+        ge=1,
+        description="thread executions at once per worker process; one waiting on a model costs memory (~50 KB), "
+        "not CPU nor a database connection",
+    )
+    worker_active: int = Field(
+        default=50,
+        ge=1,
+        description="of a worker's executions, those at once that are not waiting on a model (opening and closing "
+        "steps, running tools): the bound for CPU-bound work; the others wait on their model, or for a turn",
+    )
     lease_seconds: float = Field(default=10.0, gt=0)
     poll_interval: float = Field(default=1.0, gt=0)
     watchdog_seconds: float = Field(
@@ -95,7 +106,12 @@ class Settings(BaseSettings):
         default=DEFAULT_TOOL_TIMEOUT, gt=0, description="seconds a tool call may run (a tool's own `timeout` wins)"
     )
     max_session_steps: int = Field(default=250, ge=1)
-    db_pool_size: int = Field(default=20, ge=1)
+    db_pool_size: int = Field(
+        default=20,
+        ge=1,
+        description="connections in each process's pool (the API's, a worker's: executions hold one only inside a "
+        "transaction, never while they wait on a model or a tool), each kept open once opened",
+    )
     migrate_on_start: bool = True
     stream_token_seconds: float = Field(
         default=900.0, gt=0, description="how long a stream token (`POST /stream-tokens`) may open a stream"

@@ -23,6 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from app import blobs, control, db, effects, errors, events, liveness, queue
 from app.engine.run import Engine
 from app.heartbeat import Heartbeat
+from app.llm import waiting
 from app.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -31,7 +32,8 @@ EFFECTS_BATCH = 100  # due effects queued per transaction
 
 
 class Worker:
-    """A pool of `worker_concurrency` concurrent thread executions in this process."""
+    """A pool of `worker_concurrency` concurrent thread executions in this process, `worker_active` of them at work
+    at once: an execution waiting on its model gives its place up (`app.llm.waiting`)."""
 
     def __init__(self, settings: Settings, sessions: async_sessionmaker[AsyncSession], engine: Engine) -> None:
         self._settings = settings
@@ -39,6 +41,7 @@ class Worker:
         self._engine = engine
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._running: dict[uuid.UUID, tuple[queue.Claim, asyncio.Task[None]]] = {}
+        self._active = asyncio.Semaphore(settings.worker_active)  # executions at work, not waiting on a model
         self._wake = asyncio.Event()
         self._notices = 0  # wake-up notifications heard so far
         self._more = True  # whether something may be runnable that the last claim left (a full worker, a notice)
@@ -67,7 +70,10 @@ class Worker:
         flusher = asyncio.create_task(self._metrics(stop), name="metrics-flush")
         path = self._settings.worker_heartbeat_file
         pulse = liveness.Pulse(path, self.owner, self._settings.poll_interval) if path else None
-        log.info("worker %s started with %d slots", self.owner, self._settings.worker_concurrency)
+        log.info(
+            "worker %s started with %d slots, %d at work at once (the others waiting on a model)",
+            self.owner, self._settings.worker_concurrency, self._settings.worker_active,
+        )  # fmt: skip
         try:
             while not stop.is_set():
                 self._wake.clear()
@@ -147,11 +153,15 @@ class Worker:
 
     async def _execute(self, claim: queue.Claim) -> None:
         heard = self._notices
+        slot = waiting.Slot(self._active)
+        waiting.current.set(slot)  # this task's context: its model calls give the slot up while they wait
         try:
+            await slot.take()
             await self._engine.execute(claim)
         except (Exception, errors.Aborted):
             log.exception("execution of thread %s ended abnormally; its lease will expire", claim.thread_id)
         finally:
+            slot.release()
             if self._running.get(claim.thread_id, (None,))[0] == claim:
                 del self._running[claim.thread_id]
             # a notice while it ran may be its own release (runnable again), which any claim made meanwhile skipped
@@ -234,10 +244,13 @@ class Worker:
 
     def _cancel_lost(self, lost: set[tuple[uuid.UUID, uuid.UUID]]) -> None:
         """The heartbeat found these leases gone: the executions that held them must stop at once and write nothing.
-        A thread released and claimed again since the heartbeat read its claims runs under a new token: left alone."""
+        A thread released and claimed again since the heartbeat read its claims runs under a new token, and one whose
+        execution is giving it back released it itself (its commit came between the heartbeat's read of the claims
+        and its statement; cancelled, the execution lost what it does once committed): both are left alone. An
+        execution whose release then fails ends anyway, and every write it tries is fenced."""
         for thread_id, token in lost:
             entry = self._running.get(thread_id)
-            if entry is not None and entry[0].token == token:
+            if entry is not None and entry[0].token == token and not entry[0].releasing:
                 self._engine.meter.lease_losses.inc()
                 log.warning("lease of thread %s lost; cancelling its execution", thread_id)
                 entry[1].cancel()

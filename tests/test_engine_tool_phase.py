@@ -150,7 +150,7 @@ async def test_a_callables_error_code_is_kept_with_its_result_as_a_subagents_is(
 
 async def test_calls_at_once_hold_one_connection_of_the_pool_at_a_time(app_factory: Any, drive: Any) -> None:
     """The transactions of one execution all lock the thread row: six calls writing at once take their turns
-    without a connection each (which would only wait on the row while held: a pool of WORKER_CONCURRENCY + 4
+    without a connection each (which would only wait on the row while held: a worker's pool of DB_POOL_SIZE
     connections runs dry when many executions do it)."""
     cat = catalog([{"tool_calls": [{"name": "write_three"}] * 6}, "ok"], parallel=True)
     app = await app_factory(cat)

@@ -313,3 +313,173 @@ async def test_a_queue_connection_left_mid_statement_is_opened_anew(app_factory:
     await client.post(f"/threads/{thread['id']}/messages", json={"content": "hi"})
     await settle(client, thread["id"])
     assert broke and [r["content"] for r in await stored(client, thread["id"])] == ["hi", "done"]
+
+
+async def test_a_lease_its_execution_gave_back_is_not_reported_lost(
+    app_factory: Any, settings: Any, monkeypatch: Any, caplog: Any
+) -> None:
+    """The heartbeat reads the claims, then the database: a turn that ended in between has released its lease, and
+    the report of it "lost" could reach the worker before the execution got past its releasing statement — which was
+    then cancelled (its "turn ended" line lost, a lease loss counted, no fault anywhere). Here the heartbeat beats
+    right after every statement of an execution returns, before the execution goes on: as it did in a B4 run,
+    where it happened 2–5 times."""
+    import asyncpg
+
+    from app import db, heartbeat, worker
+
+    beats: list[heartbeat.Heartbeat] = []
+
+    class Recorded(heartbeat.Heartbeat):
+        def start(self) -> None:
+            beats.append(self)
+            super().start()
+
+    monkeypatch.setattr(worker, "Heartbeat", Recorded)
+    conn = await db.connect(settings.database_url)
+    reported: list[set[tuple[uuid.UUID, uuid.UUID]]] = []
+    beating: list[bool] = []  # the beat's own statement is not followed by another
+
+    async def beat_now() -> None:
+        task = asyncio.current_task()
+        claims = beats[0]._claims() if beats else []
+        if beating or not claims or task is None or not task.get_name().startswith("thread-"):
+            return
+        beating.append(True)
+        try:
+            lost = await queue.heartbeat(conn, claims, settings.lease_seconds)
+        finally:
+            beating.clear()
+        if lost:
+            reported.append(lost)
+            beats[0]._on_lost(lost)
+
+    for name in ("execute", "fetch", "fetchrow", "fetchval"):  # every statement, a session's COMMIT included
+        real = getattr(asyncpg.connection.Connection, name)
+
+        def after(real: Any = real) -> Any:
+            async def statement(self: Any, *args: Any, **kwargs: Any) -> Any:
+                result = await real(self, *args, **kwargs)
+                await beat_now()  # the database has done it; the execution has not gone on yet
+                return result
+
+            return statement
+
+        monkeypatch.setattr(asyncpg.connection.Connection, name, after())
+    try:
+        record = {"calls": 0, "cancelled": 0}
+        app = await app_factory(slow_catalog(0, record), with_worker=True)
+        client = client_for(app)
+        tid = uuid.UUID((await client.post("/threads", json={"agent": "agent"})).json()["id"])
+        caplog.set_level("INFO", logger="app")
+        await client.post(f"/threads/{tid}/messages", json={"content": "hi"})
+        await settle(client, str(tid))
+        await wait_for(lambda: asyncio.sleep(0, not _executing(tid)))
+    finally:
+        await conn.close()
+    assert reported and all(tid in {t for t, _ in lost} for lost in reported)  # the heartbeat did see it gone
+    said = [r.getMessage() for r in caplog.records]
+    assert not [line for line in said if "lease of thread" in line]
+    assert [line for line in said if line.startswith(f"turn ended: thread={tid}")]
+    assert app.state.runtime.meter.work.get_sample_value("agents_lease_losses_total") == 0
+
+
+async def test_executions_waiting_on_a_model_hold_no_connection(app_factory: Any) -> None:
+    """What lets a worker run 1,000 turns at once (`WORKER_CONCURRENCY`) on a pool of `DB_POOL_SIZE`: an execution
+    waiting on its model holds no connection. Eight wait at once on a pool of one, and none holds one meanwhile."""
+    from sqlalchemy import event
+    from sqlalchemy.pool import Pool
+
+    count = 8
+    holding: dict[int, str] = {}  # connection record → the execution task that checked it out
+
+    def out(_: Any, record: Any, __: Any) -> None:
+        task = asyncio.current_task()
+        if task is not None and task.get_name().startswith("thread-"):
+            holding[id(record)] = task.get_name()
+
+    def back(_: Any, record: Any) -> None:
+        holding.pop(id(record), None)
+
+    everyone = asyncio.Event()
+    answer = asyncio.Event()
+    calls = 0
+
+    async def respond(request: LLMRequest) -> str:
+        nonlocal calls
+        calls += 1
+        if calls == count:
+            everyone.set()
+        await answer.wait()
+        return "done"
+
+    model = define_model(name="m", provider="test", respond=respond)
+    prompt = define_prompt(name="p", model="m", prompt="Be brief.", include_chat=True)
+    agent = define_agent(name="agent", side_a={"prompt": "p"})
+    cat = Catalog(root=Path("."), models={"m": model}, prompts={"p": prompt}, agents={"agent": agent}, tools={})
+    event.listen(Pool, "checkout", out)
+    event.listen(Pool, "checkin", back)
+    try:
+        app = await app_factory(cat, with_worker=True, worker_concurrency=count, db_pool_size=1)
+        client = client_for(app)
+        tids = [(await client.post("/threads", json={"agent": "agent"})).json()["id"] for _ in range(count)]
+        for tid in tids:
+            await client.post(f"/threads/{tid}/messages", json={"content": "hi"})
+        await asyncio.wait_for(everyone.wait(), 10)  # with a connection held per wait, the second would never come
+        await asyncio.sleep(0.05)
+        held_while_waiting = dict(holding)
+        answer.set()
+        for tid in tids:
+            await settle(client, tid)
+    finally:
+        event.remove(Pool, "checkout", out)
+        event.remove(Pool, "checkin", back)
+    assert held_while_waiting == {}
+    for tid in tids:
+        assert [r["content"] for r in await stored(client, tid)] == ["hi", "done"]
+
+
+async def test_executions_at_work_are_bounded_apart_from_those_waiting_on_a_model(app_factory: Any) -> None:
+    """`WORKER_CONCURRENCY` executions may wait on their model at once; of them only `WORKER_ACTIVE` do anything
+    else at once (here: run a tool), the others waiting for a turn."""
+    from app.spec import ThreadState, define_tool
+
+    count, active = 6, 2
+    everyone = asyncio.Event()
+    calls = 0
+    running = most = 0
+
+    async def respond(request: LLMRequest) -> Any:
+        nonlocal calls
+        if request.messages[-1].role == "tool":
+            return "done"
+        calls += 1
+        if calls == count:
+            everyone.set()
+        await asyncio.wait_for(everyone.wait(), 10)  # all of them wait on the model at once
+        return {"tool_calls": [{"name": "work", "arguments": {}}]}
+
+    @define_tool(description="Works a while.")
+    async def work(state: ThreadState) -> str:
+        nonlocal running, most
+        running += 1
+        most = max(most, running)
+        await asyncio.sleep(0.1)
+        running -= 1
+        return "worked"
+
+    model = define_model(name="m", provider="test", respond=respond)
+    prompt = define_prompt(name="p", model="m", prompt="Work.", include_chat=True, tools=["work"])
+    agent = define_agent(name="agent", side_a={"prompt": "p"})
+    cat = Catalog(
+        root=Path("."), models={"m": model}, prompts={"p": prompt}, agents={"agent": agent}, tools={"work": work}
+    )
+    app = await app_factory(cat, with_worker=True, worker_concurrency=count, worker_active=active)
+    client = client_for(app)
+    tids = [(await client.post("/threads", json={"agent": "agent"})).json()["id"] for _ in range(count)]
+    for tid in tids:
+        await client.post(f"/threads/{tid}/messages", json={"content": "go"})
+    for tid in tids:
+        await settle(client, tid)
+        assert [r["content"] for r in await stored(client, tid)][-1] == "done"
+    assert everyone.is_set()
+    assert most == active

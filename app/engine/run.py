@@ -53,7 +53,10 @@ log = logging.getLogger(__name__)
 
 def llm_http() -> httpx.AsyncClient:
     """The HTTP client the provider adapters share; stream stalls are timed by the engine, not by httpx."""
-    return httpx.AsyncClient(timeout=httpx.Timeout(connect=10.0, read=None, write=30.0, pool=10.0))
+    return httpx.AsyncClient(
+        timeout=httpx.Timeout(connect=10.0, read=None, write=30.0, pool=10.0),
+        limits=httpx.Limits(max_connections=None, max_keepalive_connections=None),  # httpx's 100 / 20: see bench/README
+    )
 
 
 class Engine:

@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 
 from app import masking
+from app.llm import sse
 from app.llm.base import (
     CallContext,
     Done,
@@ -56,6 +57,7 @@ STREAM_ERRORS: dict[str, tuple[str, int | None, bool]] = {
     "overloaded_error": ("server", 529, True),
 }
 REPLAYED = {"thinking": "signature", "redacted_thinking": "data"}  # replayable block types and their opaque field
+STREAMED_FIELDS = ("text", "thinking", "signature", "partial_json")  # a block's fields its deltas add to
 
 
 def fold(messages: list[LLMMessage]) -> tuple[str | None, list[dict[str, Any]]]:
@@ -198,9 +200,10 @@ class _Assembly:
             self._usage(event["message"].get("usage"))
         elif kind == "content_block_start":
             block = dict(event["content_block"])
-            block["partial_json"] = ""
+            for field in STREAMED_FIELDS:  # their pieces, joined once at the end (`response`)
+                block[field] = [block[field]] if isinstance(block.get(field), str) else []
             self.blocks[event["index"]] = block
-            return self._delta(block["type"], block.get("text") or block.get("thinking") or "")
+            return self._delta(block["type"], "".join(block["text"]) or "".join(block["thinking"]))
         elif kind == "content_block_delta":
             return self._apply(self.blocks[event["index"]], event["delta"])
         elif kind == "message_delta":
@@ -222,15 +225,15 @@ class _Assembly:
     def _apply(self, block: dict[str, Any], delta: dict[str, Any]) -> StreamEvent | None:
         kind = delta.get("type")
         if kind == "text_delta":
-            block["text"] = block.get("text", "") + delta["text"]
+            block["text"].append(delta["text"])
             return self._delta("text", delta["text"])
         if kind == "thinking_delta":
-            block["thinking"] = block.get("thinking", "") + delta["thinking"]
+            block["thinking"].append(delta["thinking"])
             return self._delta("thinking", delta["thinking"])
         if kind == "signature_delta":
-            block["signature"] = block.get("signature", "") + delta["signature"]
+            block["signature"].append(delta["signature"])
         elif kind == "input_json_delta":
-            block["partial_json"] += delta.get("partial_json", "")
+            block["partial_json"].append(delta.get("partial_json", ""))
         return None
 
     def _delta(self, kind: str, text: str) -> StreamEvent | None:
@@ -254,16 +257,14 @@ class _Assembly:
         for _, block in sorted(self.blocks.items()):
             kind = block["type"]
             if kind == "text":
-                text.append(block.get("text", ""))
+                text.append("".join(block["text"]))
             elif kind == "thinking":
-                thinking.append(block.get("thinking", ""))
-                details.append(
-                    {"type": "thinking", "thinking": block.get("thinking", ""), "signature": block.get("signature", "")}
-                )
+                thinking.append("".join(block["thinking"]))
+                details.append({"type": "thinking", "thinking": thinking[-1], "signature": "".join(block["signature"])})
             elif kind == "redacted_thinking":
                 details.append({"type": "redacted_thinking", "data": block.get("data", "")})
             elif kind == "tool_use":
-                arguments = block["partial_json"] or json.dumps(block.get("input") or {})
+                arguments = "".join(block["partial_json"]) or json.dumps(block.get("input") or {})
                 calls.append(
                     {"id": block["id"], "type": "function", "function": {"name": block["name"], "arguments": arguments}}
                 )
@@ -284,18 +285,15 @@ class _Assembly:
         )
 
 
-async def _events(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
-    """The JSON `data` of each server-sent event (the `event:` line repeats the data's `type`)."""
-    data: list[str] = []
-    async for line in response.aiter_lines():
-        if line.startswith("data:"):
-            data.append(line[5:].removeprefix(" "))
-        elif not line and data:
-            raw, data = "\n".join(data), []
-            try:
-                yield json.loads(raw)
-            except ValueError as exc:
-                raise ProviderError("anthropic: malformed stream event", kind="stream", retriable=True) from exc
+def _event(data: str) -> dict[str, Any]:
+    """The JSON `data` of one server-sent event (the `event:` line repeats the data's `type`)."""
+    try:
+        event = json.loads(data)
+    except ValueError as exc:
+        raise ProviderError("anthropic: malformed stream event", kind="stream", retriable=True) from exc
+    if not isinstance(event, dict):
+        raise ProviderError("anthropic: malformed stream event", kind="stream", retriable=True)
+    return event
 
 
 def retry_after(response: httpx.Response) -> float | None:
@@ -376,16 +374,27 @@ class AnthropicModel:
                 if r.status_code >= 400:
                     await r.aread()
                     raise _http_error(r, self.key_env, ctx.api_key)
-                async for event in _events(r):
-                    try:
-                        delta = assembly.feed(event)
-                    except (KeyError, TypeError, AttributeError) as exc:
-                        raise ProviderError(
-                            f"anthropic: malformed stream event {event.get('type')!r}", kind="stream", retriable=True
-                        ) from exc
-                    if delta is not None:
+                reads = sse.batches(r)
+                async for found in reads:  # what one read completed, its deltas merged
+                    deltas: list[StreamEvent] = []
+                    for data in found:
+                        event = _event(data)
+                        try:
+                            delta = assembly.feed(event)
+                        except (KeyError, TypeError, AttributeError) as exc:
+                            raise ProviderError(
+                                f"anthropic: malformed stream event {event.get('type')!r}",
+                                kind="stream",
+                                retriable=True,
+                            ) from exc
+                        if isinstance(delta, TextDelta | ReasoningDelta):
+                            sse.merge(deltas, type(delta), delta.text)
+                        if assembly.stopped:
+                            break
+                    for delta in deltas:
                         yield delta
                     if assembly.stopped:
+                        await sse.rest(reads)
                         break
         except httpx.TimeoutException as exc:
             raise ProviderError(f"anthropic: timed out ({type(exc).__name__})", kind="timeout", retriable=True) from exc

@@ -12,6 +12,7 @@ servers differ are decided here, per host, and documented where they are decided
 - An assistant turn's `reasoning_details` are replayed exactly as returned (OpenRouter); its reasoning text is replayed
   as `reasoning_content` only on turns that called tools, which DeepSeek and Kimi require in tool loops and vLLM reads.
 
+The stream is read a network read at a time (`sse.batches`): the deltas of the chunks one read carries go out merged.
 Streaming wire format: https://platform.openai.com/docs/api-reference/chat-streaming; reasoning fields:
 https://openrouter.ai/docs/use-cases/reasoning-tokens and https://api-docs.deepseek.com/guides/thinking_mode.
 """
@@ -29,6 +30,7 @@ from typing import Any
 import httpx
 
 from app import masking
+from app.llm import sse
 from app.llm.base import (
     CallContext,
     Done,
@@ -142,14 +144,23 @@ class OpenAIModel:
                     await response.aread()
                     raise self._http_error(response, key)
                 if response.headers.get("content-type", "").startswith("application/json"):
-                    for event in reply.feed(_json(await response.aread())):  # a server that would not stream
+                    reply.feed(_json(await response.aread()))  # a server that would not stream
+                    for event in reply.take():
                         yield event
                 else:
-                    async for data in _sse_data(response.aiter_lines()):
-                        if data.strip() == "[DONE]":
-                            break
-                        for event in reply.feed(_json(data)):
+                    reads = sse.batches(response)
+                    async for found in reads:  # what one read completed, its deltas merged
+                        done = False
+                        for data in found:
+                            if not data.endswith("}") and data.strip() == "[DONE]":
+                                done = True
+                                break
+                            reply.feed(_json(data))
+                        for event in reply.take():
                             yield event
+                        if done:
+                            await sse.rest(reads)
+                            break
         except httpx.TimeoutException as exc:
             raise ProviderError(
                 masking.scrub(f"timed out talking to {self.host} ({type(exc).__name__})", [key] if key else []),
@@ -191,9 +202,10 @@ class OpenAIModel:
 
 
 class _Reply:
-    """The response assembled from streamed chunks."""
+    """The response assembled from streamed chunks, and the deltas to stream not taken yet (`take`)."""
 
     def __init__(self) -> None:
+        self.deltas: list[StreamEvent] = []
         self.text: list[str] = []
         self.reasoning: list[str] = []
         self.details: list[dict[str, Any]] = []
@@ -202,43 +214,46 @@ class _Reply:
         self.finish: str | None = None
         self.usage = Usage()
 
-    def feed(self, chunk: Any) -> list[StreamEvent]:
-        """Take one chunk; the deltas to stream from it."""
+    def take(self) -> list[StreamEvent]:
+        """The deltas of the chunks fed since the last call, consecutive ones of one kind merged."""
+        deltas, self.deltas = self.deltas, []
+        return deltas
+
+    def feed(self, chunk: Any) -> None:
+        """Take one chunk; its deltas join `deltas`."""
         if not isinstance(chunk, dict):
             raise ProviderError("malformed stream chunk: not a JSON object", retriable=True, kind="stream")
         if chunk.get("error"):
             raise _stream_error(chunk["error"])
-        usage = chunk.get("usage") or (chunk.get("x_groq") or {}).get("usage")  # Groq reports it under `x_groq`
+        usage = chunk.get("usage")
+        if usage is None and isinstance(chunk.get("x_groq"), dict):  # Groq reports it under `x_groq`
+            usage = chunk["x_groq"].get("usage")
         if isinstance(usage, dict):
             self.usage = _usage(usage)
-        events: list[StreamEvent] = []
-        for choice in chunk.get("choices") or []:
+        for choice in chunk.get("choices") or ():
             if not isinstance(choice, dict) or choice.get("index", 0) != 0:
                 continue
-            delta = choice.get("delta") or choice.get("message") or {}
-            events.extend(self._delta(delta))
+            self._delta(choice.get("delta") or choice.get("message") or {})
             if choice.get("finish_reason"):
                 self.finish = str(choice["finish_reason"])
-        return events
 
-    def _delta(self, delta: dict[str, Any]) -> list[StreamEvent]:
-        events: list[StreamEvent] = []
+    def _delta(self, delta: dict[str, Any]) -> None:
         # DeepSeek, LM Studio and older vLLM say `reasoning_content`; OpenRouter, Groq, Ollama say `reasoning`
         reasoning = delta.get("reasoning_content") or delta.get("reasoning")
         if isinstance(reasoning, str) and reasoning:
             self.reasoning.append(reasoning)
-            events.append(ReasoningDelta(reasoning))
+            sse.merge(self.deltas, ReasoningDelta, reasoning)
         if isinstance(delta.get("reasoning_details"), list):
             _merge_details(self.details, delta["reasoning_details"])
         for field in ("content", "refusal"):
             text = delta.get(field)
             if isinstance(text, str) and text:
                 self.text.append(text)
-                events.append(TextDelta(text))
-        for position, part in enumerate(delta.get("tool_calls") or []):
-            if isinstance(part, dict):
-                self._tool_call(part, position)
-        return events
+                sse.merge(self.deltas, TextDelta, text)
+        if tool_calls := delta.get("tool_calls"):
+            for position, part in enumerate(tool_calls):
+                if isinstance(part, dict):
+                    self._tool_call(part, position)
 
     def _tool_call(self, part: dict[str, Any], position: int) -> None:
         """Assemble a call by its `index`: id and name from its first delta, arguments concatenated."""
@@ -312,21 +327,6 @@ def _message(m: LLMMessage) -> dict[str, Any]:
         elif m.reasoning and m.tool_calls:
             out["reasoning_content"] = m.reasoning
     return out
-
-
-async def _sse_data(lines: AsyncIterator[str]) -> AsyncIterator[str]:
-    """The `data` of each server-sent event; comments (OpenRouter's keep-alives) and other fields are skipped."""
-    data: list[str] = []
-    async for line in lines:
-        if not line:
-            if data:
-                yield "\n".join(data)
-                data = []
-        elif line.startswith("data:"):
-            value = line[5:]
-            data.append(value[1:] if value.startswith(" ") else value)
-    if data:
-        yield "\n".join(data)
 
 
 def _json(raw: str | bytes) -> Any:

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+from app.llm import waiting
 from app.llm.base import CallContext, Done, LLMRequest, LLMResponse, Model, ProviderError, StreamEvent, aclose
 from app.settings import Settings
 from app.spec.definitions import ModelDefinition
@@ -98,6 +99,11 @@ class FallbackModel:
         self._attempts = attempts
 
     async def stream(self, request: LLMRequest, ctx: CallContext) -> AsyncIterator[StreamEvent]:
+        """The chain's answer; the execution's slot among those at work (`waiting`) is given up meanwhile and taken
+        back before the answer or the last error is handed on (not when the call is cancelled)."""
+        slot = waiting.current.get()
+        if slot is not None:
+            slot.away()
         asked_again = False
         failed: Attempt | None = None
         error: ProviderError | None = None
@@ -123,6 +129,8 @@ class FallbackModel:
                 await self._attempts.close(attempt, outcome)
                 if isinstance(outcome, LLMResponse):
                     if not empty(outcome) or asked_again:
+                        if slot is not None:
+                            await slot.back()
                         yield Done(outcome)
                         return
                     asked_again = True  # an empty answer is asked again once, outside the attempts
@@ -135,6 +143,8 @@ class FallbackModel:
                 attempt = Attempt(definition, attempt.number + 1, "retry")
             failed = attempt
         assert error is not None, "a chain has at least its primary model"
+        if slot is not None:
+            await slot.back()
         raise error
 
 

@@ -85,11 +85,18 @@ async def run(handler: Handler, request: LLMRequest = HELLO, **fields: Any) -> t
     return events[:-1], events[-1].response
 
 
-def replying(*events: dict[str, Any], seen: list[httpx.Request] | None = None) -> Handler:
+def replying(*events: dict[str, Any], seen: list[httpx.Request] | None = None, one_read: bool = False) -> Handler:
+    """A server streaming `events`, each in a network read of its own (a model slower than the network), or all in
+    `one_read`."""
+
+    async def reads() -> AsyncIterator[bytes]:
+        for event in [events] if one_read else [(e,) for e in events]:
+            yield sse(*event)
+
     def handler(request: httpx.Request) -> httpx.Response:
         if seen is not None:
             seen.append(request)
-        return httpx.Response(200, content=sse(*events), headers={"content-type": "text/event-stream"})
+        return httpx.Response(200, content=reads(), headers={"content-type": "text/event-stream"})
 
     return handler
 
@@ -306,6 +313,27 @@ async def test_streamed_text() -> None:
     assert events == [TextDelta("Hel"), TextDelta("lo"), TextDelta("!")]
     assert response.text == "Hello!" and response.finish_reason == "stop"
     assert response.tool_calls == [] and response.reasoning is None and response.reasoning_details is None
+
+
+async def test_the_deltas_of_one_read_go_out_as_one() -> None:
+    """A read carrying several events (a fast model, a busy connection) hands on one delta per kind in a row."""
+    stream = replying(start(), *text_block(0, "Hel", "lo", "!"), *end(), one_read=True)
+    events, response = await run(stream)
+    assert events == [TextDelta("Hello!")]
+    assert response.text == "Hello!"
+
+
+async def test_the_body_after_message_stop_is_read_to_its_end_so_the_connection_is_kept() -> None:
+    """httpx pools a connection only once its response was read to the end (see the `openai` adapter's test)."""
+    ended: list[bool] = []
+
+    async def reads() -> AsyncIterator[bytes]:
+        yield sse(start(), *text_block(0, "Hi"), *end())
+        yield b"\n"  # what follows `message_stop`: here a blank line, usually just the body's end
+        ended.append(True)
+
+    await run(lambda _: httpx.Response(200, content=reads(), headers={"content-type": "text/event-stream"}))
+    assert ended == [True]
 
 
 async def test_thinking_and_tool_use_become_the_final_response() -> None:

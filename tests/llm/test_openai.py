@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 from typing import Any
@@ -32,10 +33,29 @@ Handler = Callable[[httpx.Request], httpx.Response]
 SIMPLE = LLMRequest(model="gpt-4.1-mini", messages=[LLMMessage("user", "hi")])
 
 
+class Reads(httpx.AsyncByteStream):
+    """A response body arriving in these network reads."""
+
+    def __init__(self, reads: list[bytes], then: asyncio.Event | None = None) -> None:
+        self._reads = reads
+        self._then = then  # what the body waits for after its reads, if anything
+        self.ended = False
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for read in self._reads:
+            yield read
+        if self._then is not None:
+            await self._then.wait()
+        self.ended = True
+
+
+def streamed(reads: list[bytes]) -> httpx.Response:
+    return httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=Reads(reads))
+
+
 def sse(*events: dict[str, Any] | str) -> httpx.Response:
-    """A streamed answer: each event a JSON chunk or raw data (`[DONE]`)."""
-    body = "".join(f"data: {e if isinstance(e, str) else json.dumps(e)}\n\n" for e in events)
-    return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=body.encode())
+    """A streamed answer, an event per read (a model slower than the network): each a JSON chunk or raw data."""
+    return streamed([f"data: {e if isinstance(e, str) else json.dumps(e)}\n\n".encode() for e in events])
 
 
 def chunk(delta: dict[str, Any] | None = None, finish: str | None = None, **extra: Any) -> dict[str, Any]:
@@ -315,7 +335,7 @@ async def test_openrouter_reasoning_details_keepalives_and_index_less_calls() ->
     )
     stream = httpx.Response(200, headers={"content-type": "text/event-stream"}, content=text.encode())
     deltas, response = await call(lambda _: stream, base_url="https://openrouter.ai/api/v1")
-    assert deltas == [ReasoningDelta("Think"), ReasoningDelta("ing.")]
+    assert deltas == [ReasoningDelta("Thinking.")]  # one read: its deltas go out as one
     assert response.reasoning == "Thinking."
     assert response.reasoning_details == [
         {"type": "reasoning.text", "text": "Thinking.", "signature": "sig", "index": 0},
@@ -329,6 +349,45 @@ async def test_openrouter_reasoning_details_keepalives_and_index_less_calls() ->
     assert response.tool_calls[0]["id"] != response.tool_calls[1]["id"]
     assert response.finish_reason == "tool_calls"  # `stop` with calls, as some local servers say
     assert (response.usage.input_tokens, response.usage.cached_tokens) == (10, 8)  # no stream end marker needed
+
+
+async def test_the_stream_is_framed_from_its_reads_whatever_their_boundaries() -> None:
+    """Events are read a network read at a time: the deltas of one read go out as one, an event or a UTF-8
+    character split between reads is joined, and `\\r\\n` (even split), `\\r`, comments and multi-line `data` are
+    read as the SSE format says."""
+
+    def data(delta: dict[str, Any] | None = None, finish: str | None = None) -> bytes:
+        return b"data: " + json.dumps(chunk(delta, finish)).encode()
+
+    reads = [
+        data({"content": "Hel"}) + b"\r\n\r\n" + data({"content": "lo"}) + b"\r\n\r\n",  # one read: one delta
+        b": keep-alive\r",  # a comment, its `\r\n` split between reads
+        b"\n\r\n",
+        b'data: {"choices": [{"index": 0, "delta":\ndata: {"content": " caf\xc3',  # two data lines; a split "é"
+        b'\xa9 \xe2\x98\x95"}}]}\n\n',
+        data({"reasoning_content": "hm"}) + b"\r\r",  # bare `\r` line ends
+        data(finish="stop") + b"\n\ndata: [DONE]",  # the last event without its blank line
+    ]
+    deltas, response = await call(lambda _: streamed(reads))
+    assert deltas == [TextDelta("Hello"), TextDelta(" caf\u00e9 \u2615"), ReasoningDelta("hm")]
+    assert (response.text, response.reasoning, response.finish_reason) == ("Hello caf\u00e9 \u2615", "hm", "stop")
+
+
+async def test_the_body_after_done_is_read_to_its_end_so_the_connection_is_kept() -> None:
+    """httpx pools a connection only once its response was read to the end: a stream left at `[DONE]` (the body's
+    closing chunk unread) dropped it, and every call opened a new one (a TCP and a TLS handshake each)."""
+    body = Reads([f"data: {json.dumps(e) if isinstance(e, dict) else e}\n\n".encode() for e in STOP] + [b"\n"])
+    await call(lambda _: httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=body))
+    assert body.ended
+
+
+async def test_a_server_that_keeps_the_stream_open_after_done_is_left(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("app.llm.sse.REST_SECONDS", 0.05)
+    body = Reads([f"data: {json.dumps(e) if isinstance(e, dict) else e}\n\n".encode() for e in STOP], asyncio.Event())
+    deltas, response = await asyncio.wait_for(
+        call(lambda _: httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=body)), 5
+    )
+    assert (deltas, response.text, body.ended) == ([TextDelta("ok")], "ok", False)
 
 
 @pytest.mark.parametrize(
