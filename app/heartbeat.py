@@ -29,6 +29,57 @@ TICK = 0.5  # seconds between the main loop's ticks
 STUCK_EXIT_CODE = 70  # the process exit code when the watchdog ends it (EX_SOFTWARE)
 
 
+# HEARTBEAT: renew every lease this process holds in one statement, run by the `Heartbeat` below on its own connection.
+# Engine transactions never lock lease rows (only the thread row), so a renewal waits for nothing but a statement that
+# ends the lease anyway (a claim of an expired one, a release, a revoke); such a row is skipped here and retried
+# below. A lease is lost only when its row no longer carries the claim's token (expired and claimed by another worker,
+# released, or revoked by stop / terminate).
+HEARTBEAT = """
+    WITH mine AS (SELECT * FROM unnest($1::uuid[], $2::uuid[]) AS m(id, token)),
+    renewed AS (
+        UPDATE leases SET expires_at = now() + make_interval(secs => $3)
+        WHERE thread_id IN (
+            SELECT l.thread_id FROM leases l JOIN mine ON l.thread_id = mine.id AND l.token = mine.token
+            FOR NO KEY UPDATE OF l SKIP LOCKED
+        )
+        RETURNING thread_id
+    )
+    SELECT mine.id, mine.token, mine.id IN (SELECT thread_id FROM renewed) AS renewed,
+           EXISTS (SELECT 1 FROM leases l WHERE l.thread_id = mine.id AND l.token = mine.token) AS held
+    FROM mine
+"""
+
+
+# HEARTBEAT_WAITING: the rows the first statement skipped because they were locked, renewed in a transaction of
+# their own that waits for the locks (at most `lock_timeout`): the others are committed already, so no wait here can
+# cost them their lease.
+_LOCK_TIMEOUT = "SELECT set_config('lock_timeout', $1, true)"  # SET LOCAL, with the value as a parameter
+HEARTBEAT_WAITING = """
+    UPDATE leases SET expires_at = now() + make_interval(secs => $3)
+    WHERE (thread_id, token) IN (SELECT * FROM unnest($1::uuid[], $2::uuid[]))
+"""
+
+
+async def renew(
+    conn: asyncpg.Connection, claims: list[queue.Claim], lease_seconds: float, lock_timeout: float = 1.0
+) -> set[tuple[uuid.UUID, uuid.UUID]]:
+    """Renew the leases of `claims`; return the (thread id, token) of those that were lost."""
+    if not claims:
+        return set()
+    ids, tokens = [c.thread_id for c in claims], [c.token for c in claims]
+    rows = await conn.fetch(HEARTBEAT, ids, tokens, float(lease_seconds))
+    lost = {(r["id"], r["token"]) for r in rows if not r["renewed"] and not r["held"]}
+    busy = [queue.Claim(r["id"], r["token"], 0) for r in rows if not r["renewed"] and r["held"]]
+    if busy:
+        with contextlib.suppress(asyncpg.LockNotAvailableError):
+            async with conn.transaction():
+                await conn.execute(_LOCK_TIMEOUT, f"{int(lock_timeout * 1000)}ms")
+                await conn.execute(
+                    HEARTBEAT_WAITING, [c.thread_id for c in busy], [c.token for c in busy], float(lease_seconds)
+                )
+    return lost
+
+
 class Heartbeat:
     """Keeps the leases of `claims()` alive; reports lost ones to `on_lost` on the main loop."""
 
@@ -101,7 +152,7 @@ class Heartbeat:
                 try:
                     conn = conn or await db.connect(self._url, connect_timeout=interval, pooled=self._pooled)
                     async with asyncio.timeout(interval):
-                        lost = await queue.heartbeat(conn, claims, self._lease, lock_timeout=interval / 2)
+                        lost = await renew(conn, claims, self._lease, lock_timeout=interval / 2)
                 except Exception as exc:
                     log.warning("heartbeat failed (%s: %s); reconnecting", type(exc).__name__, exc)
                     if conn is not None:

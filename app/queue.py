@@ -24,7 +24,6 @@ ran out, and the stalled transaction would commit and start a tool while another
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import uuid
@@ -232,57 +231,6 @@ _GUARD = (
 def guard(driver: statements.Driver, claim: Claim, xmin: int) -> events.Guard:
     """The guard of a writes-only transaction of `claim` on `driver` (autocommit), from the row's version `xmin`."""
     return events.Guard(driver, _GUARD, (xmin, claim.token))
-
-
-# HEARTBEAT: renew every lease this process holds in one statement, run by `app/heartbeat.py` on its own connection.
-# Engine transactions never lock lease rows (only the thread row), so a renewal waits for nothing but a statement that
-# ends the lease anyway (a claim of an expired one, a release, a revoke); such a row is skipped here and retried
-# below. A lease is lost only when its row no longer carries the claim's token (expired and claimed by another worker,
-# released, or revoked by stop / terminate).
-HEARTBEAT = """
-    WITH mine AS (SELECT * FROM unnest($1::uuid[], $2::uuid[]) AS m(id, token)),
-    renewed AS (
-        UPDATE leases SET expires_at = now() + make_interval(secs => $3)
-        WHERE thread_id IN (
-            SELECT l.thread_id FROM leases l JOIN mine ON l.thread_id = mine.id AND l.token = mine.token
-            FOR NO KEY UPDATE OF l SKIP LOCKED
-        )
-        RETURNING thread_id
-    )
-    SELECT mine.id, mine.token, mine.id IN (SELECT thread_id FROM renewed) AS renewed,
-           EXISTS (SELECT 1 FROM leases l WHERE l.thread_id = mine.id AND l.token = mine.token) AS held
-    FROM mine
-"""
-
-
-# HEARTBEAT_WAITING: the rows the first statement skipped because they were locked, renewed in a transaction of
-# their own that waits for the locks (at most `lock_timeout`): the others are committed already, so no wait here can
-# cost them their lease.
-_LOCK_TIMEOUT = "SELECT set_config('lock_timeout', $1, true)"  # SET LOCAL, with the value as a parameter
-HEARTBEAT_WAITING = """
-    UPDATE leases SET expires_at = now() + make_interval(secs => $3)
-    WHERE (thread_id, token) IN (SELECT * FROM unnest($1::uuid[], $2::uuid[]))
-"""
-
-
-async def heartbeat(
-    conn: asyncpg.Connection, claims: list[Claim], lease_seconds: float, lock_timeout: float = 1.0
-) -> set[tuple[uuid.UUID, uuid.UUID]]:
-    """Renew the leases of `claims`; return the (thread id, token) of those that were lost."""
-    if not claims:
-        return set()
-    ids, tokens = [c.thread_id for c in claims], [c.token for c in claims]
-    rows = await conn.fetch(HEARTBEAT, ids, tokens, float(lease_seconds))
-    lost = {(r["id"], r["token"]) for r in rows if not r["renewed"] and not r["held"]}
-    busy = [Claim(r["id"], r["token"], 0) for r in rows if not r["renewed"] and r["held"]]
-    if busy:
-        with contextlib.suppress(asyncpg.LockNotAvailableError):
-            async with conn.transaction():
-                await conn.execute(_LOCK_TIMEOUT, f"{int(lock_timeout * 1000)}ms")
-                await conn.execute(
-                    HEARTBEAT_WAITING, [c.thread_id for c in busy], [c.token for c in busy], float(lease_seconds)
-                )
-    return lost
 
 
 # WAITING: what the thread's inbox holds right now, in one read: input to deliver, effects to run.

@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
-from app import db, errors, events, inputs, keys, queue, statements, tables, threads
+from app import db, errors, events, heartbeat, inputs, keys, queue, statements, tables, threads
 from app.heartbeat import Heartbeat
 from app.spec import define_agent
 
@@ -358,7 +358,7 @@ async def test_heartbeat_renews_held_leases_and_reports_lost_ones(
     assert thief is not None and thief.thread_id == stolen.thread_id
     conn = await db.connect(database_url)
     try:
-        lost = await queue.heartbeat(conn, [kept, stolen], 30)
+        lost = await heartbeat.renew(conn, [kept, stolen], 30)
     finally:
         await conn.close()
     assert lost == {(stolen.thread_id, stolen.token)}
@@ -383,7 +383,7 @@ async def test_heartbeat_renews_a_lease_whose_thread_row_a_transaction_holds(
     try:
         async with sessions() as s, s.begin():
             await queue.fence(s, busy)  # holds the row lock until this block ends
-            lost = await asyncio.wait_for(queue.heartbeat(conn, [busy, free], 60), 2)
+            lost = await asyncio.wait_for(heartbeat.renew(conn, [busy, free], 60), 2)
             assert lost == set()
             async with sessions() as r:
                 renewed = await r.execute(

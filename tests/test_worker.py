@@ -10,7 +10,7 @@ from typing import Any
 
 from sqlalchemy import func, select, text
 
-from app import catalog, files, inputs, metrics, queue, tables
+from app import catalog, files, heartbeat, inputs, metrics, queue, tables
 from app.catalog import Catalog
 from app.llm.base import LLMRequest
 from app.spec import define_agent, define_model, define_prompt
@@ -346,7 +346,7 @@ async def test_a_lease_its_execution_gave_back_is_not_reported_lost(
             return
         beating.append(True)
         try:
-            lost = await queue.heartbeat(conn, claims, settings.lease_seconds)
+            lost = await heartbeat.renew(conn, claims, settings.lease_seconds)
         finally:
             beating.clear()
         if lost:
