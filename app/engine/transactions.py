@@ -23,7 +23,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -101,10 +101,7 @@ class Transactions:
                 xmin = await events.flush(session, thread)  # with the thread row's changes, in one statement
                 await statements.write(session)  # anything else (the thread row's changes when no event was held)
         except BaseException as exc:
-            translated = self._not_committed(claim, exc)
-            if translated is exc:
-                raise
-            raise translated from exc
+            self._not_committed(claim, exc)
         self._committed(claim, thread, xmin)
 
     async def written(self, claim: queue.Claim, work: Work[T], *, reads: bool) -> T:
@@ -144,10 +141,7 @@ class Transactions:
         except (statements.Unsent, statements.Stale):
             raise
         except BaseException as exc:
-            translated = self._not_committed(claim, exc)
-            if translated is exc:
-                raise
-            raise translated from exc
+            self._not_committed(claim, exc)
         self._committed(claim, thread, xmin)
         return done
 
@@ -158,15 +152,16 @@ class Transactions:
         for said in self._said.pop(claim.token, ()):  # the turns it ended did end
             log.info("%s", said.line)
 
-    def _not_committed(self, claim: queue.Claim, exc: BaseException) -> BaseException:
-        """A transaction rolled back: forget what it did; the error to raise."""
+    def _not_committed(self, claim: queue.Claim, exc: BaseException) -> NoReturn:
+        """A transaction rolled back with `exc`: forget what it did, and raise `exc` (a lock cycle or the database
+        gone as the engine's own errors)."""
         self._histories.drop(claim.thread_id)  # what it read may hold writes that were just rolled back
         self._unsay(claim.token)
         if isinstance(exc, DBAPIError | OSError) and errors.Contention.of(exc):
-            return errors.Contention()
+            raise errors.Contention() from exc
         if isinstance(exc, DBAPIError | OSError) and errors.Unavailable.of(exc):
-            return errors.Unavailable()
-        return exc
+            raise errors.Unavailable() from exc
+        raise exc
 
     def _unsay(self, token: uuid.UUID) -> None:
         """The turns a transaction ended did not end: their tallies go on."""
