@@ -659,6 +659,8 @@ async def test_an_answer_whose_thread_changed_meanwhile_is_stored_in_a_transacti
         await asyncio.sleep(0.05)
     refused = [type(q.exception).__name__ for q in guarded(seen) if q.exception is not None]
     assert refused == ["DivisionByZeroError"]  # the first answer's: the row was not the version it was read as
+    reads = [q.args[1] for q in seen if q.query.startswith("SELECT * FROM messages WHERE thread_id = $1 AND rev >")]
+    assert reads[0] == 0 and all(rev > 0 for rev in reads[1:])  # the history kept: later steps read what changed
     assert result.said() == [
         ("user", "start"), ("assistant", None), ("tool", "2"), ("user", "also this"), ("assistant", "saw it"),
     ]  # fmt: skip

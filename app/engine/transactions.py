@@ -115,8 +115,9 @@ class Transactions:
                 try:
                     return await self._in_one_statement(claim, held, work)
                 except (statements.Unsent, statements.Stale):
+                    # nothing was written; what it changed in memory (the answer in the pending message) the fenced
+                    # run writes again, and the history's next read takes whatever changed meanwhile
                     self._unsay(claim.token)
-                    self._histories.drop(claim.thread_id)  # its rows may hold what was not written
             async with self._fenced(claim) as (session, thread):
                 return await work(session, thread)
 
@@ -128,16 +129,12 @@ class Transactions:
                 statements.writes_only(session)
                 thread: tables.Thread = statements.attach(session, tables.Thread, held.record)
                 events.hold(session, thread.id)
-                try:
-                    done = await work(session, thread)
-                    if statements.unwritten(session, thread):
-                        raise statements.Unsent()
-                    async with db.autocommit(self._sessions) as auto:
-                        guard = queue.guard(await statements.driver(auto, flush=False), claim, held.xmin)
-                        xmin = await events.flush(session, thread, guard=guard)
-                except BaseException:
-                    session.expire_all()  # what it changed was not written
-                    raise
+                done = await work(session, thread)
+                if statements.unwritten(session, thread):
+                    raise statements.Unsent()
+                async with db.autocommit(self._sessions) as auto:
+                    guard = queue.guard(await statements.driver(auto, flush=False), claim, held.xmin)
+                    xmin = await events.flush(session, thread, guard=guard)
         except (statements.Unsent, statements.Stale):
             raise
         except BaseException as exc:
