@@ -166,6 +166,8 @@ async def test_an_effect_fires_once_and_wakes_the_thread(app_factory: Any) -> No
         ("user", "Reminder: stretch"),
         ("assistant", "noted: Reminder: stretch"),
     ]
+    reminder = next(r for r in rows if r["content"] == "Reminder: stretch")
+    assert reminder["metadata"] == {"source": "effect", "effect": "ping"}  # the effect's, not the user's
     # nothing fires twice: an effect due later has been queued by the timer and run by the thread since
     marker = await (await outside(app, tid)).schedule_effect("probe")
     assert (await final(client, tid, marker))["status"] == "done"

@@ -1,5 +1,6 @@
-"""Remind the user: queue a message that wakes the thread, so the assistant answers it. Its `metadata` says where it
-came from (`source: effect`), so a client (the playground) draws it as the effect's, not as the user's."""
+"""Remind the user: queue a message that wakes the thread, so the assistant answers it. The runtime marks a message an
+effect queues as the effect's (`metadata`: `source: effect`, `effect: remind`), so a client (the playground) draws it
+as the effect's, not as the user's."""
 
 from pydantic import BaseModel, Field
 
@@ -12,4 +13,4 @@ class RemindArgs(BaseModel):
 
 @define_effect(description="Send the user a reminder.")
 async def remind(state: ThreadState, args: RemindArgs) -> None:
-    await state.queue_message("user", f"Reminder: {args.text}", metadata={"source": "effect", "effect": "remind"})
+    await state.queue_message("user", f"Reminder: {args.text}")

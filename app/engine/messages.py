@@ -29,17 +29,22 @@ def own(execution: ExecutionState | None, method: str) -> None:
 class Messages:
     """A thread's messages as a `RunState` offers them (it delegates its message methods here): each call one short
     transaction on the thread (fenced inside an execution); the writes that would race the running step only inside
-    it (`own`). `hooks_in(transaction)` gives the acting side's hooks, their state running in `transaction`."""
+    it (`own`). `hooks_in(transaction)` gives the acting side's hooks, their state running in `transaction`.
+    `effect`: the effect whose handler holds this state (`effect_runs`): the messages it queues say so in their
+    metadata (`source: effect`, the effect's name), under whatever metadata the handler gives them."""
 
     def __init__(
         self,
         transaction: types.Transaction,
         execution: ExecutionState | None,
         hooks_in: Callable[[types.Transaction], hooks.Hooks],
+        *,
+        effect: dict[str, Any] | None = None,
     ) -> None:
         self._transaction = transaction
         self._execution = execution
         self._hooks_in = hooks_in
+        self._source = None if effect is None else {"source": "effect", "effect": effect["name"]}
 
     async def get_messages(
         self,
@@ -112,6 +117,8 @@ class Messages:
         metadata: dict[str, Any] | None = None,
     ) -> str:
         _check_input(role, QUEUE_ROLES, content, metadata)
+        if self._source is not None:
+            metadata = {**self._source, **(metadata or {})}
         given = _attachments(attachments)
         async with self._transaction() as (session, thread):
             if thread.terminated_at is not None:

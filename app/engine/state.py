@@ -105,7 +105,9 @@ class RunState:
         self._execution = execution
         self._tool_env = tool_env
         self._files = Files(shared.transaction)
-        self._messages = Messages(shared.transaction, execution, self._acting_hooks)
+        self._messages = Messages(
+            shared.transaction, execution, self._acting_hooks, effect=shared.context.get("effect")
+        )
         self._schedule = Schedule(shared.transaction, shared.catalog)
         self._variables = Variables(
             shared.transaction, shared.catalog, shared.fernet, shared.env, shared.thread.agent, execution
