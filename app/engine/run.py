@@ -42,7 +42,7 @@ from app.engine.step import OPEN_ON_ITS_OWN, RELEASED, Answered, Opened, OpenOnI
 from app.engine.tool_phase import Closed, Prepared, ToolPhase
 from app.engine.transactions import Transactions
 from app.hub import Publisher
-from app.llm import retry
+from app.llm import pools, retry
 from app.llm.base import LLMResponse, ProviderError
 from app.metrics import Meter
 from app.settings import Settings
@@ -52,11 +52,8 @@ log = logging.getLogger(__name__)
 
 
 def llm_http() -> httpx.AsyncClient:
-    """The HTTP client the provider adapters share; stream stalls are timed by the engine, not by httpx."""
-    return httpx.AsyncClient(
-        timeout=httpx.Timeout(connect=10.0, read=None, write=30.0, pool=10.0),
-        limits=httpx.Limits(max_connections=None, max_keepalive_connections=None),  # httpx's 100 / 20: see bench/README
-    )
+    """The HTTP client the provider adapters share (`llm.pools.client`)."""
+    return pools.client()
 
 
 class Engine:
