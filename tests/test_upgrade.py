@@ -11,6 +11,7 @@ temporary folder and run with this virtualenv's packages (`PYTHONPATH`), so the 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import signal
@@ -249,11 +250,9 @@ async def until(predicate: Any, timeout: float, folder: Path) -> None:
     """Poll until `predicate()` is true; fail with the processes' logs after `timeout` seconds."""
     deadline = asyncio.get_running_loop().time() + timeout
     while True:
-        try:
+        with contextlib.suppress(httpx.TransportError, KeyError, ValueError):  # not up, or not answering yet
             if await predicate():
                 return
-        except (httpx.TransportError, KeyError, ValueError):
-            pass
         if asyncio.get_running_loop().time() > deadline:
             logs = "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted(folder.glob("*.log")))
             raise AssertionError(f"condition not reached in {timeout} s\n{logs}")
@@ -265,7 +264,7 @@ async def _follow(bases: list[str], tid: str, seen: list[int]) -> None:
     stream ends or fails."""
     while True:
         headers = {"Last-Event-ID": str(seen[-1])} if seen else {}
-        try:
+        with contextlib.suppress(httpx.TransportError):  # its API was stopped: resume on the newest
             async with (
                 httpx.AsyncClient(base_url=bases[-1], timeout=httpx.Timeout(5, read=None)) as client,
                 client.stream("GET", f"/threads/{tid}/events", headers=headers) as response,
@@ -274,6 +273,4 @@ async def _follow(bases: list[str], tid: str, seen: list[int]) -> None:
                     async for line in response.aiter_lines():
                         if line.startswith("id:") and line[3:].strip():
                             seen.append(int(line[3:]))
-        except httpx.TransportError:
-            pass
         await asyncio.sleep(0.1)

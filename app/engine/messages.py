@@ -30,20 +30,20 @@ class Messages:
     """A thread's messages as a `RunState` offers them (it delegates its message methods here): each call one short
     transaction on the thread (fenced inside an execution); the writes that would race the running step only inside
     it (`own`). `hooks_in(transaction)` gives the acting side's hooks, their state running in `transaction`.
-    `effect`: the effect whose handler holds this state (`effect_runs`): the messages it queues say so in their
-    metadata (`source: effect`, the effect's name), under whatever metadata the handler gives them."""
+    `context`: the state's; when it names the effect whose handler holds the state (`effect_runs`), the messages it
+    queues say so in their metadata (`source: effect`, the effect's name), under whatever metadata the handler gives."""
 
     def __init__(
         self,
         transaction: types.Transaction,
         execution: ExecutionState | None,
         hooks_in: Callable[[types.Transaction], hooks.Hooks],
-        *,
-        effect: dict[str, Any] | None = None,
+        context: dict[str, Any],
     ) -> None:
         self._transaction = transaction
         self._execution = execution
         self._hooks_in = hooks_in
+        effect = context.get("effect")
         self._source = None if effect is None else {"source": "effect", "effect": effect["name"]}
 
     async def get_messages(

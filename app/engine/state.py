@@ -105,9 +105,7 @@ class RunState:
         self._execution = execution
         self._tool_env = tool_env
         self._files = Files(shared.transaction)
-        self._messages = Messages(
-            shared.transaction, execution, self._acting_hooks, effect=shared.context.get("effect")
-        )
+        self._messages = Messages(shared.transaction, execution, self._acting_hooks, shared.context)
         self._schedule = Schedule(shared.transaction, shared.catalog)
         self._variables = Variables(
             shared.transaction, shared.catalog, shared.fernet, shared.env, shared.thread.agent, execution

@@ -9,7 +9,7 @@ busy one spreads over pools of `per_pool` each.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -39,14 +39,8 @@ class Pools(httpx.AsyncBaseTransport):
             self._open[i] -= 1
             raise
         assert isinstance(response.stream, httpx.AsyncByteStream)  # an async transport's
-        response.stream = _Counted(response.stream, self._closed(i))
+        response.stream = _Counted(response.stream, self._open, i)
         return response
-
-    def _closed(self, i: int) -> _Once:
-        def close() -> None:
-            self._open[i] -= 1
-
-        return _Once(close)
 
     def open(self) -> list[int]:
         """Responses open in each pool."""
@@ -57,24 +51,13 @@ class Pools(httpx.AsyncBaseTransport):
             await pool.aclose()
 
 
-class _Once:
-    """A callable that runs `fn` the first time it is called only."""
-
-    def __init__(self, fn: Callable[[], None]) -> None:
-        self._fn: Callable[[], None] | None = fn
-
-    def __call__(self) -> None:
-        fn, self._fn = self._fn, None
-        if fn is not None:
-            fn()
-
-
 class _Counted(httpx.AsyncByteStream):
-    """A response's body that counts its pool's open responses down when closed."""
+    """A response's body that counts its pool's open responses down once, when closed."""
 
-    def __init__(self, stream: httpx.AsyncByteStream, closed: _Once) -> None:
+    def __init__(self, stream: httpx.AsyncByteStream, counts: list[int], i: int) -> None:
         self._stream = stream
-        self._closed = closed
+        self._counts: list[int] | None = counts
+        self._i = i
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         async for chunk in self._stream:
@@ -84,7 +67,9 @@ class _Counted(httpx.AsyncByteStream):
         try:
             await self._stream.aclose()
         finally:
-            self._closed()
+            counts, self._counts = self._counts, None
+            if counts is not None:
+                counts[self._i] -= 1
 
 
 def client() -> httpx.AsyncClient:

@@ -8,6 +8,7 @@ message to its end, stamping the times the run was accepted, first showed model 
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import copy
 import json
@@ -70,7 +71,7 @@ class RunTiming:
 # --------------------------------------------------------------------------- adapters
 
 
-class Adapter:
+class Adapter(abc.ABC):
     """What a server must offer the benchmark. Subclass per server API."""
 
     name = "abstract"
@@ -90,8 +91,9 @@ class Adapter:
         other.c = client
         return other
 
+    @abc.abstractmethod
     async def create_thread(self) -> str:
-        raise NotImplementedError
+        """A new thread (or the server's equivalent) for one simulated user; its id."""
 
     async def open_session(self, thread_id: str) -> Any:
         """Per-thread state kept across runs (e.g. an SSE subscription). Not timed."""
@@ -103,9 +105,9 @@ class Adapter:
             session.task.cancel()
             await asyncio.gather(session.task, return_exceptions=True)
 
+    @abc.abstractmethod
     async def run(self, thread_id: str, session: Any, t0: float) -> RunTiming:
         """Start one run (the clock t0 is taken just before) and follow it to its end."""
-        raise NotImplementedError
 
 
 def _final_is_ai(body: str) -> bool:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import ipaddress
 import json
 import os
@@ -200,11 +201,9 @@ def _check_loopback(url: str) -> None:
     host = urllib.parse.urlsplit(url).hostname or ""
     if host == "localhost":
         return
-    try:
+    with contextlib.suppress(ValueError):  # a name, not an address
         if ipaddress.ip_address(host).is_loopback:
             return
-    except ValueError:
-        pass
     raise SystemExit(f"refusing non-loopback target {host!r}")
 
 
