@@ -13,6 +13,7 @@ from enum import StrEnum
 from typing import Any
 
 from sqlalchemy import Select, delete, func, select, update
+from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import errors, event_types, events, inputs, queue, statements, tables, threads, tracing
@@ -113,19 +114,46 @@ def projection(child: tables.Thread) -> dict[str, Any]:
     }
 
 
-async def add(session: AsyncSession, thread_id: uuid.UUID, role: str, **fields: Any) -> tables.Message:
-    """Insert a message and announce it."""
+_NULLABLE = [
+    a.key
+    for a in sa_inspect(tables.Message).column_attrs
+    if a.key not in {"position", "rev"} and a.columns[0].server_default is None and a.columns[0].nullable
+]
+
+
+# DEFAULTS: what the table's server defaults would give a message, for an INSERT that reads nothing back (`later`).
+def _defaults() -> dict[str, Any]:
+    """Every column of a new message but its `position` and `rev`, as the table's defaults would set them."""
+    return {
+        **dict.fromkeys(_NULLABLE),
+        "status": "completed",
+        "silent": False,
+        "depth": 0,
+        "attachments": [],
+        "metadata_": {},
+        "session_number": 0,
+        "turn": 0,
+    }
+
+
+async def add(
+    session: AsyncSession, thread_id: uuid.UUID, role: str, *, later: bool = False, **fields: Any
+) -> tables.Message:
+    """Insert a message and announce it. `later`: the INSERT goes with the transaction's next statement
+    (`statements.defer`) and reads nothing back: the row's `position` and `rev` stay unloaded (the engine's history
+    reads them at its next step); for a caller that uses neither before then."""
     now = datetime.now(UTC)
-    row = tables.Message(
-        id=fields.pop("id", None) or uuid.uuid4(),
-        thread_id=thread_id,
-        role=role,
-        created_at=now,
-        updated_at=now,
-        side=fields.pop("side", side_of(role)),
-        **fields,
-    )
-    await statements.insert(session, row)
+    fields.setdefault("side", side_of(role))
+    if later:
+        fields = {**_defaults(), **fields}
+    ident = fields.pop("id", None) or uuid.uuid4()
+    row = tables.Message(id=ident, thread_id=thread_id, role=role, created_at=now, updated_at=now, **fields)
+    if later:
+        sql, args = statements.insert_statement(row)
+        await statements.defer(session, sql, args)
+        statements.attach_new(session, row)
+    else:
+        await statements.insert(session, row)
     await announce(session, row)
     return row
 

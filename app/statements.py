@@ -347,6 +347,13 @@ async def insert(session: AsyncSession, row: Any) -> None:
     session.add(row)
 
 
+def attach_new(session: AsyncSession, row: Any) -> None:
+    """A new ORM object whose INSERT was sent elsewhere (`insert_statement`, `defer`), added to `session` as
+    persistent: what it was given is loaded, its server defaults are not (reading one would need a query)."""
+    make_transient_to_detached(row)
+    session.add(row)
+
+
 def insert_statement(row: Any) -> tuple[str, list[Any]]:
     """The INSERT of a new ORM object (nothing read back) and its parameters, for a caller that sends it with other
     statements (`defer`); the object itself stays out of any session."""

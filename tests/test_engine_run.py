@@ -635,6 +635,37 @@ async def test_an_answer_is_stored_in_one_statement_without_begin_or_commit(
     assert result.thread.status == "idle" and released(result)
 
 
+async def test_the_results_of_calls_run_at_once_are_each_stored_in_one_statement(
+    drive: Drive, sessions: async_sessionmaker[AsyncSession]
+) -> None:
+    """Three calls of one answer run at once: the results before the last read nothing (their message, log row and
+    `tool_completed` ride in one guarded statement each); the last one closes the step and opens the next, fenced.
+    The tool messages and the pending messages go with another statement, not in an INSERT of their own."""
+    calls = [{"name": "add", "arguments": {"a": i, "b": 1}, "id": f"c{i}"} for i in range(3)]
+    with statements_sent(sessions) as seen:
+        cat = catalog(Model({"tool_calls": calls}, "done."), prompt={"parallel_tool_calls": True})
+        result = await drive(cat, "add them")
+        await asyncio.sleep(0.05)  # the loggers are called soon after each statement
+    written = guarded(seen)
+    assert [q.exception for q in written] == [None] * 4  # the answer, two results, the last answer
+    assert [q.query.count("INSERT INTO messages") for q in written] == [0, 1, 1, 0]
+    fences = [q for q in seen if "FROM threads t WHERE t.id = $1 AND t.lease_token = $2" in " ".join(q.query.split())]
+    assert len(fences) == 2  # the first step's opening; the last result with the second step's opening
+    alone = [q for q in seen if q.query.lstrip().startswith("INSERT INTO messages")]
+    assert len(alone) == 1  # the user's message only (its position starts the turn)
+    assert result.said() == [
+        ("user", "add them"),
+        ("assistant", None),
+        ("tool", "1"),
+        ("tool", "2"),
+        ("tool", "3"),
+        ("assistant", "done."),
+    ]
+    assert [r.kind for r in result.logs] == ["llm", "tool", "tool", "tool", "llm"]
+    assert len(result.of("tool_completed")) == 3 and len(result.of("step_completed")) == 2
+    assert result.thread.status == "idle" and released(result)
+
+
 async def test_an_answer_whose_thread_changed_meanwhile_is_stored_in_a_transaction_once(
     drive: Drive, sessions: async_sessionmaker[AsyncSession]
 ) -> None:

@@ -89,6 +89,11 @@ class Hooks:
         self._transaction = transaction
         self._secrets = [s for s in secrets if s]
 
+    @property
+    def none(self) -> bool:
+        """Whether no hook is active (what the engine writes then goes unseen until it commits)."""
+        return not self._by_name
+
     def runs(self, hook: str) -> bool:
         """Whether any active hook is of this kind."""
         return hook in self._by_name

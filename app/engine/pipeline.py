@@ -72,9 +72,9 @@ async def pending(
         "session_number": thread.session_number,
         **tags,
     }
-    message = await messages.add(
-        session, thread.id, role, **hooks.tagged(await hook_runner.before_create_message(role, fields), tags)
-    )
+    shaped = hooks.tagged(await hook_runner.before_create_message(role, fields), tags)
+    # without hooks nothing reads the new row before the commit: its INSERT rides with the transaction's events
+    message = await messages.add(session, thread.id, role, later=hook_runner.none, **shaped)
     await hook_runner.after_create_message(message)
     return message
 

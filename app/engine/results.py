@@ -86,16 +86,22 @@ async def write(
     shaped: Shaped,
     *,
     created: Callable[[tables.Message], Awaitable[None]] | None = None,
+    later: bool = False,
 ) -> tables.Message | None:
     """In the caller's transaction: the call's `tool` message (or the call dropped from history), its log row and
     `tool_completed`. `created` runs on the new message before the rest (the `after_create_message` hooks of a
-    result stored inside one transaction)."""
+    result stored inside one transaction). `later`: nothing reads the message back before the commit, so its INSERT
+    rides with the transaction's next statement (`messages.add`)."""
     row = None
     if shaped.fields is None:
         await messages.drop_call(session, thread.id, call["id"])
     else:
         row = await messages.add(
-            session, thread.id, "tool", **{"session_number": thread.session_number, **shaped.fields}
+            session,
+            thread.id,
+            "tool",
+            later=later and created is None,
+            **{"session_number": thread.session_number, **shaped.fields},
         )
         if created is not None:
             await created(row)

@@ -85,6 +85,7 @@ class ToolPhase:
         self._subprompts = runner
         self._meter = meter
         self._tx = transactions.fenced
+        self._written = transactions.written
         self._context = context
 
     # -- which calls run together --------------------------------------------------------------------------
@@ -157,13 +158,25 @@ class ToolPhase:
                     # one, the result's transaction goes on to the next call's start, or closes the step
                     carry_on = ran.shaped.fields is None or not ran.hooks.runs("after_create_message")
                     following = self._next_alone(step, offered, answered, parallel) if carry_on else None
-                    closed: Closed = None
-                    async with self._tx(claim) as (session, thread):
-                        row = await results.write(session, thread, call, ran.shaped)
-                        if carry_on and last:
-                            closed = await close(session, thread, outcomes)
-                        elif following is not None:
-                            prepared = await self.announce(session, thread, claim, step, offered, [following])
+                    closing = carry_on and last
+
+                    async def record(
+                        session: AsyncSession,
+                        thread: tables.Thread,
+                        call: ToolCall = call,
+                        ran: Ran = ran,
+                        following: ToolCall | None = following,
+                        closing: bool = closing,
+                    ) -> tuple[tables.Message | None, Closed, Prepared | None]:
+                        row = await results.write(session, thread, call, ran.shaped, later=ran.hooks.none)
+                        if closing:
+                            return row, await close(session, thread, outcomes), None
+                        if following is not None:
+                            return row, None, await self.announce(session, thread, claim, step, offered, [following])
+                        return row, None, None
+
+                    # a result that does not close the step reads nothing: without hooks, one statement
+                    row, closed, prepared = await self._written(claim, record, reads=closing or not ran.hooks.none)
                     if carry_on and last:
                         return Done(closed)
                     if row is not None:

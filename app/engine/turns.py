@@ -108,7 +108,8 @@ def attach_committed(session: AsyncSession, row: tables.Message | None) -> table
     if row is None:
         return None
     state = sa_inspect(row)
-    if not state.detached or state.expired_attributes:  # still in another session, or rolled back since
+    # still in another session, or rolled back since (a row inserted `later` never loaded its `position` and `rev`)
+    if not state.detached or state.expired_attributes - {"position", "rev"}:
         return None
     session.add(row)
     return row
