@@ -169,7 +169,14 @@ async def save(session: AsyncSession, row: tables.Message, *, later: bool = Fals
     return row
 
 
-# PARTIAL: a streaming answer's text so far, while it is still `pending` (a stop may have failed it meanwhile).
+# PARTIAL: a streaming answer's text so far, while it is still `pending` (a stop may have failed it meanwhile) and
+# while the execution that streams it holds the thread's lease (`$4`, its token; `queue.FENCE` checks the same). A
+# statement of its own (`Transactions.partial`): it locks the message row and nothing else.
+PARTIAL = """
+    UPDATE messages SET content = $3
+    WHERE id = $2 AND thread_id = $1 AND status = 'pending'
+      AND EXISTS (SELECT 1 FROM leases l WHERE l.thread_id = $1 AND l.token = $4 AND l.expires_at > now())
+"""
 _PARTIAL = update(tables.Message).where(tables.Message.status == "pending")
 
 

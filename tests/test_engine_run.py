@@ -22,6 +22,9 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from app import db, environment, events, hub, inputs, keys, messages, metrics, queue, statements, tables, threads
 from app.catalog import Catalog
 from app.engine import inbox, run
+from app.engine.history import Histories
+from app.engine.tally import Tallies
+from app.engine.transactions import Transactions
 from app.llm.base import LLMRequest
 from app.settings import Settings
 from app.spec import ThreadState, define_agent, define_model, define_prompt, define_tool, definitions
@@ -664,6 +667,52 @@ async def test_the_results_of_calls_run_at_once_are_each_stored_in_one_statement
     assert [r.kind for r in result.logs] == ["llm", "tool", "tool", "tool", "llm"]
     assert len(result.of("tool_completed")) == 3 and len(result.of("step_completed")) == 2
     assert result.thread.status == "idle" and released(result)
+
+
+async def test_a_streaming_answer_keeps_its_partial_text_in_single_statements_and_its_answer_in_one(
+    drive: Drive, sessions: async_sessionmaker[AsyncSession]
+) -> None:
+    """A reply streamed over several `FLUSH_SECONDS`: each partial text is one UPDATE of the message outside any
+    transaction (no BEGIN, no fence, no COMMIT), and the thread row is left as it was, so the answer is still stored
+    in one guarded statement."""
+    cat = catalog(Model("abcdefgh"))
+    streaming = cat.models["m"].model_copy(update={"chunk_size": 1, "chunk_delay_ms": 70})
+    cat = Catalog(root=cat.root, models={"m": streaming}, prompts=cat.prompts, agents=cat.agents, tools=cat.tools)
+    with statements_sent(sessions) as seen:
+        result = await drive(cat, "spell it")
+        await asyncio.sleep(0.05)  # the loggers are called soon after each statement
+    partials = [q for q in seen if q.query == messages.PARTIAL]
+    assert len(partials) >= 2 and all(q.exception is None for q in partials)
+    assert [q.args[2] for q in partials] == sorted(q.args[2] for q in partials)  # the text so far, growing
+    fences = [q for q in seen if "FROM threads t WHERE t.id = $1 AND t.lease_token = $2" in " ".join(q.query.split())]
+    assert len(fences) == 1  # the step's opening only
+    assert [q.exception for q in guarded(seen)] == [None]  # the answer
+    assert result.said() == [("user", "spell it"), ("assistant", "abcdefgh")]
+
+
+async def test_a_partial_text_after_the_lease_was_lost_writes_nothing(
+    sessions: async_sessionmaker[AsyncSession],
+) -> None:
+    """`Transactions.partial` writes only while the claim's lease holds and the message is still `pending`."""
+    async with sessions() as s, s.begin():
+        thread = await threads.create(s, catalog(["-"]).agents["agent"], keys.OPEN)
+        await messages.enqueue(s, thread, "user", "hi")
+        pending = await messages.add(s, thread.id, "assistant", status="pending")
+    async with db.autocommit(sessions) as s:
+        claim = await queue.claim(await statements.driver(s), "test", 30)
+    assert claim is not None and claim.thread_id == thread.id
+    txs = Transactions(sessions, Histories(), Tallies())
+
+    async def content() -> str | None:
+        async with sessions() as s:
+            return (await s.get_one(tables.Message, pending.id)).content
+
+    await txs.partial(claim, pending.id, "so far")
+    assert await content() == "so far"
+    async with sessions() as s, s.begin():
+        await s.execute(delete(tables.Lease).where(tables.Lease.thread_id == thread.id))
+    await txs.partial(claim, pending.id, "so far, and more")
+    assert await content() == "so far"
 
 
 async def test_an_answer_whose_thread_changed_meanwhile_is_stored_in_a_transaction_once(

@@ -17,7 +17,7 @@ import functools
 import logging
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 import httpx
@@ -122,6 +122,7 @@ class Caller:
         *,
         opened: int | None = None,
         defer: bool = False,
+        partial: Partial | None = None,
     ) -> Result:
         """Ask the prompt's model through its retries and fallbacks (`retry.FallbackModel`), recording each request.
 
@@ -129,8 +130,10 @@ class Caller:
         caller's transaction already announced the first request (`announce`) and counted the requests made before
         it. `defer`: the last request's record (its log row and `llm_response`) is left in `Result.record` for the
         caller to write with the message it answers, instead of in a transaction of its own. A record not deferred is
-        written in the next transaction the call makes anyway (the next attempt's, or a fallback's)."""
-        recorder = _Recorder(self, tx, thread_id, message_id, prompt, env, depth, opened)
+        written in the next transaction the call makes anyway (the next attempt's, or a fallback's). `partial`
+        stores the streaming message's text so far (`Transactions.partial`: one statement); without it, a transaction
+        of `tx` does."""
+        recorder = _Recorder(self, tx, thread_id, message_id, prompt, env, depth, opened, partial)
         prefix = f"recovered_{message_id.hex[:12]}"  # recovered tool call ids must be unique within the thread
         chain = [
             (definition, recovery.RecoveringModel(self._model(definition), prefix, text=definition.text_tool_calls))
@@ -158,6 +161,9 @@ class Caller:
             async with tx() as (session, _):
                 await write(session, recorder.last)
         return recorder.last
+
+
+Partial = Callable[[uuid.UUID, str], Awaitable[None]]  # stores a streaming message's text so far
 
 
 @dataclass
@@ -188,9 +194,11 @@ class _Recorder:
         env: types.Env,
         depth: int,
         opened: int | None,
+        partial: Partial | None = None,
     ) -> None:
         self._caller = caller
         self._tx = tx
+        self._partial = partial
         self._thread_id = thread_id
         self._message_id = message_id
         self._prompt = prompt
@@ -242,7 +250,10 @@ class _Recorder:
         if kind == "message_chunk":
             current.text.append(event.text)
             if time.monotonic() - current.flushed >= FLUSH_SECONDS:
-                await _flush(self._tx, self._message_id, "".join(current.text))
+                if self._partial is not None:
+                    await self._partial(self._message_id, "".join(current.text))
+                else:
+                    await _flush(self._tx, self._message_id, "".join(current.text))
                 current.flushed = time.monotonic()
 
     async def close(self, attempt: retry.Attempt, outcome: LLMResponse | ProviderError) -> None:

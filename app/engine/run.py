@@ -269,6 +269,7 @@ class Engine:
                 step.env,
                 opened=step.requests_before,
                 defer=True,
+                partial=lambda message_id, text: self._txs.partial(claim, message_id, text),
             )
             record = result.record  # written once, by the transaction that commits (`written` may run `answer` twice)
 
