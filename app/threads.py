@@ -55,9 +55,7 @@ async def create(
         status=Status.IDLE,
         session_number=0,
     )
-    session.add(row)
-    await session.flush()
-    await session.refresh(row)
+    await statements.insert(session, row)  # its server defaults read back in the same statement
     return row
 
 

@@ -68,14 +68,14 @@ def counting_postgres() -> Iterator[str]:
 class User:
     """A chat client: one thread of the `steps` agent and its open stream; each run is one turn on it."""
 
-    def __init__(self, client: httpx.AsyncClient, base: str, steps: int) -> None:
-        self.client, self.base, self.steps = client, base, steps
+    def __init__(self, client: httpx.AsyncClient, base: str, steps: int, agent: str = "steps") -> None:
+        self.client, self.base, self.steps, self.agent = client, base, steps, agent
         self.thread = ""
         self.stream: Stream | None = None
         self.reading: asyncio.Task[None] | None = None
 
     async def open(self) -> None:
-        self.thread = (await self.client.post("/threads", json={"agent": "steps"})).raise_for_status().json()["id"]
+        self.thread = (await self.client.post("/threads", json={"agent": self.agent})).raise_for_status().json()["id"]
         self.stream = Stream(self.base, f"/threads/{self.thread}/events")
         self.reading = asyncio.create_task(self.stream.run())
         await asyncio.wait_for(self.stream.connected.wait(), 30)
@@ -117,17 +117,26 @@ async def main() -> None:
     parser.add_argument("--clients", type=int, default=1)
     parser.add_argument("--top", type=int, default=30)
     parser.add_argument("--steps", type=int, default=1, help="tool calls per turn (1: a tool run)")
+    parser.add_argument(
+        "--b4",
+        action="store_true",
+        help="B4's shape: three 0.5 s tool calls at once in one answer, then a reply streamed in 10 chunks over 1 s",
+    )
     args = parser.parse_args()
+    if args.b4:
+        os.environ.update(BENCH_CALLS="3", BENCH_TOOL_S="0.5", BENCH_CHUNK_MS="110")
     with counting_postgres() as server:
         admin = await asyncpg.connect(server)
         version = str(await admin.fetchval("SHOW server_version"))
-        setup("statements per tool run", {"runs": args.runs, "clients": args.clients, "steps": args.steps}, version)
+        shape = {"runs": args.runs, "clients": args.clients, "steps": args.steps, "b4": args.b4}
+        setup("statements per tool run", shape, version)
         async with database(server) as url:
             name = url.rsplit("/", 1)[1]
             oid = await admin.fetchval("SELECT oid FROM pg_database WHERE datname = $1", name)
             await admin.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
             async with servers(url, [["serve"]]) as base, httpx.AsyncClient(base_url=base, timeout=60) as client:
-                users = [User(client, base, args.steps) for _ in range(args.clients)]
+                agent = "fanout_parallel" if args.b4 else "steps"
+                users = [User(client, base, args.steps, agent) for _ in range(args.clients)]
                 await asyncio.gather(*(u.open() for u in users))
                 await runs(users, args.warmup)
                 await asyncio.sleep(0.5)
