@@ -8,6 +8,7 @@ transaction's next statement; the engine decides what goes in them (masking know
 from __future__ import annotations
 
 import uuid
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import and_, or_, select
@@ -104,8 +105,11 @@ def tool(
 
 
 def hook_run(thread_id: uuid.UUID, *, hook: str, name: str, latency_ms: float) -> tables.Log:
-    """The row of a hook that ran and returned (`hook`: which hook point, `name`: the hook's), with how long it took."""
+    """The row of a hook that ran and returned (`hook`: which hook point, `name`: the hook's), with how long it took;
+    stamped with the time it returned, on the clock messages are stamped with (`messages.add`), so that it sorts
+    between the messages it ran around rather than at its transaction's start."""
     return tables.Log(
+        created_at=datetime.now(UTC),
         id=uuid.uuid4(),
         thread_id=thread_id,
         kind="hook",

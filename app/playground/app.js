@@ -655,7 +655,8 @@ async function refreshTrace() {
   if (!id || state.panel !== "panel-trace") return;
   const logs = await trace.load(state.client, id);
   if (id !== state.threadId) return;
-  trace.draw($("trace"), logs, [...state.messages.values()], (child) => guarded(() => selectThread(child))());
+  const fetchLog = (/** @type {string} */ logId) => state.client.threads.log(id, logId);
+  trace.draw($("trace"), logs, [...state.messages.values()], (child) => guarded(() => selectThread(child))(), fetchLog);
 }
 
 async function showMap(name) {
