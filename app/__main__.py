@@ -220,6 +220,7 @@ def _serve(settings: Settings, with_worker: bool, migrate: bool) -> None:
     from app.api.app import create_app
 
     catalog = load_catalog(settings)
+    settings = settings.serving(with_worker)
     with database(settings) as settings:
         asyncio.run(_check_session(settings))
         if migrate and settings.migrate_on_start:

@@ -39,6 +39,12 @@ class MessageNotFound(NotFound):
     code = "message_not_found"
 
 
+class LogNotFound(NotFound):
+    """Log not found."""
+
+    code = "log_not_found"
+
+
 class AgentNotFound(NotFound):
     """Agent not found."""
 

@@ -1,18 +1,21 @@
-"""Logs: one row per LLM request, tool call or hook error of a thread, read back a page at a time.
+"""Logs: one row per LLM request, tool call or hook run of a thread, read back a page at a time (or one by one, with
+the whole request a model was sent when `LOG_REQUESTS=full` kept it).
 
-The row of each kind is built here (`llm`, `tool`, `hook_error`) and written by `add`, with the transaction's next
-statement; the engine decides what goes in them (masking known secret values first).
+The row of each kind is built here (`llm`, `tool`, `hook_run`, `hook_error`) and written by `add`, with the
+transaction's next statement; the engine decides what goes in them (masking known secret values first).
 """
 
 from __future__ import annotations
 
 import uuid
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import and_, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import undefer
 
-from app import cursors, statements, tables
+from app import cursors, errors, statements, tables
 
 NAME_WIDTH = 200  # `logs.tool`'s width: a model may make up a longer name
 ARGUMENTS_KEPT = 2000  # characters of a call's arguments a row keeps (after masking)
@@ -37,8 +40,9 @@ def llm(
     tokens: dict[str, int] | None = None,
     cost: float | None = None,
 ) -> tables.Log:
-    """The row of one LLM request: what was asked, what came back (an `error`, or an answer with its `tokens` by
-    kind: `Usage.as_dict`), what it cost."""
+    """The row of one LLM request: what was asked (in brief: the engine adds the whole request as `request_full` under
+    `LOG_REQUESTS=full`), what came back (an `error`, or an answer with its `tokens` by kind: `Usage.as_dict`), what
+    it cost."""
     row = tables.Log(
         id=log_id,
         thread_id=thread_id,
@@ -100,6 +104,22 @@ def tool(
     )
 
 
+def hook_run(thread_id: uuid.UUID, *, hook: str, name: str, latency_ms: float) -> tables.Log:
+    """The row of a hook that ran and returned (`hook`: which hook point, `name`: the hook's), with how long it took;
+    stamped with the time it returned, on the clock messages are stamped with (`messages.add`), so that it sorts
+    between the messages it ran around rather than at its transaction's start."""
+    return tables.Log(
+        created_at=datetime.now(UTC),
+        id=uuid.uuid4(),
+        thread_id=thread_id,
+        kind="hook",
+        tool=name,
+        status="success",
+        latency_ms=latency_ms,
+        request={"hook": hook, "id": name},
+    )
+
+
 def hook_error(thread_id: uuid.UUID, *, hook: str, name: str, text: str) -> tables.Log:
     """The row of a hook that raised (`hook`: which hook point, `name`: the hook's)."""
     return tables.Log(
@@ -140,6 +160,15 @@ async def page(
     rows = list((await session.execute(query)).scalars())
     next_cursor = cursors.encode(rows[limit - 1].created_at, rows[limit - 1].id) if len(rows) > limit else None
     return rows[:limit], next_cursor
+
+
+async def one(session: AsyncSession, thread_id: uuid.UUID, log_id: uuid.UUID) -> tables.Log:
+    """A log of the thread, with the whole request it kept if any (`LogNotFound` if the thread has no such log)."""
+    query = select(tables.Log).where(tables.Log.thread_id == thread_id, tables.Log.id == log_id)
+    row = (await session.execute(query.options(undefer(tables.Log.request_full)))).scalar_one_or_none()
+    if row is None:
+        raise errors.LogNotFound(f"Log {log_id} not found")
+    return row
 
 
 async def window(

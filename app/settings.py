@@ -52,6 +52,13 @@ class Settings(BaseSettings):
         default="text", description="`json`: one JSON object per line (time, level, logger, message, exception)"
     )
     access_log: bool = Field(default=True, description="one log line per HTTP request (off: fewer lines, less CPU)")
+    log_requests: Literal["brief", "full"] | None = Field(
+        default=None,
+        description="what each model call's `logs` row keeps of its request: `brief` (model, tool names, message "
+        "count, the last message's start) or `full` (every message, the tools offered, the settings; secrets masked; "
+        "about the size of the request sent, per call); unset: `full` under `agents serve` when it serves the "
+        "playground, `brief` otherwise",
+    )
     keep_alive_seconds: int = Field(
         default=75,
         ge=1,
@@ -202,6 +209,14 @@ class Settings(BaseSettings):
         if ENV_FILE.is_file() and name in {key.upper() for key in dotenv_values(ENV_FILE)}:
             return str(ENV_FILE.resolve())
         return "the settings"
+
+    def serving(self, with_worker: bool) -> Settings:
+        """The settings `agents serve` (`with_worker`) or `agents api` runs with: an unset `LOG_REQUESTS` is `full`
+        where `agents serve` serves the playground (a developer's machine), else `brief`."""
+        if self.log_requests is not None:
+            return self
+        full = with_worker and self.playground_enabled
+        return self.model_copy(update={"log_requests": "full" if full else "brief"})
 
     @property
     def loopback(self) -> bool:

@@ -212,7 +212,7 @@ class LifecycleEvent(Base):
 
 
 class Log(Base):
-    """One LLM request, tool call or hook error."""
+    """One LLM request, tool call or hook run."""
 
     __tablename__ = "logs"
 
@@ -238,6 +238,8 @@ class Log(Base):
     fallback_of: Mapped[uuid.UUID | None]
     request: Mapped[dict[str, Any] | None]
     response: Mapped[dict[str, Any] | None]
+    # an LLM request's whole request under `LOG_REQUESTS=full` (secrets masked), read only by `logs.one`
+    request_full: Mapped[dict[str, Any] | None] = mapped_column(deferred=True)
     created_at: Mapped[datetime] = _now()
 
     __table_args__ = (Index("logs_thread_created", "thread_id", "created_at"),)

@@ -16,8 +16,9 @@ from app import db, environment, masking, tables
 from app.catalog import Catalog
 from app.engine import calls, context, types
 from app.llm import retry
-from app.llm.base import LLMRequest, LLMResponse, Usage
-from app.spec import ToolResult, define_agent, define_model, define_prompt
+from app.llm.base import LLMRequest, LLMResponse, LLMTool, Usage
+from app.spec import LLMMessage, ToolResult, define_agent, define_model, define_prompt
+from app.spec.messages import LLMImage
 from tests.conftest import client_for, wait_for
 from tests.test_control import execution
 from tests.test_engine import event_types, settle, stored
@@ -339,3 +340,27 @@ def test_scrub_result_masks_every_text_field_and_the_error_data() -> None:
 )
 def test_an_answer_without_text_or_tool_calls_is_empty(response: LLMResponse, is_empty: bool) -> None:
     assert retry.empty(response) is is_empty
+
+
+def test_the_full_request_masks_secrets_everywhere_and_gives_an_images_size() -> None:
+    image = LLMImage(mime_type="image/png", data="QUJD" * 100, path="/uploads/a.png")
+    request = LLMRequest(
+        model="m",
+        messages=[
+            LLMMessage(role="system", content="key sk-live-1"),
+            LLMMessage(role="user", content="look", images=[image]),
+            LLMMessage(role="tool", content="echo sk-live-1", tool_call_id="c1", name="echo"),
+        ],
+        tools=[LLMTool(name="echo", description="says sk-live-1 back", parameters={"type": "object"})],
+        provider_options={"user": "sk-live-1"},
+        max_tokens=50,
+    )
+    full = calls.full_request(request, ["sk-live-1"])
+    assert "sk-live-1" not in repr(full)
+    assert [m["content"] for m in full["messages"]] == ["key ***", "look", "echo ***"]
+    assert full["messages"][1]["images"] == [
+        {"mime_type": "image/png", "data": "<300 bytes of base64>", "url": None, "path": "/uploads/a.png"}
+    ]
+    assert full["tools"][0] == {"name": "echo", "description": "says *** back", "parameters": {"type": "object"}}
+    assert (full["provider_options"], full["max_tokens"], full["model"]) == ({"user": "***"}, 50, "m")
+    assert image.data == "QUJD" * 100  # the request sent is left as it was

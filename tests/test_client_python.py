@@ -219,7 +219,10 @@ async def test_a_chat_loop_with_a_tool_turn(client: agents_client.AsyncClient) -
     assert (await client.threads.update(thread, name="renamed")).name == "renamed"
     page = await client.threads.list(agent="assistant", tag="client")
     assert [t.id for t in page.threads] == [thread.id] and page.next_cursor is None
-    assert (await client.threads.logs(thread, kind="tool")).logs[0].tool == "calculate"
+    tool_log = (await client.threads.logs(thread, kind="tool")).logs[0]
+    assert tool_log.tool == "calculate"
+    one = await client.threads.log(thread, tool_log.id)
+    assert isinstance(one, models.LogDetail) and one.id == tool_log.id and one.request_full is None
     assert (await client.threads.subagents(thread)).subagents == []
     assert (await client.threads.delete(thread)).deleted == [thread.id]
     with pytest.raises(errors.NotFound) as caught:

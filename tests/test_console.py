@@ -7,12 +7,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import httpx
 import pytest
 from playwright.async_api import Page
 
 from tests.test_playground import ARTIFACTS, _browser, _page, _server
 
 LAUNCH = "Write the launch note for the harbour café."
+CONSOLE_AGENTS = Path(__file__).parent / "fixtures" / "console_agents"  # an overloaded model, a slow one, a hook
 
 
 async def shot(page: Page, name: str) -> None:
@@ -114,7 +116,9 @@ async def test_a_new_user_explores_the_launch_team(database_url: str, tmp_path: 
         await qa.locator("button:has-text('child')").wait_for()
         first = llm.first
         await first.locator("summary:text-is('request')").click()  # the full request, on demand
-        assert '"messages"' in await first.locator("details pre").first.inner_text()
+        await first.locator("details.request[data-full=true] pre").wait_for()  # `agents serve`: LOG_REQUESTS=full
+        shown = await first.locator("details.request pre").inner_text()
+        assert '"role": "system"' in shown and '"parameters"' in shown, shown[:300]
         await shot(page, "trace")
         await qa.locator("button:has-text('child')").click()  # the subagent's own thread
         await page.wait_for_selector("#open-parent:visible")
@@ -255,6 +259,71 @@ async def test_reading_and_managing_threads(database_url: str, tmp_path: Path) -
         await page.wait_for_function("() => document.querySelectorAll('#threads li[data-id]').length === 3")
         await shot(page, "threads")
     assert [p for p in problems if "409 (Conflict)" not in p] == []  # the refused delete answered 409
+
+
+@pytest.mark.slow  # a real server and Chromium
+async def test_a_failing_turn_and_a_stop_in_the_trace(database_url: str, tmp_path: Path) -> None:
+    """A model that is overloaded: its two attempts (the second a retry) and the fallback that answers, each with its
+    error or tokens and cost, and the hook that ran with its time; the whole request on demand. Then Stop clicked while
+    a slow reply streams: the turn stops where it was, and the page says so."""
+    problems: list[str] = []
+    served = _server(database_url, tmp_path, AGENTS_DIR=str(CONSOLE_AGENTS), LLM_BACKOFF="0.05")
+    async with served as server, _browser() as browser:
+        page = await _page(browser, problems)
+        await page.goto(f"{server.base}/")
+        await create(page, "flaky")
+        await page.click("#tab-trace")
+        await say(page, "Hello?")
+        await page.wait_for_selector(".trace-entry[data-kind=llm].success", timeout=30_000)
+        await page.wait_for_selector("#thread-status:text-is('idle')")
+        await page.click("#refresh-trace")
+        turn = page.locator(".trace-turn").filter(has_text="Turn 1")
+        await turn.wait_for()
+        calls = turn.locator(".trace-entry[data-kind=llm]")
+        assert await calls.count() == 3
+        first, retry, fallback = [await calls.nth(i).inner_text() for i in range(3)]
+        assert "overloaded" in first and "error" in first and "the model is overloaded" in first, first
+        assert "retry" in retry and "attempt 2" in retry and "still overloaded" in retry, retry
+        assert "backup" in fallback and "fallback" in fallback and "success" in fallback, fallback
+        assert "12 in / 5 out" in fallback and "$0.000022" in fallback, fallback
+        hooks = turn.locator(".trace-entry[data-kind=hook]")
+        assert await hooks.count() >= 2  # the user's message and the answer went through `stamp`
+        hook = await hooks.first.inner_text()
+        assert "stamp" in hook and "before_create_message" in hook and "success" in hook, hook
+        assert (await hooks.first.locator(".trace-duration").inner_text()).endswith(" ms")
+        answered = calls.nth(2)
+        await answered.locator("summary:text-is('request')").click()
+        await answered.locator("details.request[data-full=true] pre").wait_for()
+        shown = await answered.locator("details.request pre").inner_text()
+        assert '"content": "Hello?"' in shown and '"model": "backup"' in shown, shown[:300]
+        await shot(page, "failing-turn")
+
+        # Stop while a slow reply streams: it ends where it was, the page says so, Stop hides
+        await create(page, "slow")
+        await page.click("#tab-thread")
+        await say(page, "Tell me slowly.")
+        streaming = ".msg[data-streamed=true]"
+        await page.wait_for_function(
+            f"() => [...document.querySelectorAll('{streaming}')].some((n) => Number(n.dataset.chunks) >= 3)"
+        )
+        await page.click("#stop")
+        await page.wait_for_selector("#messages .line:has-text('Stopped by the user')")
+        await page.wait_for_function(
+            "() => !['running', 'queued'].includes(document.querySelector('#thread-status').textContent)"
+        )
+        await page.wait_for_selector("#stop", state="hidden")
+        status = await page.inner_text("#thread-status")
+        text = await page.locator(f"{streaming} .text").last.inner_text()
+        assert status == "stopped" and text.startswith("A slow") and "The end." not in text, (status, text)  # cut off
+        await page.wait_for_timeout(1500)  # nothing streams on after the stop
+        assert await page.locator(f"{streaming} .text").last.inner_text() == text
+        await shot(page, "stopped")
+        async with httpx.AsyncClient(base_url=server.base) as api:
+            tid = await page.evaluate("() => document.querySelector('#threads li.active')?.dataset.id")
+            assert tid, "the slow thread is selected"
+            thread = (await api.get(f"/threads/{tid}")).json()
+            assert thread["status"] == status, (thread["status"], status)
+    assert problems == []
 
 
 @pytest.mark.slow  # a real server and Chromium

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import inspect
 import uuid
@@ -437,12 +438,37 @@ async def test_a_failing_hook_is_logged_and_changes_nothing(app_factory: Any, dr
     async with app.state.runtime.sessions() as session:
         query = select(tables.Log).where(tables.Log.thread_id == uuid.UUID(tid), tables.Log.kind == "hook")
         logs = list((await session.execute(query.order_by(tables.Log.created_at))).scalars())
-    assert [(log.status, log.request) for log in logs] == [
-        ("error", {"hook": "filter_messages", "id": "broken"}),
-        ("error", {"hook": "before_update_message", "id": "wrong_type"}),
+    assert sorted((log.status, log.request["id"]) for log in logs if log.request) == [
+        ("error", "broken"),
+        ("error", "wrong_type"),
+        ("success", "fine"),  # the one that returned, with its time
     ]
-    assert logs[0].error == "filter_messages hook `broken` failed: ValueError: boom"
-    assert "`content` must be str or NoneType" in (logs[1].error or "")
+    failed = {log.tool: log for log in logs if log.status == "error"}
+    assert failed["broken"].error == "filter_messages hook `broken` failed: ValueError: boom"
+    assert "`content` must be str or NoneType" in (failed["wrong_type"].error or "")
+
+
+async def test_hooks_that_return_leave_a_row_with_their_time(app_factory: Any, drive: Any) -> None:
+    """Wherever they run: inside a transaction (the user's message, the answer's), between a step's transactions
+    (a tool result's hooks, written with its row) or after a commit (a tool message's `after_create_message`)."""
+
+    @define_hook("before_store_tool_result")
+    async def slow(state: ThreadState, tool_call: dict[str, Any], result: ToolResult) -> ToolResult:
+        await asyncio.sleep(0.03)
+        return result
+
+    @define_hook("after_create_message")
+    async def seen(state: ThreadState, message: StateMessage) -> None:
+        return None
+
+    client, tid = await driven(app_factory, drive, catalog(Model(CALL_ADD, "ok"), [slow, seen]), "2+3?")
+    logs = (await client.get(f"/threads/{tid}/logs", params={"kind": "hook"})).json()["logs"]
+    ran = [(log["request"]["hook"], log["tool"], log["status"]) for log in logs]
+    assert sorted(ran) == [("after_create_message", "seen", "success")] * 4 + [
+        ("before_store_tool_result", "slow", "success")
+    ]  # the user's message, the call, its result, the answer
+    assert all(log["latency_ms"] is not None and log["error"] is None for log in logs)
+    assert next(log for log in logs if log["tool"] == "slow")["latency_ms"] >= 30
 
 
 def test_define_hook_refuses_unknown_names_and_wrong_parameters() -> None:

@@ -248,6 +248,7 @@ IDS = {
     "PATCH /threads/{thread_id}/messages/{message_id}": "editMessage",
     "DELETE /threads/{thread_id}/messages/{message_id}": "deleteMessage",
     "GET /threads/{thread_id}/logs": "listLogs",
+    "GET /threads/{thread_id}/logs/{log_id}": "getLog",
     "GET /threads/{thread_id}/events": "streamEvents",
     "GET /events": "streamAllEvents",
     "POST /stream-tokens": "createStreamToken",

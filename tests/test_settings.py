@@ -74,6 +74,25 @@ def test_the_playground_is_on_by_default_on_loopback_only(
     assert Settings().playground_enabled is enabled
 
 
+@pytest.mark.parametrize(
+    ("env", "with_worker", "kept"),
+    [
+        ({}, True, "full"),  # `agents serve` on loopback: the playground's developer
+        ({}, False, "brief"),  # `agents api`: its workers run elsewhere
+        ({"HOST": "0.0.0.0"}, True, "brief"),  # served to a network: production
+        ({"PLAYGROUND": "false"}, True, "brief"),
+        ({"LOG_REQUESTS": "brief"}, True, "brief"),
+        ({"LOG_REQUESTS": "full", "HOST": "0.0.0.0"}, False, "full"),
+    ],
+)
+def test_log_requests_is_full_by_default_only_where_agents_serve_serves_the_playground(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], with_worker: bool, kept: str
+) -> None:
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert Settings().serving(with_worker).log_requests == kept
+
+
 def test_public_url_is_an_http_base_without_a_trailing_slash(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PUBLIC_URL", "https://agents.example.com/api/")
     assert Settings().public_url == "https://agents.example.com/api"

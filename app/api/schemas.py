@@ -226,13 +226,22 @@ class ThreadList(BaseModel):
 
 
 class Log(StateLog):
-    """One LLM request, tool call or hook error; `retry_of` / `fallback_of` link the attempts of one call."""
+    """One LLM request, tool call or hook run; `retry_of` / `fallback_of` link the attempts of one call."""
 
     id: uuid.UUID  # type: ignore[assignment]  # the same ids, typed as the API's other ids are
     message_id: uuid.UUID | None  # type: ignore[assignment]
     retry_of: uuid.UUID | None
     fallback_of: uuid.UUID | None
     request: dict[str, Any] | None
+
+
+class LogDetail(Log):
+    """One log with the whole request its model call was sent (`LOG_REQUESTS=full`; null when it kept the brief)."""
+
+    request_full: dict[str, Any] | None = Field(
+        description="`{model, messages, tools, tool_choice, parallel_tool_calls, reasoning, provider_options, "
+        "max_tokens}` as sent, known secret values masked as `***`, an image's data as its size"
+    )
 
 
 class LogList(BaseModel):

@@ -19,6 +19,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 from opentelemetry.trace import Span, SpanKind
@@ -97,6 +98,7 @@ class Caller:
         meter: Meter,
     ) -> None:
         self._catalog = catalog
+        self.full_requests = False  # `LOG_REQUESTS=full`: each log row keeps the whole request (`full_request`)
         self.meter = meter
         self.publisher = publisher
         self._http = http
@@ -275,6 +277,8 @@ class _Recorder:
             )
         log_id = uuid.uuid4()
         result.record = _log_row(log_id, self._thread_id, self._message_id, current, result, self._log_id)
+        if self._caller.full_requests:
+            result.record.request_full = full_request(current.request, current.secrets)
         self._caller.meter.llm_request(result.record)
         self._caller.tallies.of(self._thread_id).add(result.record)
         self.last, self._log_id = result, log_id
@@ -375,6 +379,18 @@ def _log_row(
         tokens=response.usage.as_dict(),
         cost=cost(definition, response),
     )
+
+
+def full_request(request: LLMRequest, secrets: list[str]) -> dict[str, Any]:
+    """The whole request a model was sent (`LOG_REQUESTS=full`): its messages, the tools offered with their schemas,
+    its settings; known secret values masked, and an image's data given as its size (the file is the thread's)."""
+    sent = dataclasses.asdict(request)
+    for message in sent["messages"]:
+        for image in message["images"]:
+            if image["data"] is not None:
+                image["data"] = f"<{len(image['data']) * 3 // 4} bytes of base64>"
+    full: dict[str, Any] = masking.scrub_data(sent, secrets)
+    return full
 
 
 def cost(definition: ModelDefinition, response: LLMResponse) -> float | None:

@@ -1,13 +1,21 @@
-"""Hooks (`semantics.md` §10): the ones active for a prompt, run in order; one that fails changes nothing."""
+"""Hooks (`semantics.md` §10): the ones active for a prompt, run in order; one that fails changes nothing.
+
+Each run leaves a `logs` row (kind `hook`): one that failed, its error; one that returned, its time. A prompt without
+hooks runs none and writes nothing. The rows of the hooks that returned ride with the next statement of the
+transaction they joined (`Joined`); run between transactions, with what their caller writes next (`kept`: a tool
+result's row), else in a transaction of their own.
+"""
 
 from __future__ import annotations
 
 import copy
 import logging
+import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
 from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import inspect
@@ -59,6 +67,46 @@ async def joined(session: AsyncSession, thread: tables.Thread) -> AsyncIterator[
     """The caller's open transaction, for hooks run inside it (a savepoint: the thread row is already locked)."""
     async with events.written_at_once(session), session.begin_nested():
         yield session, thread
+
+
+class Joined:
+    """The caller's open transaction as hooks' transaction (`joined`), with the session the rows of the hooks that
+    ran ride in."""
+
+    def __init__(self, session: AsyncSession, thread: tables.Thread) -> None:
+        self.session = session
+        self.thread = thread
+
+    def __call__(self) -> AbstractAsyncContextManager[tuple[AsyncSession, tables.Thread]]:
+        return joined(self.session, self.thread)
+
+
+@dataclass(frozen=True)
+class Ran:
+    """A hook that ran and returned: its hook point, its name, how long it took."""
+
+    hook: str
+    name: str
+    latency_ms: float
+
+    def row(self, thread_id: uuid.UUID) -> tables.Log:
+        return logs.hook_run(thread_id, hook=self.hook, name=self.name, latency_ms=self.latency_ms)
+
+
+# the hooks run in this task that returned, kept for the caller to write (`kept`), if it asked
+_kept: ContextVar[list[Ran] | None] = ContextVar("hooks_kept", default=None)
+
+
+@contextmanager
+def kept() -> Iterator[list[Ran]]:
+    """The hooks that run and return inside (outside any transaction they joined), for the caller to write with
+    what it writes next (`Ran.row`), instead of in a transaction of their own."""
+    ran: list[Ran] = []
+    token = _kept.set(ran)
+    try:
+        yield ran
+    finally:
+        _kept.reset(token)
 
 
 def tagged(fields: dict[str, Any], tags: dict[str, Any]) -> dict[str, Any]:
@@ -178,34 +226,62 @@ class Hooks:
         self, name: str, value: Any, *args: Any, check: Callable[[Any], Any], none_ends: bool = False
     ) -> Any:
         """Run the hooks called `name` in order, each on the previous one's output."""
+        ran: list[Ran] = []
         for hook in self._by_name.get(name, ()):
             running = _running.set(name)
             try:
                 with tracing.span(f"hook {name}", _traced(hook)) as span:
                     try:
+                        started = time.perf_counter()
                         out = await hook.fn(self._state, *copy.deepcopy(args), copy.deepcopy(value))
                         if out is None and none_ends:
-                            return None
+                            ran.append(Ran(name, hook.name, _since(started)))
+                            value = None
+                            break
                         value = check(out)
+                        ran.append(Ran(name, hook.name, _since(started)))
                     except Exception as exc:
                         tracing.failed(span, type(exc).__name__)
                         await self._failed(hook, exc)
             finally:
                 _running.reset(running)
+        if ran:
+            await self._record(ran)
         return value
 
     async def _notify(self, name: str, row: tables.Message) -> None:
+        ran: list[Ran] = []
         for hook in self._by_name.get(name, ()):
             running = _running.set(name)
             try:
                 with tracing.span(f"hook {name}", _traced(hook)) as span:
                     try:
+                        started = time.perf_counter()
                         await hook.fn(self._state, StateMessage.model_validate(messages.to_dict(row)))
+                        ran.append(Ran(name, hook.name, _since(started)))
                     except Exception as exc:
                         tracing.failed(span, type(exc).__name__)
                         await self._failed(hook, exc)
             finally:
                 _running.reset(running)
+        if ran:
+            await self._record(ran)
+
+    async def _record(self, ran: list[Ran]) -> None:
+        """Log the hooks of one hook point that returned: with the next statement of the transaction they joined,
+        else with what the caller writes next (`kept`), else in a transaction of their own."""
+        if isinstance(self._transaction, Joined):
+            for one in ran:
+                await logs.add(self._transaction.session, one.row(self._transaction.thread.id))
+            return
+        keeping = _kept.get()
+        if keeping is not None:
+            keeping.extend(ran)
+            return
+        assert self._transaction is not None
+        async with self._transaction() as (session, thread):
+            for one in ran:
+                await logs.add(session, one.row(thread.id))
 
     async def _failed(self, hook: HookDefinition, exc: Exception) -> None:
         """Log a hook that raised: its input goes on unchanged."""
@@ -218,6 +294,10 @@ class Hooks:
                 thread.id, hook.name, hook.hook, text,
             )  # fmt: skip
             await logs.add(session, logs.hook_error(thread.id, hook=hook.hook, name=hook.name, text=text))
+
+
+def _since(started: float) -> float:
+    return round((time.perf_counter() - started) * 1000, 2)
 
 
 def _traced(hook: HookDefinition) -> dict[str, str]:

@@ -147,7 +147,7 @@ class Messages:
             if hooks.updating():  # an update hook's own update runs no update hooks: it would recurse
                 await messages.save(session, row, **changes)
             else:  # through the acting side's update hooks, run inside this transaction as the engine's own updates
-                await edits.update(session, self._hooks_in(lambda: hooks.joined(session, thread)), row, changes)
+                await edits.update(session, self._hooks_in(hooks.Joined(session, thread)), row, changes)
             return state_message(row, await _projections(session, thread.id, [row]))
 
     async def delete_message(self, message_id: str) -> bool:

@@ -32,6 +32,7 @@ class Shaped:
     fields: dict[str, Any] | None
     logged: tables.Log
     depth: int = 0  # a subprompt's call: how deep its messages sit (its events say so)
+    hooks_ran: tuple[tables.Log, ...] = ()  # the rows of its hooks that returned, run outside a transaction
 
 
 Files = Callable[[ToolResult], Awaitable[list[dict[str, Any]]]]  # the references of the files a result returned
@@ -55,28 +56,29 @@ async def shape(
     `before_create_message` on its message, §10) and build its message and log row — the call's arguments, how long
     it ran, the stored status and error with `secrets` masked. `files` stores what the result returned under
     `/attachments/`; `refs` are files already the thread's; `child`: the subagent the result speaks for."""
-    kept = await hook_runner.tool_result(call, result)
     tags = tags or {}
-    fields: dict[str, Any] | None = None
-    if kept is not None:
-        fields = {
-            "side": side,
-            "name": call["function"]["name"],
-            "tool_call_id": call["id"],
-            "content": kept.text,
-            "tool_status": kept.status,
-            "subagent_id": child,
-            "metadata_": dict(tags.get("metadata_") or {}),
-        }
-        if kept.error_code:
-            fields["metadata_"].update(error_code=kept.error_code, error_data=kept.error_data)
-        stored = list(refs or []) + await files(kept)
-        if stored:
-            fields["attachments"] = stored
-        fields = {**tags, **hooks.tagged(await hook_runner.before_create_message("tool", fields), tags)}
+    with hooks.kept() as ran:  # the rows of hooks run outside a transaction: written with the result's
+        kept = await hook_runner.tool_result(call, result)
+        fields: dict[str, Any] | None = None
+        if kept is not None:
+            fields = {
+                "side": side,
+                "name": call["function"]["name"],
+                "tool_call_id": call["id"],
+                "content": kept.text,
+                "tool_status": kept.status,
+                "subagent_id": child,
+                "metadata_": dict(tags.get("metadata_") or {}),
+            }
+            if kept.error_code:
+                fields["metadata_"].update(error_code=kept.error_code, error_data=kept.error_data)
+            stored = list(refs or []) + await files(kept)
+            if stored:
+                fields["attachments"] = stored
+            fields = {**tags, **hooks.tagged(await hook_runner.before_create_message("tool", fields), tags)}
     done = kept or result
     logged = tools.log_row(thread_id, call, done, latency_ms, secrets, child=child)
-    return Shaped(done, fields, logged, tags.get("depth") or 0)
+    return Shaped(done, fields, logged, tags.get("depth") or 0, tuple(r.row(thread_id) for r in ran))
 
 
 async def write(
@@ -106,6 +108,8 @@ async def write(
         if created is not None:
             await created(row)
     shaped.logged.message_id = row.id if row is not None else None
+    for ran in shaped.hooks_ran:
+        await logs.add(session, ran)
     await logs.add(session, shaped.logged)  # rides with the transaction's events
     data = event_types.ToolCompleted(
         tool=call["function"]["name"], tool_call_id=call["id"], status=shaped.result.status

@@ -78,6 +78,7 @@ class Engine:
         self._caller = calls.Caller(
             catalog, publisher, http, retry.Policy.from_settings(settings), settings.process_env, meter
         )
+        self._caller.full_requests = settings.log_requests == "full"
         self._contexts: dict[uuid.UUID, dict[str, Any]] = {}  # per execution, by lease token
         self._histories = Histories()  # by thread, kept across its executions (`app/engine/history.py`)
         self._txs = Transactions(sessions, self._histories, self._caller.tallies)

@@ -547,7 +547,7 @@ async def prepare_hooks(
             session=thread.session_number,
             attempt=thread.attempt,
         )
-    tx = transaction or (lambda: hooks.joined(session, thread))
+    tx = transaction or hooks.Joined(session, thread)
     shared = Shared(thread, env, tx, catalog=catalog, fernet=fernet, context={} if context is None else context)
     return shared.state(execution).hooks_of(prompt)
 

@@ -111,7 +111,7 @@ class Runner:
                 "metadata_": {"subprompt_call": execution.tool_call_id, "subprompt_run": run},
             }
             # its messages go through the hooks of its own prompt (§10), inside this transaction
-            inside = sub_state.hooks_of(prompt, lambda: hooks.joined(session, thread))
+            inside = sub_state.hooks_of(prompt, hooks.Joined(session, thread))
             rows = [r for r in await messages.history(session, thread.id) if r.depth == 0]
             config = SideConfig(prompt=name)
             try:
@@ -143,7 +143,7 @@ class Runner:
         )
         async with shared.transaction() as (session, thread):
             message = await messages.get(session, thread.id, pending.id)
-            inside = sub_state.hooks_of(prompt, lambda: hooks.joined(session, thread))
+            inside = sub_state.hooks_of(prompt, hooks.Joined(session, thread))
             answered = await pipeline.store(session, message, result, config, inside, tags=tags)
             if answered is None:
                 assert isinstance(result.response, ProviderError)
@@ -265,7 +265,7 @@ class Runner:
         child: uuid.UUID | None,
     ) -> tuple[ToolResult, tables.Message | None]:
         """`results.store` with the subprompt's own tool hooks, inside the transaction of `session`."""
-        inside = state.hooks_of(prompt, lambda: hooks.joined(session, thread))
+        inside = state.hooks_of(prompt, hooks.Joined(session, thread))
         secrets = state.shared.env.secrets()
         return await results.store(
             session, thread, inside, call, result, side, latency_ms=latency_ms, secrets=secrets, child=child, tags=tags

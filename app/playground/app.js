@@ -9,72 +9,12 @@ import * as files from "./files.js";
 import * as agentMap from "./map.js";
 import * as messages from "./messages.js";
 import { render } from "./markdown.js";
+import { $, RUNNING, codePoints, guarded, later, notice, state, when } from "./page.js";
+import { addRequest, opening, refreshTree } from "./subagents.js";
 import * as trace from "./trace.js";
 
 const KEY = "agents-playground-key";
-const REQUEST_PATH = /^\/threads\/([0-9a-f-]{36})\/variables\/([0-9a-f-]{36})$/;
 const UUID = /^[0-9a-f-]{36}$/;
-
-/** @type {(id: string) => any} */
-const $ = (id) => document.getElementById(id);
-const RUNNING = new Set(["running", "queued", "waiting"]); // a turn under way: Stop shows only then
-
-const state = {
-  key: "",
-  agents: [],
-  threadId: null,
-  thread: null,
-  generation: 0, // bumped on every thread switch: late answers for a thread no longer shown are dropped
-  client: new AgentsClient(),
-  stream: null, // the AbortController of the stream followed
-  messages: new Map(), // id -> Message, as last announced
-  lengths: new Map(), // id -> code points of its content (chunk offsets count code points)
-  streamed: new Set(), // ids of messages that received live deltas
-  calls: new Map(), // tool call id -> "running" | its status
-  requests: new Set(), // variable request ids shown
-  images: new Map(), // "thread:path:etag" -> Promise<object URL> of its thumbnail
-  threads: [], // the list as last loaded (filtered by agent, tag and status on the server)
-  shape: null, // the selected thread's agent (`GET /agents/{name}`): its type and side labels, for the messages
-  maps: [], // the agent names of the map panel, the one shown last (a subagent's map opens on top)
-  panel: "panel-thread",
-  /** @type {Record<string, any>} */
-  timers: {},
-};
-
-function notice(error) {
-  const box = $("notice");
-  if (!error) {
-    box.hidden = true;
-    return;
-  }
-  const text = error instanceof AgentsError ? `${error.message} (${error.code})` : String(error.message || error);
-  box.replaceChildren(el("span", { text }), el("button", { class: "quiet", type: "button", text: "×", onclick: () => notice(null) }));
-  box.hidden = false;
-}
-
-function guarded(fn) {
-  // called at once (a handler's preventDefault must run before the event ends); failures go to the notice
-  return (...args) => {
-    try {
-      Promise.resolve(fn(...args)).catch(notice);
-    } catch (error) {
-      notice(error);
-    }
-  };
-}
-
-function later(name, fn, ms = 300) {
-  clearTimeout(state.timers[name]);
-  state.timers[name] = setTimeout(guarded(fn), ms);
-}
-
-const codePoints = (text) => {
-  let n = 0;
-  for (const _ of text) n += 1;
-  return n;
-};
-
-const when = (iso) => (iso ? new Date(iso).toLocaleString() : "");
 
 // --- the key and the server ---------------------------------------------------------------------------------
 
@@ -553,101 +493,6 @@ async function refreshFiles() {
   if (stored.length === 0) $("files").append(el("li", { class: "muted small", text: "none" }));
 }
 
-// --- subagents and their variables --------------------------------------------------------------------------
-
-async function children(id, depth) {
-  const { subagents } = await state.client.threads.subagents(id);
-  return Promise.all(
-    subagents.map(async (entry) => ({
-      entry,
-      children: depth < 4 ? await children(entry.reference, depth + 1) : [],
-    })),
-  );
-}
-
-function renderTree(nodes) {
-  return el(
-    "ul",
-    {},
-    ...nodes.map(({ entry, children: below }) =>
-      el(
-        "li",
-        { dataset: { id: entry.reference } },
-        el(
-          "button",
-          { type: "button", class: "link", title: entry.reference, onclick: guarded(() => selectThread(entry.reference)) },
-          el("span", { text: entry.thread_name || entry.title || entry.name }),
-          el("span", { class: `badge ${entry.status}`, text: entry.status }),
-        ),
-        below.length ? renderTree(below) : null,
-      ),
-    ),
-  );
-}
-
-async function refreshTree() {
-  const id = state.threadId;
-  if (!id) return;
-  const nodes = await children(id, 0);
-  if (id !== state.threadId) return;
-  const tree = $("tree");
-  if (nodes.length === 0) tree.replaceChildren("none");
-  else tree.replaceChildren(renderTree(nodes));
-}
-
-async function addRequest(data) {
-  const rid = data?.request_id;
-  const [, owner] = REQUEST_PATH.exec(data?.endpoint || "") || [];
-  if (!rid || state.requests.has(rid) || !owner) return;
-  state.requests.add(rid);
-  const generation = state.generation;
-  const request = await state.client.variables.get(owner, rid);
-  if (generation !== state.generation) return;
-  const card = el("div", { class: "request", dataset: { request: rid } });
-  $("requests").append(card);
-  $("requests-section").hidden = false;
-  renderRequest(card, owner, request);
-}
-
-function renderRequest(card, owner, request) {
-  const title = el("div", {}, el("strong", { text: request.agent }), " needs scoped variables");
-  if (request.status !== "pending") {
-    const child = request.child_thread_id;
-    card.replaceChildren(
-      title,
-      el(
-        "p",
-        { class: "small" },
-        "Provided: started ",
-        el("button", { type: "button", class: "link", text: short(child), onclick: guarded(() => selectThread(child)) }),
-      ),
-    );
-    card.classList.add("done");
-    return;
-  }
-  const fields = request.missing.map((name) =>
-    el("label", {}, name, el("input", { type: "password", name, required: true, autocomplete: "off" })),
-  );
-  const form = el(
-    "form",
-    { class: "stack" },
-    ...fields,
-    el("button", { type: "submit", text: "Provide and start" }),
-  );
-  form.addEventListener(
-    "submit",
-    guarded(async (event) => {
-      event.preventDefault();
-      const env = {};
-      for (const input of form.querySelectorAll("input")) env[input.name] = input.value;
-      await state.client.variables.provide(owner, request.request_id, env);
-      renderRequest(card, owner, await state.client.variables.get(owner, request.request_id));
-      later("tree", refreshTree, 100);
-    }),
-  );
-  card.replaceChildren(title, el("p", { class: "muted small", text: "Values go to that subagent only, stored encrypted." }), form);
-}
-
 // --- the trace and the agent map -------------------------------------------------------------------------
 
 async function refreshTrace() {
@@ -655,7 +500,8 @@ async function refreshTrace() {
   if (!id || state.panel !== "panel-trace") return;
   const logs = await trace.load(state.client, id);
   if (id !== state.threadId) return;
-  trace.draw($("trace"), logs, [...state.messages.values()], (child) => guarded(() => selectThread(child))());
+  const fetchLog = (/** @type {string} */ logId) => state.client.threads.log(id, logId);
+  trace.draw($("trace"), logs, [...state.messages.values()], (child) => guarded(() => selectThread(child))(), fetchLog);
 }
 
 async function showMap(name) {
@@ -758,5 +604,6 @@ function bind() {
 }
 
 bind();
+opening(selectThread);
 state.key = sessionStorage.getItem(KEY) || "";
 guarded(connect)();

@@ -1,6 +1,7 @@
-// The turn trace: a thread's `/logs` (every model call, tool call and hook error, stored as they happen) drawn as
-// one timeline per turn, a turn starting at each message a user (or an effect) queued. Live news (steps and tools
-// under way) comes from the thread's stream, which app.js passes to `live`.
+// The turn trace: a thread's `/logs` (every model call, tool call and hook run, stored as they happen) drawn as
+// one timeline per turn, a turn starting at each message a user (or an effect) queued. A model call's whole request
+// is read when its `request` is opened (`GET /threads/{id}/logs/{log_id}`: kept under `LOG_REQUESTS=full`, else the
+// brief). Live news (steps and tools under way) comes from the thread's stream, which app.js passes to `live`.
 
 import { el, short } from "./dom.js";
 
@@ -11,6 +12,7 @@ import { el, short } from "./dom.js";
  *   cost: number | null, latency_ms: number | null, ttft_ms: number | null, finish_reason: string | null,
  *   response: Record<string, any> | null, request: Record<string, any> | null, retry_of: string | null,
  *   fallback_of: string | null, created_at: string }} Log
+ * @typedef {(logId: string) => Promise<{ request_full: Record<string, any> | null }>} Fetch one log, in full
  * @typedef {{ id: string, role: string, content: string | null, silent: boolean, created_at?: string,
  *   subagent_id?: string | null, tool_call_id?: string | null, name?: string | null, model?: string | null,
  *   tool_calls?: unknown[] | null, metadata?: Record<string, any> }} Msg
@@ -51,11 +53,17 @@ export function turns(logs, messages) {
     .filter((m) => opensTurn(m) && m.created_at)
     .map((m) => ({ at: String(m.created_at), message: m }))
     .sort((a, b) => a.at.localeCompare(b.at));
+  const made = messages.map((m) => String(m.created_at || "")).filter(Boolean).sort();
   /** @type {{ message: Msg | null, logs: Log[] }[]} */
   const groups = [];
   for (const log of logs) {
+    // a `before_create_message` hook runs before the message it makes: it is placed at that message, so the hooks
+    // of a turn's opening message are the turn's
+    const at = log.kind === "hook" && log.request?.hook === "before_create_message"
+      ? made.find((t) => t >= log.created_at) || log.created_at
+      : log.created_at;
     let index = -1;
-    for (let i = 0; i < starts.length; i += 1) if (starts[i].at <= log.created_at) index = i;
+    for (let i = 0; i < starts.length; i += 1) if (starts[i].at <= at) index = i;
     const message = index >= 0 ? starts[index].message : null;
     let group = groups.find((g) => g.message === message);
     if (!group) {
@@ -108,11 +116,43 @@ function reveal(label, value) {
 }
 
 /**
+ * A model call's request, read in full when opened: the whole request if the server kept it, else the brief.
+ * @param {Log} log
+ * @param {Fetch} fetchLog
+ */
+function request(log, fetchLog) {
+  const box = el("details", { class: "json request" }, el("summary", { text: "request" }));
+  box.addEventListener("toggle", () => {
+    if (!box.open || box.childElementCount > 1) return;
+    const pending = el("p", { class: "muted small", text: "Reading the whole request…" });
+    box.append(pending);
+    fetchLog(log.id).then(
+      (found) => {
+        const full = found.request_full;
+        const note = full
+          ? `The whole request: ${full.messages?.length ?? 0} messages, ${full.tools?.length ?? 0} tools offered`
+          : "Only the brief was kept: the server runs with LOG_REQUESTS=brief.";
+        box.dataset.full = full ? "true" : "false";
+        pending.replaceWith(
+          el("p", { class: "muted small request-note", text: note }),
+          el("pre", { text: JSON.stringify(full || log.request, null, 2) }),
+        );
+      },
+      (/** @type {any} */ error) => {
+        pending.replaceWith(el("p", { class: "error small", text: `Could not read the request: ${error?.message || error}` }));
+      },
+    );
+  });
+  return box;
+}
+
+/**
  * @param {Log} log
  * @param {Map<string, Msg>} byId
  * @param {(threadId: string) => void} open
+ * @param {Fetch} fetchLog
  */
-function entry(log, byId, open) {
+function entry(log, byId, open, fetchLog) {
   const classes = `trace-entry ${log.kind} ${log.status}`;
   if (log.kind === "llm") {
     const tags = [log.retry_of ? "retry" : null, log.fallback_of ? "fallback" : null, log.attempt > 1 ? `attempt ${log.attempt}` : null];
@@ -136,7 +176,7 @@ function entry(log, byId, open) {
         log.finish_reason ? ` · ${log.finish_reason}` : "",
       ),
       log.error ? el("div", { class: "error small", text: log.error }) : null,
-      log.request ? reveal("request", log.request) : null,
+      request(log, fetchLog),
       log.response ? reveal("response", log.response) : null,
     );
   }
@@ -150,6 +190,7 @@ function entry(log, byId, open) {
       { class: "trace-line" },
       el("span", { class: "trace-kind", text: log.kind }),
       el("strong", { text: log.tool || "?" }),
+      log.kind === "hook" && log.request?.hook ? el("span", { class: "muted small", text: log.request.hook }) : null,
       el("span", { class: "trace-duration small", text: ms(log.latency_ms) }),
       el("span", { class: `badge ${log.status === "success" ? "idle" : "failed"}`, text: log.status }),
       child
@@ -167,8 +208,9 @@ function entry(log, byId, open) {
  * @param {Log[]} logs
  * @param {Msg[]} messages
  * @param {(threadId: string) => void} open a child thread
+ * @param {Fetch} fetchLog one log with its whole request
  */
-export function draw(box, logs, messages, open) {
+export function draw(box, logs, messages, open, fetchLog) {
   const byId = new Map(messages.map((m) => [m.id, m]));
   const groups = turns(logs, messages);
   if (groups.length === 0) {
@@ -178,14 +220,15 @@ export function draw(box, logs, messages, open) {
   const all = totals(logs);
   box.replaceChildren(
     el("p", { class: "trace-total small", text: `Thread: ${summary(all)}` }),
-    ...groups.map((group, index) => {
+    ...groups.map((group) => {
       const said = group.message?.content || "";
-      const title = group.message ? `Turn ${index + 1}: “${said.length > 60 ? `${said.slice(0, 60)}…` : said}”` : "Before the first message";
+      const number = groups.filter((g) => g.message).indexOf(group) + 1;
+      const title = group.message ? `Turn ${number}: “${said.length > 60 ? `${said.slice(0, 60)}…` : said}”` : "Before the first message";
       return el(
         "section",
-        { class: "trace-turn", dataset: { turn: String(index + 1) } },
+        { class: "trace-turn", dataset: { turn: String(number) } },
         el("h3", {}, el("span", { text: title }), el("span", { class: "muted small trace-sum", text: summary(totals(group.logs)) })),
-        el("ol", { class: "trace-list" }, ...group.logs.map((log) => entry(log, byId, open))),
+        el("ol", { class: "trace-list" }, ...group.logs.map((log) => entry(log, byId, open, fetchLog))),
       );
     }),
   );

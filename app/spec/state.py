@@ -76,7 +76,7 @@ class MessagesResult(BaseModel):
 
 
 class StateLog(BaseModel):
-    """One stored LLM request (or, later, tool call or hook error) of the thread; secrets are never stored."""
+    """One stored LLM request, tool call or hook run of the thread; secrets are never stored."""
 
     id: str
     kind: str

@@ -1,4 +1,4 @@
-"""Logs: what each LLM request, tool call and hook error of a thread cost and returned."""
+"""Logs: what each LLM request, tool call and hook run of a thread cost and returned."""
 
 from __future__ import annotations
 
@@ -31,3 +31,10 @@ async def list_logs(
     return schemas.LogList(
         logs=[schemas.Log.model_validate(r, from_attributes=True) for r in rows], next_cursor=next_cursor
     )
+
+
+@router.get("/threads/{thread_id}/logs/{log_id}", operation_id="getLog", responses=ERRORS)
+async def get_log(thread_id: uuid.UUID, log_id: uuid.UUID, session: SessionDep, who: CurrentUser) -> schemas.LogDetail:
+    """One log of the thread, with the whole request its model call was sent when `LOG_REQUESTS=full` kept it."""
+    thread = await threads.get(session, thread_id, who)
+    return schemas.LogDetail.model_validate(await logs.one(session, thread.id, log_id), from_attributes=True)

@@ -25,6 +25,8 @@ ASSETS = {
     "files.js": JS,
     "markdown.js": JS,
     "messages.js": JS,
+    "page.js": JS,
+    "subagents.js": JS,
     "trace.js": JS,
     "map.js": JS,
     "style.css": "text/css; charset=utf-8",

@@ -269,6 +269,11 @@ export interface Log {
   created_at: Timestamp;
 }
 
+/** One log with the whole request its model call was sent (`LOG_REQUESTS=full`), else `request_full: null`. */
+export interface LogDetail extends Log {
+  request_full: Record<string, unknown> | null;
+}
+
 export interface LogList {
   logs: Log[];
   next_cursor: string | null;
@@ -518,6 +523,7 @@ export declare class AgentsClient {
       filters?: { kind?: "llm" | "tool" | "hook"; limit?: number; cursor?: string },
       options?: CallOptions,
     ): Promise<LogList>;
+    log(threadId: Uuid, logId: Uuid, options?: CallOptions): Promise<LogDetail>;
   };
 
   messages: {

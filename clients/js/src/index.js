@@ -260,6 +260,7 @@ export class AgentsClient {
       terminate: (id, opts) => this.request("POST", `${thread(id)}/terminate`, opts),
       subagents: (id, opts) => this.request("GET", `${thread(id)}/subagents`, opts),
       logs: (id, params = {}, opts) => this.request("GET", `${thread(id)}/logs${query(params)}`, opts),
+      log: (id, logId, opts) => this.request("GET", `${thread(id)}/logs/${encodeURIComponent(logId)}`, opts),
     };
 
     this.messages = {

@@ -291,7 +291,7 @@ class StreamToken(Model):
 
 
 class Log(Model):
-    """One LLM request, tool call or hook error of a thread."""
+    """One LLM request, tool call or hook run of a thread."""
 
     id: uuid.UUID
     kind: str  # `llm`, `tool`, `hook`
@@ -315,6 +315,12 @@ class Log(Model):
     fallback_of: uuid.UUID | None
     request: dict[str, Any] | None
     created_at: datetime
+
+
+class LogDetail(Log):
+    """One log with the whole request its model call was sent (`LOG_REQUESTS=full`), else `request_full` None."""
+
+    request_full: dict[str, Any] | None
 
 
 class LogList(Model):

@@ -77,6 +77,10 @@ def _logs(thread: ThreadRef, kind: str | None, limit: int | None, cursor: str | 
     return Call("GET", call.thread_path(thread, "logs"), call.model(models.LogList), params=params)
 
 
+def _log(thread: ThreadRef, log_id: uuid.UUID | str) -> Call[models.LogDetail]:
+    return Call("GET", call.thread_path(thread, "logs", call.segment(log_id)), call.model(models.LogDetail))
+
+
 class Threads:
     def __init__(self, send: call.Sender) -> None:
         self._send = send
@@ -147,6 +151,10 @@ class Threads:
         cursor: str | None = None,
     ) -> models.LogList:
         return self._send(_logs(thread, kind, limit, cursor))
+
+    def log(self, thread: ThreadRef, log_id: uuid.UUID | str) -> models.LogDetail:
+        """One log, with the whole request its model call was sent when `LOG_REQUESTS=full` kept it."""
+        return self._send(_log(thread, log_id))
 
 
 class AsyncThreads:
@@ -219,3 +227,7 @@ class AsyncThreads:
         cursor: str | None = None,
     ) -> models.LogList:
         return await self._send(_logs(thread, kind, limit, cursor))
+
+    async def log(self, thread: ThreadRef, log_id: uuid.UUID | str) -> models.LogDetail:
+        """One log, with the whole request its model call was sent when `LOG_REQUESTS=full` kept it."""
+        return await self._send(_log(thread, log_id))
