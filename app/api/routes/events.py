@@ -268,6 +268,21 @@ async def stream(
     last_event_id: Annotated[str | None, Header(max_length=100)] = None,
 ) -> Response:
     """Stored events of the thread after `Last-Event-ID` (or `since`), then live ones."""
+    return await thread_events(rt, hub, who, thread_id, since, include_silent, depth, reasoning, last_event_id)
+
+
+async def thread_events(
+    rt: Runtime,
+    hub: Hub,
+    who: Principal,
+    thread_id: uuid.UUID,
+    since: int | None,
+    include_silent: bool,
+    depth: int,
+    reasoning: bool,
+    last_event_id: str | None,
+) -> Response:
+    """`stream`'s response once its parameters are read: also served in front of FastAPI (`app/api/streams.py`)."""
     async with rt.sessions() as session:
         await threads.get(session, thread_id, who)
 
@@ -295,6 +310,11 @@ async def lifecycle(
     last_event_id: Annotated[str | None, Header(max_length=100)] = None,
 ) -> Response:
     """`thread_created`, `thread_updated`, `thread_deleted` for the caller's threads (every thread for an admin)."""
+    return lifecycle_events(rt, hub, who, since, last_event_id)
+
+
+def lifecycle_events(rt: Runtime, hub: Hub, who: Principal, since: int | None, last_event_id: str | None) -> Response:
+    """`lifecycle`'s response once its parameters are read: also served in front of FastAPI (`app/api/streams.py`)."""
     user = None if who.admin else who.user_id
 
     async def read(session: AsyncSession, after: int, limit: int) -> Sequence[events.Row]:
