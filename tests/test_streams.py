@@ -123,6 +123,9 @@ async def test_refusals_are_fastapis_own_byte_for_byte(app_factory: Any) -> None
         ours, theirs = await f.get(loose, headers=auth), await p.get(loose, headers=auth)
         assert ours.status_code == theirs.status_code == 422 and ours.content == theirs.content
         assert seen == [loose]  # left to FastAPI, which refused it as before
+        paths = (await f.get("/openapi.json")).json()["paths"]  # still FastAPI's routes, documented as before
+        assert paths["/threads/{thread_id}/events"]["get"]["operationId"] == "streamEvents"
+        assert paths["/events"]["get"]["operationId"] == "streamAllEvents"
 
 
 async def _head_and_body(base: str, path: str, headers: dict[str, str], until: bytes) -> tuple[list[Any], bytes]:
