@@ -211,6 +211,7 @@ class Hub:
         self._sessions = sessions
         self._conn: asyncpg.Connection | None = None
         self._subs: dict[uuid.UUID, set[Subscription]] = {}
+        self._followed: dict[str, uuid.UUID] = {}  # the keys of `_subs` as notifications spell them (`str(key)`)
         self._tails: dict[uuid.UUID, _Tail] = {}
         self._pending: set[uuid.UUID] = set()  # keys with announced events not read yet
         self._drainer: asyncio.Task[None] | None = None
@@ -339,7 +340,11 @@ class Hub:
     ) -> Subscription:
         """A subscription to `key`'s events; `keepalive` and `send_timeout` (seconds) as `Subscription` says."""
         sub = Subscription(key, self._buffer, api_key, keepalive=keepalive, send_timeout=send_timeout)
-        self._subs.setdefault(key, set()).add(sub)
+        subs = self._subs.get(key)
+        if subs is None:
+            subs = self._subs[key] = set()
+            self._followed[str(key)] = key
+        subs.add(sub)
         if self._ended:
             sub.cut_off()
         return sub
@@ -350,6 +355,7 @@ class Hub:
             subs.discard(sub)
             if not subs:
                 del self._subs[sub.key]
+                self._followed.pop(str(sub.key), None)
                 self._tails.pop(sub.key, None)
                 self._pending.discard(sub.key)
 
@@ -384,16 +390,14 @@ class Hub:
     def _deltas(self, packed: list[list[Any]]) -> None:
         """Deltas packed in one notification (`[[thread_id, type, data], ...]`, in order): each followed thread's
         handed on as one delivery, decoded only where someone follows the thread."""
-        found: dict[str, list[Live]] = {}
-        followed: dict[str, bool] = {}
-        for tid, type_, data in packed:
-            known = followed.get(tid)
-            if known is None:
-                known = followed[tid] = uuid.UUID(tid) in self._subs
-            if known:
-                found.setdefault(tid, []).append(Live(str(type_), data, json.dumps(data)))
-        for tid, lives in found.items():
-            self._live(uuid.UUID(tid), lives[0] if len(lives) == 1 else Batch(lives))
+        found: dict[uuid.UUID, list[Live]] = {}
+        followed = self._followed  # a thread's id as `Publisher` writes it: no id parsed, a thread nobody here
+        for tid, type_, data in packed:  # follows costs one lookup (every API process hears every delta)
+            key = followed.get(tid)
+            if key is not None:
+                found.setdefault(key, []).append(Live(str(type_), data, json.dumps(data)))
+        for key, lives in found.items():
+            self._live(key, lives[0] if len(lives) == 1 else Batch(lives))
 
     def _live(self, key: uuid.UUID, item: Live | Batch) -> None:
         if key not in self._subs:

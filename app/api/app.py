@@ -30,6 +30,7 @@ from app.api.routes import (
     threads,
     variables,
 )
+from app.api.streams import Streams
 from app.catalog import Catalog
 from app.runtime import Runtime
 from app.settings import Settings
@@ -63,6 +64,9 @@ def create_app(
     openapi.install(app, catalog, settings)
 
     app.add_middleware(Guard, max_body_bytes=settings.max_body_bytes, max_file_bytes=settings.max_file_bytes)
+    # in front of the guard: a stream request it serves has no body to count, and an open stream would hold the
+    # guard's frame (it passes anything with a body, a NUL, or a parameter FastAPI must read, on to the guard)
+    app.add_middleware(Streams)
     if settings.cors_origins:  # outermost: a preflight is answered before anything else looks at the request
         app.add_middleware(
             CORSMiddleware,

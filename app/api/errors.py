@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 from sqlalchemy.exc import DBAPIError
 from starlette.exceptions import HTTPException
@@ -132,11 +133,30 @@ async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
     return envelope(500, "internal_error", "Something went wrong on our side; the error has been logged.")
 
 
+Handler = Callable[[Request, Exception], Awaitable[Response]]
+
+# What each error becomes, looked up along the exception's MRO as Starlette looks up an app's handlers; anything else
+# is `_unexpected` (a 500 and the error logged), given to Starlette's outermost middleware.
+HANDLERS: dict[type[Exception], Handler] = {
+    errors.AgentsError: _domain,
+    RequestValidationError: _validation,
+    HTTPException: _http,
+    DBAPIError: _driver,
+    OSError: _os,
+}
+
+
+def handler(exc: Exception) -> Handler | None:
+    """The handler the app has for `exc`, if any but the catch-all: for routes served in front of FastAPI's own
+    (`app/api/streams.py`), whose failures must read as the app's do."""
+    for cls in type(exc).__mro__:
+        if cls in HANDLERS:
+            return HANDLERS[cls]
+    return None
+
+
 def install(app: FastAPI) -> None:
     """Register the handlers on an app."""
-    app.add_exception_handler(errors.AgentsError, _domain)
-    app.add_exception_handler(RequestValidationError, _validation)
-    app.add_exception_handler(HTTPException, _http)
-    app.add_exception_handler(DBAPIError, _driver)
-    app.add_exception_handler(OSError, _os)
+    for cls, handle in HANDLERS.items():
+        app.add_exception_handler(cls, handle)
     app.add_exception_handler(Exception, _unexpected)

@@ -13,11 +13,10 @@ import asyncio
 import json
 import logging
 import uuid
-from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query
-from sqlalchemy.ext.asyncio import AsyncSession
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
@@ -37,21 +36,27 @@ FINISHED = 64  # messages a stream remembers as finished; a stale delta belongs 
 RESPONSES: dict[int | str, dict[str, Any]] = {401: {"model": schemas.Error}, 404: {"model": schemas.Error}}
 
 
-Reader = Callable[[AsyncSession, int, int], Awaitable[Sequence[events.Row]]]
-Missed = Callable[[AsyncSession, int], Awaitable[int | None]]
 Visible = Callable[[str, dict[str, Any]], bool]
-Follow = Callable[[Subscription], AsyncGenerator[bytes, None]]
 
 
-def _visible(include_silent: bool, depth: int, reasoning: bool) -> Visible:
-    def visible(type_: str, data: dict[str, Any]) -> bool:
-        if int(data.get("depth", 0) or 0) > depth:
+class _Visible:
+    """Which events a thread's stream shows (its filters): an object, not a closure, as every open stream keeps one."""
+
+    __slots__ = ("depth", "include_silent", "reasoning")
+
+    def __init__(self, include_silent: bool, depth: int, reasoning: bool) -> None:
+        self.include_silent, self.depth, self.reasoning = include_silent, depth, reasoning
+
+    def __call__(self, type_: str, data: dict[str, Any]) -> bool:
+        if int(data.get("depth", 0) or 0) > self.depth:
             return False
-        if type_ == "reasoning_chunk" and not reasoning:
+        if type_ == "reasoning_chunk" and not self.reasoning:
             return False
-        return not (type_ == "message_data" and data.get("data", {}).get("silent") and not include_silent)
+        return not (type_ == "message_data" and data.get("data", {}).get("silent") and not self.include_silent)
 
-    return visible
+
+def _every(_type: str, _data: dict[str, Any]) -> bool:
+    return True
 
 
 def _start(since: int | None, last_event_id: str | None) -> int:
@@ -63,12 +68,22 @@ def _start(since: int | None, last_event_id: str | None) -> int:
 
 
 PING = b": ping\r\n\r\n"
+HEADERS = (  # as Starlette would build them for this response; a list of them for each stream (CORS adds to it)
+    (b"cache-control", b"no-store"),
+    (b"connection", b"keep-alive"),
+    (b"x-accel-buffering", b"no"),
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+)
 
 
 class _EventStream(Response):
     """The SSE response, lean enough for 10,000 open streams in one process (bench/streams.py): the request's own
     task writes the frames, and one more waits for the client's disconnect (which ends the stream at once); its
     keepalives and its send timeout are the hub ticker's (`hub.Subscription`), not a task and a timer of its own.
+    What a stream needs is kept on this object (no closures: each open stream holds its own).
+
+    Replays the log of `key` after `after`, then follows the hub until `who`'s key is revoked; `owner` keeps only
+    that user's entries (lifecycle).
 
     A send that waits `timeout` seconds for the client to read (any send: events, pings) drops the client: the
     connection is closed without ending the body, and the stream's subscription released. A stream ended by the hub
@@ -76,11 +91,14 @@ class _EventStream(Response):
 
     media_type = "text/event-stream"
 
-    def __init__(self, hub: Hub, rt: Runtime, who: Principal, key: uuid.UUID, follow: Follow) -> None:
+    def __init__(
+        self, rt: Runtime, hub: Hub, who: Principal, key: uuid.UUID, after: int, visible: Visible, owner: str | None
+    ) -> None:
         self.status_code = 200
         self.background = None
-        self.init_headers({"Cache-Control": "no-store", "Connection": "keep-alive", "X-Accel-Buffering": "no"})
-        self._hub, self._rt, self._who, self._key, self._follow = hub, rt, who, key, follow
+        self.raw_headers = list(HEADERS)
+        self._hub, self._rt, self._who, self._key = hub, rt, who, key
+        self._after, self._visible, self._owner = after, visible, owner
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         hub = self._hub
@@ -120,6 +138,58 @@ class _EventStream(Response):
             sub.sending_since = None
             sub.last_send = loop.time()
 
+    async def _backlog(self, position: int) -> Sequence[events.Row]:
+        async with self._rt.sessions() as session:
+            if self._key == events.LIFECYCLE:
+                return await events.read_lifecycle(session, self._owner, position, events.PAGE)
+            return await events.read(session, self._key, position, events.PAGE)
+
+    async def _oldest(self, position: int) -> int | None:
+        async with self._rt.sessions() as session:
+            if self._key == events.LIFECYCLE:
+                return await events.missed_lifecycle(session, position)
+            return await events.missed(session, self._key, position)
+
+    async def _follow(self, sub: Subscription) -> AsyncGenerator[bytes, None]:
+        position, visible = self._after, self._visible
+        contiguous = self._key != events.LIFECYCLE  # a thread's seqs have no holes: a hole means "read the log"
+        finished = _Finished()
+        try:
+            # shielded, as the backlog's reads are: a client hanging up mid-query must not cost the pool its connection
+            kept = await asyncio.shield(self._oldest(position))
+            if kept is not None:  # retention removed part of what was asked for, or it is past what is stored (a
+                # database restored from an older backup): say so, then go on from the oldest event stored
+                yield ServerSentEvent(
+                    event="events_missed", data=json.dumps(event_types.Missed(oldest_seq=kept))
+                ).encode()
+                position = kept - 1
+            while True:
+                rows = await asyncio.shield(self._backlog(position))  # shielded, as above
+                if rows:
+                    position = rows[-1].seq
+                    for row in rows:
+                        finished.note(row.type, row.data)
+                    replay = [_frame(r.seq, r.type, json.dumps(r.data)) for r in rows if visible(r.type, r.data)]
+                    if replay:
+                        yield b"".join(replay)
+                if sub.overflowed:  # cut off (its key revoked, its client gone) or lagging while the backlog replays
+                    return
+                if len(rows) == events.PAGE:
+                    continue  # a full page: more may be stored; anything later is notified
+                while True:  # follow the hub, sending what is buffered in one write, until only the log can help
+                    await sub.wait()
+                    frames, position, caught_up = _take(sub, position, contiguous, self._owner, visible, finished)
+                    if sub.ping:
+                        sub.ping = False
+                        if not frames:
+                            frames.append(PING)
+                    if frames:
+                        yield b"".join(frames)
+                    if not caught_up:
+                        break
+        except Overflow:
+            return  # the client resumes with Last-Event-ID
+
 
 async def _until_gone(receive: Receive, sub: Subscription) -> None:
     """End the stream once its client has gone."""
@@ -133,6 +203,8 @@ class _Finished:
 
     A delta of a message precedes the message's completion on the hub, so only the few messages that finished while
     the stream subscribed and read its backlog can have stale deltas still to come: the last `FINISHED` are kept."""
+
+    __slots__ = ("_ids",)
 
     def __init__(self) -> None:
         self._ids: dict[str, None] = {}
@@ -184,72 +256,6 @@ def _take(
     return frames, position, True
 
 
-def _response(
-    rt: Runtime,
-    hub: Hub,
-    who: Principal,
-    key: uuid.UUID,
-    after: int,
-    read: Reader,
-    missed: Missed,
-    visible: Visible,
-    owner: str | None = None,
-) -> Response:
-    """Replay the log after `after`, then follow the hub until `who`'s key is revoked; `owner` keeps only that user's
-    entries (lifecycle)."""
-    factory = rt.sessions
-    contiguous = key != events.LIFECYCLE  # a thread's seqs have no holes: a hole means "read the log"
-
-    async def backlog(position: int) -> Sequence[events.Row]:
-        async with factory() as session:
-            return await read(session, position, events.PAGE)
-
-    async def oldest(position: int) -> int | None:
-        async with factory() as session:
-            return await missed(session, position)
-
-    async def follow(sub: Subscription) -> AsyncGenerator[bytes, None]:
-        position = after
-        finished = _Finished()
-        try:
-            # shielded, as the backlog's reads are: a client hanging up mid-query must not cost the pool its connection
-            kept = await asyncio.shield(oldest(position))
-            if kept is not None:  # retention removed part of what was asked for, or it is past what is stored (a
-                # database restored from an older backup): say so, then go on from the oldest event stored
-                yield ServerSentEvent(
-                    event="events_missed", data=json.dumps(event_types.Missed(oldest_seq=kept))
-                ).encode()
-                position = kept - 1
-            while True:
-                rows = await asyncio.shield(backlog(position))  # shielded, as above
-                if rows:
-                    position = rows[-1].seq
-                    for row in rows:
-                        finished.note(row.type, row.data)
-                    replay = [_frame(r.seq, r.type, json.dumps(r.data)) for r in rows if visible(r.type, r.data)]
-                    if replay:
-                        yield b"".join(replay)
-                if sub.overflowed:  # cut off (its key revoked, its client gone) or lagging while the backlog replays
-                    return
-                if len(rows) == events.PAGE:
-                    continue  # a full page: more may be stored; anything later is notified
-                while True:  # follow the hub, sending what is buffered in one write, until only the log can help
-                    await sub.wait()
-                    frames, position, caught_up = _take(sub, position, contiguous, owner, visible, finished)
-                    if sub.ping:
-                        sub.ping = False
-                        if not frames:
-                            frames.append(PING)
-                    if frames:
-                        yield b"".join(frames)
-                    if not caught_up:
-                        break
-        except Overflow:
-            return  # the client resumes with Last-Event-ID
-
-    return _EventStream(hub, rt, who, key, follow)
-
-
 @router.get(
     "/threads/{thread_id}/events",
     operation_id="streamEvents",
@@ -268,17 +274,25 @@ async def stream(
     last_event_id: Annotated[str | None, Header(max_length=100)] = None,
 ) -> Response:
     """Stored events of the thread after `Last-Event-ID` (or `since`), then live ones."""
+    return await thread_events(rt, hub, who, thread_id, since, include_silent, depth, reasoning, last_event_id)
+
+
+async def thread_events(
+    rt: Runtime,
+    hub: Hub,
+    who: Principal,
+    thread_id: uuid.UUID,
+    since: int | None,
+    include_silent: bool,
+    depth: int,
+    reasoning: bool,
+    last_event_id: str | None,
+) -> Response:
+    """`stream`'s response once its parameters are read: also served in front of FastAPI (`app/api/streams.py`)."""
     async with rt.sessions() as session:
         await threads.get(session, thread_id, who)
-
-    async def read(session: AsyncSession, after: int, limit: int) -> Sequence[events.Row]:
-        return await events.read(session, thread_id, after, limit)
-
-    async def missed(session: AsyncSession, after: int) -> int | None:
-        return await events.missed(session, thread_id, after)
-
-    visible = _visible(include_silent, depth, reasoning)
-    return _response(rt, hub, who, thread_id, _start(since, last_event_id), read, missed, visible)
+    visible = _Visible(include_silent, depth, reasoning)
+    return _EventStream(rt, hub, who, thread_id, _start(since, last_event_id), visible, None)
 
 
 @router.get(
@@ -295,22 +309,13 @@ async def lifecycle(
     last_event_id: Annotated[str | None, Header(max_length=100)] = None,
 ) -> Response:
     """`thread_created`, `thread_updated`, `thread_deleted` for the caller's threads (every thread for an admin)."""
+    return lifecycle_events(rt, hub, who, since, last_event_id)
+
+
+def lifecycle_events(rt: Runtime, hub: Hub, who: Principal, since: int | None, last_event_id: str | None) -> Response:
+    """`lifecycle`'s response once its parameters are read: also served in front of FastAPI (`app/api/streams.py`)."""
     user = None if who.admin else who.user_id
-
-    async def read(session: AsyncSession, after: int, limit: int) -> Sequence[events.Row]:
-        return await events.read_lifecycle(session, user, after, limit)
-
-    return _response(
-        rt,
-        hub,
-        who,
-        events.LIFECYCLE,
-        _start(since, last_event_id),
-        read,
-        events.missed_lifecycle,
-        lambda *_: True,
-        user,
-    )
+    return _EventStream(rt, hub, who, events.LIFECYCLE, _start(since, last_event_id), _every, user)
 
 
 @router.post(
