@@ -145,11 +145,12 @@ class Meter:
                 self._flushed[key] = pending[key][1]
 
 
-# ADD: a flush: each process adds its deltas, so the rows are the totals of every process that ever ran.
+# ADD: a flush: each process adds its deltas, so the rows are the totals of every process that ever ran; `updated_at`
+# says when a series last moved (`retention`: one that stopped moving expires).
 _ADD = """
     INSERT INTO metrics (family, sample, labels, value)
     SELECT * FROM unnest(CAST($1 AS text[]), CAST($2 AS text[]), CAST($3 AS text[]), CAST($4 AS float8[]))
-    ON CONFLICT (sample, labels) DO UPDATE SET value = metrics.value + excluded.value
+    ON CONFLICT (sample, labels) DO UPDATE SET value = metrics.value + excluded.value, updated_at = now()
 """
 
 _TOTALS = "SELECT family, sample, labels, value FROM metrics"
