@@ -113,8 +113,8 @@ async def main() -> None:
             conn = await asyncpg.connect(url)
             if args.untuned:
                 await untune(conn)
-            # no sweep during the load: the measure is what the turns write
-            env = {"CLEANUP_INTERVAL": "100000"}
+            # no sweep during the load (the measure is what the turns write); each thread's turns are one session
+            env = {"CLEANUP_INTERVAL": "100000", "MAX_SESSION_STEPS": "1000000"}
             async with servers(url, [["serve"]], env) as base, httpx.AsyncClient(base_url=base, timeout=60) as client:
                 tools = [User(client, base, 1) for _ in range(args.clients)]
                 plain = [User(client, base, 0) for _ in range(args.clients)]
