@@ -137,10 +137,10 @@ async def main() -> None:
             gone = await sweep_everything(url)
             kept = await measure(conn)
             await conn.close()
-    turns = args.tool_turns + args.plain_turns
+    everything = args.tool_turns + args.plain_turns + 2 * args.clients  # with the warm-up's
     print(f"\ntool turns: {args.tool_turns / tool_seconds:.0f}/s over {tool_seconds:.1f} s")
     print("\nper turn: on disk after VACUUM (heap + indexes + TOAST; freed space stays allocated, for reuse), rows,")
-    print("and the rows' own bytes (data); kept: the rows' bytes per turn left after every retention sweep\n")
+    print("and the rows' own bytes (data); kept: the rows' bytes left after every retention sweep, per turn run\n")
     columns = ("disk/tool", 10), ("rows", 6), ("data/tool", 10), ("disk/plain", 10), ("rows", 6), ("data/plain", 10)
     print(f"{'table':<18} " + " ".join(f"{h:>{w}}" for h, w in columns) + f" {'kept':>8}")
     names = sorted(set(start) | set(kept), key=lambda n: -(after_plain.get(n, Table(0, 0)).bytes))
@@ -148,7 +148,7 @@ async def main() -> None:
     for name in names:
         tb, tr, td = per_turn(start, after_tools, args.tool_turns, name)
         pb, pr, pd = per_turn(after_tools, after_plain, args.plain_turns, name)
-        _, _, kd = per_turn(start, kept, turns, name)
+        kd = kept.get(name, Table(0, 0)).data / everything  # all that is left, the warm-up's turns' rows too
         if not any((tb, tr, td, pb, pr, pd, kd)):
             continue
         totals = [t + v for t, v in zip(totals, (tb, td, pb, pd, kd), strict=True)]
