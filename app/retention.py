@@ -17,8 +17,9 @@ What goes, and after which setting:
   then answers 404 as for any unknown effect.
 
 Threads, messages, files and their content stay until the thread is deleted (blobs nothing points at any more are
-collected by `blobs.collect`). Each statement deletes at most `batch` rows, picked by a subselect (`ctid`, or the key),
-and each batch commits on its own, so a large backlog (the first sweep after an upgrade) never holds long locks.
+collected by `blobs.collect`). Each table's statement is in its module; each deletes at most `batch` rows, picked by
+a subselect (`ctid`, or the key), and each batch commits on its own, so a large backlog (the first sweep after an
+upgrade) never holds long locks.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from collections.abc import Awaitable, Callable
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app import events, statements
+from app import effects, events, logs, metrics, statements
 from app.settings import Settings
 
 BATCH = 5_000  # rows per delete statement
@@ -50,51 +51,18 @@ class Rule:
         return dataclasses.replace(self, age=0.0)
 
 
-def _count(delete: str) -> str:
-    return f"WITH gone AS ({delete} RETURNING 1) SELECT count(*) FROM gone"  # noqa: S608 -- this module's SQL
-
-
-# LOGS: the oldest first by `logs_created`.
-_LOGS = _count("""
-    DELETE FROM logs WHERE ctid IN (
-        SELECT ctid FROM logs WHERE created_at < now() - make_interval(secs => $1) LIMIT $2
-    )
-""")
-
 # SET_ASIDE: input whose delivery failed, kept so its sender can see why (`GET …/messages`, a waiting post) until
-# the setting passes; the inbox holds nothing else that is old (delivered rows are deleted by their delivery).
-_SET_ASIDE = _count("""
-    DELETE FROM inbox WHERE id IN (
-        SELECT id FROM inbox WHERE set_aside_at < now() - make_interval(secs => $1) LIMIT $2
+# the setting passes; the inbox holds nothing else that is old (delivered rows are deleted by their delivery). Here,
+# not in `queue.py`, as the only inbox statement that is no part of delivery.
+_SET_ASIDE = """
+    WITH gone AS (
+        DELETE FROM inbox WHERE id IN (
+            SELECT id FROM inbox WHERE set_aside_at < now() - make_interval(secs => $1) LIMIT $2
+        )
+        RETURNING 1
     )
-""")
-
-# EFFECTS: finished effects (`done`, `failed`, `cancelled`) by when they finished (`updated_at`), by the partial index
-# `effects_finished`, whose predicate the statuses are written as (a parameter would not match it).
-_EFFECTS = _count("""
-    DELETE FROM effects WHERE id IN (
-        SELECT id FROM effects
-        WHERE status IN ('done', 'failed', 'cancelled') AND updated_at < now() - make_interval(secs => $1)
-        LIMIT $2
-    )
-""")
-
-# METRICS: a series goes whole: every sample of a label set (a histogram's buckets differ by `le` alone) when none
-# of them was added to within the age. The age is checked again on each row deleted, so a flush that lands meanwhile
-# keeps its row.
-_METRICS = _count("""
-    DELETE FROM metrics m USING (
-        SELECT family, CAST(labels AS jsonb) - 'le' AS series FROM metrics
-        GROUP BY 1, 2 HAVING max(updated_at) < now() - make_interval(secs => $1) LIMIT $2
-    ) stale
-    WHERE m.family = stale.family AND CAST(m.labels AS jsonb) - 'le' = stale.series
-      AND m.updated_at < now() - make_interval(secs => $1)
-""")
-
-
-async def expire_logs(session: AsyncSession, age: float, batch: int) -> int:
-    """Delete one batch of log rows older than `age` seconds; how many went."""
-    return int(await (await statements.driver(session)).fetchval(_LOGS, age, batch))
+    SELECT count(*) FROM gone
+"""
 
 
 async def expire_set_aside(session: AsyncSession, age: float, batch: int) -> int:
@@ -102,24 +70,14 @@ async def expire_set_aside(session: AsyncSession, age: float, batch: int) -> int
     return int(await (await statements.driver(session)).fetchval(_SET_ASIDE, age, batch))
 
 
-async def expire_effects(session: AsyncSession, age: float, batch: int) -> int:
-    """Delete one batch of effects finished more than `age` seconds ago; how many went."""
-    return int(await (await statements.driver(session)).fetchval(_EFFECTS, age, batch))
-
-
-async def expire_metrics(session: AsyncSession, age: float, batch: int) -> int:
-    """Delete up to `batch` metric series no worker added to within `age` seconds; how many rows went."""
-    return int(await (await statements.driver(session)).fetchval(_METRICS, age, batch))
-
-
 def rules(settings: Settings) -> list[Rule]:
     """Every retention rule, with the ages the settings give."""
     return [
         Rule("events", settings.event_retention_days * DAY, events.expire),
-        Rule("logs", settings.log_retention_days * DAY, expire_logs),
-        Rule("metrics", settings.metric_retention_days * DAY, expire_metrics),
+        Rule("logs", settings.log_retention_days * DAY, logs.expire),
+        Rule("metrics", settings.metric_retention_days * DAY, metrics.expire),
         Rule("inbox", settings.set_aside_retention_days * DAY, expire_set_aside),
-        Rule("effects", settings.effect_retention_days * DAY, expire_effects),
+        Rule("effects", settings.effect_retention_days * DAY, effects.expire),
     ]
 
 

@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app import catalog, metrics, retention
+from app import catalog, logs, metrics, retention
 from app.settings import Settings
 from tests.conftest import ROOT, client_for, wait_for
 
@@ -179,10 +179,10 @@ async def test_a_backlog_goes_in_bounded_batches(sessions: async_sessionmaker[As
         tid = await _thread(session)
         for _ in range(7):
             await _log(session, tid, OLD)
-    [logs] = [r for r in retention.rules(Settings(**DAYS)) if r.what == "logs"]  # type: ignore[arg-type]
+    [rule] = [r for r in retention.rules(Settings(**DAYS)) if r.what == "logs"]  # type: ignore[arg-type]
     async with sessions() as session, session.begin():
-        assert await retention.expire_logs(session, logs.age, 3) == 3  # one statement deletes at most its batch
-    assert await retention.sweep(sessions, logs, batch=3) == 4
+        assert await logs.expire(session, rule.age, 3) == 3  # one statement deletes at most its batch
+    assert await retention.sweep(sessions, rule, batch=3) == 4
     assert await _column(sessions, "SELECT count(*) FROM logs") == [0]
 
 
