@@ -13,6 +13,8 @@ every setting had passed, and what is left per turn is what users keep.
     .venv/bin/python -m bench.storage [--tool-turns 1000] [--plain-turns 300] [--clients 10] [--untuned]
 
 `--untuned` resets the storage parameters migration 0017 sets (fillfactor, per-table autovacuum): the figures before.
+`--idle-threads N` stores N threads that never run before the load, so `threads` has a realistic size (autovacuum's
+default threshold is a fifth of a table's rows: on a table of 20 rows it runs every minute anyway).
 """
 
 from __future__ import annotations
@@ -44,6 +46,11 @@ _SIZES = """
     SELECT c.relname AS name, pg_total_relation_size(c.oid) AS bytes, s.n_live_tup AS rows
     FROM pg_class c JOIN pg_stat_user_tables s ON s.relid = c.oid
     WHERE c.relkind = 'r' AND s.schemaname = 'public' AND c.relname <> 'alembic_version'
+"""
+_IDLE = """
+    INSERT INTO threads (id, agent, type, user_id, name, created_at, updated_at, last_message_at)
+    SELECT gen_random_uuid(), 'steps', 'ai_human', 'idle-' || (n % 1000), 'an idle thread', now(), now(), now()
+    FROM generate_series(1, $1) n
 """
 _STATS = """
     SELECT relname AS name, n_tup_ins, n_tup_upd, n_tup_hot_upd, n_tup_del, n_dead_tup, autovacuum_count
@@ -102,17 +109,21 @@ async def main() -> None:
     parser.add_argument("--plain-turns", type=int, default=300)
     parser.add_argument("--clients", type=int, default=10)
     parser.add_argument("--untuned", action="store_true", help="reset the storage parameters of migration 0017")
+    parser.add_argument(
+        "--idle-threads", type=int, default=0, help="threads stored beforehand, never run: a table of realistic size"
+    )
     args = parser.parse_args()
     with counting_postgres() as server:
         admin = await asyncpg.connect(server)
         version = str(await admin.fetchval("SHOW server_version"))
         await admin.close()
-        settings = {k: getattr(args, k) for k in ("tool_turns", "plain_turns", "clients", "untuned")}
+        settings = {k: getattr(args, k) for k in ("tool_turns", "plain_turns", "clients", "untuned", "idle_threads")}
         setup("bytes per turn", settings, version)
         async with database(server) as url:
             conn = await asyncpg.connect(url)
             if args.untuned:
                 await untune(conn)
+            await conn.execute(_IDLE, args.idle_threads)
             # no sweep during the load (the measure is what the turns write); each thread's turns are one session
             env = {"CLEANUP_INTERVAL": "100000", "MAX_SESSION_STEPS": "1000000"}
             async with servers(url, [["serve"]], env) as base, httpx.AsyncClient(base_url=base, timeout=60) as client:
