@@ -39,10 +39,6 @@ RESET = "fillfactor, autovacuum_vacuum_scale_factor, autovacuum_analyze_scale_fa
 
 
 def upgrade() -> None:
-    op.add_column(
-        "metrics",
-        sa.Column("updated_at", sa.DateTime(timezone=True), server_default=sa.text("now()"), nullable=False),
-    )
     # on a large `logs` the build holds its writes (and so turns) until it ends: build it beforehand with
     # `CREATE INDEX CONCURRENTLY` (docs/deployment.md) and this finds it
     op.create_index("logs_created", "logs", ["created_at"], if_not_exists=True)
@@ -54,7 +50,12 @@ def upgrade() -> None:
         if_not_exists=True,
     )
     for table, parameters in TUNED.items():
-        op.execute(f"ALTER TABLE {table} SET ({parameters})")
+        op.execute(f"ALTER TABLE {table} SET ({parameters})")  # SHARE UPDATE EXCLUSIVE: reads and writes go on
+    # last: its lock holds the metrics flushes until the commit
+    op.add_column(
+        "metrics",
+        sa.Column("updated_at", sa.DateTime(timezone=True), server_default=sa.text("now()"), nullable=False),
+    )
 
 
 def downgrade() -> None:
