@@ -177,3 +177,24 @@ async def finish(session: AsyncSession, row: tables.Effect, item: tables.Inbox, 
         .values(status=Status.FAILED if error else Status.DONE, last_error=error, updated_at=func.now())
     )
     await queue.drop(session, item.id)
+
+
+# EXPIRE: retention (`EFFECT_RETENTION_DAYS`, `app/retention.py`): at most `batch` finished effects (done, failed,
+# cancelled) by when they finished (`updated_at`), through the partial index `effects_finished`, whose predicate the
+# statuses are written as (a parameter would not match it); how many went.
+_EXPIRE = text("""
+    WITH gone AS (
+        DELETE FROM effects WHERE id IN (
+            SELECT id FROM effects
+            WHERE status IN ('done', 'failed', 'cancelled') AND updated_at < now() - make_interval(secs => :age)
+            LIMIT :batch
+        )
+        RETURNING 1
+    )
+    SELECT count(*) FROM gone
+""")
+
+
+async def expire(session: AsyncSession, age_seconds: float, batch: int) -> int:
+    """Delete one batch of effects finished more than `age_seconds` ago; returns how many went."""
+    return int((await session.execute(_EXPIRE, {"age": float(age_seconds), "batch": batch})).scalar_one())

@@ -189,3 +189,21 @@ _REQUESTS_MADE = "SELECT count(*) FROM logs WHERE thread_id = $1 AND kind = 'llm
 async def requests_made(session: AsyncSession, thread_id: uuid.UUID, model: str) -> int:
     """Requests a thread has made to a model: the `test` provider's durable script position."""
     return int(await (await statements.driver(session, flush=False)).fetchval(_REQUESTS_MADE, thread_id, model))
+
+
+# EXPIRE: retention (`LOG_RETENTION_DAYS`, `app/retention.py`): at most `$2` rows older than `$1` seconds, found by
+# `logs_created`; how many went.
+_EXPIRE = """
+    WITH gone AS (
+        DELETE FROM logs WHERE ctid IN (
+            SELECT ctid FROM logs WHERE created_at < now() - make_interval(secs => $1) LIMIT $2
+        )
+        RETURNING 1
+    )
+    SELECT count(*) FROM gone
+"""
+
+
+async def expire(session: AsyncSession, age_seconds: float, batch: int) -> int:
+    """Delete one batch of log rows older than `age_seconds`; returns how many went."""
+    return int(await (await statements.driver(session)).fetchval(_EXPIRE, float(age_seconds), batch))

@@ -145,14 +145,37 @@ class Meter:
                 self._flushed[key] = pending[key][1]
 
 
-# ADD: a flush: each process adds its deltas, so the rows are the totals of every process that ever ran.
+# ADD: a flush: each process adds its deltas, so the rows are the totals of every process that ever ran; `updated_at`
+# says when a series last moved (`retention`: one that stopped moving expires).
 _ADD = """
     INSERT INTO metrics (family, sample, labels, value)
     SELECT * FROM unnest(CAST($1 AS text[]), CAST($2 AS text[]), CAST($3 AS text[]), CAST($4 AS float8[]))
-    ON CONFLICT (sample, labels) DO UPDATE SET value = metrics.value + excluded.value
+    ON CONFLICT (sample, labels) DO UPDATE SET value = metrics.value + excluded.value, updated_at = now()
 """
 
 _TOTALS = "SELECT family, sample, labels, value FROM metrics"
+
+# EXPIRE: retention (`METRIC_RETENTION_DAYS`, `app/retention.py`): a series goes whole, every sample of a label set (a
+# histogram's buckets differ by `le` alone), when none of them was added to within `$1` seconds; at most `$2` series
+# at once. The age is checked again on each row deleted, so a flush that lands meanwhile keeps its row.
+_EXPIRE = """
+    WITH gone AS (
+        DELETE FROM metrics m USING (
+            SELECT family, CAST(labels AS jsonb) - 'le' AS series FROM metrics
+            GROUP BY 1, 2 HAVING max(updated_at) < now() - make_interval(secs => $1) LIMIT $2
+        ) stale
+        WHERE m.family = stale.family AND CAST(m.labels AS jsonb) - 'le' = stale.series
+          AND m.updated_at < now() - make_interval(secs => $1)
+        RETURNING 1
+    )
+    SELECT count(*) FROM gone
+"""
+
+
+async def expire(session: AsyncSession, age_seconds: float, batch: int) -> int:
+    """Delete up to `batch` series no worker added to within `age_seconds`; returns how many rows went."""
+    return int(await (await statements.driver(session)).fetchval(_EXPIRE, float(age_seconds), batch))
+
 
 _GAUGES = (
     ("runnable", "agents_threads_runnable", "Threads with work waiting for a worker (runnable, no live lease)."),

@@ -134,6 +134,18 @@ class Settings(BaseSettings):
     )
     env_max_value_bytes: int = Field(default=64 * 1024, ge=1, description="largest variable value, in UTF-8 bytes")
     event_retention_days: float = Field(default=7.0, gt=0, description="how long stored events are kept")
+    log_retention_days: float = Field(
+        default=30.0, gt=0, description="how long stored logs (LLM requests, tool calls, hook errors) are kept"
+    )
+    metric_retention_days: float = Field(
+        default=30.0, gt=0, description="how long a metrics series no worker added to is kept (then it restarts at 0)"
+    )
+    set_aside_retention_days: float = Field(
+        default=30.0, gt=0, description="how long input set aside because its delivery kept failing is kept"
+    )
+    effect_retention_days: float = Field(
+        default=7.0, gt=0, description="how long a finished effect (done, failed, cancelled) is kept"
+    )
     cleanup_interval: float = Field(default=300.0, gt=0, description="seconds between retention sweeps (workers)")
     metrics_flush_seconds: float = Field(
         default=5.0, gt=0, description="seconds between a worker's additions of its counts to the metrics totals"

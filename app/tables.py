@@ -242,7 +242,7 @@ class Log(Base):
     request_full: Mapped[dict[str, Any] | None] = mapped_column(deferred=True)
     created_at: Mapped[datetime] = _now()
 
-    __table_args__ = (Index("logs_thread_created", "thread_id", "created_at"),)
+    __table_args__ = (Index("logs_thread_created", "thread_id", "created_at"), Index("logs_created", "created_at"))
 
 
 class EnvValue(Base):
@@ -366,6 +366,9 @@ class Effect(Base):
     __table_args__ = (
         Index("effects_due", "run_at", postgresql_where=text("status = 'scheduled'")),
         Index("effects_thread", "thread_id", "run_at"),
+        Index(
+            "effects_finished", "updated_at", postgresql_where=text("status IN ('done', 'failed', 'cancelled')")
+        ),  # retention
     )
 
 
@@ -378,6 +381,7 @@ class MetricTotal(Base):
     labels: Mapped[str] = mapped_column(Text, primary_key=True)  # canonical JSON: `{"agent":"assistant"}`
     family: Mapped[str] = mapped_column(String(200))  # the series the sample belongs to: `agents_steps`
     value: Mapped[float] = mapped_column(Float, server_default="0")
+    updated_at: Mapped[datetime] = _now()  # the last flush that added to it (`app/retention.py`)
 
 
 class SchemaCompat(Base):

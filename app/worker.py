@@ -20,7 +20,7 @@ import asyncpg
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app import blobs, control, db, effects, errors, events, liveness, queue
+from app import blobs, control, db, effects, errors, liveness, queue, retention
 from app.engine.run import Engine
 from app.heartbeat import Heartbeat
 from app.llm import waiting
@@ -182,17 +182,17 @@ class Worker:
         return self._wake.is_set() or stop.is_set()
 
     async def _janitor(self, stop: asyncio.Event) -> None:
-        """Apply event retention and collect unreferenced file content now and then; any worker may do it
-        (deletes are idempotent)."""
-        age = self._settings.event_retention_days * 86_400
+        """Apply the retention rules (`app/retention.py`) and collect unreferenced file content now and then; any
+        worker may do it (deletes are idempotent)."""
         while not stop.is_set():
+            for rule in retention.rules(self._settings):
+                try:
+                    gone = await retention.sweep(self._sessions, rule)
+                except Exception:
+                    log.exception("the %s retention sweep failed; trying again later", rule.what)
+                    continue
+                self._engine.meter.janitor_deleted.labels(rule.what).inc(gone)
             try:
-                while True:
-                    async with self._sessions() as session, session.begin():
-                        expired = await events.expire(session, age)
-                    self._engine.meter.janitor_deleted.labels("events").inc(expired)
-                    if expired == 0:
-                        break
                 async with self._sessions() as session, session.begin():
                     collected = await blobs.collect(session, self._settings.blob_grace_seconds)
                 self._engine.meter.janitor_deleted.labels("blobs").inc(collected)
