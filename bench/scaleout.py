@@ -37,11 +37,12 @@ import asyncpg
 import httpx
 
 from bench import projection, replay
+from bench.harness import AGENTS as LIGHT_AGENTS
 from bench.harness import ROOT, database, free_port, servers, setup
 from bench.peers.adapters import Adapter, StandardAgentsAdapter
 from bench.peers.bench_client import STEPS_PER_RUN, run_b2
 from bench.peers.resources import _children_map, _tree, read_text
-from bench.statements import BIN, counting_postgres
+from bench.statements import BIN, User, counting_postgres
 
 AGENTS = ROOT / "bench" / "peers" / "agents"
 FAKE_LLM = ROOT / "bench" / "peers" / "fake_llm.py"
@@ -126,26 +127,66 @@ async def _adapter(http: httpx.AsyncClient, graph: str) -> Adapter:
     return adapter
 
 
+async def light_b2(users: list[User], seconds: float) -> dict[str, Any]:
+    """B2 with the light client of `bench/statements.py` (a bare-socket stream per user, one HTTP pool for the
+    posts): each user posts tool runs back to back, each followed on its stream to its end, for `seconds`; the runs
+    in flight then finish (counted apart). `run_b2`'s figures."""
+    done = {"window": 0, "drain": 0}
+    errors: list[str] = []
+    stop_at = time.monotonic() + seconds
+
+    async def turns(user: User) -> None:
+        while time.monotonic() < stop_at:
+            try:
+                await user.tool_run()
+            except (TimeoutError, httpx.HTTPError) as exc:
+                errors.append(f"{type(exc).__name__}: {exc}"[:200])
+                continue
+            done["window" if time.monotonic() <= stop_at else "drain"] += 1
+
+    await asyncio.gather(*(turns(u) for u in users))
+    return {
+        "completed_runs": done["window"],
+        "completed_in_drain": done["drain"],
+        "llm_steps_per_s": done["window"] * 2 / seconds,
+        "errors": len(errors),
+        "unfinished_at_drain": 0,
+    }
+
+
 async def load(
     server: str, admin: asyncpg.Connection, workers: int, args: argparse.Namespace, env: dict[str, str]
 ) -> dict[str, Any]:
     """One load on `api` + `workers` workers, fresh database: steps/s and CPU ms per step of each group."""
     steps_per_run = STEPS_PER_RUN[args.graph]
+    light = args.client == "light"
     pids: list[int] = []
     async with database(server) as url:
         name = url.rsplit("/", 1)[1]
         commands = [["api"], *[["worker"]] * workers]
-        async with servers(url, commands, env, pids, agents=AGENTS) as base, httpx.AsyncClient(base_url=base) as http:
-            adapter = await _adapter(http, args.graph)
+        async with (
+            servers(url, commands, env, pids, agents=LIGHT_AGENTS if light else AGENTS) as base,
+            httpx.AsyncClient(base_url=base, timeout=60) as http,
+        ):
             await asyncio.sleep(2)  # the workers' start-up (the API answered /ready)
-            await run_b2(adapter, min(args.clients, 20), 3.0, MAX_RUNS, DRAIN, steps_per_run)  # warm-up
+            users = [User(http, base, 1) for _ in range(args.clients if light else 0)]
+            await asyncio.gather(*(u.open() for u in users))
+            adapter = await _adapter(http, args.graph)
+            if light:
+                await light_b2(users, 3.0)  # warm-up
+            else:
+                await run_b2(adapter, min(args.clients, 20), 3.0, MAX_RUNS, DRAIN, steps_per_run)
             await admin.execute("SELECT pg_stat_statements_reset()")
             calls0, ms0, commits0 = await statement_totals(admin, name)
             groups = {"api": pids[:1], "workers": pids[1:], "postgres": [await postmaster(admin)]}
             meter = Meter(groups)
-            b2 = await run_b2(adapter, args.clients, args.seconds, MAX_RUNS, DRAIN, steps_per_run)
+            if light:
+                b2 = await light_b2(users, args.seconds)
+            else:
+                b2 = await run_b2(adapter, args.clients, args.seconds, MAX_RUNS, DRAIN, steps_per_run)
             used = meter.stop()
             calls, ms, commits = await statement_totals(admin, name)
+            await asyncio.gather(*(u.close() for u in users))
     steps = (b2["completed_runs"] + b2["completed_in_drain"]) * steps_per_run
     out: dict[str, Any] = {
         "workers": workers,
@@ -326,18 +367,33 @@ async def main() -> None:
     parser.add_argument("--seconds", type=float, default=15.0, help="each load's window")
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--graph", choices=["tool", "stream"], default="tool", help="stream: B4 (fake_llm.py)")
+    parser.add_argument(
+        "--client",
+        choices=["light", "peers"],
+        default="light",
+        help="light: bench/statements.py's users (a bare-socket stream each, the `steps` agent told `steps 1`); peers: "
+        "the peer benchmark's (httpx streams, its `tool` or `stream` agent)",
+    )
     parser.add_argument("--connections", type=int, nargs="*", default=[1, 2, 4, 8, 16], help="none: no replay")
     parser.add_argument("--replay-seconds", type=int, default=5)
     parser.add_argument("--capture-runs", type=int, default=5)
     args = parser.parse_args()
+    if args.graph == "stream" and args.client == "light":
+        parser.error("--graph stream needs --client peers")
     with counting_postgres() as server, contextlib.ExitStack() as stack:
         env = stack.enter_context(fake_llm()) if args.graph == "stream" else {}
         admin = await asyncpg.connect(server)
         await admin.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
         version = str(await admin.fetchval("SHOW server_version"))
-        settings = {"clients": args.clients, "seconds": args.seconds, "workers": args.workers, "graph": args.graph,
-                    "server": "defaults (DB_POOL_SIZE 20, WORKER_CONCURRENCY 1000, WORKER_ACTIVE 50)",
-                    "postgres": "fsync off, synchronous_commit off", "load": load_average()}  # fmt: skip
+        settings = {
+            "clients": f"{args.clients} ({args.client} client)",
+            "seconds": args.seconds,
+            "workers": args.workers,
+            "graph": args.graph,
+            "server": "defaults (DB_POOL_SIZE 20, WORKER_CONCURRENCY 1000, WORKER_ACTIVE 50)",
+            "postgres": "fsync off, synchronous_commit off",
+            "load": load_average(),
+        }
         setup("scale-out", settings, version)
         loads = []
         for workers in args.workers:
