@@ -96,6 +96,25 @@ def _ends(sql: str) -> bool:
     return sql.upper() in ("COMMIT", "ROLLBACK")
 
 
+def whole(statements: list[Statement]) -> list[Statement]:
+    """The statements without the transactions the window cut: a connection's statements up to a COMMIT whose BEGIN
+    came before the window, and those from a BEGIN whose COMMIT came after it."""
+    dropped: set[int] = set()
+    open_at: dict[int, int] = {}  # pid -> index of its BEGIN in the window
+    first: dict[int, int] = {}  # pid -> index of its first statement in the window
+    for i, s in enumerate(statements):
+        first.setdefault(s.pid, i)
+        if _begins(s.sql):
+            open_at[s.pid] = i
+        elif _ends(s.sql):
+            start = open_at.pop(s.pid, None)
+            if start is None:  # begun before the window: all of it that the window holds goes
+                dropped.update(j for j in range(first[s.pid], i + 1) if statements[j].pid == s.pid)
+    for pid, start in open_at.items():
+        dropped.update(j for j in range(start, len(statements)) if statements[j].pid == pid)
+    return [s for i, s in enumerate(statements) if i not in dropped]
+
+
 def in_blocks(statements: list[Statement]) -> list[Statement]:
     """The statements in an order one connection can run them: a transaction's statements together (from its BEGIN
     to its COMMIT), the statements other connections sent meanwhile after it; otherwise the log's order."""
@@ -159,7 +178,7 @@ def script(statements: list[Statement], thread: str) -> str:
         f"INSERT INTO threads SELECT (jsonb_populate_record(t, jsonb_build_object('id', {thread_id}))).* "  # noqa: S608
         f"FROM threads t WHERE t.id = '{thread}';",
     ]
-    ordered = in_blocks(statements)
+    ordered = in_blocks(whole(statements))
     made = claim_tokens(ordered)
     for i, s in enumerate(ordered):
         sql = _XMIN_GUARD.sub("xmin IS NOT NULL", s.sql)

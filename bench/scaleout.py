@@ -14,8 +14,8 @@ Postgres alone allows for the step's statements over N connections, and what 1 A
 3. **Projection** (`bench/projection.py`, its assumptions there): this box's 2 cores checked against what was
    measured, then 1 API + 8 workers on 8 cores, Postgres on the same cores or on cores of its own.
 
-    .venv/bin/python -m bench.scaleout [--clients 50] [--seconds 15] [--workers 1 2] [--connections 1 2 4 8 16]
-        [--replay-seconds 5] [--graph tool|stream]          # ~2 min with the defaults
+    .venv/bin/python -m bench.scaleout [--clients 50] [--seconds 12] [--workers 1 2] [--connections 1 2 4 8 16]
+        [--replay-seconds 4] [--graph tool|stream]          # ~2 min with the defaults
 
 The machine's load (`uptime`) is printed beside each part: on a shared box, read the figures with it.
 """
@@ -364,7 +364,7 @@ def report(loads: list[dict[str, Any]], benches: list[dict[str, Any]], graph: st
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--clients", type=int, default=50)
-    parser.add_argument("--seconds", type=float, default=15.0, help="each load's window")
+    parser.add_argument("--seconds", type=float, default=12.0, help="each load's window")
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--graph", choices=["tool", "stream"], default="tool", help="stream: B4 (fake_llm.py)")
     parser.add_argument(
@@ -375,7 +375,7 @@ async def main() -> None:
         "the peer benchmark's (httpx streams, its `tool` or `stream` agent)",
     )
     parser.add_argument("--connections", type=int, nargs="*", default=[1, 2, 4, 8, 16], help="none: no replay")
-    parser.add_argument("--replay-seconds", type=int, default=5)
+    parser.add_argument("--replay-seconds", type=int, default=4)
     parser.add_argument("--capture-runs", type=int, default=5)
     args = parser.parse_args()
     if args.graph == "stream" and args.client == "light":

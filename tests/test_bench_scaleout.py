@@ -150,3 +150,23 @@ def test_cpu_is_read_for_this_process_and_its_tree() -> None:
     assert own > 0
     assert tree_cpu([os.getpid()]) >= own
     assert tree_cpu([2**22 + 1]) == 0.0  # no such process
+
+
+def test_transactions_the_window_cut_are_left_out() -> None:
+    def at(pid: int, sql: str) -> replay.Statement:
+        return replay.Statement(pid, sql, {})
+
+    window = [
+        at(1, "UPDATE a"),  # inside a transaction begun before the window
+        at(2, "SELECT 1"),
+        at(1, "COMMIT"),
+        at(1, "SELECT 2"),
+        at(3, "BEGIN"),
+        at(3, "INSERT b"),
+        at(2, "BEGIN"),
+        at(2, "SELECT 3"),
+        at(2, "COMMIT"),
+        at(3, "UPDATE c"),  # its COMMIT came after the window
+    ]
+    assert [s.sql for s in replay.whole(window)] == ["SELECT 1", "SELECT 2", "BEGIN", "SELECT 3", "COMMIT"]
+    assert "BEGIN;\nINSERT b" not in replay.script([*window[4:6]], THREAD)
