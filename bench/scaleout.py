@@ -331,7 +331,7 @@ def report(loads: list[dict[str, Any]], benches: list[dict[str, Any]], graph: st
             f"this box, 1 + {r['workers']}: measured {r['steps_per_s']:.1f} steps/s; predicted on the "
             f"{ours:.2f} cores the other processes left {here.steps_per_s:.0f} ({here.bound})"
         )
-    last = loads[-1]
+    last = max(loads, key=lambda r: int(r["workers"]))  # the most workers: their costs project
     cost = projection.PerStep(last["api_ms"], last["workers_ms"], last["postgres_ms"])
     replayed = None
     if benches:
