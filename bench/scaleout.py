@@ -2,12 +2,14 @@
 Postgres alone allows for the step's statements over N connections, and what 1 API + 8 workers on 8 cores would reach.
 
 1. **Load**: `agents api` + 1, then + 2, `agents worker` processes on a fresh database of a Postgres of the script's
-   own (`bench.statements.counting_postgres`: `pg_stat_statements`, fsync off), under B2's load (the peer
-   benchmark's client, `bench/peers/bench_client.py`: `--clients` users each on a thread of the `tool` agent of
-   `bench/peers/agents`, zero-latency `test` model, one `lookup` call and the answer: 2 LLM steps a run, posted back
-   to back and followed on the thread's SSE stream); `--graph stream` is B4 (the real `openai` provider against
-   `bench/peers/fake_llm.py`). CPU seconds of each process group over the window (the API process, the workers,
-   Postgres's processes with the backends that exited, the client), from `/proc`, per LLM step.
+   own (`bench.statements.counting_postgres`: `pg_stat_statements`, fsync off), under B2's load: `--clients` users
+   each on a thread, posting tool runs back to back (2 LLM steps each on the zero-latency `test` model: a call of a
+   tool, then the answer) and following each on the thread's SSE stream. The client is `bench/statements.py`'s
+   (`User`: a bare-socket stream each, the `steps` agent of `bench/agents` told `steps 1`), or with `--client peers`
+   the peer benchmark's (`bench/peers/bench_client.py`, the `tool` agent of `bench/peers/agents`), whose `--graph
+   stream` is B4 (the real `openai` provider against `bench/peers/fake_llm.py`). CPU seconds of each process group
+   over the window (the API process, the workers, Postgres's processes with the backends they reaped, the client),
+   from `/proc`, per LLM step.
 2. **Postgres alone**: the statements of `--capture-runs` tool runs (one client, `api` + one `worker`), logged by
    Postgres with their parameters, replayed by pgbench with N = `--connections` clients (`bench/replay.py` says how
    the replay keeps N clients off each other's rows): runs/s, commits/s and Postgres's CPU per step.
@@ -15,7 +17,7 @@ Postgres alone allows for the step's statements over N connections, and what 1 A
    measured, then 1 API + 8 workers on 8 cores, Postgres on the same cores or on cores of its own.
 
     .venv/bin/python -m bench.scaleout [--clients 50] [--seconds 12] [--workers 1 2] [--connections 1 2 4 8 16]
-        [--replay-seconds 4] [--graph tool|stream]          # ~2 min with the defaults
+        [--replay-seconds 4] [--client light|peers] [--graph tool|stream]          # ~2 min with the defaults
 
 The machine's load (`uptime`) is printed beside each part: on a shared box, read the figures with it.
 """
