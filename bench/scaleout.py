@@ -143,6 +143,7 @@ async def light_b2(users: list[User], seconds: float) -> dict[str, Any]:
                 await user.tool_run()
             except (TimeoutError, httpx.HTTPError) as exc:
                 errors.append(f"{type(exc).__name__}: {exc}"[:200])
+                await asyncio.sleep(0.05)  # as run_b2: no spin on a server that refuses
                 continue
             done["window" if time.monotonic() <= stop_at else "drain"] += 1
 
