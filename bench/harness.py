@@ -240,14 +240,18 @@ def cpu_seconds(pids: list[int]) -> float:
 
 @contextlib.asynccontextmanager
 async def servers(
-    url: str, commands: list[list[str]], extra_env: dict[str, str] | None = None, pids: list[int] | None = None
+    url: str,
+    commands: list[list[str]],
+    extra_env: dict[str, str] | None = None,
+    pids: list[int] | None = None,
+    agents: Path = AGENTS,
 ) -> AsyncIterator[str]:
-    """Start `agents <command>` processes on database `url` (the first one serves HTTP); yield the base URL.
-    `pids`, when given, receives the processes' ids (for `cpu_seconds`)."""
+    """Start `agents <command>` processes on database `url` (the first one serves HTTP) with the agents folder
+    `agents`; yield the base URL. `pids`, when given, receives the processes' ids (for `cpu_seconds`)."""
     port = free_port()
     env = {**os.environ, "DATABASE_URL": url, "PORT": str(port), **(extra_env or {})}
     logs = Path(tempfile.mkdtemp(prefix="bench-logs-"))
-    procs = [Process(cmd, env, logs / f"{i}-{cmd[0]}.log") for i, cmd in enumerate(commands)]
+    procs = [Process(cmd, env, logs / f"{i}-{cmd[0]}.log", agents=agents) for i, cmd in enumerate(commands)]
     for p in procs:
         p.start()
     base = f"http://127.0.0.1:{port}"
