@@ -74,6 +74,26 @@ class Client:
         self.seen = run.followed.setdefault(tid, [])
         self.events: asyncio.Queue[tuple[float, str, str]] = asyncio.Queue()
         self.breaks = 0  # streams ended (dropped on purpose or lost): a turn across one is not timed
+        self.reading: asyncio.Task[None] | None = None
+
+    def follow(self) -> asyncio.Task[None]:
+        """Start following the current thread's stream."""
+        self.reading = asyncio.create_task(self.read())
+        return self.reading
+
+    async def new_thread(self, http: httpx.AsyncClient) -> None:
+        """A new conversation, as users start one: the next turns go to a new thread (the old one is kept, and its
+        stream read to its end at the check)."""
+        created = await request(http, "POST", "/threads", json={"agent": "soak"})
+        if self.reading is not None:
+            self.reading.cancel()
+            await asyncio.gather(self.reading, return_exceptions=True)
+        self.tid = created.json()["id"]
+        self.run.threads[self.tid] = "soak"
+        self.seen = self.run.followed.setdefault(self.tid, [])
+        self.events = asyncio.Queue()
+        self.run.actions["new thread"] += 1
+        self.follow()
 
     async def read(self) -> None:
         """Follow the thread's stream for good (cancelled at the end), resuming after the last event seen."""
@@ -110,10 +130,16 @@ class Client:
                 self.run.actions["sse drop"] += 1
                 return
 
-    async def talk(self, stop: asyncio.Event, think: float, turns: list[Turn], errors: Counter[str]) -> None:
-        """Post, follow the turn to its end, think, again, until `stop`."""
+    async def talk(
+        self, stop: asyncio.Event, think: float, turns: list[Turn], errors: Counter[str], per_thread: int
+    ) -> None:
+        """Post, follow the turn to its end, think, again, until `stop`; a new thread after `per_thread` turns."""
         async with httpx.AsyncClient(base_url=self.run.base, timeout=30) as http:
+            posted = 0
             while not stop.is_set():
+                if posted and posted % per_thread == 0:
+                    await self.new_thread(http)
+                posted += 1
                 word = self.rng.choices(list(WORDS), list(WORDS.values()))[0]
                 while not self.events.empty():
                     self.events.get_nowait()  # what the thread said since the last turn (an effect's events)
@@ -236,7 +262,9 @@ async def main(args: argparse.Namespace) -> int:
         window = max(1, min(10, args.minutes // 3)) * 60 / args.sample_every
         settings = {
             "minutes": args.minutes, "clients": f"{args.clients} ({args.droppers:.0%} drop and resume their stream)",
-            "think": f"{args.think} s (mean, exponential)", "restarts": f"worker B every {args.restart_every} s",
+            "think": f"{args.think} s (mean, exponential)",
+            "conversation": f"{args.turns_per_thread} turns a thread",
+            "restarts": f"worker B every {args.restart_every} s",
             "window": f"{window * args.sample_every / 60:.0f} min (warm-up, and each end's latency window)",
             "model": "bench/peers/fake_llm.py (300 ms TTFT, 10 chunks 80 ms apart), tools 0.5 s",
             "server": f"Postgres of its own, max_connections {MAX_CONNECTIONS}", "seed": args.seed,
@@ -264,9 +292,12 @@ async def main(args: argparse.Namespace) -> int:
             clients = [
                 Client(run, tid, random.Random(rng.random()), rng.random() < args.droppers) for tid in run.threads
             ]
-            readers = [asyncio.create_task(c.read()) for c in clients]
+            for c in clients:
+                c.follow()
             stop, turns = asyncio.Event(), list[Turn]()
-            talkers = [asyncio.create_task(c.talk(stop, args.think, turns, errors)) for c in clients]
+            talkers = [
+                asyncio.create_task(c.talk(stop, args.think, turns, errors, args.turns_per_thread)) for c in clients
+            ]
             background = [
                 asyncio.create_task(restarts(run, args.restart_every, stop)),
                 asyncio.create_task(sampling(conn, run, api, args.sample_every, stop, turns, samples, args.out)),
@@ -276,6 +307,7 @@ async def main(args: argparse.Namespace) -> int:
             await asyncio.gather(*background)
             await asyncio.wait(talkers, timeout=TURN_TIMEOUT)
             settled = await settle(conn, args.settle)
+            readers = [c.reading for c in clients if c.reading is not None]
             for task in [*readers, *talkers]:
                 task.cancel()
             await asyncio.gather(*readers, *talkers, return_exceptions=True)
@@ -334,6 +366,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--minutes", type=int, default=60, help="minutes of traffic")
     parser.add_argument("--clients", type=int, default=200, help="users, each on a thread of its own")
     parser.add_argument("--think", type=float, default=5.0, help="mean seconds between a turn's end and the next post")
+    parser.add_argument(
+        "--turns-per-thread",
+        type=int,
+        default=30,
+        help="turns a client takes on a thread before it starts a new one (a conversation's length)",
+    )
     parser.add_argument("--droppers", type=float, default=0.2, help="share of clients that drop and resume streams")
     parser.add_argument("--restart-every", type=float, default=240, help="seconds between restarts of worker B")
     parser.add_argument("--sample-every", type=float, default=60, help="seconds between samples")

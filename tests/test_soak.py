@@ -39,10 +39,15 @@ def test_latencies_that_drift_fail() -> None:
     assert verdict["first output p50"] is False
 
 
-def test_dead_tuples_beyond_twice_the_autovacuum_trigger_fail() -> None:
+def test_dead_tuples_that_grow_past_the_autovacuum_trigger_fail() -> None:
     bound = 2 * (50 + 0.2 * 1000)
     assert judged([sample(m, 200.0, 3.0, dead=int(bound)) for m in range(1, 7)])["dead tuples bounded"] is True
-    assert judged([sample(m, 200.0, 3.0, dead=int(bound) + 1) for m in range(1, 7)])["dead tuples bounded"] is False
+    growing = [sample(m, 200.0, 3.0, dead=int(bound) if m < 5 else int(1.5 * bound) + 1) for m in range(1, 7)]
+    assert judged(growing)["dead tuples bounded"] is False
+    flat = [sample(m, 200.0, 3.0, dead=3 * int(bound)) for m in range(1, 7)]  # above the trigger, not growing
+    assert judged(flat)["dead tuples bounded"] is True
+    creeping = [sample(m, 200.0, 3.0, dead=(2 + m) * int(bound)) for m in range(1, 7)]
+    assert judged(creeping)["dead tuples bounded"] is False
 
 
 def test_too_short_a_run_is_not_passed() -> None:
