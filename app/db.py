@@ -118,6 +118,7 @@ def create_engine(
         creator=creator,
     )
     event.listen(engine.sync_engine, "checkout", _closed_is_disconnected)
+    event.listen(engine.sync_engine, "checkin", _closed_when_left_open)
     return engine
 
 
@@ -165,10 +166,33 @@ def cause(error: BaseException, target: dsn.Target, timeout: float) -> str:
 
 
 def _closed_is_disconnected(dbapi_connection: Any, record: Any, proxy: Any) -> None:
-    """Refuse a pooled connection asyncpg already knows is closed; the pool retries with a new one."""
+    """Refuse a pooled connection asyncpg already knows is closed, or one left inside a transaction (`_left_open`);
+    the pool retries with a new one."""
     raw = getattr(dbapi_connection, "_connection", None)
+    if raw is not None and _left_open(dbapi_connection, raw):
+        raw.terminate()
     if raw is not None and raw.is_closed():
         raise exc.DisconnectionError("connection closed by the server")
+
+
+def _left_open(dbapi_connection: Any, raw: asyncpg.Connection) -> bool:
+    """Whether a connection the pool holds is still inside a transaction SQLAlchemy does not know of. A task cancelled
+    while its BEGIN was in flight (a worker's drain, a lost lease, a stop) leaves exactly that: asyncpg has taken the
+    transaction as begun (`_top_xact`, and the server ran the BEGIN) but SQLAlchemy's adapter never recorded it, so
+    the pool's reset rolls nothing back. The next borrower would then run inside it: a one-statement write (an
+    answer, a partial text) never committed and its row locks held for good, and a new transaction only a savepoint
+    of it. Such a connection is closed (the server rolls its transaction back at once) and never lent again."""
+    if getattr(dbapi_connection, "_transaction", None) is not None:
+        return False  # a transaction SQLAlchemy knows of: its own commit or rollback ends it
+    return getattr(raw, "_top_xact", None) is not None or raw.is_in_transaction()  # asyncpg keeps it private
+
+
+def _closed_when_left_open(dbapi_connection: Any, record: Any) -> None:
+    """At check-in, after the pool's reset: a connection still inside a transaction (`_left_open`) is closed now, so
+    the row locks it holds go at once instead of at its next checkout."""
+    raw = getattr(dbapi_connection, "_connection", None)
+    if raw is not None and not raw.is_closed() and _left_open(dbapi_connection, raw):
+        raw.terminate()
 
 
 def sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:

@@ -245,3 +245,45 @@ async def test_a_connection_busy_with_another_operation_is_unavailable_not_an_in
         busy.cancel()
         with contextlib.suppress(BaseException):
             await busy
+
+
+async def test_a_connection_whose_begin_was_cancelled_is_never_lent_again(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A task cancelled while its BEGIN was in flight (a worker's drain, a lost lease): the server ran the BEGIN,
+    asyncpg took the transaction as begun, SQLAlchemy's adapter never recorded it, so the pool's reset rolled nothing
+    back. Lent again, the connection ran the next borrower's one-statement write inside that transaction, never
+    committed, its row locks held for good (found by the soak: a worker hung in its drain). Now the pool closes it at
+    check-in and the next borrower gets a fresh connection."""
+    engine = db.create_engine(database_url, pool_size=1, max_overflow=0)
+    sessions = db.sessionmaker(engine)
+    try:
+        thread_id = await _thread(sessions)
+        async with sessions() as s:
+            first: Any = (await s.connection()).sync_connection.connection.driver_connection  # type: ignore[union-attr]
+            real = type(first).execute
+
+            async def begun_then_cancelled(self: Any, query: str, *args: Any, **kwargs: Any) -> Any:
+                done = await real(self, query, *args, **kwargs)  # the server runs the BEGIN ...
+                if self is first and query.startswith("BEGIN"):
+                    raise asyncio.CancelledError  # ... and the cancellation lands before the caller resumes
+                return done
+
+            with monkeypatch.context() as patched:
+                patched.setattr(type(first), "execute", begun_then_cancelled)
+                with pytest.raises(asyncio.CancelledError):
+                    await statements.driver(s)
+        async with db.autocommit(sessions) as auto:
+            driver = await statements.driver(auto, flush=False)
+            await driver.execute("UPDATE threads SET name = 'renamed' WHERE id = $1", thread_id)
+            assert (await auto.connection()).sync_connection.connection.driver_connection is not first  # type: ignore[union-attr]
+        assert first.is_closed()
+        other = await db.connect(database_url, connect_timeout=10)
+        try:
+            assert await other.fetchval("SELECT name FROM threads WHERE id = $1", thread_id) == "renamed"
+            left = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND state LIKE 'idle in%'"
+            assert await other.fetchval(left) == 0
+        finally:
+            await other.close()
+    finally:
+        await engine.dispose()
