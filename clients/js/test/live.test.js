@@ -147,9 +147,9 @@ describe("the client against a live server", { skip }, () => {
     assert.equal((await client.threads.get(thread.id)).name, "renamed");
     const logs = await client.threads.logs(thread.id, { kind: "tool" });
     assert.ok(logs.logs.some((l) => l.tool === "calculate"));
-    const one = await client.threads.log(thread.id, logs.logs[0].id);
-    assert.equal(one.id, logs.logs[0].id);
-    assert.ok("request_full" in one);
+    const entry = await client.threads.log(thread.id, logs.logs[0].id);
+    assert.equal(entry.id, logs.logs[0].id);
+    assert.ok("request_full" in entry);
     assert.deepEqual((await client.threads.delete(thread.id)).deleted, [thread.id]);
   });
 
