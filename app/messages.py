@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import Select, delete, func, select, update
+from sqlalchemy import Select, delete, func, select
 from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -177,12 +177,6 @@ PARTIAL = """
     WHERE id = $2 AND thread_id = $1 AND status = 'pending'
       AND EXISTS (SELECT 1 FROM leases l WHERE l.thread_id = $1 AND l.token = $4 AND l.expires_at > now())
 """
-_PARTIAL = update(tables.Message).where(tables.Message.status == "pending")
-
-
-async def write_partial(session: AsyncSession, message_id: uuid.UUID, text: str) -> None:
-    """Store the partial text of a streaming message (no event: clients that reconnect read it from the row)."""
-    await session.execute(_PARTIAL.where(tables.Message.id == message_id).values(content=text))
 
 
 # ONE: a message by id, only if it is the thread's (ids come from clients and tools).

@@ -15,7 +15,7 @@ from fastapi import FastAPI
 from pydantic import BaseModel
 from sqlalchemy import func, select
 
-from app import errors, events, queue, tables
+from app import errors, events, messages, queue, tables
 from app.catalog import Catalog
 from app.engine import subprompts, types
 from app.llm.base import LLMRequest
@@ -32,7 +32,7 @@ from app.spec import (
     define_tool,
 )
 from app.spec.messages import ToolCall
-from tests import harness, test_subagents
+from tests import harness, test_engine_run, test_subagents
 from tests.conftest import client_for
 from tests.test_engine import stored
 from tests.tools import add
@@ -803,3 +803,27 @@ async def test_a_subprompt_step_runs_the_history_hooks_of_its_prompt(app_factory
     await say(drive, client, tid, "polish this")
     assert sub.seen(0) == [("system", "patched"), ("user", "POLISH THIS"), ("user", "go")]
     assert main.seen(0) == [("system", "You coordinate."), ("user", "polish this")]  # the caller's prompt has none
+
+
+async def test_a_subprompts_streaming_text_is_kept_as_a_steps_is_in_single_statements(
+    app_factory: Any, drive: Any
+) -> None:
+    """A subprompt's answer streamed over several `FLUSH_SECONDS` keeps its text so far as a step's answer does:
+    one UPDATE of its message outside any transaction each (`messages.PARTIAL`, conditioned on the lease), the text
+    growing; the stored answer is the whole text."""
+    main = Recorder(call("helper", message="spell"), "Sent.")
+    cat = catalog(main, Recorder("abcdefgh"))
+    slow = cat.models["s"].model_copy(update={"chunk_size": 1, "chunk_delay_ms": 70})
+    cat = Catalog(
+        root=cat.root, models={**cat.models, "s": slow}, prompts=cat.prompts, agents=cat.agents, tools=cat.tools
+    )
+    app, client, tid = await start(app_factory, cat)
+    with test_engine_run.statements_sent(app.state.runtime.sessions) as seen:
+        await say(drive, client, tid, "go")
+    deeper = [m for m in await listed(client, tid, depth=1) if m["depth"] == 1 and m["role"] == "assistant"]
+    assert [(m["content"], m["status"]) for m in deeper] == [("abcdefgh", "completed")]
+    partials = [q for q in seen if q.query == messages.PARTIAL]
+    assert len(partials) >= 2 and all(q.exception is None for q in partials)
+    assert {str(q.args[1]) for q in partials} == {deeper[0]["id"]}
+    texts = [q.args[2] for q in partials]
+    assert texts == sorted(texts) and all("abcdefgh".startswith(t) for t in texts)

@@ -17,7 +17,7 @@ import functools
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +25,7 @@ import httpx
 from opentelemetry.trace import Span, SpanKind
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import errors, events, files, llm, logs, masking, messages, tables, tracing
+from app import errors, events, files, llm, logs, masking, tables, tracing
 from app.catalog import Catalog
 from app.engine import tally, types
 from app.hub import Publisher
@@ -124,7 +124,7 @@ class Caller:
         *,
         opened: int | None = None,
         defer: bool = False,
-        partial: Partial | None = None,
+        partial: types.Partial,
     ) -> Result:
         """Ask the prompt's model through its retries and fallbacks (`retry.FallbackModel`), recording each request.
 
@@ -133,8 +133,8 @@ class Caller:
         it. `defer`: the last request's record (its log row and `llm_response`) is left in `Result.record` for the
         caller to write with the message it answers, instead of in a transaction of its own. A record not deferred is
         written in the next transaction the call makes anyway (the next attempt's, or a fallback's). `partial`
-        stores the streaming message's text so far (`Transactions.partial`: one statement); without it, a transaction
-        of `tx` does."""
+        stores the streaming message's text so far (`Transactions.partial`: one statement, for a step's answer and a
+        subprompt's alike)."""
         recorder = _Recorder(self, tx, thread_id, message_id, prompt, env, depth, opened, partial)
         prefix = f"recovered_{message_id.hex[:12]}"  # recovered tool call ids must be unique within the thread
         chain = [
@@ -165,9 +165,6 @@ class Caller:
         return recorder.last
 
 
-Partial = Callable[[uuid.UUID, str], Awaitable[None]]  # stores a streaming message's text so far
-
-
 @dataclass
 class _InFlight:
     """The request being made: what was sent, the secrets masked in what it leaves behind, its timing and text."""
@@ -196,7 +193,7 @@ class _Recorder:
         env: types.Env,
         depth: int,
         opened: int | None,
-        partial: Partial | None = None,
+        partial: types.Partial,
     ) -> None:
         self._caller = caller
         self._tx = tx
@@ -252,10 +249,7 @@ class _Recorder:
         if kind == "message_chunk":
             current.text.append(event.text)
             if time.monotonic() - current.flushed >= FLUSH_SECONDS:
-                if self._partial is not None:
-                    await self._partial(self._message_id, "".join(current.text))
-                else:
-                    await _flush(self._tx, self._message_id, "".join(current.text))
+                await self._partial(self._message_id, "".join(current.text))
                 current.flushed = time.monotonic()
 
     async def close(self, attempt: retry.Attempt, outcome: LLMResponse | ProviderError) -> None:
@@ -327,12 +321,6 @@ async def inline_images(session: AsyncSession, thread_id: uuid.UUID, messages: l
                     continue
             kept.append(image)
         message.images = kept
-
-
-async def _flush(tx: types.Transaction, message_id: uuid.UUID, partial: str) -> None:
-    """Store the partial text of a streaming message (no event: clients that reconnect read it from the row)."""
-    async with tx() as (session, _):
-        await messages.write_partial(session, message_id, partial)
 
 
 def _log_row(

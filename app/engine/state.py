@@ -84,6 +84,7 @@ class Shared:
     subprompts: Subprompts | None = None
     children: tuple[SubagentEntry, ...] = ()
     queue_call: Callable[[ToolCall], None] | None = None
+    partial: types.Partial | None = None  # (with `subprompts`) stores a subprompt's streaming text so far
     tool_timeout: float = DEFAULT_TOOL_TIMEOUT  # seconds a tool call run through the state may take
 
     def state(self, execution: ExecutionState | None = None, tool_env: dict[str, str] | None = None) -> RunState:

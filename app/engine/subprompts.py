@@ -138,8 +138,9 @@ class Runner:
             await calls.inline_images(session, thread.id, [first])
             request.tools = [t for t in request.tools if t.name in offered]
             pending = await pipeline.pending(session, thread, prompt, side, inside, tags=tags)
+        assert shared.partial is not None, "subprompts run inside an execution, which stores partial text"
         result = await self._caller.call(
-            shared.transaction, thread.id, pending.id, prompt, request, env, depth, defer=True
+            shared.transaction, thread.id, pending.id, prompt, request, env, depth, defer=True, partial=shared.partial
         )
         async with shared.transaction() as (session, thread):
             message = await messages.get(session, thread.id, pending.id)

@@ -86,6 +86,7 @@ class ToolPhase:
         self._meter = meter
         self._tx = transactions.fenced
         self._written = transactions.written
+        self._partial = transactions.partial
         self._context = context
 
     # -- which calls run together --------------------------------------------------------------------------
@@ -254,6 +255,7 @@ class ToolPhase:
             sessions=self._sessions,
             children=registry,
             subprompts=self._subprompts,
+            partial=lambda message_id, text: self._partial(claim, message_id, text),
             tool_timeout=self._settings.tool_timeout,
         ).state(execution)
         hook_runner = await prepare_hooks(  # its hooks run between this step's transactions, not inside one

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import uuid
+from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
@@ -16,6 +17,7 @@ from app.spec.results import ToolResult
 from app.spec.state import ThreadState
 
 Transaction = Callable[[], AbstractAsyncContextManager[tuple[AsyncSession, tables.Thread]]]
+Partial = Callable[[uuid.UUID, str], Awaitable[None]]  # stores a streaming message's text so far (one statement)
 
 
 class MissingVariable(LookupError):
