@@ -20,7 +20,7 @@ import asyncpg
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app import blobs, control, db, effects, errors, liveness, queue, retention
+from app import blobs, control, db, effects, errors, heap, liveness, queue, retention
 from app.engine.run import Engine
 from app.heartbeat import Heartbeat
 from app.llm import waiting
@@ -29,6 +29,7 @@ from app.settings import Settings
 log = logging.getLogger(__name__)
 
 EFFECTS_BATCH = 100  # due effects queued per transaction
+TRIM_SECONDS = 60.0  # how often the C heap's free memory goes back to the system (`app.heap`)
 
 
 class Worker:
@@ -68,6 +69,7 @@ class Worker:
         repairs = asyncio.create_task(self._repairs(stop), name="stranded-check")
         timer = asyncio.create_task(self._effects_timer(stop), name="effects-timer")
         flusher = asyncio.create_task(self._metrics(stop), name="metrics-flush")
+        trimmer = asyncio.create_task(self._trimming(stop), name="heap-trim")
         path = self._settings.worker_heartbeat_file
         pulse = liveness.Pulse(path, self.owner, self._settings.poll_interval) if path else None
         log.info(
@@ -101,6 +103,7 @@ class Worker:
             repairs.cancel()
             timer.cancel()
             flusher.cancel()
+            trimmer.cancel()
             await self._drain()
             await heartbeat.stop()
             await self._flush()  # what this process counted since the last flush
@@ -235,6 +238,15 @@ class Worker:
         while not stop.is_set():
             await asyncio.sleep(self._settings.metrics_flush_seconds)
             await self._flush()
+
+    async def _trimming(self, stop: asyncio.Event, every: float = TRIM_SECONDS) -> None:
+        """Hand the C heap's free memory back every `every` seconds, on a thread (`app.heap`): a worker's RSS stays
+        at what it holds instead of creeping with what it once held."""
+        if not heap.supported():
+            return
+        while not stop.is_set():
+            await asyncio.sleep(every)
+            await asyncio.to_thread(heap.trim)
 
     async def _flush(self) -> None:
         try:
