@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from sqlalchemy import inspect as sa_inspect
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -104,6 +105,24 @@ async def test_a_later_save_is_written_with_the_transaction(sessions: async_sess
     async with sessions() as s:
         stored = await messages.get(s, thread.id, row.id)
     assert (stored.status, stored.content) == ("completed", "deferred")
+
+
+async def test_a_later_add_announces_the_row_the_database_stores(sessions: async_sessionmaker[AsyncSession]) -> None:
+    """`add(later=True)` reads nothing back: the columns it sets in Python (`_defaults`) must be what the table's own
+    defaults would have given, or the announced message and the engine's held copy differ from the stored row."""
+    async with sessions() as s, s.begin():
+        thread = await new_thread(s)
+        early = await messages.add(s, thread.id, "assistant", content="read back")
+        later = await messages.add(s, thread.id, "assistant", later=True, content="not read back")
+        announced = messages.to_dict(later)
+    async with sessions() as s:
+        stored_early = await messages.get(s, thread.id, early.id)
+        stored_later = await messages.get(s, thread.id, later.id)
+        assert announced == messages.to_dict(stored_later)
+    skip = {"id", "content", "position", "rev", "created_at", "updated_at"}
+    columns = [a.key for a in sa_inspect(tables.Message).column_attrs if a.key not in skip]
+    assert {c: getattr(stored_later, c) for c in columns} == {c: getattr(stored_early, c) for c in columns}
+    assert stored_later.position > stored_early.position
 
 
 async def test_get_finds_a_message_only_in_its_own_thread(sessions: async_sessionmaker[AsyncSession]) -> None:
