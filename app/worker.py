@@ -243,6 +243,7 @@ class Worker:
         """Hand the C heap's free memory back every `every` seconds, on a thread (`app.heap`): a worker's RSS stays
         at what it holds instead of creeping with what it once held."""
         if not heap.supported():
+            log.info("the C library has no malloc_trim: this worker's freed heap pages stay with it")
             return
         while not stop.is_set():
             await asyncio.sleep(every)

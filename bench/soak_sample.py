@@ -157,18 +157,16 @@ def verdicts(samples: list[Sample], window: int, judged: list[str]) -> list[Verd
     rows: list[tuple[float, str, float, float, float]] = []
     for n in last.tables:
         before = [s.tables[n]["dead"] for s in early if n in s.tables]
-        after = [s.tables[n]["dead"] for s in samples[-window:] if n in s.tables]
-        if not after:
-            continue
+        after = [s.tables[n] for s in samples[-window:] if n in s.tables]  # `last` among them
         level = sum(before) / len(before) if before else 0.0
-        now = sum(after) / len(after)
-        bound = max(dead_bound(last.tables[n]), 1.5 * level)
+        now = sum(t["dead"] for t in after) / len(after)
+        bound = max(sum(dead_bound(t) for t in after) / len(after), 1.5 * level)
         rows.append((now / bound, n, level, now, bound))
     ratio, name, level, now, bound = max(rows, key=lambda x: x[0])
     out.append(
         Verdict(
             "dead tuples bounded (their mean over the last window ≤ 2 x autovacuum's trigger, 50 + 20 % of live "
-            "rows, or ≤ 1.5 x their mean in the window after the warm-up)",
+            "rows, on average over the window, or ≤ 1.5 x their mean in the window after the warm-up)",
             f"worst `{name}`: {now:.0f} dead on average ({last.tables[name]['live']} live at the end) against "
             f"{level:.0f} after the warm-up, bound {bound:.0f} ({ratio:.2f} of it)",
             ratio <= 1,

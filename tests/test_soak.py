@@ -50,6 +50,15 @@ def test_dead_tuples_that_grow_past_the_autovacuum_trigger_fail() -> None:
     assert judged(creeping)["dead tuples bounded"] is False
 
 
+def test_dead_tuples_in_a_sawtooth_are_judged_by_their_level_not_by_one_tooth() -> None:
+    """Between two autovacuum runs a hot table's dead tuples climb, then drop to nothing: a sample is wherever the
+    tooth was. The same level after the warm-up and at the end passes, whatever one sample shows."""
+    teeth = {1: 0, 2: 100, 3: 900, 4: 0, 5: 1400, 6: 0}  # windows of 2: after the warm-up 2-3, the last 5-6
+    assert judged([sample(m, 200.0, 3.0, dead=teeth[m]) for m in range(1, 7)])["dead tuples bounded"] is True
+    higher = {**teeth, 5: 1400, 6: 400}  # the level grew by more than half
+    assert judged([sample(m, 200.0, 3.0, dead=higher[m]) for m in range(1, 7)])["dead tuples bounded"] is False
+
+
 def test_too_short_a_run_is_not_passed() -> None:
     assert judged([sample(1, 200.0, 3.0)]) == {"enough samples": False}
 

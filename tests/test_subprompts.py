@@ -824,6 +824,9 @@ async def test_a_subprompts_streaming_text_is_kept_as_a_steps_is_in_single_state
     assert [(m["content"], m["status"]) for m in deeper] == [("abcdefgh", "completed")]
     partials = [q for q in seen if q.query == messages.PARTIAL]
     assert len(partials) >= 2 and all(q.exception is None for q in partials)
-    assert {str(q.args[1]) for q in partials} == {deeper[0]["id"]}
+    assert {(str(q.args[0]), str(q.args[1])) for q in partials} == {(tid, deeper[0]["id"])}
+    fence = "FROM threads t WHERE t.id = $1 AND t.lease_token = $2"
+    fenced = {q.args[1] for q in seen if fence in " ".join(q.query.split())}
+    assert len(fenced) == 1 and {q.args[3] for q in partials} == fenced  # conditioned on the execution's own lease
     texts = [q.args[2] for q in partials]
     assert texts == sorted(texts) and all("abcdefgh".startswith(t) for t in texts)
