@@ -29,7 +29,7 @@ from app.settings import Settings
 log = logging.getLogger(__name__)
 
 EFFECTS_BATCH = 100  # due effects queued per transaction
-TRIM_SECONDS = 60.0  # how often the C heap's free memory goes back to the system (`app.heap`)
+TRIM_SECONDS = 10.0  # how often the C heap's free memory goes back to the system (`app.heap`)
 
 
 class Worker:
