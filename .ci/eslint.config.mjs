@@ -1,4 +1,5 @@
-// ESLint for the playground's own scripts (app/playground/*.js; the vendored ones are checked by their makers).
+// ESLint for the playground's own scripts (app/playground/*.js; the vendored ones are checked by their makers) and
+// the JS client with its tests (clients/js/src, clients/js/test).
 // .ci/run installs the pinned versions into .ci/node_modules and runs it; nothing of it ships or runs in the server.
 import js from "@eslint/js";
 import globals from "globals";
@@ -29,5 +30,10 @@ export default [
     files: ["**/client.js", "**/index.js"],
     languageOptions: { globals: { ...globals.browser, ...globals.node } },
     rules: { "no-shadow": "off" },
+  },
+  {
+    // the JS client's own tests (`node --test`, tests/test_client_js.py): Node's globals
+    files: ["clients/js/test/**/*.js"],
+    languageOptions: { globals: { ...globals.node } },
   },
 ];
