@@ -3,9 +3,9 @@
 CPython takes what it does not keep in its own small-object arenas (strings and buffers over 512 bytes: message
 contents, request bodies, rows read) from the C library's `malloc`. glibc keeps what is freed for reuse and returns it
 to the system only from the top of its heaps, so a long-lived process that holds caches (a worker's histories) among
-short-lived buffers keeps a growing share of free pages: the hour-long soak measured a worker's RSS creeping ~3 MB a
-minute with the Python heap flat, and `malloc_trim` giving back 30-35 MB of it every two minutes. `trim` does that;
-it is a no-op where the C library has no `malloc_trim` (musl, macOS).
+short-lived buffers keeps a growing share of free pages: under the soak `malloc_trim` gave 30-35 MB back from a
+worker every two minutes (`bench/README.md`, "Soak"). `trim` does that; it is a no-op where the C library has no
+`malloc_trim` (musl, macOS).
 """
 
 from __future__ import annotations
