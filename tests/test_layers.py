@@ -51,7 +51,7 @@ ENGINE_LAYERS: tuple[tuple[str, ...], ...] = (
     ("hooks",),  # over `spec.ThreadState`: nothing from `state`
     ("edits", "results", "pipeline"),  # a message edit; a tool result; a step's request and its answer stored
     ("messages",),
-    ("schedule", "variables"),  # the state's effect and variable methods
+    ("schedule", "variables", "tool_queue"),  # the state's effect and variable methods; `queue_tool`
     ("state",),  # `RunState` and its one factory
     ("subprompts", "effect_runs", "inbox"),
     ("tool_phase",),

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import gc
 import json
 import uuid
+import weakref
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -358,6 +360,21 @@ async def test_identity_definitions_and_names(app_factory: Any, drive: Any) -> N
     assert got["missing"] == [None, None, None]
     assert got["names"][:3] == [["m"], ["p"], ["agent"]]
     assert got["names"][3] == sorted(t.name for t in TOOLS)
+
+
+async def test_a_state_is_freed_without_the_cycle_collector(app_factory: Any) -> None:
+    """A state and the helpers it delegates to (`Messages` and its hooks among them) refer to each other in one
+    direction only: dropped, the state is freed by reference counting. (The message helper held the state's bound
+    method, a cycle per state, four states a tool run: garbage that piled up between the collector's full passes.)"""
+    app, _, tid = await start(app_factory, catalog(Recorder("hello")))
+    state = await outside(app, tid)
+    gc.disable()
+    try:
+        made = weakref.ref(state)
+        del state
+        assert made() is None
+    finally:
+        gc.enable()
 
 
 async def test_reads_messages_and_logs(app_factory: Any, drive: Any) -> None:

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import KW_ONLY, dataclass, field, replace
 from datetime import datetime
+from functools import partial
 from typing import Any, Literal, Protocol
 
 from cryptography.fernet import Fernet
@@ -21,16 +22,13 @@ from app import (
     errors,
     event_types,
     events,
-    inputs,
     logs,
-    messages,
-    queue,
     tables,
     threads,
 )
 from app.catalog import Catalog
-from app.engine import handoffs, hooks, tools, types
-from app.engine.context import load_env, offered_tools
+from app.engine import handoffs, hooks, tool_queue, tools, types
+from app.engine.context import load_env
 from app.engine.files import Files
 from app.engine.messages import Messages, as_uuid, check_page, own, refuse_nul
 from app.engine.schedule import Schedule
@@ -106,7 +104,11 @@ class RunState:
         self._execution = execution
         self._tool_env = tool_env
         self._files = Files(shared.transaction)
-        self._messages = Messages(shared.transaction, execution, self._acting_hooks, shared.context)
+        # the hooks over `shared` and `execution`, not over this state: a bound method would make the state and its
+        # `Messages` a reference cycle, left for the collector's full passes (issue 36)
+        self._messages = Messages(
+            shared.transaction, execution, partial(_acting_hooks, shared, execution), shared.context
+        )
         self._schedule = Schedule(shared.transaction, shared.catalog)
         self._variables = Variables(
             shared.transaction, shared.catalog, shared.fernet, shared.env, shared.thread.agent, execution
@@ -336,50 +338,11 @@ class RunState:
             raise errors.Invalid(f"`state.run_agent`: {result.error}")
 
     async def queue_tool(self, name: str, args: dict[str, Any] | None = None) -> str:
-        if args is not None and not isinstance(args, dict):
-            raise errors.Invalid("`state.queue_tool`: the arguments must be a dict")
-        refuse_nul(name, args)
-        try:
-            arguments = json.dumps(args or {})
-        except (TypeError, ValueError) as exc:
-            raise errors.Invalid(f"`state.queue_tool`: the arguments must be JSON: {exc}") from exc
-        call: ToolCall = {
-            "id": f"call_{uuid.uuid4().hex[:24]}",
-            "type": "function",
-            "function": {"name": name, "arguments": arguments},
-        }
-        execution = self._execution
-        async with self._shared.transaction() as (session, thread):
-            side = execution.side if execution is not None else (thread.side or "a")
-            self._check_offered(thread, side, name)
-            owner = None
-            if execution is not None and execution.tool_call_id is not None and self._shared.queue_call is not None:
-                owner = await messages.holding(session, thread.id, execution.tool_call_id, role="assistant")
-            if owner is None:  # not inside a tool call: a queued call the engine delivers as the side's own (§7.4)
-                if thread.terminated_at is not None:
-                    raise errors.ThreadTerminated()
-                await queue.enqueue(session, thread.id, inputs.Kind.TOOL, {"call": call})
-                if thread.status == threads.Status.IDLE:
-                    await threads.set_status(session, thread, threads.Status.QUEUED)
-                return call["id"]
-            # the call joins the running step, paired in history with the message that made the running call
-            await messages.save(session, owner, tool_calls=[*(owner.tool_calls or []), call])
-        assert self._shared.queue_call is not None
-        self._shared.queue_call(call)
-        return call["id"]
-
-    def _check_offered(self, thread: tables.Thread, side: Side, name: str) -> None:
-        """A queued call runs like the model's own, so it must name a tool the acting side is offered."""
-        agent = self._shared.catalog.agent(thread.agent)
-        config = agent.side(side)
-        offered = set()
-        if config is not None:
-            prompt = self._shared.catalog.prompts[config.prompt]
-            # with the env: an `optional` subagent the side is offered is one it may queue (§6.6)
-            offered = {t.name for t in offered_tools(self._shared.catalog, prompt, config, self._shared.env)}
-        if name not in offered:
-            known = ", ".join(sorted(offered)) or "none"
-            raise errors.Invalid(f"`state.queue_tool`: side {side} is not offered a tool `{name}` (offered: {known})")
+        shared = self._shared
+        execution, queue_call = self._execution, shared.queue_call
+        return await tool_queue.queue_tool(
+            shared.transaction, shared.catalog, shared.env, execution, queue_call, name, args
+        )
 
     # -- events --------------------------------------------------------------------------------------------
 
@@ -473,21 +436,28 @@ class RunState:
         """The hooks active for `prompt` (the acting side's, or a subprompt's own), bound to the state they get: this
         one running in `transaction` (default: this state's), without its tool's config env; a hook's state runs no
         subprompts, adds no calls to the step and opens no handles on other threads, whoever made it."""
-        shared = self._shared
-        definitions = hooks.active(shared.catalog, shared.catalog.agent(shared.thread.agent), prompt)
-        if not definitions:
-            return hooks.Hooks()
-        tx = transaction or shared.transaction
-        shared = replace(shared, transaction=tx, sessions=None, subprompts=None, queue_call=None)
-        return hooks.Hooks(definitions, shared.state(self._execution), shared.transaction, shared.env.secrets())
+        return _hooks_of(self._shared, self._execution, prompt, transaction)
 
-    def _acting_hooks(self, transaction: types.Transaction) -> hooks.Hooks:
-        """The hooks of the acting side's prompt, as for the engine's own messages (for `Messages`)."""
-        assert self._execution is not None, "only writes inside the execution run message hooks"
-        agent = self._shared.catalog.agent(self._shared.thread.agent)
-        side = agent.side(self._execution.side)
-        assert side is not None, f"agent {agent.name} has no side {self._execution.side}"
-        return self.hooks_of(self._shared.catalog.prompts[side.prompt], transaction)
+
+def _hooks_of(
+    shared: Shared, execution: ExecutionState | None, prompt: PromptDefinition, transaction: types.Transaction | None
+) -> hooks.Hooks:
+    """`RunState.hooks_of` of the state `shared.state(execution)`."""
+    definitions = hooks.active(shared.catalog, shared.catalog.agent(shared.thread.agent), prompt)
+    if not definitions:
+        return hooks.Hooks()
+    tx = transaction or shared.transaction
+    shared = replace(shared, transaction=tx, sessions=None, subprompts=None, queue_call=None)
+    return hooks.Hooks(definitions, shared.state(execution), shared.transaction, shared.env.secrets())
+
+
+def _acting_hooks(shared: Shared, execution: ExecutionState | None, transaction: types.Transaction) -> hooks.Hooks:
+    """The hooks of the acting side's prompt, as for the engine's own messages (for `Messages`)."""
+    assert execution is not None, "only writes inside the execution run message hooks"
+    agent = shared.catalog.agent(shared.thread.agent)
+    side = agent.side(execution.side)
+    assert side is not None, f"agent {agent.name} has no side {execution.side}"
+    return _hooks_of(shared, execution, shared.catalog.prompts[side.prompt], transaction)
 
 
 # -- the states made from outside a step -----------------------------------------------------------------------

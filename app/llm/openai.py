@@ -30,7 +30,7 @@ from typing import Any
 import httpx
 
 from app import masking
-from app.llm import sse
+from app.llm import pools, sse
 from app.llm.base import (
     CallContext,
     Done,
@@ -139,7 +139,9 @@ class OpenAIModel:
             headers["Authorization"] = f"Bearer {key}"
         reply = _Reply()
         try:
-            async with self.http.stream("POST", self.url, json=self.body(request), headers=headers) as response:
+            async with pools.streamed(
+                self.http, "POST", self.url, json=self.body(request), headers=headers
+            ) as response:
                 if not response.is_success:
                     await response.aread()
                     raise self._http_error(response, key)

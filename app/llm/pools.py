@@ -10,6 +10,7 @@ busy one spreads over pools of `per_pool` each.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
@@ -70,6 +71,26 @@ class _Counted(httpx.AsyncByteStream):
             counts, self._counts = self._counts, None
             if counts is not None:
                 counts[self._i] -= 1
+
+
+@asynccontextmanager
+async def streamed(http: httpx.AsyncClient, method: str, url: str, **options: Any) -> AsyncIterator[httpx.Response]:
+    """`http.stream(method, url, **options)`, its response let go of its body once closed.
+
+    httpx binds a response's body to the response (`BoundAsyncStream` refers back to it), a reference cycle that holds
+    the request, the connection's stream objects and their events (~30 objects a model call) until one of the
+    collector's full passes, which a worker holding a few hundred thousand objects makes seldom (issue 36). Closed, the
+    response needs its body no more."""
+    response: httpx.Response | None = None
+    try:
+        async with http.stream(method, url, **options) as response:
+            yield response
+    finally:
+        if response is not None:
+            response.stream = _CLOSED
+
+
+_CLOSED = httpx.ByteStream(b"")
 
 
 def client() -> httpx.AsyncClient:

@@ -4,12 +4,14 @@ every response counted out when it closes. Against a real HTTP/1.1 server on a l
 from __future__ import annotations
 
 import asyncio
+import gc
+import weakref
 from collections.abc import AsyncIterator
 
 import httpx
 import pytest
 
-from app.llm.pools import Pools
+from app.llm.pools import Pools, streamed
 
 
 class Server:
@@ -77,3 +79,20 @@ async def test_a_request_that_fails_is_not_counted_open() -> None:
         with pytest.raises(httpx.ConnectError):
             await client.get("http://127.0.0.1:9/")  # nothing listens on the discard port
         assert pools.open() == [0, 0]
+
+
+async def test_a_streamed_response_is_freed_without_the_cycle_collector(server: Server) -> None:
+    """Once closed, a response lets go of its body: httpx's body refers back to its response, a cycle that held the
+    request and the connection's stream objects of every model call until one of the collector's full passes."""
+    server.release.set()
+    async with httpx.AsyncClient(transport=Pools(count=1)) as client:
+        gc.disable()
+        try:
+            async with streamed(client, "GET", f"http://127.0.0.1:{server.port}/") as response:
+                assert await response.aread() == b"ok"
+            assert response.is_closed
+            freed = weakref.ref(response)
+            del response
+            assert freed() is None
+        finally:
+            gc.enable()
