@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
 from pathlib import Path
 
 import pytest
@@ -82,6 +83,20 @@ def test_variables_of_agent_walk_the_whole_graph(good: catalog.Catalog) -> None:
     # its prompt, the callable, the subagent's side B prompt, the handoff target
     assert sorted(names) == ["BILLING_ACCOUNT", "PRODUCT_INVENTORY", "REVIEW_STYLE", "WEATHER_API_KEY"]
     assert [v.name for v in good.variables_of_agent("asset_subagent")] == ["REVIEW_STYLE"]
+
+
+def test_walking_the_graph_leaves_no_garbage_for_the_collector(good: catalog.Catalog) -> None:
+    """A step walks the agent's graph (its variables, its secrets' names); nested functions calling themselves made
+    each walk a reference cycle, garbage that only the collector's full passes free."""
+    gc.collect()
+    gc.disable()
+    try:
+        good.variables_of_agent("support")
+        good.unresolved("support", set(), scoped=False)
+        good.unresolved("support", set(), scoped=True)
+        assert gc.collect() == 0
+    finally:
+        gc.enable()
 
 
 def test_unknown_agent(good: catalog.Catalog) -> None:

@@ -75,6 +75,10 @@ class Catalog:
         missing: set[str] = set()
         seen_prompts: set[tuple[str, frozenset[tuple[str, str]], frozenset[tuple[str, str]]]] = set()
         seen_agents: set[str] = set()
+        # a walk with a list of what is still to visit (order does not matter): nested functions calling each other
+        # would be a reference cycle per call, garbage for the collector's full passes (issue 36)
+        prompts: list[tuple[str, Mapping[str, str], Mapping[str, str]]] = []  # (prompt, agent env, prompt env)
+        agents: list[str] = [self.agent(name).name]
 
         def need(variables: list[VariableDefinition], visible: Collection[str]) -> None:
             for v in variables:
@@ -90,15 +94,15 @@ class Catalog:
             visible = {*agent_env, *prompt_env}
             need(definition.variables, visible)
             for included in references.included(definition):
-                prompt(included, agent_env, prompt_env)  # rendered with the including prompt's env
+                prompts.append((included, agent_env, prompt_env))  # rendered with the including prompt's env
             for entry in definition.tool_entries():
                 kind = self.kind_of(entry.name)
                 if kind == "callable":
                     need(self.tools[entry.name].variables, visible | set(entry.env))
                 elif kind == "prompt":
-                    prompt(entry.name, agent_env, self.prompts[entry.name].env)
+                    prompts.append((entry.name, agent_env, self.prompts[entry.name].env))
                 elif kind == "agent" and entry.enabled(lambda n: stored.get(n, agent_env.get(n, prompt_env.get(n)))):
-                    agent(entry.name)
+                    agents.append(entry.name)
 
         def agent(node: str) -> None:
             if node in seen_agents:
@@ -111,43 +115,49 @@ class Catalog:
             need(definition.variables, {*definition.env, *shared})
             for side in sides:
                 side_env = self.prompts[side.prompt].env
-                prompt(side.prompt, definition.env, side_env)
+                prompts.append((side.prompt, definition.env, side_env))
                 for tool in side.session_tool_names():
                     if tool in self.tools:
                         need(self.tools[tool].variables, {*definition.env, *side_env})
 
-        agent(self.agent(name).name)
+        while prompts or agents:
+            if prompts:
+                prompt(*prompts.pop())
+            else:
+                agent(agents.pop())
         return sorted(missing)
 
     def variables_of_agent(self, name: str) -> list[VariableDefinition]:
-        """Every variable declared in the agent's graph (`semantics.md` 8), each definition visited once."""
-        found: list[VariableDefinition] = []
-        seen: set[tuple[str, str]] = set()
+        """Every variable declared in the agent's graph (`semantics.md` 8), each definition visited once, depth first.
 
-        def visit(kind: ToolKind, node: str) -> None:
+        A walk with a stack, not a nested function calling itself: that function and its closure would be a
+        reference cycle per call, garbage for the collector's full passes (a step calls this; issue 36)."""
+        found: list[VariableDefinition] = []
+        seen: set[tuple[ToolKind, str]] = set()
+        todo: list[tuple[ToolKind, str]] = [("agent", self.agent(name).name)]
+        while todo:
+            kind, node = todo.pop()
             if (kind, node) in seen:
-                return
+                continue
             seen.add((kind, node))
+            below: list[tuple[ToolKind, str]] = []  # visited next, in this order
             if kind == "callable" and node in self.tools:
                 found.extend(self.tools[node].variables)
             elif kind == "prompt" and node in self.prompts:
                 prompt = self.prompts[node]
                 found.extend(prompt.variables)
-                for included in references.included(prompt):
-                    visit("prompt", included)
+                below.extend(("prompt", included) for included in references.included(prompt))
                 for entry in prompt.tool_entries():
                     if (entry_kind := self.kind_of(entry.name)) is not None:
-                        visit(entry_kind, entry.name)
+                        below.append((entry_kind, entry.name))
             elif kind == "agent" and node in self.agents:
                 agent = self.agents[node]
                 found.extend(agent.variables)
                 for side in (agent.side_a, agent.side_b):
                     if side is not None:
-                        visit("prompt", side.prompt)
-                        for tool in side.session_tool_names():
-                            visit("callable", tool)
-
-        visit("agent", self.agent(name).name)
+                        below.append(("prompt", side.prompt))
+                        below.extend(("callable", tool) for tool in side.session_tool_names())
+            todo.extend(reversed(below))
         return found
 
     def secret_names(self, name: str) -> frozenset[str]:
