@@ -2,7 +2,10 @@
 
 Tools, hooks and effects are user code on the worker's event loop; one that computes for a while (or calls something
 blocking) must not cost the other threads of this process their leases. So the heartbeat runs on its own thread,
-with its own event loop and its own connection: it renews every `lease / 3` seconds whatever the main loop does.
+with its own event loop and its own connection: it renews each lease every `lease / 3` seconds whatever the main loop
+does, the oldest first, in statements of at most `BATCH` leases (so under load the renewals spread over time, and a
+slow statement holds up its own batch alone), each allowed to run until its leases are nearly gone before the
+connection is taken for dead; one that fails is tried again at the next tick, a fraction of a beat later.
 A process whose loop is stuck for good must not keep its leases for ever either: the main loop ticks a clock, and
 when it has not ticked for `watchdog_seconds` (much longer than a lease) the watchdog ends the process, so its leases
 expire and other workers take its threads over; fencing discards anything it would still have written.
@@ -26,6 +29,7 @@ from app import db, queue
 log = logging.getLogger(__name__)
 
 TICK = 0.5  # seconds between the main loop's ticks
+BATCH = 200  # leases renewed by one statement: a slow one holds up these alone, the others are renewed already
 STUCK_EXIT_CODE = 70  # the process exit code when the watchdog ends it (EX_SOFTWARE)
 
 
@@ -44,10 +48,10 @@ HEARTBEAT = """
         )
         RETURNING thread_id
     )
-    SELECT mine.id, mine.token, mine.id IN (SELECT thread_id FROM renewed) AS renewed,
+    SELECT mine.id, mine.token,
            EXISTS (SELECT 1 FROM leases l WHERE l.thread_id = mine.id AND l.token = mine.token) AS held
-    FROM mine
-"""
+    FROM mine WHERE mine.id NOT IN (SELECT thread_id FROM renewed)
+"""  # the rows of the claims it did not renew, alone: most beats read none back
 
 
 # HEARTBEAT_WAITING: the rows the first statement skipped because they were locked, renewed in a transaction of
@@ -68,8 +72,8 @@ async def renew(
         return set()
     ids, tokens = [c.thread_id for c in claims], [c.token for c in claims]
     rows = await conn.fetch(HEARTBEAT, ids, tokens, float(lease_seconds))
-    lost = {(r["id"], r["token"]) for r in rows if not r["renewed"] and not r["held"]}
-    busy = [queue.Claim(r["id"], r["token"], 0) for r in rows if not r["renewed"] and r["held"]]
+    lost = {(r["id"], r["token"]) for r in rows if not r["held"]}
+    busy = [queue.Claim(r["id"], r["token"], 0) for r in rows if r["held"]]
     if busy:
         with contextlib.suppress(asyncpg.LockNotAvailableError):
             async with conn.transaction():
@@ -133,12 +137,15 @@ class Heartbeat:
 
     async def _beat(self) -> None:
         interval = self._lease / 3
+        tick = interval / 4
+        renewed: dict[tuple[uuid.UUID, uuid.UUID], float] = {}  # claim -> when the statement that renewed it began
+        warned = 0.0
         conn: asyncpg.Connection | None = None
         try:
-            while not self._done.wait(interval):
+            while not self._done.wait(tick):
                 if self._loop is not None and self._loop.is_closed():
                     return  # the worker's loop ended without stopping us (a test torn down early): nothing to keep
-                stalled = self.stalled()
+                now, stalled = time.monotonic(), self.stalled()
                 if stalled > self._watchdog:
                     log.critical(
                         "the worker's event loop has not run for %.0f s (limit %.0f s): exiting so its leases pass on",
@@ -146,22 +153,37 @@ class Heartbeat:
                         self._watchdog,
                     )
                     os._exit(STUCK_EXIT_CODE)
-                if stalled > interval:
+                if stalled > interval and now - warned > interval:
+                    warned = now
                     log.warning("the worker's event loop has not run for %.1f s; its leases are kept alive", stalled)
-                claims = self._claims()
-                try:
-                    conn = conn or await db.connect(self._url, connect_timeout=interval, pooled=self._pooled)
-                    async with asyncio.timeout(interval):
-                        lost = await renew(conn, claims, self._lease, lock_timeout=interval / 2)
-                except Exception as exc:
-                    log.warning("heartbeat failed (%s: %s); reconnecting", type(exc).__name__, exc)
-                    if conn is not None:
-                        with contextlib.suppress(Exception):
-                            await conn.close(timeout=1)
-                    conn = None
-                    continue
-                if lost and self._loop is not None:
-                    self._loop.call_soon_threadsafe(self._on_lost, lost)
+                claims = {(c.thread_id, c.token): c for c in self._claims()}
+                # a claim first seen now was made since the last tick, or while the last one renewed
+                renewed = {key: renewed.get(key, now - tick) for key in claims}
+                due = sorted((k for k, at in renewed.items() if now - at >= interval), key=renewed.__getitem__)
+                for start in range(0, len(due), BATCH):
+                    batch = due[start : start + BATCH]
+                    began = time.monotonic()
+                    # time to the first of these leases' end, less half a beat to reconnect and try again: a slow
+                    # statement (a loaded database) may finish; one that cannot (a dead connection) is left in time
+                    left = renewed[batch[0]] + self._lease - began - interval / 2
+                    try:
+                        conn = conn or await db.connect(self._url, connect_timeout=interval, pooled=self._pooled)
+                        async with asyncio.timeout(max(left, interval / 2)):
+                            lost = await renew(conn, [claims[k] for k in batch], self._lease, interval / 2)
+                    except Exception as exc:
+                        log.warning("heartbeat failed (%s: %s); reconnecting", type(exc).__name__, exc)
+                        if conn is not None:
+                            with contextlib.suppress(Exception):
+                                await conn.close(timeout=1)
+                        conn = None
+                        break  # the next tick tries again, these leases first
+                    took = time.monotonic() - began
+                    if took > interval / 2:
+                        log.warning("renewing %d leases took %.1f s (a beat is %.1f s)", len(batch), took, interval)
+                    for key in batch:
+                        renewed[key] = began
+                    if lost and self._loop is not None:
+                        self._loop.call_soon_threadsafe(self._on_lost, lost)
         finally:
             if conn is not None:
                 with contextlib.suppress(Exception):
