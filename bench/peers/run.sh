@@ -27,7 +27,7 @@
 # runs beside the servers (its own process, FAKE_LLM_ARGS passed to it, e.g. "--ttft-ms 300 --chunks 10
 # --interval-ms 80 --tool-calls 3"), FAKE_LLM_URL is exported to both servers, and Aegra's venv gets
 # langchain-openai (LANGCHAIN_OPENAI_VERSION, 1.6.6).
-# SA_AGENTS (bench/peers/agents), PROFILE=1 (mode sa: one extra B2 `tool` repetition at the first B2_CLIENTS
+# SA_AGENTS (bench/peers/agents), PROFILE=1 (mode sa: one extra B2 repetition of each graph at the first B2_CLIENTS
 # count, labelled `sa+py-spy` and not among sa's repetitions, while `py-spy record` samples the server for 15 s;
 # PYSPY = the py-spy binary), SA_LABEL_SUFFIX (appended to the sa/sa2 labels, e.g. `-patched` for a modified SA_REPO).
 # Everything listens on 127.0.0.1; all servers started here are stopped at exit (by pid).
@@ -207,16 +207,16 @@ keys=("first_output","runs_per_s","llm_steps_per_s","errors","done","overhead_p5
 print(d["label"], d["test"], d["path"], d["graph"], json.dumps({k:v for k,v in x.items() if k in keys}), "server_rss_max_mb=%s cpu=%s" % (r["mem_mb_max"], r["cpu_cores"]))'
 }
 
-profile_b2() {  # mode sa, PROFILE=1: one extra B2 `tool` repetition while py-spy samples the server for 15 s
-  local n=${B2_CLIENTS%% *} out=$OUT/$STAMP.sa-py-spy.raw
+profile_b2() {  # $1 = graph; mode sa, PROFILE=1: one extra B2 repetition while py-spy samples the server for 15 s
+  local g=$1 n=${B2_CLIENTS%% *} out=$OUT/$STAMP.sa-py-spy-$1.raw
   [ -x "$PYSPY" ] || { echo "PROFILE=1 but no py-spy at $PYSPY: skipped" >&2; return 0; }
   ( sleep 6; exec "$PYSPY" record -d 15 -r 100 --format raw -o "$out" --pid "$SERVER_PID" ) \
       > "$BENCH_TMP/py-spy.log" 2>&1 &
   SPY_PID=$!
-  bench "$LABEL+py-spy" b2 --path "$PATH_NAME" --graph tool --clients "$n" --duration "$B2_SECONDS"
+  bench "$LABEL+py-spy" b2 --path "$PATH_NAME" --graph "$g" --clients "$n" --duration "$B2_SECONDS"
   wait "$SPY_PID" || tail -3 "$BENCH_TMP/py-spy.log" >&2
   SPY_PID=""
-  python3 "$HERE/spy_summary.py" "$out" > "$OUT/$STAMP.sa-py-spy.txt" || true
+  python3 "$HERE/spy_summary.py" "$out" > "$OUT/$STAMP.sa-py-spy-$g.txt" || true
 }
 
 echo "results -> $RESULTS"
@@ -243,7 +243,7 @@ for mode in $MODES; do
       for r in $(seq "$REPS"); do
         bench "$LABEL" b2 --path "$PATH_NAME" --graph "$g" --clients "$n" --duration "$B2_SECONDS"
       done
-      if [ "$mode" = sa ] && [ "$PROFILE" = 1 ] && [ "$g" = tool ] && [ "$n" = "${B2_CLIENTS%% *}" ]; then profile_b2; fi
+      if [ "$mode" = sa ] && [ "$PROFILE" = 1 ] && [ "$n" = "${B2_CLIENTS%% *}" ]; then profile_b2 "$g"; fi
     done
   done
   bench "$LABEL" idle --duration 10                        # B3: idle after load
