@@ -219,3 +219,49 @@ def test_the_comparison_gives_the_ratios_of_the_medians(capsys: pytest.CaptureFi
     out = capsys.readouterr().out
     assert "| B2 tool 50 clients, runs/s | 5.00 (70.0 vs 14.0) |" in out
     assert "| B1 tool first output p50 | 0.25 (10.0 vs 40.0 ms) |" in out
+
+
+def test_the_span_reader_times_each_phase_of_a_b4_turn() -> None:
+    """`bench/peers/spans.py` reads what OpenTelemetry's console exporter prints (here made by the SDK itself, between
+    log lines) and times the phases of one B4 turn; a trace of another shape is left out."""
+    from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+    from opentelemetry.trace import set_span_in_context
+
+    from bench.peers import spans
+
+    tracer = TracerProvider().get_tracer("t")
+    base = 1_700_000_000_000_000_000
+    ms = 1_000_000
+
+    def turn(tools: int = 3) -> list[str]:
+        out = []
+        post = tracer.start_span("POST /threads/{thread_id}/messages", start_time=base)
+        ctx = set_span_in_context(post)
+        timeline = [("execute", 5, 2735), ("step 1", 8, 1620), ("chat fake", 8, 1110)]
+        timeline += [("execute_tool lookup_slow", 1113 + i, 1613) for i in range(tools)]
+        timeline += [("step 2", 1620, 2733), ("chat fake", 1620, 2725)]
+        for span_name, start, end in timeline:
+            span = tracer.start_span(span_name, context=ctx, start_time=base + start * ms)
+            span.end(end_time=base + end * ms)
+            assert isinstance(span, ReadableSpan)  # the SDK's: what the console exporter prints
+            out.append(span.to_json(indent=4))
+        post.end(end_time=base + 3 * ms)
+        assert isinstance(post, ReadableSpan)
+        return [*out, post.to_json(indent=4)]
+
+    text = "\n".join(["INFO app: started", *turn(), "INFO app.engine.run: turn ended", *turn(tools=0)])
+    found = spans.spans(text)
+    assert len(found) == 9 + 6  # the second trace has no tool: not a B4 turn
+    measured = spans.phases(found)
+    assert {name: [round(v, 1) for v in values] for name, values in measured.items()} == {
+        "POST → its execution starts (the claim)": [5.0],
+        "execution → step 1 (the opening)": [3.0],
+        "model call 1": [1102.0],
+        "answer 1 → first tool starts (the close)": [3.0],
+        "the tools, first start → last end": [500.0],
+        "last tool → step 2 (results, next opening)": [7.0],
+        "model call 2": [1105.0],
+        "answer 2 → execution ends (the close)": [10.0],
+        "POST → execution ends": [2735.0],
+    }
+    assert "| model call 1 | 1102.0 | 1102.0 | 1102.0 |" in spans.table(measured)
