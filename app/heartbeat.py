@@ -139,7 +139,7 @@ class Heartbeat:
         interval = self._lease / 3
         tick = interval / 4
         renewed: dict[tuple[uuid.UUID, uuid.UUID], float] = {}  # claim -> when the statement that renewed it began
-        warned = 0.0
+        warned, looked = 0.0, time.monotonic()
         conn: asyncpg.Connection | None = None
         try:
             while not self._done.wait(tick):
@@ -157,8 +157,10 @@ class Heartbeat:
                     warned = now
                     log.warning("the worker's event loop has not run for %.1f s; its leases are kept alive", stalled)
                 claims = {(c.thread_id, c.token): c for c in self._claims()}
-                # a claim first seen now was made since the last tick, or while the last one renewed
-                renewed = {key: renewed.get(key, now - tick) for key in claims}
+                # a claim first seen now was made since the last look (a tick ago, or longer when a renewal was slow);
+                # a tick's margin for one made just before it but handed to the worker's claims just after
+                renewed = {key: renewed.get(key, looked - tick) for key in claims}
+                looked = now
                 due = sorted((k for k, at in renewed.items() if now - at >= interval), key=renewed.__getitem__)
                 for start in range(0, len(due), BATCH):
                     batch = due[start : start + BATCH]
