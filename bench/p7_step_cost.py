@@ -88,10 +88,21 @@ async def main() -> None:
     parser.add_argument("--steps", type=int, default=30, help="tool steps per measured turn")
     parser.add_argument("--turns", type=int, default=3, help="measured turns per thread")
     parser.add_argument("--history", type=int, default=1000, help="messages of history of the long thread")
+    parser.add_argument(
+        "--log-requests",
+        choices=["brief", "full"],
+        default="brief",
+        help="what each model call's log row keeps (`LOG_REQUESTS`): `brief`, as in production (`agents api` and "
+        "`agents worker`, or `serve` off loopback); `full`, the default of `agents serve` with the playground, whose "
+        "rows hold the whole request and so grow with the history",
+    )
     args = parser.parse_args()
     with postgres_server() as server_url:
         settings = {"runs": args.runs, "turns": f"{args.turns} per thread of {args.steps} tool steps each"}
-        settings["server"] = "one `agents serve` (API + worker, defaults), model and tool answer at once"
+        settings["server"] = (
+            f"one `agents serve` (API + worker, defaults, LOG_REQUESTS={args.log_requests}), "
+            "model and tool answer at once"
+        )
         setup("P7 non-LLM time per step, short and long history", settings, await postgres_version(server_url))
         print("\n| run | history | steps | p50 ms | p90 ms | p99 ms | server CPU ms / step |")
         print("| --- | --- | --- | --- | --- | --- | --- |")
@@ -101,7 +112,7 @@ async def main() -> None:
             pids: list[int] = []  # the server's, for its CPU time
             async with (
                 database(server_url) as url,
-                servers(url, [["serve"]], pids=pids) as base,
+                servers(url, [["serve"]], {"LOG_REQUESTS": args.log_requests}, pids=pids) as base,
                 httpx.AsyncClient(base_url=base, timeout=30) as client,
             ):
                 for history in (10, args.history):

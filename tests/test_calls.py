@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import uuid
 from pathlib import Path
@@ -364,3 +365,34 @@ def test_the_full_request_masks_secrets_everywhere_and_gives_an_images_size() ->
     assert full["tools"][0] == {"name": "echo", "description": "says *** back", "parameters": {"type": "object"}}
     assert (full["provider_options"], full["max_tokens"], full["model"]) == ({"user": "***"}, 50, "m")
     assert image.data == "QUJD" * 100  # the request sent is left as it was
+
+
+def test_the_full_request_is_what_asdict_gives_with_the_images_data_as_its_size() -> None:
+    """Built field by field for speed, the full request must keep every field `dataclasses.asdict` would (a field
+    added to a message or a request later shows here)."""
+    image = LLMImage(mime_type="image/png", data="QUJD", url=None, path="/uploads/a.png")
+    call = {"id": "c1", "type": "function", "function": {"name": "echo", "arguments": "{}"}}
+    request = LLMRequest(
+        model="m",
+        messages=[
+            LLMMessage(role="user", content="look", images=[image, LLMImage(mime_type="image/jpeg", url="https://x")]),
+            LLMMessage(
+                role="assistant",
+                content=None,
+                tool_calls=[call],  # type: ignore[list-item]
+                reasoning="r",
+                reasoning_details=[{"type": "x"}],
+            ),
+            LLMMessage(role="tool", content="ok", tool_call_id="c1", name="echo"),
+        ],
+        tools=[LLMTool(name="echo", description="d", parameters={"type": "object"})],
+        tool_choice="auto",
+        parallel_tool_calls=True,
+        reasoning={"effort": "low"},
+        provider_options={"user": "u"},
+        max_tokens=50,
+    )
+    expected = dataclasses.asdict(request)
+    expected["messages"][0]["images"][0]["data"] = "<3 bytes of base64>"
+    assert calls.full_request(request, []) == expected
+    assert calls.full_request(request, ["not-there"]) == expected
