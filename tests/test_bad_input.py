@@ -432,9 +432,10 @@ async def test_the_worst_inputs_never_keep_health_waiting(app_factory: Any, serv
             started = time.perf_counter()
             assert (await client.get(f"/threads/{tid}")).status_code == 200
             reads.append(time.perf_counter() - started)
-            await asyncio.sleep(0.02)
+            await asyncio.sleep(0.005)
         answers = await attack
     failed = [(a.status_code, a.text[:200]) for a in answers if a.status_code >= 500]
     assert all(text.startswith('{"error":{"code":"busy"') for _, text in failed), failed  # thumbnails: retry later
-    assert len(waits) > 5 and max(waits) < 1.0, sorted(waits)[-5:]
+    # probed while the attack ran (on a quiet machine it is over in ~0.2 s: the limits refuse most of it at once)
+    assert len(waits) >= 3 and max(waits) < 1.0, sorted(waits)[-5:]
     assert max(reads) < 2.0, sorted(reads)[-5:]
