@@ -4,8 +4,8 @@ Tools, hooks and effects are user code on the worker's event loop; one that comp
 blocking) must not cost the other threads of this process their leases. So the heartbeat runs on its own thread,
 with its own event loop and its own connection: it renews each lease every `lease / 3` seconds whatever the main loop
 does, the oldest first, in statements of at most `BATCH` leases (so under load the renewals spread over time, and a
-slow statement holds up its own batch alone), each allowed to run until its leases are nearly gone before the
-connection is taken for dead; one that fails is tried again at the next tick, a fraction of a beat later.
+slow statement holds up its own batch and those after it, not the ones before), each allowed to run until its leases
+are nearly gone before the connection is taken for dead; one that fails is tried again on a new connection at once.
 A process whose loop is stuck for good must not keep its leases for ever either: the main loop ticks a clock, and
 when it has not ticked for `watchdog_seconds` (much longer than a lease) the watchdog ends the process, so its leases
 expire and other workers take its threads over; fencing discards anything it would still have written.
@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import threading
 import time
@@ -29,7 +30,7 @@ from app import db, queue
 log = logging.getLogger(__name__)
 
 TICK = 0.5  # seconds between the main loop's ticks
-BATCH = 200  # leases renewed by one statement: a slow one holds up these alone, the others are renewed already
+BATCH = 200  # leases renewed by one statement: a slow one holds up its own and the later ones, not those before
 STUCK_EXIT_CODE = 70  # the process exit code when the watchdog ends it (EX_SOFTWARE)
 
 
@@ -139,10 +140,12 @@ class Heartbeat:
         interval = self._lease / 3
         tick = interval / 4
         renewed: dict[tuple[uuid.UUID, uuid.UUID], float] = {}  # claim -> when the statement that renewed it began
-        warned, looked = 0.0, time.monotonic()
+        stall_warned = failure_warned = -math.inf
+        looked, wait = time.monotonic(), tick
         conn: asyncpg.Connection | None = None
         try:
-            while not self._done.wait(tick):
+            while not self._done.wait(wait):
+                wait = tick
                 if self._loop is not None and self._loop.is_closed():
                     return  # the worker's loop ended without stopping us (a test torn down early): nothing to keep
                 now, stalled = time.monotonic(), self.stalled()
@@ -153,39 +156,43 @@ class Heartbeat:
                         self._watchdog,
                     )
                     os._exit(STUCK_EXIT_CODE)
-                if stalled > interval and now - warned > interval:
-                    warned = now
+                if stalled > interval and now - stall_warned > interval:
+                    stall_warned = now
                     log.warning("the worker's event loop has not run for %.1f s; its leases are kept alive", stalled)
                 claims = {(c.thread_id, c.token): c for c in self._claims()}
-                # a claim first seen now was made since the last look (a tick ago, or longer when a renewal was slow);
-                # a tick's margin for one made just before it but handed to the worker's claims just after
-                renewed = {key: renewed.get(key, looked - tick) for key in claims}
+                # a claim is dated from its statement's start; one without (made elsewhere) from the last look at the
+                # claims, less a tick for one handed to the worker just after it
+                renewed = {k: renewed.get(k) or c.claimed_at or looked - tick for k, c in claims.items()}
                 looked = now
                 due = sorted((k for k, at in renewed.items() if now - at >= interval), key=renewed.__getitem__)
                 for start in range(0, len(due), BATCH):
+                    if self._done.is_set():
+                        return
                     batch = due[start : start + BATCH]
                     began = time.monotonic()
-                    # time to the first of these leases' end, less half a beat to reconnect and try again: a slow
-                    # statement (a loaded database) may finish; one that cannot (a dead connection) is left in time
+                    # until the first of these leases is half a beat from its end: a slow statement (a loaded database)
+                    # may finish; one that cannot (a dead connection) is given up with time to connect and try again
                     left = renewed[batch[0]] + self._lease - began - interval / 2
                     try:
-                        conn = conn or await db.connect(self._url, connect_timeout=interval, pooled=self._pooled)
-                        async with asyncio.timeout(max(left, interval / 2)):
+                        async with asyncio.timeout(max(left, tick)):
+                            conn = conn or await db.connect(self._url, connect_timeout=interval, pooled=self._pooled)
                             lost = await renew(conn, [claims[k] for k in batch], self._lease, interval / 2)
                     except Exception as exc:
-                        log.warning("heartbeat failed (%s: %s); reconnecting", type(exc).__name__, exc)
+                        if began - failure_warned > interval:
+                            failure_warned = began
+                            log.warning("heartbeat failed (%s: %s); reconnecting", type(exc).__name__, exc)
                         if conn is not None:
-                            with contextlib.suppress(Exception):
-                                await conn.close(timeout=1)
-                        conn = None
-                        break  # the next tick tries again, these leases first
+                            conn.terminate()  # at once: a dead socket would hold a polite close for its timeout
+                        conn, wait = None, tick / 4  # tried again in a moment, these leases first
+                        break
                     took = time.monotonic() - began
                     if took > interval / 2:
                         log.warning("renewing %d leases took %.1f s (a beat is %.1f s)", len(batch), took, interval)
                     for key in batch:
                         renewed[key] = began
                     if lost and self._loop is not None:
-                        self._loop.call_soon_threadsafe(self._on_lost, lost)
+                        with contextlib.suppress(RuntimeError):  # the worker's loop closed meanwhile
+                            self._loop.call_soon_threadsafe(self._on_lost, lost)
         finally:
             if conn is not None:
                 with contextlib.suppress(Exception):

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -51,6 +52,7 @@ class Claim:
     token: uuid.UUID
     attempt: int
     releasing: bool = field(default=False, compare=False)
+    claimed_at: float | None = field(default=None, compare=False)  # `time.monotonic()` as the claim was sent
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,8 +189,9 @@ async def claim_many(
     """Take the leases of up to `limit` runnable threads other than those in `running`, oldest first, each with a
     token of its own. One atomic statement: run it outside a transaction (the worker's own connection, or a `Driver`
     in autocommit). Fewer than `limit` means nothing else was runnable (or was being claimed by someone else)."""
+    sent = time.monotonic()  # the lease runs from the statement's start: the heartbeat dates its first renewal by it
     rows = await conn.fetch(_CLAIM, list(running), float(lease_seconds), owner, limit)
-    return [Claim(thread_id=r["id"], token=r["token"], attempt=r["attempt"]) for r in rows]
+    return [Claim(thread_id=r["id"], token=r["token"], attempt=r["attempt"], claimed_at=sent) for r in rows]
 
 
 async def claim(
