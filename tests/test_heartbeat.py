@@ -7,11 +7,12 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from app import db, heartbeat, queue
+from app import heartbeat, queue
 from app.heartbeat import Heartbeat
 
 
@@ -37,7 +38,8 @@ def connections(monkeypatch: pytest.MonkeyPatch) -> list[_Connection]:
         opened.append(_Connection())
         return opened[-1]
 
-    monkeypatch.setattr(db, "connect", connect)  # the module the heartbeat calls it on
+    # the heartbeat's own name for the module: `app.db.connect` itself serves other tests' background work meanwhile
+    monkeypatch.setattr(heartbeat, "db", SimpleNamespace(connect=connect))
     return opened
 
 
