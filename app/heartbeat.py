@@ -5,7 +5,8 @@ blocking) must not cost the other threads of this process their leases. So the h
 with its own event loop and its own connection: it renews each lease every `lease / 3` seconds whatever the main loop
 does, the oldest first, in statements of at most `BATCH` leases (so under load the renewals spread over time, and a
 slow statement holds up its own batch and those after it, not the ones before), each allowed to run until its leases
-are nearly gone before the connection is taken for dead; one that fails is tried again on a new connection at once.
+are nearly gone before the connection is taken for dead; one that fails is tried again a moment later (a sixteenth
+of a beat) on a new connection.
 A process whose loop is stuck for good must not keep its leases for ever either: the main loop ticks a clock, and
 when it has not ticked for `watchdog_seconds` (much longer than a lease) the watchdog ends the process, so its leases
 expire and other workers take its threads over; fencing discards anything it would still have written.

@@ -21,9 +21,10 @@ class _Connection:
 
     def __init__(self) -> None:
         self.dead = False
+        self.terminated = False
 
     def terminate(self) -> None:
-        pass
+        self.terminated = True
 
     async def close(self, timeout: float | None = None) -> None:
         if self.dead:
@@ -47,11 +48,17 @@ def _claims(n: int, at: float | None = None) -> list[queue.Claim]:
     return [queue.Claim(uuid.uuid4(), uuid.uuid4(), 1, claimed_at=at) for _ in range(n)]
 
 
-async def _until(done: Any, seconds: float = 15) -> None:
-    deadline = time.monotonic() + seconds
-    while not done():
-        assert time.monotonic() < deadline, "the heartbeat did not get there in time"
-        await asyncio.sleep(0.02)
+async def _beating(held: list[queue.Claim], lease: float, done: Any, seconds: float = 15) -> None:
+    """Run a heartbeat over the claims `held` until `done()` holds (at most `seconds`), then stop it."""
+    beat = Heartbeat("postgresql://unused", False, lease, 60, lambda: held, lambda lost: None)
+    beat.start()
+    try:
+        deadline = time.monotonic() + seconds
+        while not done():
+            assert time.monotonic() < deadline, "the heartbeat did not get there in time"
+            await asyncio.sleep(0.02)
+    finally:
+        await beat.stop()
 
 
 async def test_a_renewal_that_hangs_is_given_up_before_the_lease_ends_and_tried_again_at_once(
@@ -80,17 +87,12 @@ async def test_a_renewal_that_hangs_is_given_up_before_the_lease_ends_and_tried_
     held = _claims(1, at=time.monotonic())
     claimed = held[0].claimed_at
     assert claimed is not None
-    beat = Heartbeat("postgresql://unused", False, lease, 60, lambda: held, lambda lost: None)
-    beat.start()
-    try:
-        await _until(lambda: len(entered) >= 2)
-    finally:
-        await beat.stop()
+    await _beating(held, lease, lambda: len(entered) >= 2)
     assert abandoned, "the hanging renewal was never given up"
     assert abandoned[0] > claimed + lease - interval * 0.75  # past a beat of waiting: a slow statement may finish
     assert entered[1] < claimed + lease  # tried again while the lease still holds
     assert entered[1] - abandoned[0] < interval / 4
-    assert len(connections) == 2  # on a new connection
+    assert len(connections) == 2 and connections[0].terminated  # the dead one dropped at once, a new one opened
 
 
 async def test_a_lease_is_renewed_a_beat_after_its_claim(
@@ -109,12 +111,7 @@ async def test_a_lease_is_renewed_a_beat_after_its_claim(
     interval = lease / 3
     started = time.monotonic()
     held = _claims(1, at=started - interval * 0.9)  # claimed most of a beat before the heartbeat starts
-    beat = Heartbeat("postgresql://unused", False, lease, 60, lambda: held, lambda lost: None)
-    beat.start()
-    try:
-        await _until(lambda: len(renewals) >= 1)
-    finally:
-        await beat.stop()
+    await _beating(held, lease, lambda: len(renewals) >= 1)
     assert renewals[0] - started < interval * 0.6  # at the first tick after it came due, not a beat after it was seen
 
 
@@ -128,12 +125,7 @@ async def test_leases_are_renewed_in_batches(connections: list[_Connection], mon
 
     monkeypatch.setattr(heartbeat, "renew", renew)
     held = _claims(heartbeat.BATCH * 2 + 50)
-    beat = Heartbeat("postgresql://unused", False, 0.9, 60, lambda: held, lambda lost: None)
-    beat.start()
-    try:
-        await _until(lambda: len(batches) >= 3)
-    finally:
-        await beat.stop()
+    await _beating(held, 0.9, lambda: len(batches) >= 3)
     first = batches[:3]
     assert [len(b) for b in first] == [heartbeat.BATCH, heartbeat.BATCH, 50]
     assert {t for b in first for t in b} == {c.thread_id for c in held}
