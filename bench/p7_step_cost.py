@@ -9,7 +9,7 @@ together and answered once), each several times. The server process's CPU time p
 is printed too (the whole turn: its POST, the worker, the stream): it varies much less between runs than the wall
 time on a shared machine.
 
-    .venv/bin/python -m bench.p7_step_cost [--runs 3] [--steps 30] [--history 1000]
+    .venv/bin/python -m bench.p7_step_cost [--runs 3] [--steps 30] [--history 1000] [--profile DIR]
 
 Target (`design/targets.md`): non-LLM time per step p50 ≤ 3 ms, the same at 10 and at 1,000 messages.
 """
@@ -18,7 +18,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
+import shutil
+import signal
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
 
 import httpx
 
@@ -62,10 +68,39 @@ async def turn(client: httpx.AsyncClient, stream: Stream, thread: str, steps: in
     return [(b - a) * 1000 for a, b in itertools.pairwise(times)]
 
 
+@contextlib.asynccontextmanager
+async def sampled(pid: int, out: Path | None) -> AsyncIterator[None]:
+    """With `out`: `py-spy record` samples process `pid` meanwhile (raw format, GIL-holding samples only, into
+    `out`; summarise it with `bench/peers/spy_summary.py`)."""
+    if out is None:
+        yield
+        return
+    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    args = ["record", "--gil", "-r", "200", "-f", "raw", "-o", str(out), "-p", str(pid)]
+    proc = await asyncio.create_subprocess_exec(
+        spy, *args, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE
+    )
+    await asyncio.sleep(1)  # attached
+    try:
+        yield
+    finally:
+        proc.send_signal(signal.SIGINT)  # py-spy writes its file on SIGINT
+        _, err = await proc.communicate()
+        if proc.returncode:
+            print(f"py-spy failed: {err.decode().strip()[-300:]}", file=sys.stderr)
+
+
 async def measure(
-    base: str, client: httpx.AsyncClient, history: int, steps: int, turns: int, pids: list[int]
+    base: str,
+    client: httpx.AsyncClient,
+    history: int,
+    steps: int,
+    turns: int,
+    pids: list[int],
+    profile: Path | None = None,
 ) -> tuple[list[float], float]:
-    """The intervals between the measured turns' `llm_request`s (ms), and the server's CPU per step over them (ms)."""
+    """The intervals between the measured turns' `llm_request`s (ms), and the server's CPU per step over them (ms);
+    `profile`: a py-spy profile of the server over the measured turns is written there."""
     thread = (await client.post("/threads", json={"agent": "steps"})).json()["id"]
     stream = Stream(base, f"/threads/{thread}/events")
     reading = asyncio.create_task(stream.run())
@@ -74,10 +109,12 @@ async def measure(
         await fill(client, stream, thread, history)
         await turn(client, stream, thread, 3)  # warm-up
         intervals: list[float] = []
-        used = cpu_seconds(pids)
-        for _ in range(turns):
-            intervals += await turn(client, stream, thread, steps)
-        return intervals, (cpu_seconds(pids) - used) * 1000 / (turns * (steps + 1))
+        async with sampled(pids[0], profile):
+            used = cpu_seconds(pids)
+            for _ in range(turns):
+                intervals += await turn(client, stream, thread, steps)
+            spent = cpu_seconds(pids) - used
+        return intervals, spent * 1000 / (turns * (steps + 1))
     finally:
         reading.cancel()
 
@@ -96,7 +133,16 @@ async def main() -> None:
         "`agents worker`, or `serve` off loopback); `full`, the default of `agents serve` with the playground, whose "
         "rows hold the whole request and so grow with the history",
     )
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        metavar="DIR",
+        help="sample the server with py-spy over each history's measured turns: DIR/p7-<history>-run<N>.raw "
+        "(py-spy on PATH or beside this Python; its own cost shows in the times)",
+    )
     args = parser.parse_args()
+    if args.profile:
+        args.profile.mkdir(parents=True, exist_ok=True)
     with postgres_server() as server_url:
         settings = {"runs": args.runs, "turns": f"{args.turns} per thread of {args.steps} tool steps each"}
         settings["server"] = (
@@ -116,7 +162,8 @@ async def main() -> None:
                 httpx.AsyncClient(base_url=base, timeout=30) as client,
             ):
                 for history in (10, args.history):
-                    values, cpu = await measure(base, client, history, args.steps, args.turns, pids)
+                    out = args.profile / f"p7-{history}-run{i + 1}.raw" if args.profile else None
+                    values, cpu = await measure(base, client, history, args.steps, args.turns, pids, out)
                     p50 = percentile(values, 50)
                     p50s.setdefault(history, []).append(p50)
                     cpus.setdefault(history, []).append(cpu)

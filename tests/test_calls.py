@@ -15,7 +15,7 @@ from sqlalchemy import func, select
 
 from app import db, environment, masking, tables
 from app.catalog import Catalog
-from app.engine import calls, context, types
+from app.engine import calls, transcript, types
 from app.llm import retry
 from app.llm.base import LLMRequest, LLMResponse, LLMTool, Usage
 from app.spec import LLMMessage, ToolResult, define_agent, define_model, define_prompt
@@ -232,7 +232,7 @@ async def test_reasoning_is_stored_and_replayed_only_to_the_prompt_that_produced
             tool_calls=None,
         )
     ]
-    (message,) = context.history(rows, "a", catalog(model).prompts["p"], 0)
+    (message,) = transcript.history(rows, "a", catalog(model).prompts["p"], 0)
     assert (message.reasoning, message.reasoning_details) == (None, None)
 
 

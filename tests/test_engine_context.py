@@ -1,10 +1,8 @@
-"""Context assembly (`app/engine/context.py`): variables, secret masking, prompt rendering, the tools offered and the
-history each side sees. Pure functions: no database."""
+"""Context assembly (`app/engine/context.py`): variables, secret masking, prompt rendering, the tools offered, the
+request built. Pure functions, but for `load_env`."""
 
 from __future__ import annotations
 
-import itertools
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -15,11 +13,10 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app import environment, keys, masking, threads
 from app.catalog import Catalog
-from app.engine import context, types
-from app.engine.history import Seen
-from app.spec import ThreadState, define_agent, define_model, define_prompt, define_tool
+from app.engine import context, transcript, types
+from app.spec import ThreadState, define_agent, define_model, define_tool
 from app.spec.definitions import PromptDefinition, SideConfig
-from app.spec.messages import ToolCall
+from tests.test_engine_transcript import IMAGE, prompt, row, shown
 
 
 def text(value: str) -> environment.Value:
@@ -82,10 +79,6 @@ def catalog(*prompts: PromptDefinition, agents: dict[str, Any] | None = None, im
         agents={name: define_agent(name=name, **fields) for name, fields in (agents or {}).items()},
         tools={t.name: t for t in (lookup, finish)},
     )
-
-
-def prompt(name: str = "p", **fields: Any) -> PromptDefinition:
-    return define_prompt(**{"name": name, "model": "m", "prompt": "You are terse.", **fields})
 
 
 EMPTY_ENV = types.Env(thread={}, agent={}, prompt={})
@@ -203,153 +196,6 @@ def test_resumable_subagents_are_reached_through_create_and_message_tools() -> N
     assert "`team` (A team.)" in offered[0].description
 
 
-# -- history: the perspective flip ------------------------------------------------------------------------
-
-_ids = itertools.count(1)
-
-
-def row(role: str, content: str | None = None, side: str | None = None, **fields: Any) -> Seen:
-    values: dict[str, Any] = {
-        "id": uuid.uuid4(),
-        "position": next(_ids) * 10,
-        "role": role,
-        "side": side if side is not None else {"assistant": "a", "user": "b"}.get(role),
-        "status": "completed",
-        "depth": 0,
-        "content": content,
-        "name": None,
-        "tool_calls": None,
-        "tool_call_id": None,
-        "attachments": [],
-        "prompt": None,
-        "reasoning_content": None,
-        "reasoning_details": None,
-    }
-    values.update(fields)
-    return Seen(**values)
-
-
-def tool_call(call_id: str, name: str = "lookup") -> ToolCall:
-    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": "{}"}}
-
-
-def shown(messages: list[Any]) -> list[tuple[str, str | None]]:
-    return [(m.role, m.content) for m in messages]
-
-
-CHATTY = prompt("p", include_chat=True, include_past_tools=True)
-
-
-def test_side_a_sees_its_messages_as_assistant_and_side_b_as_user() -> None:
-    rows = [row("user", "question"), row("assistant", "answer")]
-    assert shown(context.history(rows, "a", CHATTY, 0)) == [("user", "question"), ("assistant", "answer")]
-
-
-def test_side_b_of_a_dual_ai_agent_sees_the_roles_flipped() -> None:
-    rows = [row("user", "opening"), row("assistant", "from a"), row("user", "from b")]
-    assert shown(context.history(rows, "b", CHATTY, 0)) == [
-        ("assistant", "opening"),
-        ("user", "from a"),
-        ("assistant", "from b"),
-    ]
-
-
-def test_the_other_sides_tool_traffic_is_left_out() -> None:
-    rows = [
-        row("user", "go"),
-        row("assistant", None, tool_calls=[tool_call("c1")]),
-        row("tool", "result", side="a", tool_call_id="c1", name="lookup"),
-        row("assistant", "done"),
-    ]
-    assert shown(context.history(rows, "b", CHATTY, 0)) == [("assistant", "go"), ("user", "done")]
-    seen_by_a = context.history(rows, "a", CHATTY, 0)
-    assert [m.role for m in seen_by_a] == ["user", "assistant", "tool", "assistant"]
-    assert seen_by_a[2].tool_call_id == "c1" and seen_by_a[2].name == "lookup"
-
-
-def test_a_tool_result_follows_its_call_even_when_input_arrived_while_it_ran() -> None:
-    rows = [
-        row("assistant", "checking", tool_calls=[tool_call("c1")]),
-        row("user", "injected"),
-        row("tool", "result", side="a", tool_call_id="c1"),
-    ]
-    assert shown(context.history(rows, "a", CHATTY, 0)) == [
-        ("assistant", "checking"),
-        ("tool", "result"),
-        ("user", "injected"),
-    ]
-
-
-def test_a_call_without_its_result_is_not_sent() -> None:
-    rows = [
-        row("assistant", "partial", tool_calls=[tool_call("c1"), tool_call("c2")]),
-        row("tool", "r1", side="a", tool_call_id="c1"),
-    ]
-    (assistant, result) = context.history(rows, "a", CHATTY, 0)
-    assert [c["id"] for c in assistant.tool_calls or []] == ["c1"]
-    assert result.content == "r1"
-
-
-def test_past_turns_are_hidden_without_include_chat() -> None:
-    old, new = row("user", "old"), row("user", "new")
-    quiet = prompt("p", include_chat=False)
-    assert shown(context.history([old, new], "a", quiet, new.position)) == [("user", "new")]
-    assert shown(context.history([old, new], "a", CHATTY, new.position)) == [("user", "old"), ("user", "new")]
-
-
-def test_past_tool_calls_are_dropped_without_include_past_tools() -> None:
-    past = [
-        row("assistant", None, tool_calls=[tool_call("c1")]),
-        row("tool", "r1", side="a", tool_call_id="c1"),
-        row("assistant", "said", tool_calls=[tool_call("c2")]),
-        row("tool", "r2", side="a", tool_call_id="c2"),
-    ]
-    current = row("user", "now")
-    plain = prompt("p", include_chat=True, include_past_tools=False)
-    got = context.history([*past, current], "a", plain, current.position)
-    assert shown(got) == [("assistant", "said"), ("user", "now")]  # the call-only message has nothing left
-    assert got[0].tool_calls is None
-
-
-def test_pending_failed_and_nested_messages_are_not_sent() -> None:
-    rows = [
-        row("user", "kept"),
-        row("assistant", "streaming", status="pending"),
-        row("assistant", "broken", status="failed"),
-        row("assistant", "a child's", depth=1),
-    ]
-    assert shown(context.history(rows, "a", CHATTY, 0)) == [("user", "kept")]
-
-
-def test_reasoning_goes_back_only_to_the_prompt_that_produced_it() -> None:
-    rows = [
-        row("assistant", "mine", prompt="p", reasoning_content="because", reasoning_details=[{"sig": "x"}]),
-        row("assistant", "other", prompt="q", reasoning_content="elsewhere"),
-    ]
-    mine, other = context.history(rows, "a", CHATTY, 0)
-    assert (mine.reasoning, mine.reasoning_details) == ("because", [{"sig": "x"}])
-    assert other.reasoning is None
-
-
-IMAGE = {"path": "/attachments/cat.png", "mime_type": "image/png", "size": 10, "width": 4, "height": 3}
-
-
-def test_attachments_are_named_and_only_sendable_images_are_carried() -> None:
-    big = {**IMAGE, "path": "/attachments/big.png", "size": context.MAX_IMAGE_BYTES + 1}
-    svg = {**IMAGE, "path": "/attachments/x.svg", "mime_type": "image/svg+xml"}
-    pdf = {"path": "/attachments/doc.pdf", "mime_type": "application/pdf", "size": 99}
-    (message,) = context.history([row("user", "look", attachments=[IMAGE, big, svg, pdf])], "a", CHATTY, 0)
-    assert [i.path for i in message.images] == ["/attachments/cat.png"]
-    assert "- /attachments/cat.png (image/png, 10 bytes, 4x3)" in (message.content or "")
-    assert "- /attachments/doc.pdf (application/pdf, 99 bytes)" in (message.content or "")
-
-
-def test_described_without_text_is_the_note_alone() -> None:
-    assert context.described(None, None) == ""
-    assert context.described("hi", []) == "hi"
-    assert context.described(None, [{"path": "/f"}]) == "Attached files:\n- /f (file, 0 bytes)"
-
-
 # -- build_request ----------------------------------------------------------------------------------------
 
 
@@ -379,6 +225,17 @@ def test_only_the_most_recent_messages_keep_their_images() -> None:
     rows = [row("user", "first", attachments=[IMAGE]), row("user", "second", attachments=[IMAGE])]
     request = context.build_request(catalog(main), main, SideConfig(prompt="p"), "a", rows, 0, EMPTY_ENV)
     assert [len(m.images) for m in request.messages] == [0, 0, 1]
+
+
+def test_leaving_out_old_images_leaves_the_kept_messages_as_they_were() -> None:
+    """The thread's transcript keeps its messages between requests: a request drops old images from its own copies."""
+    kept, config = transcript.Transcript(), SideConfig(prompt="p")
+    strict, lenient = prompt("p", include_chat=True, recent_image_threshold=1), prompt("p", include_chat=True)
+    rows = [row("user", "first", attachments=[IMAGE]), row("user", "second", attachments=[IMAGE])]
+    dropped = context.build_request(catalog(strict), strict, config, "a", rows, 0, EMPTY_ENV, kept=kept)
+    assert [len(m.images) for m in dropped.messages] == [0, 0, 1]
+    again = context.build_request(catalog(lenient), lenient, config, "a", rows, 0, EMPTY_ENV, kept=kept)
+    assert [len(m.images) for m in again.messages] == [0, 1, 1]
 
 
 def test_a_model_without_image_support_gets_no_images() -> None:

@@ -45,7 +45,7 @@ STORAGE_ORDER = (
 # the engine's modules, lowest first (issue 31): each imports engine modules of the layers before its own only, so
 # the graph is one-way; a new engine module is declared here
 ENGINE_LAYERS: tuple[tuple[str, ...], ...] = (
-    ("types", "tool_arguments", "tally"),  # value types and argument texts; what a turn took
+    ("types", "tool_arguments", "tally", "transcript"),  # value types, argument texts, what a turn took; the history
     ("stops", "history", "handoffs", "child_tools", "files", "tools", "calls", "step"),  # decisions, a tool, the model
     ("turns", "context", "transactions"),  # an execution's transactions on its thread row
     ("hooks",),  # over `spec.ThreadState`: nothing from `state`

@@ -311,17 +311,21 @@ def _traced(span: Span, result: Result) -> None:
 
 
 async def inline_images(session: AsyncSession, thread_id: uuid.UUID, messages: list[LLMMessage]) -> None:
-    """Read the images a request refers to by path into base64 `data`; a file deleted since is left out."""
-    for message in messages:
+    """Read the images a request refers to by path into base64 `data`; a file deleted since is left out. A message
+    with images is replaced by a copy, not changed: the thread's transcript keeps the messages (`transcript`)."""
+    for index, message in enumerate(messages):
+        if not message.images:
+            continue
         kept = []
         for image in message.images:
             if image.path is not None and image.data is None and image.url is None:
                 try:
-                    image.data = base64.b64encode(await files.read_bytes(session, thread_id, image.path)).decode()
+                    data = base64.b64encode(await files.read_bytes(session, thread_id, image.path)).decode()
                 except (errors.FileNotFound, errors.FileConflict, errors.BadPath):
                     continue
+                image = dataclasses.replace(image, data=data)
             kept.append(image)
-        message.images = kept
+        messages[index] = dataclasses.replace(message, images=kept)
 
 
 def _log_row(

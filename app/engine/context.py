@@ -2,20 +2,21 @@
 
 from __future__ import annotations
 
-import uuid
+import dataclasses
 from collections.abc import Sequence
-from typing import Any, Protocol, TypeVar
+from typing import Any
 
 from cryptography.fernet import Fernet
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import environment, messages, tables
+from app import environment, tables
 from app.catalog import Catalog
 from app.engine import child_tools, types
+from app.engine.transcript import HistoryRow, Transcript
 from app.llm.base import LLMRequest, LLMTool
 from app.spec.define import close_objects
 from app.spec.definitions import PromptDefinition, PromptEnvPart, PromptIncludePart, Side, SideConfig, ToolEntry
-from app.spec.messages import LLMImage, LLMMessage, ToolCall
+from app.spec.messages import LLMMessage
 
 
 async def load_env(
@@ -123,118 +124,6 @@ def _composed(catalog: Catalog, entry: ToolEntry) -> types.OfferedTool | None:
     return None
 
 
-class HistoryRow(Protocol):
-    """What building a request reads of a message: an ORM row, or its plain copy (`history.Seen`)."""
-
-    @property
-    def id(self) -> uuid.UUID: ...
-    @property
-    def position(self) -> int: ...
-    @property
-    def role(self) -> str: ...
-    @property
-    def side(self) -> Side | None: ...
-    @property
-    def status(self) -> str: ...
-    @property
-    def depth(self) -> int: ...
-    @property
-    def content(self) -> str | None: ...
-    @property
-    def name(self) -> str | None: ...
-    @property
-    def tool_calls(self) -> list[Any] | None: ...
-    @property
-    def tool_call_id(self) -> str | None: ...
-    @property
-    def attachments(self) -> list[Any]: ...
-    @property
-    def prompt(self) -> str | None: ...
-    @property
-    def reasoning_content(self) -> str | None: ...
-    @property
-    def reasoning_details(self) -> list[Any] | None: ...
-
-
-Row = TypeVar("Row", bound=HistoryRow)
-
-
-def visible_rows(rows: Sequence[Row], side: Side, prompt: PromptDefinition, turn_start: int) -> list[Row]:
-    """The rows a side's prompt may see: completed ones of its chat window (§4)."""
-    out = []
-    for row in rows:
-        if row.status not in (messages.Status.COMPLETED,) or row.depth != 0:
-            continue
-        current = row.position >= turn_start
-        if not current and not prompt.include_chat:
-            continue
-        if row.role == "tool" and row.side != side:
-            continue
-        out.append(row)
-    return out
-
-
-MAX_IMAGE_BYTES = 5 * 1024 * 1024  # larger images are named, not sent (providers refuse bigger inline images)
-
-
-def described(text: str | None, attachments: list[dict[str, Any]] | None) -> str:
-    """A message's text with its attachments named, so a model that sees no image still knows the files exist."""
-    if not attachments:
-        return text or ""
-    lines = []
-    for a in attachments:
-        facts = [str(a.get("mime_type") or "file"), f"{a.get('size', 0)} bytes"]
-        if a.get("width") and a.get("height"):
-            facts.append(f"{a['width']}x{a['height']}")
-        lines.append(f"- {a.get('path')} ({', '.join(facts)})")
-    note = "Attached files:\n" + "\n".join(lines)
-    return f"{text}\n\n{note}" if text else note
-
-
-def _images(attachments: list[dict[str, Any]] | None) -> list[LLMImage]:
-    return [
-        LLMImage(mime_type=str(a["mime_type"]), path=str(a["path"]))
-        for a in attachments or []
-        if str(a.get("mime_type", "")).startswith("image/")
-        and "svg" not in str(a.get("mime_type"))
-        and int(a.get("size") or 0) <= MAX_IMAGE_BYTES
-        and a.get("path")
-    ]
-
-
-def history(rows: Sequence[HistoryRow], side: Side, prompt: PromptDefinition, turn_start: int) -> list[LLMMessage]:
-    """The history in the acting side's perspective: its own messages as `assistant`, the other side's as
-    `user`, the other side's tool traffic left out, and only complete call/result pairs. Attachments are named
-    in the text; image attachments of `user` messages are also carried as images (see `build_request`)."""
-    visible = visible_rows(rows, side, prompt, turn_start)
-    results = {r.tool_call_id: r for r in visible if r.role == "tool"}
-    out: list[LLMMessage] = []
-    for row in visible:
-        current = row.position >= turn_start
-        with_tools = current or prompt.include_past_tools
-        if row.role == "system":
-            out.append(LLMMessage("system", row.content or ""))
-        elif row.role == "tool":
-            continue  # sent right after its call, even when a message was injected while the tools ran
-        elif row.side == side:
-            calls: list[ToolCall] = []
-            if with_tools:
-                calls = [c for c in row.tool_calls or [] if c["id"] in results]
-            if row.content or calls:
-                message = LLMMessage("assistant", row.content or None, tool_calls=calls or None)
-                if row.prompt == prompt.name:  # reasoning goes back only to the prompt that produced it
-                    message.reasoning, message.reasoning_details = row.reasoning_content, row.reasoning_details
-                out.append(message)
-            for call in calls:
-                result = results[call["id"]]
-                content = described(result.content, result.attachments)
-                out.append(LLMMessage("tool", content, tool_call_id=result.tool_call_id, name=result.name))
-        elif row.content or row.attachments:
-            message = LLMMessage("user", described(row.content, row.attachments), images=_images(row.attachments))
-            out.append(message)
-    return out
-
-
 def build_request(
     catalog: Catalog,
     prompt: PromptDefinition,
@@ -244,14 +133,16 @@ def build_request(
     turn_start: int,
     env: types.Env,
     full: frozenset[str] = frozenset(),
+    kept: Transcript | None = None,
 ) -> LLMRequest:
-    """Everything the model of `prompt` is sent for the acting side's next step (`full`: see `offered_tools`)."""
+    """Everything the model of `prompt` is sent for the acting side's next step (`full`: see `offered_tools`;
+    `kept`: the thread's transcript, when `rows` are its held copies)."""
     model = catalog.models[prompt.model]
-    past = history(rows, acting, prompt, turn_start)
+    past, with_images = (kept or Transcript()).messages(rows, acting, prompt, turn_start)
     recent = len(past) - prompt.recent_image_threshold
-    for index, message in enumerate(past):  # only the most recent messages keep real images (the spec's default: 10)
+    for index in with_images:  # only the most recent messages keep real images (the spec's default: 10)
         if index < recent or not model.capabilities.supports_images:
-            message.images = []
+            past[index] = dataclasses.replace(past[index], images=[])  # the kept message stays as it is
     messages = [LLMMessage("system", render_prompt(catalog, prompt, env)), *past]
     tools = [LLMTool(t.name, t.description, t.parameters) for t in offered_tools(catalog, prompt, side, env, full)]
     return LLMRequest(

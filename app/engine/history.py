@@ -8,7 +8,8 @@ worker, the API), so a thread's next execution on this worker picks up where the
 (`messages.remove`, rare) bumps a counter on the thread row and makes the next step read everything again.
 
 Next to each ORM row it keeps a `Seen`: the fields a request is built from, as plain attributes. Building a request
-reads every row's fields, and an ORM attribute is many times slower to read than a slot.
+reads every row's fields, and an ORM attribute is many times slower to read than a slot. And it keeps the model's
+messages made of them (`transcript.Transcript`), so a step makes only those of the rows that are new.
 """
 
 from __future__ import annotations
@@ -22,12 +23,14 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import messages, tables
+from app.engine import transcript
 from app.spec.definitions import Side
 
 
 @dataclass(frozen=True, slots=True)
 class Seen:
-    """A message's fields that building a request reads (`context.HistoryRow`), copied once from its row."""
+    """A message's fields that building a request reads (`transcript.HistoryRow`), copied once from its row; frozen,
+    so a `transcript.Transcript` may keep what it made of it."""
 
     id: uuid.UUID
     position: int
@@ -72,6 +75,7 @@ class History:
 
     def __init__(self) -> None:
         self._removed = -1  # `threads.messages_removed` when last read in full
+        self.transcript = transcript.Transcript()  # the model's messages made of the rows (`seen`), kept
         self._reset()
 
     def _reset(self) -> None:

@@ -24,7 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from app import events, logs, masking, messages, tables, tracing
 from app.catalog import Catalog
 from app.engine import types
-from app.engine.context import visible_rows
+from app.engine.transcript import visible_rows
 from app.spec.define import HookDefinition
 from app.spec.definitions import AgentDefinition, PromptDefinition, Side
 from app.spec.messages import LLMMessage, ToolCall

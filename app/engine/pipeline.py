@@ -14,7 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import children, messages, tables
 from app.catalog import Catalog
-from app.engine import calls, child_tools, context, hooks, stops, types
+from app.engine import calls, child_tools, context, history, hooks, stops, transcript, types
 from app.llm.base import LLMRequest, LLMResponse, ProviderError
 from app.spec.definitions import PromptDefinition, Side, SideConfig
 from app.spec.messages import LLMMessage
@@ -32,17 +32,18 @@ async def request(
     env: types.Env,
     hook_runner: hooks.Hooks,
     *,
-    seen: Sequence[context.HistoryRow] | None = None,
+    held: history.History | None = None,
 ) -> LLMRequest:
     """What the model of `prompt` is sent for the acting side's step. `rows`: the stored messages the history is
-    made of (`seen`: the same as plain values, when the caller holds them). Raises `types.MissingVariable` when the
-    prompt's text needs a variable the thread does not have."""
-    assembled: Sequence[context.HistoryRow] = rows if seen is None else seen
+    made of (`held`: the worker's copy of them, when the caller holds one: its plain values and its transcript).
+    Raises `types.MissingVariable` when the prompt's text needs a variable the thread does not have."""
+    assembled: Sequence[transcript.HistoryRow] = rows if held is None else held.seen()
+    kept = None if held is None else held.transcript
     if hook_runner.runs("filter_messages"):
-        assembled = await hook_runner.filter_messages(rows, side, prompt, turn_start)
+        assembled, kept = await hook_runner.filter_messages(rows, side, prompt, turn_start), None
     kids = await children.listed(session, thread)  # as they are now: the registry, and who is at `max_instances`
     full = child_tools.at_cap(catalog, prompt, env, kids)
-    made = context.build_request(catalog, prompt, config, side, assembled, turn_start, env, full)
+    made = context.build_request(catalog, prompt, config, side, assembled, turn_start, env, full, kept)
     made.messages = await hook_runner.prefilter_llm_history(made.messages)
     registry = children.registry_message(kids)
     if registry is not None:  # after the history, so the model sees its children's current state

@@ -404,7 +404,7 @@ class Engine:
         try:
             request = await pipeline.request(
                 session, thread, self._catalog, prompt, side_config, side, rows, turn_start, env, hook_runner,
-                seen=held.seen(),
+                held=held,
             )  # fmt: skip
         except types.MissingVariable as exc:  # the error first: a wait ends on the status that follows
             await events.append(session, thread.id, "error", {"code": "missing_variable", "message": str(exc)})

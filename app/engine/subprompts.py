@@ -39,7 +39,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import attachments, children, control, errors, event_types, events, files, messages, tables
 from app.catalog import Catalog
-from app.engine import calls, child_tools, context, hooks, pipeline, results, tool_arguments, tools, types
+from app.engine import calls, child_tools, context, hooks, pipeline, results, tool_arguments, tools, transcript, types
 from app.engine.state import RunState
 from app.llm.base import ProviderError
 from app.spec.definitions import PromptDefinition, Side, SideConfig, ToolEntry
@@ -131,9 +131,9 @@ class Runner:
                 **hooks.tagged(await inside.before_create_message("user", user), tags),
             )
             await inside.after_create_message(asked)
-            first = LLMMessage("user", context.described(asked.content, refs))
+            first = LLMMessage("user", transcript.described(asked.content, refs))
             if self._catalog.models[prompt.model].capabilities.supports_images:
-                first.images = context._images(refs)
+                first.images = transcript.images(refs)
             request.messages.append(first)  # the ask, after the history and the registry
             await calls.inline_images(session, thread.id, [first])
             request.tools = [t for t in request.tools if t.name in offered]
@@ -248,7 +248,7 @@ class Runner:
                 session, thread, state, prompt, outcome.call, side, tags, outcome.result, latency_ms, None
             )
         if row is not None and row.attachments:  # its files are named in the result, as a message's are
-            text = context.described(result.text, row.attachments)
+            text = transcript.described(result.text, row.attachments)
             result = result.model_copy(update={"error": text} if result.status == "error" else {"result": text})
         return replace(outcome, result=result)
 
