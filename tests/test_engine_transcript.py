@@ -14,7 +14,7 @@ import pytest
 from app.engine import transcript
 from app.engine.history import Seen
 from app.spec import define_prompt
-from app.spec.definitions import PromptDefinition
+from app.spec.definitions import PromptDefinition, Side
 from app.spec.messages import ToolCall
 
 
@@ -177,7 +177,7 @@ def changed(seen: Seen, **fields: Any) -> Seen:
     return dataclasses.replace(seen, **fields)
 
 
-PERSPECTIVES = [
+PERSPECTIVES: list[tuple[Side, PromptDefinition]] = [
     ("a", CHATTY),
     ("b", CHATTY),
     ("a", prompt("p", include_chat=False, include_past_tools=False)),
@@ -232,9 +232,9 @@ class Thread:
             elif fate == "deleted":
                 del self.rows[at]
             elif fate == "pending done":
-                pending = [i for i, s in enumerate(self.rows) if s.status == "pending"]
-                if pending:
-                    self.rows[pending[0]] = changed(self.rows[pending[0]], status="completed", content="late")
+                waiting = [i for i, seen in enumerate(self.rows) if seen.status == "pending"]
+                if waiting:
+                    self.rows[waiting[0]] = changed(self.rows[waiting[0]], status="completed", content="late")
             else:
                 self.rows.append(row("system", "note"))
 
