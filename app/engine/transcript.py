@@ -145,12 +145,10 @@ class Transcript:
         if made is None or made.turn_start != turn_start or rows[: len(made.rows)] != made.rows:
             made = _Made(turn_start)
         tail = rows[len(made.rows) :]
-        shown = [visible(row, side, prompt, turn_start) for row in tail]
-        results = {row.tool_call_id: row for row, seen in zip(tail, shown, strict=True) if seen and row.role == "tool"}
+        shown, results = _looked_at(tail, side, prompt, turn_start)
         if not made.calls.isdisjoint(results):  # a late result for a call made earlier: start again
             made, tail = _Made(turn_start), rows
-            shown = [visible(row, side, prompt, turn_start) for row in tail]
-            results = {r.tool_call_id: r for r, seen in zip(tail, shown, strict=True) if seen and r.role == "tool"}
+            shown, results = _looked_at(tail, side, prompt, turn_start)
         earlier = made.results
 
         def result(call_id: str) -> HistoryRow | None:
@@ -179,6 +177,15 @@ class Transcript:
             made.rows += tail[:settled]
         self._made[key] = made
         return out, with_images
+
+
+def _looked_at(
+    rows: Sequence[HistoryRow], side: Side, prompt: PromptDefinition, turn_start: int
+) -> tuple[list[bool], dict[str | None, HistoryRow]]:
+    """Whether each row is `visible`, and the visible tool results by call (the last of a call wins)."""
+    shown = [visible(row, side, prompt, turn_start) for row in rows]
+    results = {row.tool_call_id: row for row, seen in zip(rows, shown, strict=True) if seen and row.role == "tool"}
+    return shown, results
 
 
 def _add(
