@@ -163,7 +163,9 @@ def unwritten(session: AsyncSession, row: Any) -> bool:
 # through `driver`, SQLAlchemy's through the session events below (a query, a flush, the commit), so whatever
 # follows a deferred write sees it, and none is lost. All parts of one statement see one snapshot and a row can be
 # changed only once in it, so the thread row (which the events statement updates) is never deferred, and a second
-# write of a row already deferred sends the first one before it.
+# write of a row already deferred sends the first one before it. And Postgres runs the data-modifying CTEs nothing
+# refers to last first: two new messages in one statement would take their positions (an identity) and revisions in
+# the reverse of the order they were written, so a second new message sends the first one before it too.
 
 _DEFERRED = "statements.deferred"  # `session.info` key: the writes deferred, in order, with the rows they target
 _TARGET = re.compile(r"^\s*(?:INSERT\s+INTO|UPDATE|DELETE\s+FROM)\s+(\w+)", re.IGNORECASE)
@@ -176,17 +178,16 @@ async def defer(session: AsyncSession, sql: str, args: list[Any], row: Any = Non
     table = _table(sql)
     held: list[tuple[str, list[Any], tuple[str, Any] | None]] = session.info.get(_DEFERRED, [])
     target = None if row is None else (table, row)
+    follows = (target is not None and target in {t for *_, t in held}) or (
+        table == "messages" and _inserts(sql) and any(_table(s) == "messages" and _inserts(s) for s, *_ in held)
+    )  # it must be written after one already deferred
     if _WRITES_ONLY in session.info:
-        if table == "threads" or (target is not None and target in {t for *_, t in held}):
+        if table == "threads" or follows:
             raise Unsent()
         session.info.setdefault(_DEFERRED, []).append((sql, args, target))
         return
     carrier = await driver(session, flush=False, carries=True)  # the transaction is begun: never autocommit
-    if (
-        session.in_nested_transaction()
-        or table == "threads"
-        or (target is not None and target in {t for *_, t in held})
-    ):
+    if session.in_nested_transaction() or table == "threads" or follows:
         await driver(session, flush=False)  # what was deferred before goes first
         await carrier.execute(sql, *args)
         return
@@ -198,6 +199,10 @@ def _table(sql: str) -> str:
     if found is None:
         raise ValueError(f"not a single-table write: {sql[:60]!r}")
     return found.group(1).lower()
+
+
+def _inserts(sql: str) -> bool:
+    return sql.lstrip()[:6].upper() == "INSERT"
 
 
 def deferred(session: AsyncSession | Session) -> list[tuple[str, list[Any]]]:
