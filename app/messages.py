@@ -446,6 +446,32 @@ async def changed(session: AsyncSession, thread_id: uuid.UUID, since: int) -> li
     return [(statements.attach(session, tables.Message, row), row["rev"]) for row in found]
 
 
+# CHANGED AND WAITING: `CHANGED` and `queue.WAITING` in one statement, for a step's first read after the fence (both
+# read after the row lock is taken: the statement's snapshot holds every write made under it). The writes deferred
+# so far ride in it (`queue.riders`); a statement does not see the rows its own CTEs write, so the messages they write
+# come back from their RETURNING instead of the table (the table's version of a row one of them updates is left out).
+async def changed_and_waiting(
+    session: AsyncSession, thread_id: uuid.UUID, since: int
+) -> tuple[list[tuple[tables.Message, int]], bool, bool]:
+    """`changed`, and `queue.waiting`'s whether input and whether effects wait, in one round trip."""
+    writes = queue.riders(session)
+    own = [i for i, (sql, _) in enumerate(writes) if statements.writes_table(sql) == "messages"]
+    writes = [(f"{sql} RETURNING *", args) if i in own else (sql, args) for i, (sql, args) in enumerate(writes)]
+    # fixed fragments, CTE names and the deferred writes' own SQL: nothing of a caller's
+    left_out = "".join(f" AND id NOT IN (SELECT id FROM w{i})" for i in own)  # noqa: S608
+    returned = "".join(f" UNION ALL SELECT * FROM w{i} WHERE thread_id = $1" for i in own)  # noqa: S608
+    sql = (
+        f"WITH {statements.ctes(writes, 3) + ', ' if writes else ''}waiting AS ({queue.WAITING}), "  # noqa: S608
+        f"changed AS (SELECT * FROM messages WHERE thread_id = $1 AND rev > $2{left_out}{returned}) "
+        "SELECT waiting.*, changed.* FROM waiting LEFT JOIN changed ON true ORDER BY changed.position"
+    )
+    driver = await statements.driver(session, carries=bool(writes))
+    found = await driver.fetch(sql, thread_id, since, *[a for _, args in writes for a in args])
+    input_waits, effects_wait = queue.waited(session, found[0])
+    rows = [(statements.attach(session, tables.Message, r), r["rev"]) for r in found if r["id"] is not None]
+    return rows, input_waits, effects_wait
+
+
 async def page(
     session: AsyncSession,
     thread_id: uuid.UUID,

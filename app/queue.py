@@ -252,13 +252,26 @@ async def waiting(session: AsyncSession, thread_id: uuid.UUID) -> tuple[bool, bo
     """Whether input, and whether effects, wait in the thread's inbox (set-aside rows do not count); the env values'
     version goes into `session.info` for `env.layers` (the engine asks at every step's opening). Deferred writes
     (`statements.defer`: a tool call's log row) ride with it, unless they write what it reads."""
-    writes = [] if statements.deferred_tables(session) & {"inbox", "counters"} else statements.deferred(session)
+    writes = riders(session)
     prefix = f"WITH {statements.ctes(writes, 2)} " if writes else ""
     driver = await statements.driver(session, flush=False, carries=bool(writes))
     row = await driver.fetchrow(prefix + _WAITING, thread_id, *[a for _, args in writes for a in args])
     assert row is not None
+    return waited(session, row)
+
+
+def riders(session: AsyncSession) -> list[tuple[str, list[Any]]]:
+    """The deferred writes a read of the inbox may carry: all of them, or none when one writes what it reads."""
+    return [] if statements.deferred_tables(session) & {"inbox", "counters"} else statements.deferred(session)
+
+
+def waited(session: AsyncSession, row: Any) -> tuple[bool, bool]:
+    """`waiting`'s answer from a row that has `WAITING`'s columns (`input`, `effect`, `env_version`)."""
     session.info[ENV_VERSION] = row["env_version"]
     return bool(row["input"]), bool(row["effect"])
+
+
+WAITING = _WAITING  # for a statement that reads the inbox with something else (`messages.changed_and_waiting`)
 
 
 # REVOKE: whatever lease the thread has, deleted in the transaction that stops, terminates or deletes it (`control`):

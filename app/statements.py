@@ -175,11 +175,11 @@ async def defer(session: AsyncSession, sql: str, args: list[Any], row: Any = Non
     """Send the write `sql` (it returns nothing) with the transaction's next statement; `row` names the row it
     changes when it changes an existing one (an UPDATE's key). Inside a savepoint, and for the thread row, it is sent
     at once (a savepoint's end must find it written, or rolled back)."""
-    table = _table(sql)
+    table = writes_table(sql)
     held: list[tuple[str, list[Any], tuple[str, Any] | None]] = session.info.get(_DEFERRED, [])
     target = None if row is None else (table, row)
     follows = (target is not None and target in {t for *_, t in held}) or (
-        table == "messages" and _inserts(sql) and any(_table(s) == "messages" and _inserts(s) for s, *_ in held)
+        table == "messages" and _inserts(sql) and any(writes_table(s) == "messages" and _inserts(s) for s, *_ in held)
     )  # it must be written after one already deferred
     if _WRITES_ONLY in session.info:
         if table == "threads" or follows:
@@ -194,7 +194,8 @@ async def defer(session: AsyncSession, sql: str, args: list[Any], row: Any = Non
     session.info.setdefault(_DEFERRED, []).append((sql, args, target))
 
 
-def _table(sql: str) -> str:
+def writes_table(sql: str) -> str:
+    """The table a single-table write writes."""
     found = _TARGET.match(sql)
     if found is None:
         raise ValueError(f"not a single-table write: {sql[:60]!r}")
@@ -212,7 +213,7 @@ def deferred(session: AsyncSession | Session) -> list[tuple[str, list[Any]]]:
 
 def deferred_tables(session: AsyncSession) -> set[str]:
     """The tables the writes deferred on `session` write."""
-    return {_table(sql) for sql, *_ in session.info.get(_DEFERRED, [])}
+    return {writes_table(sql) for sql, *_ in session.info.get(_DEFERRED, [])}
 
 
 async def send_deferred(session: AsyncSession) -> None:

@@ -638,6 +638,25 @@ async def test_an_answer_is_stored_in_one_statement_without_begin_or_commit(
     assert result.thread.status == "idle" and released(result)
 
 
+async def test_the_transaction_a_tool_result_closes_the_step_in_reads_once_and_carries_the_result(
+    drive: Drive, sessions: async_sessionmaker[AsyncSession]
+) -> None:
+    """After its fence, the transaction that stores the last tool result and opens the next step reads the history
+    and the inbox in one statement, the result riding in it (returned from its INSERT: the statement cannot see it
+    in the table); then its events with the new pending message, and COMMIT. Four statements, BEGIN aside."""
+    with statements_sent(sessions) as seen:
+        cat = catalog(Model({"tool_calls": [{"name": "add", "arguments": {"a": 2, "b": 3}}]}, "5."))
+        result = await drive(cat, "2+3?")
+        await asyncio.sleep(0.05)  # the loggers are called soon after each statement
+    sent = [" ".join(q.query.split()) for q in seen]
+    fences = [i for i, q in enumerate(sent) if "FROM threads t WHERE t.id = $1 AND t.lease_token = $2" in q]
+    closing = sent[fences[1] : fences[1] + 4]
+    assert "INSERT INTO messages" in closing[1] and "FROM inbox" in closing[1] and "rev > $2" in closing[1]
+    assert "INSERT INTO events" in closing[2] and closing[3].startswith("COMMIT")
+    assert not [q for q in sent[fences[1] :] if q.startswith("SELECT * FROM messages")]  # no read of its own
+    assert result.said() == [("user", "2+3?"), ("assistant", None), ("tool", "5"), ("assistant", "5.")]
+
+
 async def test_the_results_of_calls_run_at_once_are_each_stored_in_one_statement(
     drive: Drive, sessions: async_sessionmaker[AsyncSession]
 ) -> None:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app import keys, messages, tables, threads
+from app import events, keys, messages, queue, statements, tables, threads
 from app.engine.history import Histories, History
 from app.spec import define_agent
 
@@ -106,3 +107,33 @@ def test_a_worker_keeps_histories_within_a_budget_of_messages_least_recently_use
     huge = _held(histories, b, 50)
     histories.trim(b)  # alone over the budget: the most recent one is kept
     assert histories.of(b) is huge
+
+
+async def test_the_history_and_the_inbox_are_read_in_one_statement_that_carries_the_deferred_writes(
+    sessions: async_sessionmaker[AsyncSession],
+) -> None:
+    """`rows_and_waiting`: a step's first read after the fence. The writes deferred so far (a new message, an update of
+    an old one, a log row) ride in it; the statement cannot see its own writes in the table, so the messages come
+    back from the writes themselves: the new one with its position and revision, the updated one once, as written."""
+    tid = await _thread(sessions, 2)
+    held = History()
+    assert await _read(sessions, held, tid) == ["m0", "m1"]
+    async with sessions() as s, s.begin():
+        thread = await s.get_one(tables.Thread, tid, with_for_update={"key_share": True})
+        await queue.enqueue(s, tid, "message", {"content": "waiting"})  # input in the inbox
+        [first, _] = await messages.history(s, tid)
+        events.hold(s, tid)  # as the engine's transactions do: the messages' events wait for the last statement
+        await messages.save(s, first, later=True, content="m0 edited")
+        await messages.add(s, tid, "assistant", later=True, content="a2")
+        sent: list[str] = []
+        driver = await statements.driver(s, flush=False, carries=True)
+        driver._conn.add_query_logger(lambda record: sent.append(record.query))
+        assert await held.rows_and_waiting(s, thread) == (True, False)
+        await asyncio.sleep(0)  # query loggers are called soon after
+        assert len(sent) == 1 and "INSERT INTO messages" in sent[0] and "FROM inbox" in sent[0]
+        assert [r.content for r in held.current()] == ["m0 edited", "m1", "a2"]
+        assert held.current()[-1].position > held.current()[1].position
+        await events.flush(s, thread)
+    async with sessions() as s:  # written as read, and nothing more to read
+        assert [r.content for r in await messages.history(s, tid)] == ["m0 edited", "m1", "a2"]
+    assert await _read(sessions, held, tid) == ["m0 edited", "m1", "a2"]

@@ -262,6 +262,26 @@ async def test_changed_returns_what_was_written_since_a_revision(sessions: async
     assert since[0][1] > revision
 
 
+async def test_changed_and_waiting_returns_each_message_once_with_the_writes_that_ride_in_it(
+    sessions: async_sessionmaker[AsyncSession],
+) -> None:
+    """The deferred writes ride in the read: a message one of them updates comes back once, as written (not also as
+    the table held it before), and one it inserts comes back with its position and revision."""
+    async with sessions() as s, s.begin():
+        thread = await new_thread(s)
+        first = await messages.add(s, thread.id, "user", content="one")
+        await messages.add(s, thread.id, "user", content="two")
+    async with sessions() as s, s.begin():
+        events.hold(s, thread.id)
+        await messages.save(s, await messages.get(s, thread.id, first.id), later=True, content="one, edited")
+        added = await messages.add(s, thread.id, "assistant", later=True, content="three")
+        found, input_waits, effects_wait = await messages.changed_and_waiting(s, thread.id, 0)
+        assert [r.content for r, _ in found] == ["one, edited", "two", "three"]
+        assert (input_waits, effects_wait) == (False, False)
+        assert added.position > found[1][0].position and found[2][1] > found[1][1]
+        await events.flush(s, thread)
+
+
 # -- page -------------------------------------------------------------------------------------------------
 
 

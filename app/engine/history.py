@@ -86,13 +86,32 @@ class History:
 
     async def rows(self, session: AsyncSession, thread: tables.Thread) -> list[tables.Message]:
         """The messages now, in order (the caller holds the thread row lock)."""
+        self._check(thread)
+        self._read(await messages.changed(session, thread.id, self._rev))
+        return list(self._rows)
+
+    async def rows_and_waiting(self, session: AsyncSession, thread: tables.Thread) -> tuple[bool, bool]:
+        """`rows` and `queue.waiting` in one statement (`messages.changed_and_waiting`): whether input, and whether
+        effects, wait; the messages are then `current` until the session writes one."""
+        self._check(thread)
+        found, input_waits, effects_wait = await messages.changed_and_waiting(session, thread.id, self._rev)
+        self._read(found)
+        return input_waits, effects_wait
+
+    def current(self) -> list[tables.Message]:
+        """The messages as of the last read, in order."""
+        return list(self._rows)
+
+    def _check(self, thread: tables.Thread) -> None:
+        """Start again when a message was deleted since the last read."""
         if thread.messages_removed != self._removed:
             self._reset()
             self._removed = thread.messages_removed
-        for row, rev in await messages.changed(session, thread.id, self._rev):
+
+    def _read(self, found: list[tuple[tables.Message, int]]) -> None:
+        for row, rev in found:
             self._rev = max(self._rev, rev)
             self._put(row)
-        return list(self._rows)
 
     def __len__(self) -> int:
         return len(self._rows)

@@ -362,8 +362,12 @@ class Engine:
         """Deliver input, then either resume unanswered tool calls or open a new LLM call and announce its request.
         `first`: the execution's first step (`_begin`). `merged`: inside a closing transaction, which leaves waiting
         input and effects to a transaction of their own."""
+        held = self._history(thread)
         with session.no_autoflush:  # reads that do not depend on the thread row: its changes go in one UPDATE later
-            input_waits, effects_wait = await queue.waiting(session, thread.id)
+            if first:  # the start delivers input: the history is read after it
+                input_waits, effects_wait = await queue.waiting(session, thread.id)
+            else:  # the history with it, still current below unless input is delivered
+                input_waits, effects_wait = await held.rows_and_waiting(session, thread)
         if effects_wait or (merged and input_waits):
             return OPEN_ON_ITS_OWN
         agent = self._catalog.agent(thread.agent)  # a handoff may have switched it (§7.3)
@@ -377,9 +381,8 @@ class Engine:
                 self._caller.tallies.start(thread.id)
         side = thread.side or "a"
         side_config, prompt = self._prompt_of(agent, side)
-        held = self._history(thread)
         with session.no_autoflush:  # messages are flushed as written; the thread row's changes can wait
-            rows = await held.rows(session, thread)
+            rows = await held.rows(session, thread) if first or input_waits else held.current()
             env = await context.load_env(session, self._fernet, self._catalog, thread, prompt)
         turn_start = thread.turn_start or 0
         last, missing = turns.open_work(held.since(turn_start), side, turn_start, thread.step_open)
