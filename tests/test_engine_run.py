@@ -662,7 +662,7 @@ async def test_the_results_of_calls_run_at_once_are_each_stored_in_one_statement
 ) -> None:
     """Three calls of one answer run at once: the results before the last read nothing (their message, log row and
     `tool_completed` ride in one guarded statement each); the last one closes the step and opens the next, fenced.
-    The tool messages and the pending messages go with another statement, not in an INSERT of their own."""
+    The user's, tool and pending messages go with another statement, not in an INSERT of their own."""
     calls = [{"name": "add", "arguments": {"a": i, "b": 1}, "id": f"c{i}"} for i in range(3)]
     with statements_sent(sessions) as seen:
         cat = catalog(Model({"tool_calls": calls}, "done."), prompt={"parallel_tool_calls": True})
@@ -674,7 +674,8 @@ async def test_the_results_of_calls_run_at_once_are_each_stored_in_one_statement
     fences = [q for q in seen if "FROM threads t WHERE t.id = $1 AND t.lease_token = $2" in " ".join(q.query.split())]
     assert len(fences) == 2  # the first step's opening; the last result with the second step's opening
     alone = [q for q in seen if q.query.lstrip().startswith("INSERT INTO messages")]
-    assert len(alone) == 1  # the user's message only (its position starts the turn)
+    assert not alone  # the user's message too rides with the history's read, which returns its position
+    assert result.thread.turn_start == next(r.position for r in result.rows if r.role == "user")  # the turn's start
     assert result.said() == [
         ("user", "add them"),
         ("assistant", None),
@@ -758,7 +759,7 @@ async def test_an_answer_whose_thread_changed_meanwhile_is_stored_in_a_transacti
         await asyncio.sleep(0.05)
     refused = [type(q.exception).__name__ for q in guarded(seen) if q.exception is not None]
     assert refused == ["DivisionByZeroError"]  # the first answer's: the row was not the version it was read as
-    reads = [q.args[1] for q in seen if q.query.startswith("SELECT * FROM messages WHERE thread_id = $1 AND rev >")]
+    reads = [q.args[1] for q in seen if "FROM messages WHERE thread_id = $1 AND rev > $2" in q.query]
     assert reads[0] == 0 and all(rev > 0 for rev in reads[1:])  # the history kept: later steps read what changed
     assert result.said() == [
         ("user", "start"), ("assistant", None), ("tool", "2"), ("user", "also this"), ("assistant", "saw it"),

@@ -47,10 +47,12 @@ async def deliver(
     fernet: Fernet,
     context_: dict[str, Any],
     meter: Meter,
-) -> Side | None:
-    """Move the inbox into history; between turns, return the side the input makes act (§2)."""
+) -> tuple[Side | None, tables.Message | None]:
+    """Move the inbox into history; between turns, return the side the input makes act (§2), and the turn's first
+    message when its position is not known yet: its INSERT rides with the next statement (`messages.add(later=True)`)
+    and the caller sets `turn_start` from it once the history is read (`messages.changed` returns it)."""
     acting: Side | None = None
-    first: int | None = None
+    first: int | tables.Message | None = None
     hook_runner = await prepare_hooks(catalog, fernet, session, thread, thread.side or "a", context=context_)
     for row in await queue.take_inbox(session, thread.id):
         try:
@@ -61,6 +63,7 @@ async def deliver(
                     session,
                     thread.id,
                     item.role,
+                    later=hook_runner.none,  # without hooks nothing reads it back before the history does
                     id=item.id,
                     content=p.get("content"),
                     silent=bool(p.get("silent")),
@@ -70,7 +73,7 @@ async def deliver(
                     session_number=thread.session_number,
                 )
                 await hook_runner.after_create_message(msg)
-                first = msg.position if first is None else first
+                first = (msg if hook_runner.none else msg.position) if first is None else first
                 thread.last_message_at = msg.created_at
                 if item.role == "user":
                     acting = "a"
@@ -95,9 +98,11 @@ async def deliver(
             reason = f"input {row.kind} could not be delivered: {type(exc).__name__}: {exc}"
             raise DeliveryFailed(row.id, reason) from exc
     if mid_turn or acting is None:
-        return None
+        return None, None
+    if isinstance(first, tables.Message):
+        return acting, first
     thread.turn_start = first if first is not None else await messages.next_position(session, thread.id)
-    return acting
+    return acting, None
 
 
 async def set_aside_all(session: AsyncSession, thread: tables.Thread) -> None:

@@ -199,34 +199,37 @@ class Engine:
         self.meter.step(step.agent.name)
         return await self._open_step(claim, first=False) if isinstance(closed, OpenOnItsOwn) else closed
 
-    async def _begin(self, session: AsyncSession, thread: tables.Thread, agent: AgentDefinition) -> bool:
-        """The start of an execution: the crash budget, input delivered, the turn it starts or goes on with."""
+    async def _begin(
+        self, session: AsyncSession, thread: tables.Thread, agent: AgentDefinition
+    ) -> tuple[bool, tables.Message | None]:
+        """The start of an execution: the crash budget, input delivered, the turn it starts or goes on with. Whether
+        it goes on, and the message that starts a new turn when its position is read with the history (`deliver`)."""
         if thread.terminated_at is not None or thread.stopped:
-            return False
+            return False, None
         if thread.attempt > inbox.MAX_ATTEMPTS + 1:  # it crashed even while failing: its input is what kills it
             await inbox.set_aside_all(session, thread)
             await self._crashed(session, thread)
-            return False
+            return False, None
         if thread.attempt > inbox.MAX_ATTEMPTS:
             await self._deliver(session, thread, agent, mid_turn=True)  # keep the input, start nothing
             await self._crashed(session, thread)
-            return False
+            return False, None
         # a turn a previous execution left unfinished (a crash, a deploy) is finished first: new input joins it
         # as mid-turn input instead of starting a turn that would abandon it (`semantics.md` §2)
         in_turn = await turns.in_progress(session, thread)
-        acting = await self._deliver(session, thread, agent, mid_turn=in_turn)
+        acting, starts = await self._deliver(session, thread, agent, mid_turn=in_turn)
         if acting is None and thread.status != threads.Status.RUNNING and not in_turn:
             await threads.set_status(session, thread, threads.Status.IDLE)
-            return False
+            return False, None
         if acting is not None:
             turns.start(thread, acting)
             self._caller.tallies.start(thread.id)
         await threads.set_status(session, thread, threads.Status.RUNNING)
-        return True
+        return True, starts
 
     async def _deliver(
         self, session: AsyncSession, thread: tables.Thread, agent: AgentDefinition, *, mid_turn: bool
-    ) -> Side | None:
+    ) -> tuple[Side | None, tables.Message | None]:
         return await inbox.deliver(
             session,
             thread,
@@ -371,11 +374,13 @@ class Engine:
         if effects_wait or (merged and input_waits):
             return OPEN_ON_ITS_OWN
         agent = self._catalog.agent(thread.agent)  # a handoff may have switched it (§7.3)
+        starts: tables.Message | None = None  # a new turn's first message, its position read with the history
         if first:
-            if not await self._begin(session, thread, agent):
+            going, starts = await self._begin(session, thread, agent)
+            if not going:
                 return None
         elif input_waits:
-            acting = await self._deliver(session, thread, agent, mid_turn=thread.turn_steps > 0)
+            acting, starts = await self._deliver(session, thread, agent, mid_turn=thread.turn_steps > 0)
             if acting is not None:  # input between two turns picks who answers it (§2)
                 turns.start(thread, acting)
                 self._caller.tallies.start(thread.id)
@@ -384,6 +389,8 @@ class Engine:
         with session.no_autoflush:  # messages are flushed as written; the thread row's changes can wait
             rows = await held.rows(session, thread) if first or input_waits else held.current()
             env = await context.load_env(session, self._fernet, self._catalog, thread, prompt)
+        if starts is not None:
+            thread.turn_start = starts.position  # loaded by the history's read, which wrote it
         turn_start = thread.turn_start or 0
         last, missing = turns.open_work(held.since(turn_start), side, turn_start, thread.step_open)
         if last is not None and last.status == messages.Status.COMPLETED:
