@@ -316,16 +316,38 @@ async def withdraw(session: AsyncSession, thread_id: uuid.UUID, children: list[u
 
 # TAKE_INBOX: the thread's waiting input, removed as it is read. Effect rows stay: each is removed by `drop` in the
 # transaction that records its handler's end (`next_effect`).
-_TAKE_INBOX = """
-    DELETE FROM inbox WHERE thread_id = $1 AND kind <> 'effect' AND set_aside_at IS NULL
-    RETURNING id, kind, payload
-"""
+_TAKE = "DELETE FROM inbox WHERE thread_id = $1 AND kind <> 'effect' AND set_aside_at IS NULL"
+_TAKE_INBOX = f"{_TAKE} RETURNING id, kind, payload"
 
 
 async def take_inbox(session: AsyncSession, thread_id: uuid.UUID) -> list[Input]:
     """Remove and return the thread's pending input in order (the caller holds the fenced row lock)."""
     rows = await (await statements.driver(session, flush=False)).fetch(_TAKE_INBOX, thread_id)
+    return _inputs(rows)
+
+
+def _inputs(rows: list[Any]) -> list[Input]:
     return sorted((Input(r["id"], r["kind"], r["payload"]) for r in rows), key=lambda r: r.id)
+
+
+# WAITING AND TAKING: `WAITING` and, unless an effect waits (due effects run first, §10), `TAKE_INBOX`, in one
+# statement: an execution's first look at the inbox, from a thread that will deliver what it finds.
+_WAITING_AND_TAKING = f"""
+    waiting AS ({_WAITING}),
+    taken AS ({_TAKE} AND NOT (SELECT effect FROM waiting) RETURNING id, kind, payload)
+    SELECT waiting.*, taken.id, taken.kind, taken.payload FROM waiting LEFT JOIN taken ON true
+"""  # noqa: S608 -- fixed fragments of this module
+
+
+async def waiting_and_taking(session: AsyncSession, thread_id: uuid.UUID) -> tuple[bool, bool, list[Input]]:
+    """`waiting` and, unless effects wait, `take_inbox`, in one round trip (deferred writes ride with it, as with
+    `waiting`): whether input waited, whether effects wait, and the input taken."""
+    writes = riders(session)
+    prefix = f"WITH {statements.ctes(writes, 2)}, " if writes else "WITH "
+    driver = await statements.driver(session, flush=False, carries=bool(writes))
+    rows = await driver.fetch(prefix + _WAITING_AND_TAKING, thread_id, *[a for _, args in writes for a in args])
+    input_waits, effects_wait = waited(session, rows[0])
+    return input_waits, effects_wait, _inputs([r for r in rows if r["id"] is not None])
 
 
 # TRACED: the trace contexts and queuing times of the oldest messages waiting for the thread (`tracing.carrier`)

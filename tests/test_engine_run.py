@@ -675,6 +675,7 @@ async def test_the_results_of_calls_run_at_once_are_each_stored_in_one_statement
     assert len(fences) == 2  # the first step's opening; the last result with the second step's opening
     alone = [q for q in seen if q.query.lstrip().startswith("INSERT INTO messages")]
     assert not alone  # the user's message too rides with the history's read, which returns its position
+    assert not [q for q in seen if q.query.lstrip().startswith("DELETE FROM inbox")]  # taken with the first look
     assert result.thread.turn_start == next(r.position for r in result.rows if r.role == "user")  # the turn's start
     assert result.said() == [
         ("user", "add them"),

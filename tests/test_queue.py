@@ -592,3 +592,23 @@ async def test_the_inbox_look_carries_deferred_writes_unless_they_write_the_inbo
             assert statements.deferred(s) == []
         async with sessions() as s:
             assert (await s.get_one(tables.Log, log_id)).kind == "tool"
+
+
+async def test_the_first_look_takes_the_input_unless_an_effect_waits(
+    sessions: async_sessionmaker[AsyncSession],
+) -> None:
+    """`waiting_and_taking` (an execution's start): whether input and effects wait, and the input taken in the same
+    statement; an effect waiting leaves the input where it is (due effects run first), and is never taken."""
+    [tid] = await _runnable(sessions, 1)  # one message waits
+    async with sessions() as s, s.begin():
+        await queue.enqueue(s, tid, inputs.Kind.EFFECT, {"effect_id": str(uuid.uuid4())})
+        input_waits, effects_wait, taken = await queue.waiting_and_taking(s, tid)
+        assert (input_waits, effects_wait, taken) == (True, True, [])
+        [effect] = [r for r in await queue.pending(s, tid) if r.kind == inputs.Kind.EFFECT]
+        await (await statements.driver(s)).execute("DELETE FROM inbox WHERE id = $1", effect.id)  # it ran
+    async with sessions() as s, s.begin():
+        await queue.enqueue(s, tid, inputs.Kind.CONTINUE, {"side": "a"})
+        input_waits, effects_wait, taken = await queue.waiting_and_taking(s, tid)
+        assert (input_waits, effects_wait) == (True, False)
+        assert [r.kind for r in taken] == [inputs.Kind.MESSAGE, inputs.Kind.CONTINUE]  # in order
+        assert await queue.waiting(s, tid) == (False, False)  # taken

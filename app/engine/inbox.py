@@ -47,14 +47,16 @@ async def deliver(
     fernet: Fernet,
     context_: dict[str, Any],
     meter: Meter,
+    taken: list[queue.Input] | None = None,
 ) -> tuple[Side | None, tables.Message | None]:
-    """Move the inbox into history; between turns, return the side the input makes act (§2), and the turn's first
-    message when its position is not known yet: its INSERT rides with the next statement (`messages.add(later=True)`)
-    and the caller sets `turn_start` from it once the history is read (`messages.changed` returns it)."""
+    """Move the inbox into history (`taken`: what the caller already took from it); between turns, return the side
+    the input makes act (§2), and the turn's first message when its position is not known yet: its INSERT rides
+    with the next statement (`messages.add(later=True)`) and the caller sets `turn_start` from it once the history
+    is read (`messages.changed` returns it)."""
     acting: Side | None = None
     first: int | tables.Message | None = None
     hook_runner = await prepare_hooks(catalog, fernet, session, thread, thread.side or "a", context=context_)
-    for row in await queue.take_inbox(session, thread.id):
+    for row in taken if taken is not None else await queue.take_inbox(session, thread.id):
         try:
             item = inputs.read(row.kind, row.payload)
             if isinstance(item, inputs.MessageInput):

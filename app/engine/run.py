@@ -200,10 +200,11 @@ class Engine:
         return await self._open_step(claim, first=False) if isinstance(closed, OpenOnItsOwn) else closed
 
     async def _begin(
-        self, session: AsyncSession, thread: tables.Thread, agent: AgentDefinition
+        self, session: AsyncSession, thread: tables.Thread, agent: AgentDefinition, taken: list[queue.Input] | None
     ) -> tuple[bool, tables.Message | None]:
-        """The start of an execution: the crash budget, input delivered, the turn it starts or goes on with. Whether
-        it goes on, and the message that starts a new turn when its position is read with the history (`deliver`)."""
+        """The start of an execution: the crash budget, input delivered (`taken`: the input already taken, when the
+        first look took it), the turn it starts or goes on with. Whether it goes on, and the message that starts a
+        new turn when its position is read with the history (`deliver`)."""
         if thread.terminated_at is not None or thread.stopped:
             return False, None
         if thread.attempt > inbox.MAX_ATTEMPTS + 1:  # it crashed even while failing: its input is what kills it
@@ -211,13 +212,13 @@ class Engine:
             await self._crashed(session, thread)
             return False, None
         if thread.attempt > inbox.MAX_ATTEMPTS:
-            await self._deliver(session, thread, agent, mid_turn=True)  # keep the input, start nothing
+            await self._deliver(session, thread, agent, mid_turn=True, taken=taken)  # keep the input, start nothing
             await self._crashed(session, thread)
             return False, None
         # a turn a previous execution left unfinished (a crash, a deploy) is finished first: new input joins it
         # as mid-turn input instead of starting a turn that would abandon it (`semantics.md` §2)
         in_turn = await turns.in_progress(session, thread)
-        acting, starts = await self._deliver(session, thread, agent, mid_turn=in_turn)
+        acting, starts = await self._deliver(session, thread, agent, mid_turn=in_turn, taken=taken)
         if acting is None and thread.status != threads.Status.RUNNING and not in_turn:
             await threads.set_status(session, thread, threads.Status.IDLE)
             return False, None
@@ -228,12 +229,19 @@ class Engine:
         return True, starts
 
     async def _deliver(
-        self, session: AsyncSession, thread: tables.Thread, agent: AgentDefinition, *, mid_turn: bool
+        self,
+        session: AsyncSession,
+        thread: tables.Thread,
+        agent: AgentDefinition,
+        *,
+        mid_turn: bool,
+        taken: list[queue.Input] | None = None,
     ) -> tuple[Side | None, tables.Message | None]:
         return await inbox.deliver(
             session,
             thread,
             agent,
+            taken=taken,
             mid_turn=mid_turn,
             catalog=self._catalog,
             fernet=self._fernet,
@@ -366,8 +374,11 @@ class Engine:
         `first`: the execution's first step (`_begin`). `merged`: inside a closing transaction, which leaves waiting
         input and effects to a transaction of their own."""
         held = self._history(thread)
+        taken: list[queue.Input] | None = None  # the input taken with the first look, by an execution that delivers
         with session.no_autoflush:  # reads that do not depend on the thread row: its changes go in one UPDATE later
-            if first:  # the start delivers input: the history is read after it
+            if first and _delivers(thread):  # the input taken with it (unless effects wait); the history after it
+                input_waits, effects_wait, taken = await queue.waiting_and_taking(session, thread.id)
+            elif first:
                 input_waits, effects_wait = await queue.waiting(session, thread.id)
             else:  # the history with it, still current below unless input is delivered
                 input_waits, effects_wait = await held.rows_and_waiting(session, thread)
@@ -376,7 +387,7 @@ class Engine:
         agent = self._catalog.agent(thread.agent)  # a handoff may have switched it (§7.3)
         starts: tables.Message | None = None  # a new turn's first message, its position read with the history
         if first:
-            going, starts = await self._begin(session, thread, agent)
+            going, starts = await self._begin(session, thread, agent, taken)
             if not going:
                 return None
         elif input_waits:
@@ -511,3 +522,9 @@ class Engine:
                 )
             else:
                 await threads.set_status(session, thread, threads.Status.IDLE)
+
+
+def _delivers(thread: tables.Thread) -> bool:
+    """Whether an execution's start delivers the thread's input (`Engine._begin`): not terminated nor stopped, and
+    not crashed so often that its input is set aside instead."""
+    return thread.terminated_at is None and not thread.stopped and thread.attempt <= inbox.MAX_ATTEMPTS + 1
