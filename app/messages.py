@@ -469,13 +469,21 @@ async def changed_and_waiting(
     """`changed`, and `queue.waiting`'s whether input and whether effects wait, in one statement: a step's first read
     after the fence (both after the row lock is taken: its snapshot holds every write made under it). The writes
     deferred so far ride in it, unless one writes the inbox (`queue.riders`)."""
+    fence = statements.take_fence(session)  # the transaction's first statement: it takes the row lock too
     writes, ctes, rows = _riding(queue.riders(session))
+    args = [thread_id, since, *[a for _, args in writes for a in args]]
+    head = fenced = ""
+    if fence is not None:
+        head, fenced = f"{fence.cte(len(args) + 1)}, ", ", (SELECT count(*) FROM fence) AS fenced"
+        args += fence.args
     sql = (
-        f"WITH {ctes}waiting AS ({queue.WAITING}), changed AS ({rows}) "  # noqa: S608 -- as `_riding`
-        "SELECT waiting.*, changed.* FROM waiting LEFT JOIN changed ON true ORDER BY changed.position"
+        f"WITH {head}{ctes}waiting AS ({queue.WAITING}), changed AS ({rows}) "  # noqa: S608 -- as `_riding`
+        f"SELECT waiting.*, changed.*{fenced} FROM waiting LEFT JOIN changed ON true ORDER BY changed.position"
     )
-    driver = await statements.driver(session, carries=bool(writes))
-    found = await driver.fetch(sql, thread_id, since, *[a for _, args in writes for a in args])
+    driver = await statements.driver(session, flush=fence is None, carries=bool(writes))
+    found = await driver.fetch(sql, *args)
+    if fence is not None and not found[0]["fenced"]:
+        raise statements.Stale()  # the row changed since, is locked, or the lease is gone: nothing of it counts
     input_waits, effects_wait = queue.waited(session, found[0])
     read = [(statements.attach(session, tables.Message, r), r["rev"]) for r in found if r["id"] is not None]
     return read, input_waits, effects_wait

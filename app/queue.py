@@ -222,6 +222,32 @@ async def fence(session: AsyncSession, claim: Claim) -> tables.Thread:
     return thread
 
 
+# FENCE LATER: `FENCE` for a transaction that starts from the row as its execution's last commit left it (`$3`, that
+# version's xmin), sent with its first statement (`statements.fence_later`): alone, it waits for the lock as `FENCE`
+# does; as the CTE of a read it never waits (SKIP LOCKED). Either selects nothing when the row changed since (a lock
+# taken after a wait is on the newest version, and the condition is checked again on it), is locked by another (the
+# CTE), or the lease is gone.
+_FENCE_LATER = """
+    SELECT 1 FROM threads t
+    WHERE t.id = ${0} AND t.lease_token = ${1} AND t.xmin = ${2}
+      AND EXISTS (SELECT 1 FROM leases l WHERE l.thread_id = ${0} AND l.token = ${1} AND l.expires_at > now())
+    FOR NO KEY UPDATE OF t
+"""
+
+
+def fence_later(claim: Claim, xmin: int) -> statements.Fence:
+    """The fence of a transaction of `claim` that starts from the row's version `xmin` (`statements.fence_later`)."""
+
+    def numbered(first: int) -> str:
+        return _FENCE_LATER.format(first, first + 1, first + 2)
+
+    return statements.Fence(
+        alone=numbered(1),
+        cte=lambda first: f"fence AS ({numbered(first)} SKIP LOCKED)",
+        args=(claim.thread_id, claim.token, xmin),
+    )
+
+
 # GUARD: the condition of a statement that is its own transaction (`events.Guard`, the engine's writes-only
 # transactions): the thread row is the version the execution's last commit left (`$1`, its xmin: nobody wrote it
 # since, so everything read from it still holds) and the claim (`$2`) still holds a live lease, as `FENCE` checks.

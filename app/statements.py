@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -80,6 +81,8 @@ async def driver(session: AsyncSession, *, flush: bool = True, carries: bool = F
     `Unsent` in a session that sends nothing before its last statement (`writes_only`)."""
     if _WRITES_ONLY in session.info:
         raise Unsent()
+    if _FENCE in session.info:  # the transaction's first statement: the fence goes first
+        await _fence(session)
     sync = session.sync_session
     if flush and sync.autoflush:
         await write(session)
@@ -118,6 +121,46 @@ async def driver(session: AsyncSession, *, flush: bool = True, carries: bool = F
 
 
 _DRIVER = "statements.driver"  # `session.info` key: (the transaction, its Driver)
+
+
+# -- a fence sent with the transaction's first read ----------------------------------------------------------------
+# An engine transaction locks the thread row first (`queue.fence`), then reads. When it starts from the row as the
+# execution's last commit left it, the lock can ride in its first read instead (`fence_later`): that read takes it
+# with SKIP LOCKED and only if the row is still that version (`take_fence` gives the caller the fence's CTE), so it
+# never waits and never reads on a snapshot older than the lock — a writer that committed in between changed the row.
+# Any other first statement (another read, a write, SQLAlchemy's own) sends the fence alone first, waiting for the
+# lock as usual. Where the fence finds the row changed, locked or the lease gone, `Stale` is raised: the caller rolls
+# the transaction back (whatever rode with the fence with it) and runs the work again in an ordinary one.
+
+_FENCE = "statements.fence"  # `session.info` key: the `Fence` the transaction's first statement sends
+
+
+@dataclass(frozen=True)
+class Fence:
+    """The lock a transaction takes first: `alone`, a statement returning a row if it holds; `cte`, the same as the
+    CTE of another statement (selecting a row if it holds, never waiting), its parameters numbered from `$first`
+    (`cte(first)`); `args`, the parameters of either."""
+
+    alone: str
+    cte: Callable[[int], str]
+    args: tuple[Any, ...]
+
+
+def fence_later(session: AsyncSession, fence: Fence) -> None:
+    """Lock with the transaction's first statement (see above)."""
+    session.info[_FENCE] = fence
+
+
+def take_fence(session: AsyncSession) -> Fence | None:
+    """The fence still to send, for a read that carries it as a CTE (and raises `Stale` when it selects nothing)."""
+    fence: Fence | None = session.info.pop(_FENCE, None)
+    return fence
+
+
+async def _fence(session: AsyncSession) -> None:
+    fence: Fence = session.info.pop(_FENCE)
+    if await (await driver(session, flush=False, carries=True)).fetchrow(fence.alone, *fence.args) is None:
+        raise Stale()
 
 
 # -- sessions that write in one statement --------------------------------------------------------------------------
@@ -184,6 +227,9 @@ async def defer(session: AsyncSession, sql: str, args: list[Any], row: Any = Non
     if _WRITES_ONLY in session.info:
         if table == "threads" or follows:
             raise Unsent()
+        session.info.setdefault(_DEFERRED, []).append((sql, args, target))
+        return
+    if _FENCE in session.info and not (table == "threads" or follows):  # no statement yet: its first carries them
         session.info.setdefault(_DEFERRED, []).append((sql, args, target))
         return
     carrier = await driver(session, flush=False, carries=True)  # the transaction is begun: never autocommit
@@ -265,8 +311,9 @@ def _on_execute(state: Any) -> None:
 
 
 def _refuse(session: Session, *_: Any) -> None:
-    """No statement, flush or commit of SQLAlchemy's own in a `writes_only` session."""
-    if _WRITES_ONLY in session.info:
+    """No statement, flush or commit of SQLAlchemy's own in a `writes_only` session, nor before the fence went in one
+    that sends it later (`fence_later`: a statement of SQLAlchemy's cannot carry it)."""
+    if _WRITES_ONLY in session.info or _FENCE in session.info:
         raise Unsent()
 
 

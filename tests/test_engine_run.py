@@ -619,6 +619,16 @@ def guarded(seen: list[Any]) -> list[Any]:
     return [q for q in seen if "AS written" in q.query]
 
 
+ALONE = "FROM threads t WHERE t.id = $1 AND t.lease_token = $2"  # `queue.FENCE`, sent alone
+
+
+def fences(seen: list[Any]) -> list[tuple[int, str]]:
+    """Where the transactions took the thread row's lock: `alone` (`queue.FENCE`) or `in the read` (the closing's
+    first read, `queue.fence_later`)."""
+    sent = [" ".join(q.query.split()) for q in seen]
+    return [(i, "alone" if ALONE in q else "in the read") for i, q in enumerate(sent) if ALONE in q or "fence AS" in q]
+
+
 async def test_an_answer_is_stored_in_one_statement_without_begin_or_commit(
     drive: Drive, sessions: async_sessionmaker[AsyncSession]
 ) -> None:
@@ -630,8 +640,7 @@ async def test_an_answer_is_stored_in_one_statement_without_begin_or_commit(
         result = await drive(cat, "2+3?")
         await asyncio.sleep(0.05)  # the loggers are called soon after each statement
     assert [(q.exception, "INSERT INTO logs" in q.query) for q in guarded(seen)] == [(None, True), (None, True)]
-    fences = [q for q in seen if "FROM threads t WHERE t.id = $1 AND t.lease_token = $2" in " ".join(q.query.split())]
-    assert len(fences) == 2  # the first step's opening; the tool's result with the second step's opening
+    assert [how for _, how in fences(seen)] == ["alone", "in the read"]  # the opening; the tool's result's closing
     assert result.said() == [("user", "2+3?"), ("assistant", None), ("tool", "5"), ("assistant", "5.")]
     assert [r.kind for r in result.logs] == ["llm", "tool", "llm"]
     assert len(result.of("llm_response")) == 2 and len(result.of("step_completed")) == 2
@@ -641,19 +650,21 @@ async def test_an_answer_is_stored_in_one_statement_without_begin_or_commit(
 async def test_the_transaction_a_tool_result_closes_the_step_in_reads_once_and_carries_the_result(
     drive: Drive, sessions: async_sessionmaker[AsyncSession]
 ) -> None:
-    """After its fence, the transaction that stores the last tool result and opens the next step reads the history
-    and the inbox in one statement, the result riding in it (returned from its INSERT: the statement cannot see it
-    in the table); then its events with the new pending message, and COMMIT. Four statements, BEGIN aside."""
+    """The transaction that stores the last tool result and opens the next step takes the row lock in its first
+    read, which reads the history and the inbox in one statement, the result riding in it (returned from its INSERT:
+    the statement cannot see it in the table); then its events with the new pending message, and COMMIT. Three
+    statements, BEGIN aside."""
     with statements_sent(sessions) as seen:
         cat = catalog(Model({"tool_calls": [{"name": "add", "arguments": {"a": 2, "b": 3}}]}, "5."))
         result = await drive(cat, "2+3?")
         await asyncio.sleep(0.05)  # the loggers are called soon after each statement
     sent = [" ".join(q.query.split()) for q in seen]
-    fences = [i for i, q in enumerate(sent) if "FROM threads t WHERE t.id = $1 AND t.lease_token = $2" in q]
-    closing = sent[fences[1] : fences[1] + 4]
+    [_, (at, how)] = fences(seen)
+    closing = sent[at - 1 : at + 3]
+    assert how == "in the read" and closing[0].startswith("BEGIN")
     assert "INSERT INTO messages" in closing[1] and "FROM inbox" in closing[1] and "rev > $2" in closing[1]
     assert "INSERT INTO events" in closing[2] and closing[3].startswith("COMMIT")
-    assert not [q for q in sent[fences[1] :] if q.startswith("SELECT * FROM messages")]  # no read of its own
+    assert not [q for q in sent[at:] if q.startswith("SELECT * FROM messages")]  # no read of its own
     assert result.said() == [("user", "2+3?"), ("assistant", None), ("tool", "5"), ("assistant", "5.")]
 
 
@@ -671,8 +682,7 @@ async def test_the_results_of_calls_run_at_once_are_each_stored_in_one_statement
     written = guarded(seen)
     assert [q.exception for q in written] == [None] * 4  # the answer, two results, the last answer
     assert [q.query.count("INSERT INTO messages") for q in written] == [0, 1, 1, 0]
-    fences = [q for q in seen if "FROM threads t WHERE t.id = $1 AND t.lease_token = $2" in " ".join(q.query.split())]
-    assert len(fences) == 2  # the first step's opening; the last result with the second step's opening
+    assert [how for _, how in fences(seen)] == ["alone", "in the read"]  # the opening; the last result's closing
     alone = [q for q in seen if q.query.lstrip().startswith("INSERT INTO messages")]
     assert not alone  # the user's message too rides with the history's read, which returns its position
     assert not [q for q in seen if q.query.lstrip().startswith("DELETE FROM inbox")]  # taken with the first look
@@ -705,8 +715,7 @@ async def test_a_streaming_answer_keeps_its_partial_text_in_single_statements_an
     partials = [q for q in seen if q.query == messages.PARTIAL]
     assert len(partials) >= 2 and all(q.exception is None for q in partials)
     assert [q.args[2] for q in partials] == sorted(q.args[2] for q in partials)  # the text so far, growing
-    fences = [q for q in seen if "FROM threads t WHERE t.id = $1 AND t.lease_token = $2" in " ".join(q.query.split())]
-    assert len(fences) == 1  # the step's opening only
+    assert [how for _, how in fences(seen)] == ["alone"]  # the step's opening only
     assert [q.exception for q in guarded(seen)] == [None]  # the answer
     assert result.said() == [("user", "spell it"), ("assistant", "abcdefgh")]
 
@@ -768,6 +777,66 @@ async def test_an_answer_whose_thread_changed_meanwhile_is_stored_in_a_transacti
     assert [r.kind for r in result.logs] == ["llm", "tool", "llm"]
     assert len(result.of("llm_response")) == 2 and len(result.of("tool_started")) == 1
     assert len(result.of("turn_ended")) == 1 and released(result)
+
+
+async def test_a_closing_whose_thread_changed_meanwhile_is_fenced_again_and_stored_once(
+    drive: Drive, sessions: async_sessionmaker[AsyncSession]
+) -> None:
+    """The transaction a tool result closes the step in takes the row lock in its first read, only if the row is
+    as the answer's statement left it; input posted while the tool ran changed it: that read counts for nothing,
+    the transaction rolls back, and the same work runs fenced as usual — the result stored once, the input seen."""
+
+    @define_tool(description="Posts to its own thread.")
+    async def poke(state: ThreadState) -> str:
+        async with sessions() as s, s.begin():
+            (thread,) = (await s.execute(select(tables.Thread))).scalars()
+            await messages.enqueue(s, await threads.lock(s, thread.id), "user", "also this")
+        return "poked"
+
+    model = Model({"tool_calls": [{"name": "poke", "arguments": {}}]}, "saw it")
+    plain = catalog(model, prompt={"tools": ["poke"]})
+    cat = Catalog(
+        root=plain.root, models=plain.models, prompts=plain.prompts, agents=plain.agents, tools={"poke": poke}
+    )
+    with statements_sent(sessions) as seen:
+        result = await drive(cat, "start")
+        await asyncio.sleep(0.05)
+    took = fences(seen)  # the opening; the closing in its read, for nothing; the closing again; the input's opening
+    assert [how for _, how in took] == ["alone", "in the read", "alone", "alone"]
+    assert seen[took[1][0] + 1].query.startswith("ROLLBACK")
+    assert result.said() == [
+        ("user", "start"), ("assistant", None), ("tool", "poked"), ("user", "also this"), ("assistant", "saw it"),
+    ]  # fmt: skip
+    assert [r.kind for r in result.logs] == ["llm", "tool", "llm"]
+    assert len(result.of("tool_completed")) == 1 and len(result.of("step_completed")) == 2
+    assert len(result.of("turn_ended")) == 1 and released(result)
+
+
+async def test_a_message_deleted_while_a_tool_ran_is_not_in_the_next_request(
+    drive: Drive, sessions: async_sessionmaker[AsyncSession]
+) -> None:
+    """The closing's first read takes the row lock only if the row is as the answer left it: a deletion meanwhile
+    changed it (its count of removals, which makes the history read everything again), so the closing runs fenced
+    on the row as it is now, and the deleted message is not sent again."""
+
+    @define_tool(description="Deletes the thread's first message.")
+    async def forget(state: ThreadState) -> str:
+        async with sessions() as s, s.begin():
+            (thread,) = (await s.execute(select(tables.Thread))).scalars()
+            [first, *_] = await messages.history(s, thread.id)
+            await threads.lock(s, thread.id)
+            await messages.remove(s, thread.id, first.id)
+        return "forgotten"
+
+    model = Model({"tool_calls": [{"name": "forget", "arguments": {}}]}, "ok")
+    plain = catalog(model, prompt={"tools": ["forget"]})
+    tools = {"forget": forget}
+    cat = Catalog(root=plain.root, models=plain.models, prompts=plain.prompts, agents=plain.agents, tools=tools)
+    result = await drive(cat, "a secret")
+    first, second = model.requests
+    assert "a secret" in [m.content for m in first.messages]
+    assert "a secret" not in [m.content for m in second.messages]
+    assert result.said() == [("assistant", None), ("tool", "forgotten"), ("assistant", "ok")]
 
 
 async def test_an_answer_after_the_lease_was_lost_writes_nothing(

@@ -6,6 +6,7 @@ import gc
 import weakref
 
 import pytest
+from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app import db, events, keys, messages, statements, threads
@@ -67,3 +68,32 @@ async def test_new_messages_deferred_one_after_another_keep_the_order_they_were_
         await messages.add(s, tid, "user", later=True, content="one")
         with pytest.raises(statements.Unsent):
             await messages.add(s, tid, "user", later=True, content="two")
+
+
+async def test_a_fence_sent_later_goes_before_the_first_statement_or_refuses_one_of_sqlalchemys(
+    sessions: async_sessionmaker[AsyncSession],
+) -> None:
+    """`fence_later`: the first plain statement sends the fence alone before it (`Stale` when the fence selects
+    nothing); a statement of SQLAlchemy's cannot carry it (`Unsent`); `take_fence` hands it to a read that carries
+    it."""
+
+    def fence(holds: bool) -> statements.Fence:
+        return statements.Fence(alone=f"SELECT 1 WHERE {holds}", cte=str, args=())
+
+    async def first_statement(holds: bool, *, orm: bool = False) -> None:
+        async with sessions() as s, s.begin():
+            statements.fence_later(s, fence(holds))
+            if orm:
+                await s.execute(select(1))
+            assert await (await statements.driver(s)).fetchval("SELECT 2") == 2
+            assert statements.take_fence(s) is None  # sent, first
+
+    await first_statement(True)
+    with pytest.raises(statements.Stale):
+        await first_statement(False)
+    with pytest.raises(statements.Unsent):
+        await first_statement(True, orm=True)
+    async with sessions() as s, s.begin():
+        statements.fence_later(s, fence(True))
+        assert statements.take_fence(s) == fence(True)
+        assert await (await statements.driver(s)).fetchval("SELECT 3") == 3  # nothing else goes first

@@ -302,7 +302,7 @@ class Engine:
 
             # the user's hooks of the answer may read through the state: then it runs fenced, once
             reads = bool(hooks.active(self._catalog, step.agent, prompt))
-            stored, closed, prepared = await self._txs.written(claim, answer, reads=reads)
+            stored, closed, prepared = await self._txs.written(claim, answer, reads=reads, once=reads)
             if stored is None:
                 self.meter.step(step.agent.name)
                 return None

@@ -177,7 +177,8 @@ class ToolPhase:
                         return row, None, None
 
                     # a result that does not close the step reads nothing: without hooks, one statement
-                    row, closed, prepared = await self._written(claim, record, reads=closing or not ran.hooks.none)
+                    hooked = not ran.hooks.none  # its hooks run in `record`: once, fenced
+                    row, closed, prepared = await self._written(claim, record, reads=closing or hooked, once=hooked)
                     if carry_on and last:
                         return Done(closed)
                     if row is not None:

@@ -104,15 +104,19 @@ class Transactions:
             self._not_committed(claim, exc)
         self._committed(claim, thread, xmin)
 
-    async def written(self, claim: queue.Claim, work: Work[T], *, reads: bool) -> T:
-        """`work` in a transaction on the thread row; when it `reads` nothing and the row is as this execution's last
-        commit left it, as one statement outside any transaction (`statements.writes_only`), checked where it writes
-        the row (`events.Guard`). `work` may then run twice: again fenced, when that statement wrote nothing (the row
-        changed meanwhile, the lease is gone, or the work needed more than one statement after all)."""
+    async def written(self, claim: queue.Claim, work: Work[T], *, reads: bool, once: bool = False) -> T:
+        """`work` in a transaction on the thread row. When the row is as this execution's last commit left it: if
+        `work` `reads` nothing, as one statement outside any transaction (`statements.writes_only`), checked where it
+        writes the row (`events.Guard`); if it reads, with the row's lock riding in its first statement
+        (`statements.fence_later`). `work` may then run twice: again fenced, when that statement wrote nothing or that
+        lock was not taken (the row changed meanwhile, the lease is gone, or the work needed more than one statement
+        after all) — unless it must run `once` (user hooks run in it before it reads): fenced from the start."""
         async with self._lock(claim):
             held = self._held.pop(claim.token, None)
-            if held is not None and not reads:
+            if held is not None and not once:
                 try:
+                    if reads:
+                        return await self._fenced_later(claim, held, work)
                     return await self._in_one_statement(claim, held, work)
                 except (statements.Unsent, statements.Stale):
                     # nothing was written; what it changed in memory (the answer in the pending message) the fenced
@@ -120,6 +124,25 @@ class Transactions:
                     self._unsay(claim.token)
             async with self._fenced(claim) as (session, thread):
                 return await work(session, thread)
+
+    async def _fenced_later(self, claim: queue.Claim, held: Held, work: Work[T]) -> T:
+        """`work` in a transaction from the held row whose lock rides in its first statement
+        (`statements.fence_later`): `Stale`, everything rolled back, if the row changed since, another holds its
+        lock or the lease is gone; `Unsent` if a statement of SQLAlchemy's came first."""
+        try:
+            async with self._sessions() as session, session.begin():
+                statements.fence_later(session, queue.fence_later(claim, held.xmin))
+                thread: tables.Thread = statements.attach(session, tables.Thread, held.record)
+                events.hold(session, thread.id)
+                done = await work(session, thread)
+                xmin = await events.flush(session, thread)
+                await statements.write(session)
+        except (statements.Unsent, statements.Stale):
+            raise  # read nothing into the history: what it holds stays
+        except BaseException as exc:
+            self._not_committed(claim, exc)
+        self._committed(claim, thread, xmin)
+        return done
 
     async def _in_one_statement(self, claim: queue.Claim, held: Held, work: Work[T]) -> T:
         """`work` on a `writes_only` session from the held row, its writes sent in one guarded statement (`Stale`
