@@ -53,6 +53,10 @@ class Claim:
     attempt: int
     releasing: bool = field(default=False, compare=False)
     claimed_at: float | None = field(default=None, compare=False)  # `time.monotonic()` as the claim was sent
+    # the thread row as the claim left it (its columns by name, and its version): the execution's first transaction
+    # starts from it and takes the lock in its first read (`statements.fence_later`)
+    row: dict[str, Any] | None = field(default=None, compare=False, repr=False)
+    xmin: int | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,7 +183,7 @@ _CLAIM = """
     )
     UPDATE threads SET lease_token = leased.token, lease_owner = $3, attempt = threads.attempt + 1
     FROM leased WHERE threads.id = leased.thread_id
-    RETURNING threads.id, threads.attempt, leased.token
+    RETURNING threads.*, threads.xmin AS row_xmin
 """
 
 
@@ -191,7 +195,10 @@ async def claim_many(
     in autocommit). Fewer than `limit` means nothing else was runnable (or was being claimed by someone else)."""
     sent = time.monotonic()  # the lease runs from the statement's start: the heartbeat dates its first renewal by it
     rows = await conn.fetch(_CLAIM, list(running), float(lease_seconds), owner, limit)
-    return [Claim(thread_id=r["id"], token=r["token"], attempt=r["attempt"], claimed_at=sent) for r in rows]
+    return [
+        Claim(r["id"], r["lease_token"], r["attempt"], claimed_at=sent, row=dict(r.items()), xmin=r["row_xmin"])
+        for r in rows
+    ]
 
 
 async def claim(
@@ -361,17 +368,26 @@ def _inputs(rows: list[Any]) -> list[Input]:
 _WAITING_AND_TAKING = f"""
     waiting AS ({_WAITING}),
     taken AS ({_TAKE} AND NOT (SELECT effect FROM waiting) RETURNING id, kind, payload)
-    SELECT waiting.*, taken.id, taken.kind, taken.payload FROM waiting LEFT JOIN taken ON true
 """  # noqa: S608 -- fixed fragments of this module
 
 
 async def waiting_and_taking(session: AsyncSession, thread_id: uuid.UUID) -> tuple[bool, bool, list[Input]]:
     """`waiting` and, unless effects wait, `take_inbox`, in one round trip (deferred writes ride with it, as with
-    `waiting`): whether input waited, whether effects wait, and the input taken."""
+    `waiting`, and so does the row's lock when the transaction's first statement takes it: `Stale` if it did not):
+    whether input waited, whether effects wait, and the input taken."""
+    fence = statements.take_fence(session)
     writes = riders(session)
-    prefix = f"WITH {statements.ctes(writes, 2)}, " if writes else "WITH "
+    args = [thread_id, *[a for _, args in writes for a in args]]
+    prefix = "WITH " + (f"{statements.ctes(writes, 2)}, " if writes else "")
+    fenced = ""
+    if fence is not None:
+        prefix, fenced = f"{prefix}{fence.cte(len(args) + 1)}, ", ", (SELECT count(*) FROM fence) AS fenced"
+        args += fence.args
     driver = await statements.driver(session, flush=False, carries=bool(writes))
-    rows = await driver.fetch(prefix + _WAITING_AND_TAKING, thread_id, *[a for _, args in writes for a in args])
+    taking = f"{prefix}{_WAITING_AND_TAKING} SELECT waiting.*, taken.id, taken.kind, taken.payload{fenced} "
+    rows = await driver.fetch(taking + "FROM waiting LEFT JOIN taken ON true", *args)
+    if fence is not None and not rows[0]["fenced"]:
+        raise statements.Stale()  # the row changed since the claim, is locked, or the lease is gone
     input_waits, effects_wait = waited(session, rows[0])
     return input_waits, effects_wait, _inputs([r for r in rows if r["id"] is not None])
 

@@ -640,7 +640,7 @@ async def test_an_answer_is_stored_in_one_statement_without_begin_or_commit(
         result = await drive(cat, "2+3?")
         await asyncio.sleep(0.05)  # the loggers are called soon after each statement
     assert [(q.exception, "INSERT INTO logs" in q.query) for q in guarded(seen)] == [(None, True), (None, True)]
-    assert [how for _, how in fences(seen)] == ["alone", "in the read"]  # the opening; the tool's result's closing
+    assert [how for _, how in fences(seen)] == ["in the read"] * 2  # the opening; the tool's result's closing
     assert result.said() == [("user", "2+3?"), ("assistant", None), ("tool", "5"), ("assistant", "5.")]
     assert [r.kind for r in result.logs] == ["llm", "tool", "llm"]
     assert len(result.of("llm_response")) == 2 and len(result.of("step_completed")) == 2
@@ -682,7 +682,7 @@ async def test_the_results_of_calls_run_at_once_are_each_stored_in_one_statement
     written = guarded(seen)
     assert [q.exception for q in written] == [None] * 4  # the answer, two results, the last answer
     assert [q.query.count("INSERT INTO messages") for q in written] == [0, 1, 1, 0]
-    assert [how for _, how in fences(seen)] == ["alone", "in the read"]  # the opening; the last result's closing
+    assert [how for _, how in fences(seen)] == ["in the read"] * 2  # the opening; the last result's closing
     alone = [q for q in seen if q.query.lstrip().startswith("INSERT INTO messages")]
     assert not alone  # the user's message too rides with the history's read, which returns its position
     assert not [q for q in seen if q.query.lstrip().startswith("DELETE FROM inbox")]  # taken with the first look
@@ -715,7 +715,7 @@ async def test_a_streaming_answer_keeps_its_partial_text_in_single_statements_an
     partials = [q for q in seen if q.query == messages.PARTIAL]
     assert len(partials) >= 2 and all(q.exception is None for q in partials)
     assert [q.args[2] for q in partials] == sorted(q.args[2] for q in partials)  # the text so far, growing
-    assert [how for _, how in fences(seen)] == ["alone"]  # the step's opening only
+    assert [how for _, how in fences(seen)] == ["in the read"]  # the step's opening only
     assert [q.exception for q in guarded(seen)] == [None]  # the answer
     assert result.said() == [("user", "spell it"), ("assistant", "abcdefgh")]
 
@@ -802,13 +802,35 @@ async def test_a_closing_whose_thread_changed_meanwhile_is_fenced_again_and_stor
         result = await drive(cat, "start")
         await asyncio.sleep(0.05)
     took = fences(seen)  # the opening; the closing in its read, for nothing; the closing again; the input's opening
-    assert [how for _, how in took] == ["alone", "in the read", "alone", "alone"]
+    assert [how for _, how in took] == ["in the read", "in the read", "alone", "in the read"]
     assert seen[took[1][0] + 1].query.startswith("ROLLBACK")
     assert result.said() == [
         ("user", "start"), ("assistant", None), ("tool", "poked"), ("user", "also this"), ("assistant", "saw it"),
     ]  # fmt: skip
     assert [r.kind for r in result.logs] == ["llm", "tool", "llm"]
     assert len(result.of("tool_completed")) == 1 and len(result.of("step_completed")) == 2
+    assert len(result.of("turn_ended")) == 1 and released(result)
+
+
+async def test_an_opening_whose_thread_changed_after_the_claim_is_fenced_again(
+    drive: Drive, sessions: async_sessionmaker[AsyncSession]
+) -> None:
+    """An execution's first transaction starts from the row as the claim returned it and takes the lock in its first
+    read; input posted between the claim and that read changed the row: the read counts for nothing, everything
+    rolls back, and the opening runs fenced as usual — both messages delivered, once."""
+
+    async def post_more(claim: queue.Claim) -> queue.Claim:
+        async with sessions() as s, s.begin():
+            await messages.enqueue(s, await threads.lock(s, claim.thread_id), "user", "and more")
+        return claim
+
+    with statements_sent(sessions) as seen:
+        result = await drive(catalog(Model("both seen")), "first", between=post_more)
+        await asyncio.sleep(0.05)
+    took = fences(seen)
+    assert [how for _, how in took] == ["in the read", "alone"]
+    assert seen[took[0][0] + 1].query.startswith("ROLLBACK")
+    assert result.said() == [("user", "first"), ("user", "and more"), ("assistant", "both seen")]
     assert len(result.of("turn_ended")) == 1 and released(result)
 
 

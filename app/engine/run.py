@@ -119,6 +119,7 @@ class Engine:
                 "again (attempt %d of %d)", claim.thread_id, claim.attempt, inbox.MAX_ATTEMPTS,
             )  # fmt: skip
         self._contexts[claim.token] = {}
+        self._txs.begin(claim)
         self._caller.tallies.of(claim.thread_id)  # the turn's clock, if it started before this execution
         try:
             released = False
@@ -185,9 +186,12 @@ class Engine:
 
     async def _open_step(self, claim: queue.Claim, *, first: bool) -> Opened | Answered | None:
         """Open the next step in a transaction of its own; due effects run first (§10)."""
-        while True:
-            async with self._tx(claim) as (session, thread):
-                opened = await self._open_step_in(session, thread, first=first)
+
+        async def opening(session: AsyncSession, thread: tables.Thread) -> Opened | Answered | OpenOnItsOwn | None:
+            return await self._open_step_in(session, thread, first=first)
+
+        while True:  # its first statement takes the row lock too, when the row is as this execution left it
+            opened = await self._txs.written(claim, opening, reads=True)
             if not isinstance(opened, OpenOnItsOwn):
                 return opened
             await effect_runs.run_queued(self._catalog, self._fernet, lambda: self._tx(claim), self._sessions)

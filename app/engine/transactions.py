@@ -66,6 +66,12 @@ class Transactions:
         self._said: dict[uuid.UUID, list[Said]] = {}  # lines said once committed
         self._held: dict[uuid.UUID, Held] = {}  # the row as the last commit left it
 
+    def begin(self, claim: queue.Claim) -> None:
+        """An execution starts: its first transaction starts from the row as the claim left it, when the claim read
+        it (`queue.claim_many`)."""
+        if claim.row is not None and claim.xmin is not None:
+            self._held[claim.token] = Held(claim.row, claim.xmin)
+
     def end(self, claim: queue.Claim) -> None:
         """An execution ended: forget it."""
         self._turns.pop(claim.token, None)
