@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import asyncpg
+from sqlalchemy import JSON
 from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm.attributes import set_committed_value
@@ -183,8 +184,24 @@ _CLAIM = """
     )
     UPDATE threads SET lease_token = leased.token, lease_owner = $3, attempt = threads.attempt + 1
     FROM leased WHERE threads.id = leased.thread_id
-    RETURNING threads.*, threads.xmin AS row_xmin
+    RETURNING {columns}, threads.xmin AS row_xmin
 """
+# the claimed rows' columns, JSON ones as text: a claimer's own connection decodes no JSON (`_claimed` does)
+_JSON_COLUMNS = [c.name for c in sa_inspect(tables.Thread).columns if isinstance(c.type, JSON)]
+_CLAIM = _CLAIM.format(
+    columns=", ".join(
+        f"threads.{c.name}::text AS {c.name}" if c.name in _JSON_COLUMNS else f"threads.{c.name}"
+        for c in sa_inspect(tables.Thread).columns
+    )
+)
+
+
+def _claimed(record: Any) -> dict[str, Any]:
+    """A claimed row's columns as `statements.attach` takes them."""
+    row = dict(record.items())
+    for name in _JSON_COLUMNS:
+        row[name] = None if row[name] is None else json.loads(row[name])
+    return row
 
 
 async def claim_many(
@@ -196,7 +213,7 @@ async def claim_many(
     sent = time.monotonic()  # the lease runs from the statement's start: the heartbeat dates its first renewal by it
     rows = await conn.fetch(_CLAIM, list(running), float(lease_seconds), owner, limit)
     return [
-        Claim(r["id"], r["lease_token"], r["attempt"], claimed_at=sent, row=dict(r.items()), xmin=r["row_xmin"])
+        Claim(r["id"], r["lease_token"], r["attempt"], claimed_at=sent, row=_claimed(r), xmin=r["row_xmin"])
         for r in rows
     ]
 

@@ -117,6 +117,31 @@ async def test_claim_takes_the_oldest_runnable_thread_once(
     assert await _claim(sessions) is None  # both leased
 
 
+@pytest.mark.parametrize("raw", [True, False])
+async def test_a_claim_returns_the_row_as_it_left_it_on_any_connection(
+    sessions: async_sessionmaker[AsyncSession], database_url: str, raw: bool
+) -> None:
+    """The claimed row (the execution's first transaction starts from it): every column, JSON ones decoded on the
+    worker's own connection too (it decodes no JSON), and its version, which the row's `xmin` is then."""
+    [tid] = await _runnable(sessions, 1)
+    async with sessions() as s, s.begin():
+        (await s.get_one(tables.Thread, tid)).session_result = {"content": "done", "attachments": []}
+    if raw:
+        conn = await db.connect(database_url)
+        try:
+            claim = await queue.claim(conn, "w", 30)
+        finally:
+            await conn.close()
+    else:
+        claim = await _claim(sessions)
+    assert claim is not None and claim.row is not None
+    assert claim.row["session_result"] == {"content": "done", "attachments": []}
+    assert (claim.row["id"], claim.row["lease_token"], claim.row["attempt"]) == (tid, claim.token, 1)
+    async with sessions() as s:
+        found = await (await statements.driver(s)).fetchval("SELECT xmin::text FROM threads WHERE id = $1", tid)
+    assert int(found) == claim.xmin
+
+
 async def test_one_claim_takes_as_many_threads_as_asked_each_with_its_own_token(
     sessions: async_sessionmaker[AsyncSession],
 ) -> None:
