@@ -381,10 +381,12 @@ def _inputs(rows: list[Any]) -> list[Input]:
 
 
 # WAITING AND TAKING: `WAITING` and, unless an effect waits (due effects run first, §10), `TAKE_INBOX`, in one
-# statement: an execution's first look at the inbox, from a thread that will deliver what it finds.
+# statement: an execution's first look at the inbox, from a thread that will deliver what it finds. When it takes
+# the row lock too (`fence`), it deletes nothing unless it took it: the inbox rows are locked after the thread row,
+# as the API locks them.
 _WAITING_AND_TAKING = f"""
     waiting AS ({_WAITING}),
-    taken AS ({_TAKE} AND NOT (SELECT effect FROM waiting) RETURNING id, kind, payload)
+    taken AS ({_TAKE} AND NOT (SELECT effect FROM waiting){{locked}} RETURNING id, kind, payload)
 """  # noqa: S608 -- fixed fragments of this module
 
 
@@ -401,7 +403,9 @@ async def waiting_and_taking(session: AsyncSession, thread_id: uuid.UUID) -> tup
         prefix, fenced = f"{prefix}{fence.cte(len(args) + 1)}, ", ", (SELECT count(*) FROM fence) AS fenced"
         args += fence.args
     driver = await statements.driver(session, flush=False, carries=bool(writes))
-    taking = f"{prefix}{_WAITING_AND_TAKING} SELECT waiting.*, taken.id, taken.kind, taken.payload{fenced} "
+    locked = " AND EXISTS (SELECT 1 FROM fence)" if fence is not None else ""
+    looked = _WAITING_AND_TAKING.format(locked=locked)
+    taking = f"{prefix}{looked} SELECT waiting.*, taken.id, taken.kind, taken.payload{fenced} "
     rows = await driver.fetch(taking + "FROM waiting LEFT JOIN taken ON true", *args)
     if fence is not None and not rows[0]["fenced"]:
         raise statements.Stale()  # the row changed since the claim, is locked, or the lease is gone

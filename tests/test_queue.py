@@ -637,3 +637,25 @@ async def test_the_first_look_takes_the_input_unless_an_effect_waits(
         assert (input_waits, effects_wait) == (True, False)
         assert [r.kind for r in taken] == [inputs.Kind.MESSAGE, inputs.Kind.CONTINUE]  # in order
         assert await queue.waiting(s, tid) == (False, False)  # taken
+
+
+async def test_a_first_look_that_takes_the_lock_deletes_nothing_without_it(
+    sessions: async_sessionmaker[AsyncSession],
+) -> None:
+    """An execution's first look takes the row lock without waiting (`fence_later`); while the API holds the row
+    (here: setting one input aside) it must not touch the inbox rows either: it would lock them before the row, the
+    reverse of the API's order. It reads, takes nothing and says so (`Stale`) at once."""
+    [tid] = await _runnable(sessions, 1)
+    async with sessions() as s, s.begin():
+        await queue.enqueue(s, tid, inputs.Kind.CONTINUE, {"side": "a"})
+    claim = await _claim(sessions)
+    assert claim is not None and claim.xmin is not None
+    async with sessions() as api, api.begin():
+        await threads.lock(api, tid)
+        first, _ = await queue.pending(api, tid)
+        await queue.set_aside(api, first.id, "held by the API")  # the API holds the row and that inbox row
+        async with sessions() as s, s.begin():
+            statements.fence_later(s, queue.fence_later(claim, claim.xmin))
+            with pytest.raises(statements.Stale):
+                await asyncio.wait_for(queue.waiting_and_taking(s, tid), 5)
+        await api.rollback()

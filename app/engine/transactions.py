@@ -5,6 +5,10 @@ Every transaction of an execution locks the thread row first and is conditioned 
 (`queue.fence`): BEGIN, the fence, the work, its events with the row's changes in one statement, COMMIT. Locking the
 row first keeps one lock order with the API (which locks the row, then what it changes), so they never deadlock.
 
+When the row is as the execution's last commit (or its claim) left it, the lock rides in the transaction's first
+read instead (`statements.fence_later`): taken without waiting, and only on that version of the row; where it is
+not taken, everything rolls back and the same work runs with the fence first.
+
 A step's answer needs none of that: it reads nothing, and everything it writes (the message's answer, its log row,
 the events, the row's changes, the close of the turn and the release) rides in the events' statement already. The row
 is usually as the execution's last commit left it (nobody else writes it while the lease holds, except to post input,
