@@ -105,6 +105,7 @@ async def test_shutdown_hands_the_lease_back_without_spending_the_attempt(
         row = (await session.execute(select(tables.Thread).where(tables.Thread.id == tid))).scalar_one()
         assert (row.lease_token, row.attempt) == (None, 0)
         assert row.runnable_since is not None
+    await app.state.runtime.db.dispose()  # the stopped app's pool, opened again by that read (see test_effects)
 
     restarted = await app_factory(cat, with_worker=True)
     other = client_for(restarted)
