@@ -67,6 +67,13 @@ class Meter:
         self.lease_losses = Counter(
             "agents_lease_losses", "Executions stopped because their lease was lost.", registry=work
         )
+        self.transactions_rerun = Counter(
+            "agents_transactions_rerun",
+            "Engine transactions run again fenced: sent as one statement, or locked in their first read, they found "
+            "the thread row changed, locked or its lease gone (`stale`), or needed more (`unsent`).",
+            ["how", "why"],
+            registry=work,
+        )
         self.janitor_repairs = Counter(
             "agents_janitor_repairs", "Threads the janitor found stranded and repaired.", ["repair"], registry=work
         )

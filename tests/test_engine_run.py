@@ -103,6 +103,13 @@ class Outcome:
     rows: list[tables.Message]
     events: list[tuple[str, dict[str, Any]]]
     logs: list[tables.Log]
+    meter: metrics.Meter | None = None  # the engine's
+
+    def reruns(self, how: str, why: str) -> float | None:
+        """`agents_transactions_rerun_total` of the engine, for `how` and `why`."""
+        assert self.meter is not None
+        labels = {"how": how, "why": why}
+        return self.meter.work.get_sample_value("agents_transactions_rerun_total", labels)
 
     def said(self) -> list[tuple[str, str | None]]:
         return [(r.role, r.content) for r in self.rows]
@@ -152,7 +159,9 @@ async def drive(
             claim = await queue.claim(await statements.driver(s), "test", 30)
         assert claim is not None and claim.thread_id == thread.id
         await engine.execute(await between(claim) if between is not None else claim)
-        return await outcome(sessions, thread.id)
+        result = await outcome(sessions, thread.id)
+        result.meter = engine.meter
+        return result
 
     yield start
     for publisher, http in opened:
@@ -769,6 +778,7 @@ async def test_an_answer_whose_thread_changed_meanwhile_is_stored_in_a_transacti
         await asyncio.sleep(0.05)
     refused = [type(q.exception).__name__ for q in guarded(seen) if q.exception is not None]
     assert refused == ["DivisionByZeroError"]  # the first answer's: the row was not the version it was read as
+    assert result.reruns("one_statement", "stale") == 1
     reads = [q.args[1] for q in seen if "FROM messages WHERE thread_id = $1 AND rev > $2" in q.query]
     assert reads[0] == 0 and all(rev > 0 for rev in reads[1:])  # the history kept: later steps read what changed
     assert result.said() == [
@@ -804,6 +814,7 @@ async def test_a_closing_whose_thread_changed_meanwhile_is_fenced_again_and_stor
     took = fences(seen)  # the opening; the closing in its read, for nothing; the closing again; the input's opening
     assert [how for _, how in took] == ["in the read", "in the read", "alone", "in the read"]
     assert seen[took[1][0] + 1].query.startswith("ROLLBACK")
+    assert result.reruns("in_read", "stale") == 1  # counted
     assert result.said() == [
         ("user", "start"), ("assistant", None), ("tool", "poked"), ("user", "also this"), ("assistant", "saw it"),
     ]  # fmt: skip
@@ -829,7 +840,7 @@ async def test_an_opening_whose_thread_changed_after_the_claim_is_fenced_again(
         await asyncio.sleep(0.05)
     took = fences(seen)
     assert [how for _, how in took] == ["in the read", "alone"]
-    assert seen[took[0][0] + 1].query.startswith("ROLLBACK")
+    assert seen[took[0][0] + 1].query.startswith("ROLLBACK") and result.reruns("in_read", "stale") == 1
     assert result.said() == [("user", "first"), ("user", "and more"), ("assistant", "both seen")]
     assert len(result.of("turn_ended")) == 1 and released(result)
 

@@ -81,7 +81,7 @@ class Engine:
         self._caller.full_requests = settings.log_requests == "full"
         self._contexts: dict[uuid.UUID, dict[str, Any]] = {}  # per execution, by lease token
         self._histories = Histories()  # by thread, kept across its executions (`app/engine/history.py`)
-        self._txs = Transactions(sessions, self._histories, self._caller.tallies)
+        self._txs = Transactions(sessions, self._histories, self._caller.tallies, meter)
         self._subprompts = subprompts.Runner(
             catalog, self._caller, settings.max_session_steps, settings.tool_concurrency
         )

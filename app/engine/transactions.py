@@ -35,6 +35,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from app import db, errors, events, messages, queue, statements, tables
 from app.engine.history import Histories
 from app.engine.tally import Tallies, Tally
+from app.metrics import Meter
 
 log = logging.getLogger("app.engine.run")  # its lines are the step loop's (`turn ended:`)
 
@@ -62,10 +63,17 @@ class Said:
 class Transactions:
     """The transactions of the executions one engine runs, by lease token."""
 
-    def __init__(self, sessions: async_sessionmaker[AsyncSession], histories: Histories, tallies: Tallies) -> None:
+    def __init__(
+        self,
+        sessions: async_sessionmaker[AsyncSession],
+        histories: Histories,
+        tallies: Tallies,
+        meter: Meter | None = None,
+    ) -> None:
         self._sessions = sessions
         self._histories = histories
         self._tallies = tallies
+        self._meter = meter  # counts the transactions run again fenced
         self._turns: dict[uuid.UUID, asyncio.Lock] = {}  # an execution's transactions take turns
         self._said: dict[uuid.UUID, list[Said]] = {}  # lines said once committed
         self._held: dict[uuid.UUID, Held] = {}  # the row as the last commit left it
@@ -128,10 +136,13 @@ class Transactions:
                     if reads:
                         return await self._fenced_later(claim, held, work)
                     return await self._in_one_statement(claim, held, work)
-                except (statements.Unsent, statements.Stale):
+                except (statements.Unsent, statements.Stale) as exc:
                     # nothing was written; what it changed in memory (the answer in the pending message) the fenced
                     # run writes again, and the history's next read takes whatever changed meanwhile
                     self._unsay(claim.token)
+                    if self._meter is not None:
+                        how, why = "in_read" if reads else "one_statement", type(exc).__name__.lower()
+                        self._meter.transactions_rerun.labels(how, why).inc()
             async with self._fenced(claim) as (session, thread):
                 return await work(session, thread)
 
