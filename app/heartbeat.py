@@ -26,7 +26,7 @@ from collections.abc import Callable
 
 import asyncpg
 
-from app import db, queue
+from app import claims, db
 
 log = logging.getLogger(__name__)
 
@@ -67,15 +67,15 @@ HEARTBEAT_WAITING = """
 
 
 async def renew(
-    conn: asyncpg.Connection, claims: list[queue.Claim], lease_seconds: float, lock_timeout: float = 1.0
+    conn: asyncpg.Connection, held: list[claims.Claim], lease_seconds: float, lock_timeout: float = 1.0
 ) -> set[tuple[uuid.UUID, uuid.UUID]]:
-    """Renew the leases of `claims`; return the (thread id, token) of those that were lost."""
-    if not claims:
+    """Renew the leases of the claims `held`; return the (thread id, token) of those that were lost."""
+    if not held:
         return set()
-    ids, tokens = [c.thread_id for c in claims], [c.token for c in claims]
+    ids, tokens = [c.thread_id for c in held], [c.token for c in held]
     rows = await conn.fetch(HEARTBEAT, ids, tokens, float(lease_seconds))
     lost = {(r["id"], r["token"]) for r in rows if not r["held"]}
-    busy = [queue.Claim(r["id"], r["token"], 0) for r in rows if r["held"]]
+    busy = [claims.Claim(r["id"], r["token"], 0) for r in rows if r["held"]]
     if busy:
         with contextlib.suppress(asyncpg.LockNotAvailableError):
             async with conn.transaction():
@@ -87,7 +87,7 @@ async def renew(
 
 
 class Heartbeat:
-    """Keeps the leases of `claims()` alive; reports lost ones to `on_lost` on the main loop."""
+    """Keeps the leases of the claims `held()` alive; reports lost ones to `on_lost` on the main loop."""
 
     def __init__(
         self,
@@ -95,14 +95,14 @@ class Heartbeat:
         pooled: bool,
         lease_seconds: float,
         watchdog_seconds: float,
-        claims: Callable[[], list[queue.Claim]],
+        held: Callable[[], list[claims.Claim]],
         on_lost: Callable[[set[tuple[uuid.UUID, uuid.UUID]]], None],
     ) -> None:
         self._url = url
         self._pooled = pooled  # `url` is a pooler in transaction mode: each beat is one transaction, so it may be
         self._lease = lease_seconds
         self._watchdog = watchdog_seconds
-        self._claims = claims
+        self._held = held
         self._on_lost = on_lost
         self._ticked = time.monotonic()
         self._done = threading.Event()
@@ -160,10 +160,10 @@ class Heartbeat:
                 if stalled > interval and now - stall_warned > interval:
                     stall_warned = now
                     log.warning("the worker's event loop has not run for %.1f s; its leases are kept alive", stalled)
-                claims = {(c.thread_id, c.token): c for c in self._claims()}
+                by_key = {(c.thread_id, c.token): c for c in self._held()}
                 # a claim is dated from its statement's start; one without (made elsewhere) from the last look at the
                 # claims, less a tick for one handed to the worker just after it
-                renewed = {k: renewed.get(k) or c.claimed_at or looked - tick for k, c in claims.items()}
+                renewed = {k: renewed.get(k) or c.claimed_at or looked - tick for k, c in by_key.items()}
                 looked = now
                 due = sorted((k for k, at in renewed.items() if now - at >= interval), key=renewed.__getitem__)
                 for start in range(0, len(due), BATCH):
@@ -177,7 +177,7 @@ class Heartbeat:
                     try:
                         async with asyncio.timeout(max(left, tick)):
                             conn = conn or await db.connect(self._url, connect_timeout=interval, pooled=self._pooled)
-                            lost = await renew(conn, [claims[k] for k in batch], self._lease, interval / 2)
+                            lost = await renew(conn, [by_key[k] for k in batch], self._lease, interval / 2)
                     except Exception as exc:
                         if began - failure_warned > interval:
                             failure_warned = began

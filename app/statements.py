@@ -124,7 +124,7 @@ _DRIVER = "statements.driver"  # `session.info` key: (the transaction, its Drive
 
 
 # -- a fence sent with the transaction's first read ----------------------------------------------------------------
-# An engine transaction locks the thread row first (`queue.fence`), then reads. When it starts from the row as the
+# An engine transaction locks the thread row first (`claims.fence`), then reads. When it starts from the row as the
 # execution's last commit left it, the lock can ride in its first read instead (`fence_later`): that read takes it
 # with SKIP LOCKED and only if the row is still that version (`take_fence` gives the caller the fence's CTE), so it
 # never waits and never reads on a snapshot older than the lock — a writer that committed in between changed the row.

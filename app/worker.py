@@ -20,7 +20,7 @@ import asyncpg
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app import blobs, control, db, effects, errors, heap, liveness, queue, retention
+from app import blobs, claims, control, db, effects, errors, heap, liveness, queue, retention
 from app.engine.run import Engine
 from app.heartbeat import Heartbeat
 from app.llm import waiting
@@ -41,7 +41,7 @@ class Worker:
         self._sessions = sessions
         self._engine = engine
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        self._running: dict[uuid.UUID, tuple[queue.Claim, asyncio.Task[None]]] = {}
+        self._running: dict[uuid.UUID, tuple[claims.Claim, asyncio.Task[None]]] = {}
         self._active = asyncio.Semaphore(settings.worker_active)  # executions at work, not waiting on a model
         self._wake = asyncio.Event()
         self._notices = 0  # wake-up notifications heard so far
@@ -145,16 +145,16 @@ class Worker:
         came meanwhile (then the next round claims again)."""
         while self._more and (free := self._settings.worker_concurrency - len(self._running)) > 0:
             heard = self._notices
-            claims = await queue.claim_many(
+            taken = await claims.claim_many(
                 claimer, self.owner, self._settings.lease_seconds, list(self._running), free
             )
-            for claim in claims:
+            for claim in taken:
                 task = asyncio.create_task(self._execute(claim), name=f"thread-{claim.thread_id}")
                 self._running[claim.thread_id] = (claim, task)
-            if len(claims) < free:
+            if len(taken) < free:
                 self._more = self._notices != heard
 
-    async def _execute(self, claim: queue.Claim) -> None:
+    async def _execute(self, claim: claims.Claim) -> None:
         heard = self._notices
         slot = waiting.Slot(self._active)
         waiting.current.set(slot)  # this task's context: its model calls give the slot up while they wait

@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 import httpx
 from fastapi import FastAPI
 
-from app import db, queue, statements
+from app import claims, db, statements
 from app.engine.run import Engine
 from app.hub import Publisher
 from app.runtime import Runtime
@@ -30,7 +30,7 @@ class Harness:
         """Claim the oldest runnable thread and run it until it has nothing left to do; its id, or None when nothing
         was runnable."""
         async with db.autocommit(self._runtime.sessions) as session:
-            claim = await queue.claim(await statements.driver(session), self.owner, LEASE_SECONDS)
+            claim = await claims.claim(await statements.driver(session), self.owner, LEASE_SECONDS)
         if claim is None:
             return None
         await self.engine.execute(claim)

@@ -19,7 +19,21 @@ from pydantic import BaseModel
 from sqlalchemy import delete, event, func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app import db, environment, events, hub, inputs, keys, messages, metrics, queue, statements, tables, threads
+from app import (
+    claims,
+    db,
+    environment,
+    events,
+    hub,
+    inputs,
+    keys,
+    messages,
+    metrics,
+    queue,
+    statements,
+    tables,
+    threads,
+)
 from app.catalog import Catalog
 from app.engine import inbox, run
 from app.engine.history import Histories
@@ -136,7 +150,7 @@ async def drive(
         cat: Catalog,
         *inputs: str,
         prepare: Callable[[AsyncSession, tables.Thread], Any] | None = None,
-        between: Callable[[queue.Claim], Awaitable[queue.Claim]] | None = None,
+        between: Callable[[claims.Claim], Awaitable[claims.Claim]] | None = None,
         role: str = "user",
         thread_id: uuid.UUID | None = None,
         **overrides: Any,
@@ -156,7 +170,7 @@ async def drive(
             for text in inputs:
                 await messages.enqueue(s, thread, role, text)
         async with db.autocommit(sessions) as s:
-            claim = await queue.claim(await statements.driver(s), "test", 30)
+            claim = await claims.claim(await statements.driver(s), "test", 30)
         assert claim is not None and claim.thread_id == thread.id
         await engine.execute(await between(claim) if between is not None else claim)
         result = await outcome(sessions, thread.id)
@@ -463,8 +477,8 @@ async def test_dual_ai_sides_take_turns_each_seeing_itself_as_assistant(drive: D
 async def test_a_lost_lease_writes_nothing(drive: Drive) -> None:
     model = Model("never")
 
-    async def stolen(claim: queue.Claim) -> queue.Claim:
-        return queue.Claim(thread_id=claim.thread_id, token=uuid.uuid4(), attempt=claim.attempt)
+    async def stolen(claim: claims.Claim) -> claims.Claim:
+        return claims.Claim(thread_id=claim.thread_id, token=uuid.uuid4(), attempt=claim.attempt)
 
     result = await drive(catalog(model), "hi", between=stolen)
     assert model.requests == [] and result.rows == []
@@ -477,7 +491,7 @@ async def test_a_thread_terminated_after_its_claim_runs_nothing_and_is_given_bac
 ) -> None:
     model = Model("never")
 
-    async def terminate(claim: queue.Claim) -> queue.Claim:
+    async def terminate(claim: claims.Claim) -> claims.Claim:
         async with sessions() as s, s.begin():
             (await threads.lock(s, claim.thread_id)).terminated_at = datetime.now(UTC)
         return claim
@@ -490,7 +504,7 @@ async def test_a_thread_terminated_after_its_claim_runs_nothing_and_is_given_bac
 async def test_a_stopped_thread_runs_nothing(drive: Drive, sessions: async_sessionmaker[AsyncSession]) -> None:
     model = Model("never")
 
-    async def stop(claim: queue.Claim) -> queue.Claim:
+    async def stop(claim: claims.Claim) -> claims.Claim:
         async with sessions() as s, s.begin():
             (await threads.lock(s, claim.thread_id)).stopped = True
         return claim
@@ -633,7 +647,7 @@ ALONE = "FROM threads t WHERE t.id = $1 AND t.lease_token = $2"  # `queue.FENCE`
 
 def fences(seen: list[Any]) -> list[tuple[int, str]]:
     """Where the transactions took the thread row's lock: `alone` (`queue.FENCE`) or `in the read` (the closing's
-    first read, `queue.fence_later`)."""
+    first read, `claims.fence_later`)."""
     sent = [" ".join(q.query.split()) for q in seen]
     return [(i, "alone" if ALONE in q else "in the read") for i, q in enumerate(sent) if ALONE in q or "fence AS" in q]
 
@@ -738,7 +752,7 @@ async def test_a_partial_text_after_the_lease_was_lost_writes_nothing(
         await messages.enqueue(s, thread, "user", "hi")
         pending = await messages.add(s, thread.id, "assistant", status="pending")
     async with db.autocommit(sessions) as s:
-        claim = await queue.claim(await statements.driver(s), "test", 30)
+        claim = await claims.claim(await statements.driver(s), "test", 30)
     assert claim is not None and claim.thread_id == thread.id
     txs = Transactions(sessions, Histories(), Tallies())
 
@@ -830,7 +844,7 @@ async def test_an_opening_whose_thread_changed_after_the_claim_is_fenced_again(
     read; input posted between the claim and that read changed the row: the read counts for nothing, everything
     rolls back, and the opening runs fenced as usual — both messages delivered, once."""
 
-    async def post_more(claim: queue.Claim) -> queue.Claim:
+    async def post_more(claim: claims.Claim) -> claims.Claim:
         async with sessions() as s, s.begin():
             await messages.enqueue(s, await threads.lock(s, claim.thread_id), "user", "and more")
         return claim

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from app import heartbeat, queue
+from app import claims, heartbeat
 from app.heartbeat import Heartbeat
 
 
@@ -44,11 +44,11 @@ def connections(monkeypatch: pytest.MonkeyPatch) -> list[_Connection]:
     return opened
 
 
-def _claims(n: int, at: float | None = None) -> list[queue.Claim]:
-    return [queue.Claim(uuid.uuid4(), uuid.uuid4(), 1, claimed_at=at) for _ in range(n)]
+def _claims(n: int, at: float | None = None) -> list[claims.Claim]:
+    return [claims.Claim(uuid.uuid4(), uuid.uuid4(), 1, claimed_at=at) for _ in range(n)]
 
 
-async def _beating(held: list[queue.Claim], lease: float, done: Any, seconds: float = 15) -> None:
+async def _beating(held: list[claims.Claim], lease: float, done: Any, seconds: float = 15) -> None:
     """Run a heartbeat over the claims `held` until `done()` holds (at most `seconds`), then stop it."""
     beat = Heartbeat("postgresql://unused", False, lease, 60, lambda: held, lambda lost: None)
     beat.start()
@@ -70,7 +70,7 @@ async def test_a_renewal_that_hangs_is_given_up_before_the_lease_ends_and_tried_
     entered: list[float] = []
     abandoned: list[float] = []
 
-    async def renew(conn: _Connection, claims: list[queue.Claim], *args: Any, **kwargs: Any) -> set[Any]:
+    async def renew(conn: _Connection, claims: list[claims.Claim], *args: Any, **kwargs: Any) -> set[Any]:
         entered.append(time.monotonic())
         if len(entered) == 1:
             try:
@@ -102,7 +102,7 @@ async def test_a_lease_is_renewed_a_beat_after_its_claim(
     heartbeat first sees it (a slow claim, a busy event loop)."""
     renewals: list[float] = []
 
-    async def renew(conn: _Connection, claims: list[queue.Claim], *args: Any, **kwargs: Any) -> set[Any]:
+    async def renew(conn: _Connection, claims: list[claims.Claim], *args: Any, **kwargs: Any) -> set[Any]:
         renewals.append(time.monotonic())
         return set()
 
@@ -119,7 +119,7 @@ async def test_leases_are_renewed_in_batches(connections: list[_Connection], mon
     """A worker holding many leases renews them in statements of at most `BATCH`; every lease once a beat."""
     batches: list[list[uuid.UUID]] = []
 
-    async def renew(conn: _Connection, claims: list[queue.Claim], *args: Any, **kwargs: Any) -> set[Any]:
+    async def renew(conn: _Connection, claims: list[claims.Claim], *args: Any, **kwargs: Any) -> set[Any]:
         batches.append([c.thread_id for c in claims])
         return set()
 

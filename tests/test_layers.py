@@ -33,6 +33,7 @@ STORAGE_ORDER = (
     "app.db",
     "app.statements",
     "app.events",
+    "app.claims",
     "app.threads",
     "app.queue",
     "app.messages",

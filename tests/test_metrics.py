@@ -13,7 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import text as sql
 
-from app import db, keys, metrics, queue
+from app import claims, db, keys, metrics
 from app.api.app import create_app
 from app.catalog import Catalog
 from app.settings import Settings
@@ -158,7 +158,7 @@ async def test_queue_gauges_describe_the_database(app_factory: Any, database_url
         assert (value(waiting, "agents_queue_oldest_seconds") or 0) > 0
         conn = await db.connect(database_url, connect_timeout=10)
         try:
-            claimed = await queue.claim(conn, "test", 30)
+            claimed = await claims.claim(conn, "test", 30)
             assert claimed is not None
             leased = await scrape(client)
             assert value(leased, "agents_threads_runnable") == 1

@@ -1,4 +1,4 @@
-"""The durable queue on real Postgres: claim, lease, fence, heartbeat, release."""
+"""The durable queue on real Postgres: enqueue, the inbox's reads, heartbeat, release (claims: test_claims.py)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ import pytest
 from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
-from app import db, errors, events, heartbeat, inputs, keys, queue, statements, tables, threads
+from app import claims, db, events, heartbeat, inputs, keys, queue, statements, tables, threads
 from app.heartbeat import Heartbeat
 from app.spec import define_agent
+from tests.test_claims import claim_one, runnable
 
 AGENT = define_agent(name="a", side_a={"prompt": "p"})
 
@@ -29,21 +30,6 @@ async def engine(database_url: str) -> AsyncIterator[AsyncEngine]:
 @pytest.fixture
 def sessions(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
     return db.sessionmaker(engine)
-
-
-async def _runnable(sessions: async_sessionmaker[AsyncSession], n: int) -> list[uuid.UUID]:
-    ids = []
-    async with sessions() as s, s.begin():
-        for _ in range(n):
-            row = await threads.create(s, AGENT, keys.OPEN)
-            await queue.enqueue(s, row.id, inputs.Kind.MESSAGE, {"id": str(uuid.uuid4()), "role": "user"})
-            ids.append(row.id)
-    return ids
-
-
-async def _claim(sessions: async_sessionmaker[AsyncSession], owner: str = "w", lease: float = 30) -> queue.Claim | None:
-    async with db.autocommit(sessions) as s:
-        return await queue.claim(await statements.driver(s), owner, lease)
 
 
 async def _all_heard(sessions: async_sessionmaker[AsyncSession], channel: str, heard: list[str]) -> None:
@@ -99,89 +85,29 @@ async def test_input_enqueued_alongside_rides_with_the_held_events(
                 inbox = await queue.pending(s, tid)
                 assert [i.kind for i in inbox] == [inputs.Kind.MESSAGE]
             assert [r.type for r in await events.read(s, ids[0], 0)] == ["thread_status"]
-        claimed = {c.thread_id for c in [await _claim(sessions) for _ in ids] if c is not None}
+        claimed = {c.thread_id for c in [await claim_one(sessions) for _ in ids] if c is not None}
         assert claimed == set(ids)
     finally:
         await listener.close()
 
 
-async def test_claim_takes_the_oldest_runnable_thread_once(
-    sessions: async_sessionmaker[AsyncSession],
-) -> None:
-    ids = await _runnable(sessions, 2)
-    first = await _claim(sessions)
-    second = await _claim(sessions)
-    assert first is not None and second is not None
-    assert [first.thread_id, second.thread_id] == ids
-    assert first.attempt == 1
-    assert await _claim(sessions) is None  # both leased
-
-
-@pytest.mark.parametrize("raw", [True, False])
-async def test_a_claim_returns_the_row_as_it_left_it_on_any_connection(
-    sessions: async_sessionmaker[AsyncSession], database_url: str, raw: bool
-) -> None:
-    """The claimed row (the execution's first transaction starts from it): every column, JSON ones decoded on the
-    worker's own connection too (it decodes no JSON), and its version, which the row's `xmin` is then."""
-    [tid] = await _runnable(sessions, 1)
-    async with sessions() as s, s.begin():
-        (await s.get_one(tables.Thread, tid)).session_result = {"content": "done", "attachments": []}
-    if raw:
-        conn = await db.connect(database_url)
-        try:
-            claim = await queue.claim(conn, "w", 30)
-        finally:
-            await conn.close()
-    else:
-        claim = await _claim(sessions)
-    assert claim is not None and claim.row is not None
-    assert claim.row["session_result"] == {"content": "done", "attachments": []}
-    assert (claim.row["id"], claim.row["lease_token"], claim.row["attempt"]) == (tid, claim.token, 1)
-    async with sessions() as s:
-        found = await (await statements.driver(s)).fetchval("SELECT xmin::text FROM threads WHERE id = $1", tid)
-    assert int(found) == claim.xmin
-
-
-async def test_one_claim_takes_as_many_threads_as_asked_each_with_its_own_token(
-    sessions: async_sessionmaker[AsyncSession],
-) -> None:
-    ids = await _runnable(sessions, 3)
-    async with db.autocommit(sessions) as s:
-        first = await queue.claim_many(await statements.driver(s), "w", 30, [], 2)
-        rest = await queue.claim_many(await statements.driver(s), "w", 30, [], 5)
-    assert [c.thread_id for c in first] == ids[:2] and [c.thread_id for c in rest] == ids[2:]
-    claims = first + rest
-    assert len({c.token for c in claims}) == 3
-    async with sessions() as s, s.begin():  # each token fences its own thread, and only that one
-        for c in claims:
-            assert (await queue.fence(s, c)).id == c.thread_id
-        with pytest.raises(errors.LeaseLost):
-            await queue.fence(s, queue.Claim(thread_id=ids[0], token=claims[1].token, attempt=1))
-
-
-async def test_nothing_runnable_claims_nothing(sessions: async_sessionmaker[AsyncSession]) -> None:
-    async with sessions() as s, s.begin():
-        await threads.create(s, AGENT, keys.OPEN)
-    assert await _claim(sessions) is None
-
-
 async def test_release_clears_runnable_unless_input_waits(sessions: async_sessionmaker[AsyncSession]) -> None:
-    [tid] = await _runnable(sessions, 1)
-    claim = await _claim(sessions)
+    [tid] = await runnable(sessions, 1)
+    claim = await claim_one(sessions)
     assert claim is not None
     async with sessions() as s, s.begin():
         assert await queue.take_inbox(s, tid)
         assert await queue.release(s, claim) is False
-    assert await _claim(sessions) is None
+    assert await claim_one(sessions) is None
     # input arriving during the run keeps the thread runnable after release
-    claim2_ids = await _runnable(sessions, 1)
-    claim2 = await _claim(sessions)
+    claim2_ids = await runnable(sessions, 1)
+    claim2 = await claim_one(sessions)
     assert claim2 is not None and claim2.thread_id == claim2_ids[0]
     async with sessions() as s, s.begin():
         await queue.enqueue(s, claim2.thread_id, inputs.Kind.MESSAGE, {"id": str(uuid.uuid4()), "role": "user"})
     async with sessions() as s, s.begin():
         assert await queue.release(s, claim2) is True
-    again = await _claim(sessions)
+    again = await claim_one(sessions)
     assert again is not None and again.thread_id == claim2.thread_id
 
 
@@ -189,11 +115,11 @@ async def test_release_clears_runnable_unless_input_waits(sessions: async_sessio
 async def test_a_release_writes_the_rows_changes_in_its_own_statement(
     sessions: async_sessionmaker[AsyncSession], keep_attempt: bool
 ) -> None:
-    [tid] = await _runnable(sessions, 1)
-    claim = await _claim(sessions)
+    [tid] = await runnable(sessions, 1)
+    claim = await claim_one(sessions)
     assert claim is not None
     async with sessions() as s, s.begin():
-        thread = await queue.fence(s, claim)
+        thread = await claims.fence(s, claim)
         await queue.take_inbox(s, tid)
         thread.status, thread.attempt, thread.session_result = "idle", 3, {"done": True}
         assert await queue.release(s, claim, fenced=True, keep_attempt=keep_attempt, row=thread) is False
@@ -211,15 +137,15 @@ async def test_a_release_rides_with_the_held_events(
 ) -> None:
     """The engine's closing transaction: the lease, the row's changes, the events and the deferred writes in one
     statement; the thread stays runnable (and a worker is woken) only if input waits."""
-    [tid] = await _runnable(sessions, 1)
-    claim = await _claim(sessions)
+    [tid] = await runnable(sessions, 1)
+    claim = await claim_one(sessions)
     assert claim is not None
     woken: list[str] = []
     listener = await db.connect(database_url)
     await listener.add_listener(queue.WAKEUP_CHANNEL, lambda *a: woken.append(a[-1]))
     try:
         async with sessions() as s, s.begin():
-            thread = await queue.fence(s, claim)
+            thread = await claims.fence(s, claim)
             events.hold(s, tid)
             if not input_waits:
                 await queue.take_inbox(s, tid)
@@ -246,7 +172,7 @@ async def test_a_release_rides_with_the_held_events(
             assert [e.type for e in await events.read(s, tid, 0)] == ["turn_ended"]
         await _all_heard(sessions, queue.WAKEUP_CHANNEL, woken)
         assert len(woken) == (1 if input_waits else 0)
-        assert ((await _claim(sessions)) is not None) is input_waits
+        assert ((await claim_one(sessions)) is not None) is input_waits
     finally:
         await listener.close()
 
@@ -280,11 +206,11 @@ async def test_a_release_without_events_goes_at_the_last_flush_or_at_once(
     await listener.add_listener(events.CHANNEL, lambda *a: announced.append(a[-1]))
     try:
         for held in (True, False):
-            [tid] = await _runnable(sessions, 1)
-            claim = await _claim(sessions)
+            [tid] = await runnable(sessions, 1)
+            claim = await claim_one(sessions)
             assert claim is not None
             async with sessions() as s, s.begin():
-                thread = await queue.fence(s, claim)
+                thread = await claims.fence(s, claim)
                 if held:
                     events.hold(s, tid)
                 await queue.take_inbox(s, tid)
@@ -354,32 +280,15 @@ async def test_a_posted_message_is_one_statement_or_nothing(
         await listener.close()
 
 
-async def test_expired_lease_is_claimable_and_fences_the_old_holder(
-    sessions: async_sessionmaker[AsyncSession],
-) -> None:
-    await _runnable(sessions, 1)
-    old = await _claim(sessions, "old", lease=0.05)
-    assert old is not None
-    await asyncio.sleep(0.1)
-    new = await _claim(sessions, "new")
-    assert new is not None and new.thread_id == old.thread_id and new.attempt == 2
-    async with sessions() as s, s.begin():
-        with pytest.raises(errors.LeaseLost):
-            await queue.fence(s, old)
-        with pytest.raises(errors.LeaseLost):
-            await queue.release(s, old)
-        assert (await queue.fence(s, new)).id == new.thread_id
-
-
 async def test_heartbeat_renews_held_leases_and_reports_lost_ones(
     sessions: async_sessionmaker[AsyncSession], database_url: str
 ) -> None:
-    await _runnable(sessions, 2)
-    kept = await _claim(sessions, lease=0.2)
-    stolen = await _claim(sessions, lease=0.05)
+    await runnable(sessions, 2)
+    kept = await claim_one(sessions, lease=0.2)
+    stolen = await claim_one(sessions, lease=0.05)
     assert kept is not None and stolen is not None
     await asyncio.sleep(0.1)
-    thief = await _claim(sessions, "thief")
+    thief = await claim_one(sessions, "thief")
     assert thief is not None and thief.thread_id == stolen.thread_id
     conn = await db.connect(database_url)
     try:
@@ -401,13 +310,13 @@ async def test_heartbeat_renews_a_lease_whose_thread_row_a_transaction_holds(
     sessions: async_sessionmaker[AsyncSession], database_url: str
 ) -> None:
     """A thread row locked by a long transaction (a busy step, an enqueue) does not stop the renewal of its lease."""
-    await _runnable(sessions, 2)
-    busy, free = await _claim(sessions, lease=30), await _claim(sessions, lease=30)
+    await runnable(sessions, 2)
+    busy, free = await claim_one(sessions, lease=30), await claim_one(sessions, lease=30)
     assert busy is not None and free is not None
     conn = await db.connect(database_url)
     try:
         async with sessions() as s, s.begin():
-            await queue.fence(s, busy)  # holds the row lock until this block ends
+            await claims.fence(s, busy)  # holds the row lock until this block ends
             lost = await asyncio.wait_for(heartbeat.renew(conn, [busy, free], 60), 2)
             assert lost == set()
             async with sessions() as r:
@@ -425,49 +334,24 @@ async def test_a_transaction_stalled_past_the_lease_keeps_it_and_nobody_else_cla
     """The chaos race, made deterministic: the worker's event loop blocks (a CPU-bound tool) inside a fenced
     transaction for twice the lease. The heartbeat, on its own OS thread, must keep the lease alive meanwhile, so that
     once the stalled transaction commits (and its execution starts a tool) no other worker can claim the thread."""
-    await _runnable(sessions, 1)
+    await runnable(sessions, 1)
     lease = 0.45
-    claim = await _claim(sessions, lease=lease)
+    claim = await claim_one(sessions, lease=lease)
     assert claim is not None
     lost: list[set[tuple[uuid.UUID, uuid.UUID]]] = []
     beat = Heartbeat(database_url, False, lease, 60, lambda: [claim], lost.append)
     beat.start()
     try:
         async with sessions() as s, s.begin():
-            await queue.fence(s, claim)
+            await claims.fence(s, claim)
             time.sleep(lease * 2)  # noqa: ASYNC251 -- the loop blocked, the thread row locked, past the lease
             await beat.stop()  # what the lease is worth at the commit is what the heartbeat did during the stall
-        assert await _claim(sessions, "thief", lease=lease) is None  # still held: the tool may start
+        assert await claim_one(sessions, "thief", lease=lease) is None  # still held: the tool may start
         async with sessions() as s, s.begin():
-            assert (await queue.fence(s, claim)).id == claim.thread_id
+            assert (await claims.fence(s, claim)).id == claim.thread_id
     finally:
         await beat.stop()
     assert lost == []
-
-
-async def test_concurrent_claimers_never_share_a_thread(sessions: async_sessionmaker[AsyncSession]) -> None:
-    ids = await _runnable(sessions, 40)
-
-    async def claimer(n: int) -> list[uuid.UUID]:
-        got = []
-        while (claim := await _claim(sessions, f"w{n}")) is not None:
-            got.append(claim.thread_id)
-        return got
-
-    results = await asyncio.gather(*(claimer(n) for n in range(8)))
-    claimed = [tid for r in results for tid in r]
-    assert sorted(claimed) == sorted(ids)
-    assert len(set(claimed)) == len(claimed)
-
-
-async def test_waiting_and_terminated_threads_are_not_claimed(
-    sessions: async_sessionmaker[AsyncSession],
-) -> None:
-    waiting, terminated = await _runnable(sessions, 2)
-    async with sessions() as s, s.begin():
-        await s.execute(text("UPDATE threads SET status = 'waiting' WHERE id = :id"), {"id": waiting})
-        await s.execute(text("UPDATE threads SET terminated_at = now() WHERE id = :id"), {"id": terminated})
-    assert await _claim(sessions) is None
 
 
 async def test_enqueue_notifies_listeners_at_commit(
@@ -487,12 +371,12 @@ async def test_enqueue_notifies_listeners_at_commit(
         await conn.close()
 
 
-async def test_a_release_racing_an_enqueue_keeps_the_thread_runnable(
+async def test_a_release_racing_an_enqueue_keeps_the_threadrunnable(
     sessions: async_sessionmaker[AsyncSession],
 ) -> None:
     """R8: an enqueue holding the thread row while the worker releases it; its input must not be stranded."""
-    [tid] = await _runnable(sessions, 1)
-    claim = await _claim(sessions)
+    [tid] = await runnable(sessions, 1)
+    claim = await claim_one(sessions)
     assert claim is not None
     async with sessions() as s, s.begin():
         await queue.take_inbox(s, tid)  # the run took its input
@@ -513,7 +397,7 @@ async def test_a_release_racing_an_enqueue_keeps_the_thread_runnable(
             await s.execute(text("SELECT runnable_since, lease_token FROM threads WHERE id = :id"), {"id": tid})
         ).one()
     assert row.runnable_since is not None and row.lease_token is None
-    again = await _claim(sessions)
+    again = await claim_one(sessions)
     assert again is not None and again.thread_id == tid
 
 
@@ -532,10 +416,10 @@ async def _waiting_for_a_lock(sessions: async_sessionmaker[AsyncSession]) -> Non
 async def test_the_janitor_check_repairs_a_stranded_thread_and_nothing_else(
     sessions: async_sessionmaker[AsyncSession],
 ) -> None:
-    stranded, leased, stopped, waiting, idle = await _runnable(sessions, 5)
-    claim = await _claim(sessions)  # the oldest: `stranded`, whose lease we drop by hand below
+    stranded, leased, stopped, waiting, idle = await runnable(sessions, 5)
+    claim = await claim_one(sessions)  # the oldest: `stranded`, whose lease we drop by hand below
     assert claim is not None and claim.thread_id == stranded
-    held = await _claim(sessions)
+    held = await claim_one(sessions)
     assert held is not None and held.thread_id == leased
     async with sessions() as s, s.begin():
         clear = "UPDATE threads SET runnable_since = NULL, lease_token = NULL WHERE id = :id"
@@ -554,15 +438,15 @@ async def test_the_janitor_check_repairs_a_stranded_thread_and_nothing_else(
         assert await queue.repair_stranded(s) == [stranded]
     async with sessions() as s, s.begin():
         assert await queue.repair_stranded(s) == []
-    again = await _claim(sessions)
+    again = await claim_one(sessions)
     assert again is not None and again.thread_id == stranded
 
 
 async def test_set_aside_input_is_neither_delivered_nor_a_reason_to_run(
     sessions: async_sessionmaker[AsyncSession],
 ) -> None:
-    [tid] = await _runnable(sessions, 1)
-    claim = await _claim(sessions)
+    [tid] = await runnable(sessions, 1)
+    claim = await claim_one(sessions)
     assert claim is not None
     async with sessions() as s, s.begin():
         [row] = await queue.pending(s, tid)
@@ -574,28 +458,12 @@ async def test_set_aside_input_is_neither_delivered_nor_a_reason_to_run(
     assert (kept.id, kept.error) == (row.id, "bad input") and kept.set_aside_at is not None
 
 
-async def test_a_worker_never_claims_a_thread_it_still_runs(sessions: async_sessionmaker[AsyncSession]) -> None:
-    """Its lease expired but nobody took it: no second execution starts here. The first one can write no more
-    (the heartbeat could not renew it for a whole lease, and another worker may claim it any moment)."""
-    [tid] = await _runnable(sessions, 1)
-    first = await _claim(sessions, lease=0.05)
-    assert first is not None
-    await asyncio.sleep(0.1)
-    async with db.autocommit(sessions) as s:
-        assert await queue.claim(await statements.driver(s), "w", 30, [tid]) is None
-    with pytest.raises(errors.LeaseLost):
-        async with sessions() as s, s.begin():
-            await queue.fence(s, first)
-    other = await _claim(sessions, "other")
-    assert other is not None and other.thread_id == tid  # another worker may take it over
-
-
 async def test_the_inbox_look_carries_deferred_writes_unless_they_write_the_inbox(
     sessions: async_sessionmaker[AsyncSession],
 ) -> None:
     """`queue.waiting` (every step's opening) sends a tool call's deferred log row in its own statement; a deferred
     inbox row goes first, so the look sees it."""
-    [tid] = await _runnable(sessions, 1)
+    [tid] = await runnable(sessions, 1)
     for deferred_inbox in (False, True):
         log_id = uuid.uuid4()
         async with sessions() as s, s.begin():
@@ -624,7 +492,7 @@ async def test_the_first_look_takes_the_input_unless_an_effect_waits(
 ) -> None:
     """`waiting_and_taking` (an execution's start): whether input and effects wait, and the input taken in the same
     statement; an effect waiting leaves the input where it is (due effects run first), and is never taken."""
-    [tid] = await _runnable(sessions, 1)  # one message waits
+    [tid] = await runnable(sessions, 1)  # one message waits
     async with sessions() as s, s.begin():
         await queue.enqueue(s, tid, inputs.Kind.EFFECT, {"effect_id": str(uuid.uuid4())})
         input_waits, effects_wait, taken = await queue.waiting_and_taking(s, tid)
@@ -645,17 +513,17 @@ async def test_a_first_look_that_takes_the_lock_deletes_nothing_without_it(
     """An execution's first look takes the row lock without waiting (`fence_later`); while the API holds the row
     (here: setting one input aside) it must not touch the inbox rows either: it would lock them before the row, the
     reverse of the API's order. It reads, takes nothing and says so (`Stale`) at once."""
-    [tid] = await _runnable(sessions, 1)
+    [tid] = await runnable(sessions, 1)
     async with sessions() as s, s.begin():
         await queue.enqueue(s, tid, inputs.Kind.CONTINUE, {"side": "a"})
-    claim = await _claim(sessions)
+    claim = await claim_one(sessions)
     assert claim is not None and claim.xmin is not None
     async with sessions() as api, api.begin():
         await threads.lock(api, tid)
         first, _ = await queue.pending(api, tid)
         await queue.set_aside(api, first.id, "held by the API")  # the API holds the row and that inbox row
         async with sessions() as s, s.begin():
-            statements.fence_later(s, queue.fence_later(claim, claim.xmin))
+            statements.fence_later(s, claims.fence_later(claim, claim.xmin))
             with pytest.raises(statements.Stale):
                 await asyncio.wait_for(queue.waiting_and_taking(s, tid), 5)
         await api.rollback()

@@ -10,7 +10,7 @@ from typing import Any
 
 from sqlalchemy import func, select, text
 
-from app import catalog, files, heartbeat, inputs, metrics, queue, tables
+from app import catalog, claims, files, heartbeat, inputs, metrics, queue, tables
 from app.catalog import Catalog
 from app.llm.base import LLMRequest
 from app.spec import define_agent, define_model, define_prompt
@@ -246,7 +246,7 @@ def test_a_lost_lease_cancels_only_the_execution_that_held_it(settings: Any) -> 
         tid = uuid.uuid4()
         old, new = uuid.uuid4(), uuid.uuid4()
         task = asyncio.create_task(asyncio.sleep(10))
-        worker._running[tid] = (queue.Claim(tid, new, 1), task)
+        worker._running[tid] = (claims.Claim(tid, new, 1), task)
         worker._cancel_lost({(tid, old)})
         worker._abandon(f"{tid}:{old}")
         await asyncio.sleep(0)
@@ -255,7 +255,7 @@ def test_a_lost_lease_cancels_only_the_execution_that_held_it(settings: Any) -> 
         await asyncio.sleep(0)
         abandoned = task.cancelled()
         again = asyncio.create_task(asyncio.sleep(10))
-        worker._running[tid] = (queue.Claim(tid, new, 1), again)
+        worker._running[tid] = (claims.Claim(tid, new, 1), again)
         worker._cancel_lost({(tid, new)})
         await asyncio.sleep(0)
         return kept, abandoned, again.cancelled()
@@ -272,14 +272,14 @@ async def test_an_idle_worker_claims_once_per_notice_and_not_when_a_slot_frees(
     """One claim statement takes what a notice made runnable; a claim that found less than it asked for leaves
     nothing behind, so neither the end of an execution nor the claim itself needs another (empty) claim."""
     asked: list[int] = []
-    original = queue.claim_many
+    original = claims.claim_many
 
-    async def counted(*args: Any) -> list[queue.Claim]:
+    async def counted(*args: Any) -> list[claims.Claim]:
         found = await original(*args)
         asked.append(len(found))
         return found
 
-    monkeypatch.setattr(queue, "claim_many", counted)
+    monkeypatch.setattr(claims, "claim_many", counted)
     app = await app_factory(catalog.load(ROOT / "agents"), with_worker=True, poll_interval=30)
     client = client_for(app)
     await wait_for(lambda: asyncio.sleep(0, bool(asked)))  # the start's claim (no poll during the test)
@@ -297,7 +297,7 @@ async def test_a_queue_connection_left_mid_statement_is_opened_anew(app_factory:
     mid-statement) once ended the worker process; the worker opens new connections and goes on claiming."""
     import asyncpg
 
-    real = queue.claim_many
+    real = claims.claim_many
     broke: list[bool] = []
 
     async def once_broken(*args: Any, **kwargs: Any) -> Any:
@@ -306,7 +306,7 @@ async def test_a_queue_connection_left_mid_statement_is_opened_anew(app_factory:
             raise asyncpg.InternalClientError("cannot switch to state 12; another operation (2) is in progress")
         return await real(*args, **kwargs)
 
-    monkeypatch.setattr(queue, "claim_many", once_broken)
+    monkeypatch.setattr(claims, "claim_many", once_broken)
     record = {"calls": 0, "cancelled": 0}
     app = await app_factory(slow_catalog(0, record), with_worker=True)
     client = client_for(app)
@@ -342,12 +342,12 @@ async def test_a_lease_its_execution_gave_back_is_not_reported_lost(
 
     async def beat_now() -> None:
         task = asyncio.current_task()
-        claims = beats[0]._claims() if beats else []
-        if beating or not claims or task is None or not task.get_name().startswith("thread-"):
+        held = beats[0]._held() if beats else []
+        if beating or not held or task is None or not task.get_name().startswith("thread-"):
             return
         beating.append(True)
         try:
-            lost = await heartbeat.renew(conn, claims, settings.lease_seconds)
+            lost = await heartbeat.renew(conn, held, settings.lease_seconds)
         finally:
             beating.clear()
         if lost:

@@ -20,7 +20,7 @@ import httpx
 from cryptography.fernet import Fernet
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app import control, errors, events, masking, messages, queue, tables, threads, tracing
+from app import claims, control, errors, events, masking, messages, queue, tables, threads, tracing
 from app.catalog import Catalog
 from app.engine import (
     calls,
@@ -96,11 +96,11 @@ class Engine:
             context=self._context,
         )
 
-    def _tx(self, claim: queue.Claim) -> AbstractAsyncContextManager[tuple[AsyncSession, tables.Thread]]:
+    def _tx(self, claim: claims.Claim) -> AbstractAsyncContextManager[tuple[AsyncSession, tables.Thread]]:
         """A transaction on the thread row, fenced by the claim's lease (`Transactions.fenced`)."""
         return self._txs.fenced(claim)
 
-    async def execute(self, claim: queue.Claim) -> None:
+    async def execute(self, claim: claims.Claim) -> None:
         """Run a claimed thread until it has nothing left to do, then release it; its span continues the trace of
         the message it delivers first (posted over HTTP, `tracing.resumed`), when traces are on."""
         queued: list[tuple[Any, str | None]] = []
@@ -112,7 +112,7 @@ class Engine:
         with tracing.span("execute", attributes, context=parent, links=links):
             await self._execute(claim)
 
-    async def _execute(self, claim: queue.Claim) -> None:
+    async def _execute(self, claim: claims.Claim) -> None:
         if 1 < claim.attempt <= inbox.MAX_ATTEMPTS:  # a release resets it: the claim before this one never ended
             log.warning(
                 "thread %s: its last execution never finished (its worker died or lost the lease); running it "
@@ -148,7 +148,7 @@ class Engine:
             self._txs.end(claim)
             self._histories.trim(claim.thread_id)
 
-    async def _run_all(self, claim: queue.Claim) -> bool:
+    async def _run_all(self, claim: claims.Claim) -> bool:
         """Run; an input whose delivery fails is set aside (kept, marked, reported) and the rest goes on without it.
         Input is delivered only in a transaction that opens a step and nothing else (`_open_step`), so the failed one's
         rollback undoes nothing but that opening."""
@@ -177,14 +177,14 @@ class Engine:
     # the turn goes on, opens the next step — or releases the thread when it ends. Tool calls add one transaction
     # each (its result, and the next call's `tool_started`).
 
-    async def _run(self, claim: queue.Claim) -> bool:
+    async def _run(self, claim: claims.Claim) -> bool:
         """Run steps until the turn (and any the other side takes) ends; returns whether the thread was released."""
         step: Opened | Answered | Released | None = await self._open_step(claim, first=True)
         while isinstance(step, Opened | Answered):
             step = await self._step(claim, step)
         return step is RELEASED
 
-    async def _open_step(self, claim: queue.Claim, *, first: bool) -> Opened | Answered | None:
+    async def _open_step(self, claim: claims.Claim, *, first: bool) -> Opened | Answered | None:
         """Open the next step in a transaction of its own; due effects run first (§10)."""
 
         async def opening(session: AsyncSession, thread: tables.Thread) -> Opened | Answered | OpenOnItsOwn | None:
@@ -197,7 +197,7 @@ class Engine:
             await effect_runs.run_queued(self._catalog, self._fernet, lambda: self._tx(claim), self._sessions)
 
     async def _after_close(
-        self, claim: queue.Claim, step: Answered, closed: Closed
+        self, claim: claims.Claim, step: Answered, closed: Closed
     ) -> Opened | Answered | Released | None:
         """After a step's closing transaction committed: count the step; the step it opened, or one opened apart."""
         self.meter.step(step.agent.name)
@@ -260,7 +260,7 @@ class Engine:
         assert config is not None, f"agent {agent.name} has no side {side}"
         return config, self._catalog.prompts[config.prompt]
 
-    async def _step(self, claim: queue.Claim, step: Opened | Answered) -> Opened | Answered | Released | None:
+    async def _step(self, claim: claims.Claim, step: Opened | Answered) -> Opened | Answered | Released | None:
         """The LLM call of an open step and the tools it asked for; returns the next step, or how the run ended."""
         attributes: tracing.Attributes = {
             "agents.agent": step.agent.name,
@@ -270,7 +270,7 @@ class Engine:
         with tracing.span(f"step {step.number}", attributes):
             return await self._step_in(claim, step)
 
-    async def _step_in(self, claim: queue.Claim, step: Opened | Answered) -> Opened | Answered | Released | None:
+    async def _step_in(self, claim: claims.Claim, step: Opened | Answered) -> Opened | Answered | Released | None:
         side_config, prompt = self._prompt_of(step.agent, step.side)
         offered = {t.name: t for t in context.offered_tools(self._catalog, prompt, side_config, step.env)}
         prepared: Prepared | None = None
@@ -328,7 +328,7 @@ class Engine:
         self,
         session: AsyncSession,
         thread: tables.Thread,
-        claim: queue.Claim,
+        claim: claims.Claim,
         step: Answered,
         offered: dict[str, types.OfferedTool],
         outcomes: list[types.Outcome],
@@ -511,7 +511,7 @@ class Engine:
         else:
             await threads.set_status(session, thread, threads.Status.IDLE)
 
-    async def _fail(self, claim: queue.Claim, code: str, message: str) -> None:
+    async def _fail(self, claim: claims.Claim, code: str, message: str) -> None:
         """End the session after an unexpected error, so no thread is left `running`."""
         async with self._tx(claim) as (session, thread):
             known: list[str] = []

@@ -21,7 +21,7 @@ from typing import Any
 from cryptography.fernet import Fernet
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app import attachments, children, errors, events, files, queue, tables, tracing
+from app import attachments, children, claims, errors, events, files, tables, tracing
 from app.catalog import Catalog
 from app.engine import calls, child_tools, hooks, results, stops, subprompts, tools, types
 from app.engine.state import RunState, Shared, prepare_hooks
@@ -120,7 +120,7 @@ class ToolPhase:
 
     async def run(
         self,
-        claim: queue.Claim,
+        claim: claims.Claim,
         step: Answered,
         offered: dict[str, types.OfferedTool],
         prepared: Prepared | None,
@@ -211,7 +211,7 @@ class ToolPhase:
         prepared: Prepared | None,
         group: uuid.UUID | None,
         bound: asyncio.Semaphore,
-        claim: queue.Claim,
+        claim: claims.Claim,
     ) -> Ran | types.Outcome | None:
         """One call of a batch: a subagent's answered (or parked) in its own transaction, anything else run."""
         if self.is_subagent(offered, call):
@@ -228,7 +228,7 @@ class ToolPhase:
         self,
         session: AsyncSession,
         thread: tables.Thread,
-        claim: queue.Claim,
+        claim: claims.Claim,
         step: Answered,
         offered: dict[str, types.OfferedTool],
         batch: list[ToolCall],
@@ -273,7 +273,7 @@ class ToolPhase:
 
     async def _execute(
         self,
-        claim: queue.Claim,
+        claim: claims.Claim,
         step: Answered,
         offered: dict[str, types.OfferedTool],
         call: ToolCall,
@@ -309,7 +309,7 @@ class ToolPhase:
         return Ran(replace(outcome, result=shaped.result), shaped, hook_runner)
 
     async def _subagent(
-        self, claim: queue.Claim, step: Answered, tool: types.OfferedTool, call: ToolCall, group: uuid.UUID | None
+        self, claim: claims.Claim, step: Answered, tool: types.OfferedTool, call: ToolCall, group: uuid.UUID | None
     ) -> types.Outcome | None:
         """A subagent tool call (§6): its result now, or None when the parent parks on a blocking child."""
         name = call["function"]["name"]
@@ -343,7 +343,7 @@ class ToolPhase:
         self._meter.tool_calls.labels(name, done.result.status).inc()  # a subagent tool: always one offered
         return types.Outcome(call, result, None)
 
-    async def _attachments(self, claim: queue.Claim, bound: list[str], result: ToolResult) -> list[dict[str, Any]]:
+    async def _attachments(self, claim: claims.Claim, bound: list[str], result: ToolResult) -> list[dict[str, Any]]:
         """References for a tool message: the files a session tool's `attachmentsProperty` names, and the files a
         tool returned, stored under `/attachments/` (§9)."""
         if not bound and not result.attachments:

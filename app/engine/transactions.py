@@ -2,7 +2,7 @@
 the work allows.
 
 Every transaction of an execution locks the thread row first and is conditioned on the claim's lease token
-(`queue.fence`): BEGIN, the fence, the work, its events with the row's changes in one statement, COMMIT. Locking the
+(`claims.fence`): BEGIN, the fence, the work, its events with the row's changes in one statement, COMMIT. Locking the
 row first keeps one lock order with the API (which locks the row, then what it changes), so they never deadlock.
 
 When the row is as the execution's last commit (or its claim) left it, the lock rides in the transaction's first
@@ -13,7 +13,7 @@ A step's answer needs none of that: it reads nothing, and everything it writes (
 the events, the row's changes, the close of the turn and the release) rides in the events' statement already. The row
 is usually as the execution's last commit left it (nobody else writes it while the lease holds, except to post input,
 stop, edit or delete), and that can be checked in that same statement: `written` sends it alone, outside any
-transaction, guarded by the row's version (`xmin`, as the last commit left it) and by the lease (`queue.guard`), and
+transaction, guarded by the row's version (`xmin`, as the last commit left it) and by the lease (`claims.guard`), and
 the statement's first act is to lock the row. Where the guard fails nothing is written and the same work runs again,
 fenced. Work that turns out to need a read or a write that cannot ride raises `statements.Unsent` before anything is
 sent, and runs fenced too.
@@ -32,7 +32,7 @@ from typing import Any, NoReturn, TypeVar
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app import db, errors, events, messages, queue, statements, tables
+from app import claims, db, errors, events, messages, statements, tables
 from app.engine.history import Histories
 from app.engine.tally import Tallies, Tally
 from app.metrics import Meter
@@ -78,13 +78,13 @@ class Transactions:
         self._said: dict[uuid.UUID, list[Said]] = {}  # lines said once committed
         self._held: dict[uuid.UUID, Held] = {}  # the row as the last commit left it
 
-    def begin(self, claim: queue.Claim) -> None:
+    def begin(self, claim: claims.Claim) -> None:
         """An execution starts: its first transaction starts from the row as the claim left it, when the claim read
-        it (`queue.claim_many`)."""
+        it (`claims.claim_many`)."""
         if claim.row is not None and claim.xmin is not None:
             self._held[claim.token] = Held(claim.row, claim.xmin)
 
-    def end(self, claim: queue.Claim) -> None:
+    def end(self, claim: claims.Claim) -> None:
         """An execution ended: forget it."""
         self._turns.pop(claim.token, None)
         self._said.pop(claim.token, None)
@@ -96,24 +96,24 @@ class Transactions:
         tally = self._tallies.end(thread.id)
         self._said.setdefault(thread.lease_token, []).append(Said(thread.id, tally, line(tally)))
 
-    def _lock(self, claim: queue.Claim) -> asyncio.Lock:
+    def _lock(self, claim: claims.Claim) -> asyncio.Lock:
         """One transaction at a time per execution: each locks the thread row, so a second one (the calls of one
         answer run at once) could only wait for the first while it held a connection of the pool; it waits here
         instead, holding nothing."""
         return self._turns.setdefault(claim.token, asyncio.Lock())
 
     @asynccontextmanager
-    async def fenced(self, claim: queue.Claim) -> AsyncIterator[tuple[AsyncSession, tables.Thread]]:
+    async def fenced(self, claim: claims.Claim) -> AsyncIterator[tuple[AsyncSession, tables.Thread]]:
         """A transaction on the thread row, fenced by the claim's lease token (`LeaseLost` if it no longer holds)."""
         async with self._lock(claim), self._fenced(claim) as found:
             yield found
 
     @asynccontextmanager
-    async def _fenced(self, claim: queue.Claim) -> AsyncIterator[tuple[AsyncSession, tables.Thread]]:
+    async def _fenced(self, claim: claims.Claim) -> AsyncIterator[tuple[AsyncSession, tables.Thread]]:
         self._held.pop(claim.token, None)
         try:
             async with self._sessions() as session, session.begin():
-                thread = await queue.fence(session, claim)
+                thread = await claims.fence(session, claim)
                 events.hold(session, thread.id)  # the row is locked: its events go in one statement at the end
                 yield session, thread
                 xmin = await events.flush(session, thread)  # with the thread row's changes, in one statement
@@ -122,7 +122,7 @@ class Transactions:
             self._not_committed(claim, exc)
         self._committed(claim, thread, xmin)
 
-    async def written(self, claim: queue.Claim, work: Work[T], *, reads: bool, once: bool = False) -> T:
+    async def written(self, claim: claims.Claim, work: Work[T], *, reads: bool, once: bool = False) -> T:
         """`work` in a transaction on the thread row. When the row is as this execution's last commit left it: if
         `work` `reads` nothing, as one statement outside any transaction (`statements.writes_only`), checked where it
         writes the row (`events.Guard`); if it reads, with the row's lock riding in its first statement
@@ -146,13 +146,13 @@ class Transactions:
             async with self._fenced(claim) as (session, thread):
                 return await work(session, thread)
 
-    async def _fenced_later(self, claim: queue.Claim, held: Held, work: Work[T]) -> T:
+    async def _fenced_later(self, claim: claims.Claim, held: Held, work: Work[T]) -> T:
         """`work` in a transaction from the held row whose lock rides in its first statement
         (`statements.fence_later`): `Stale`, everything rolled back, if the row changed since, another holds its
         lock or the lease is gone; `Unsent` if a statement of SQLAlchemy's came first."""
         try:
             async with self._sessions() as session, session.begin():
-                statements.fence_later(session, queue.fence_later(claim, held.xmin))
+                statements.fence_later(session, claims.fence_later(claim, held.xmin))
                 thread: tables.Thread = statements.attach(session, tables.Thread, held.record)
                 events.hold(session, thread.id)
                 done = await work(session, thread)
@@ -165,7 +165,7 @@ class Transactions:
         self._committed(claim, thread, xmin)
         return done
 
-    async def _in_one_statement(self, claim: queue.Claim, held: Held, work: Work[T]) -> T:
+    async def _in_one_statement(self, claim: claims.Claim, held: Held, work: Work[T]) -> T:
         """`work` on a `writes_only` session from the held row, its writes sent in one guarded statement (`Stale`
         if the row changed since or the lease is gone, `Unsent` if the work needed more than one statement)."""
         try:
@@ -177,7 +177,7 @@ class Transactions:
                 if statements.unwritten(session, thread):
                     raise statements.Unsent()
                 async with db.autocommit(self._sessions) as auto:
-                    guard = queue.guard(await statements.driver(auto, flush=False), claim, held.xmin)
+                    guard = claims.guard(await statements.driver(auto, flush=False), claim, held.xmin)
                     xmin = await events.flush(session, thread, guard=guard)
         except (statements.Unsent, statements.Stale):
             raise
@@ -186,7 +186,7 @@ class Transactions:
         self._committed(claim, thread, xmin)
         return done
 
-    async def partial(self, claim: queue.Claim, message_id: uuid.UUID, text: str) -> None:
+    async def partial(self, claim: claims.Claim, message_id: uuid.UUID, text: str) -> None:
         """A streaming message's text so far into its row (clients that reconnect read it there): one statement
         outside any transaction, conditioned on the lease and on the message still `pending`. It locks the message
         row alone, writes no event and leaves the thread row (and the version `written` checks) as it was; a stop
@@ -201,14 +201,14 @@ class Transactions:
                 raise errors.Unavailable() from exc
             raise
 
-    def _committed(self, claim: queue.Claim, thread: tables.Thread, xmin: int | None) -> None:
+    def _committed(self, claim: claims.Claim, thread: tables.Thread, xmin: int | None) -> None:
         """A transaction committed: the lines of the turns it ended; the row as it left it, while the lease holds."""
         if xmin is not None and thread.lease_token == claim.token:
             self._held[claim.token] = Held(statements.record(thread), xmin)
         for said in self._said.pop(claim.token, ()):  # the turns it ended did end
             log.info("%s", said.line)
 
-    def _not_committed(self, claim: queue.Claim, exc: BaseException) -> NoReturn:
+    def _not_committed(self, claim: claims.Claim, exc: BaseException) -> NoReturn:
         """A transaction rolled back with `exc`: forget what it did, and raise `exc` (a lock cycle or the database
         gone as the engine's own errors)."""
         self._histories.drop(claim.thread_id)  # what it read may hold writes that were just rolled back
