@@ -29,7 +29,8 @@
 # langchain-openai (LANGCHAIN_OPENAI_VERSION, 1.6.6).
 # SA_AGENTS (bench/peers/agents), PROFILE=1 (mode sa: one extra B2 repetition of each graph at the first B2_CLIENTS
 # count, labelled `sa+py-spy` and not among sa's repetitions, while `py-spy record` samples the server for 15 s;
-# PYSPY = the py-spy binary), SA_LABEL_SUFFIX (appended to the sa/sa2 labels, e.g. `-patched` for a modified SA_REPO).
+# PYSPY = the py-spy binary, PYSPY_ARGS = more py-spy options, e.g. `--gil`: only the thread holding the GIL),
+# SA_LABEL_SUFFIX (appended to the sa/sa2 labels, e.g. `-patched` for a modified SA_REPO).
 # Everything listens on 127.0.0.1; all servers started here are stopped at exit (by pid).
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -46,7 +47,7 @@ SA_GIT=${SA_GIT:-$(git rev-parse --show-toplevel 2>/dev/null || pwd)}
 SA_REPO=${SA_REPO:-$BENCH_TMP/standard-agents}
 SA_AGENTS=${SA_AGENTS:-$HERE/agents}
 PROFILE=${PROFILE:-0}; SA_LABEL_SUFFIX=${SA_LABEL_SUFFIX:-}
-PYSPY=${PYSPY:-$(command -v py-spy || echo "$BENCH_TMP/tools-venv/bin/py-spy")}
+PYSPY=${PYSPY:-$(command -v py-spy || echo "$BENCH_TMP/tools-venv/bin/py-spy")}; PYSPY_ARGS=${PYSPY_ARGS:-}
 STAMP=$(date -u +%Y%m%dT%H%M%SZ)
 OUT=${RESULTS_DIR:-$HERE/results}
 RESULTS=$OUT/$STAMP.jsonl
@@ -210,7 +211,7 @@ print(d["label"], d["test"], d["path"], d["graph"], json.dumps({k:v for k,v in x
 profile_b2() {  # $1 = graph; mode sa, PROFILE=1: one extra B2 repetition while py-spy samples the server for 15 s
   local g=$1 n=${B2_CLIENTS%% *} out=$OUT/$STAMP.sa-py-spy-$1.raw
   [ -x "$PYSPY" ] || { echo "PROFILE=1 but no py-spy at $PYSPY: skipped" >&2; return 0; }
-  ( sleep 6; exec "$PYSPY" record -d 15 -r 100 --format raw -o "$out" --pid "$SERVER_PID" ) \
+  ( sleep 6; exec "$PYSPY" record -d 15 -r 100 $PYSPY_ARGS --format raw -o "$out" --pid "$SERVER_PID" ) \
       > "$BENCH_TMP/py-spy.log" 2>&1 &
   SPY_PID=$!
   bench "$LABEL+py-spy" b2 --path "$PATH_NAME" --graph "$g" --clients "$n" --duration "$B2_SECONDS"

@@ -8,7 +8,9 @@ Samples of idle pool threads (a thread waiting on its queue: `Condition.wait` un
 are dropped: py-spy counts them although they hold no CPU. SQLAlchemy's async layer runs ORM code in greenlets,
 which py-spy reports as separate stacks rooted at the ORM call (`Session.execute`, `Session.flush`, ...): their
 samples count for their own frames but not for the app frames that awaited them, so "total" under-states the app
-functions that use the ORM; the by-package view does not depend on it.
+functions that use the ORM; the by-package view does not depend on it. Samples of other threads than the event loop's
+(rooted at `Thread._bootstrap`: the heartbeat's, pool threads at work) are counted apart, by their thread's function,
+and left out of the rest: py-spy takes a thread that waits in its own event loop for a busy one.
 """
 
 from __future__ import annotations
@@ -45,6 +47,10 @@ def package(frame: str) -> str:
     return "stdlib / other" if frame else "(no Python frame)"
 
 
+def short(f: str) -> str:
+    return re.sub(r"\((?:[^()]*/)?(site-packages|lib/python3\.\d+)/", "(", f)
+
+
 def main() -> None:
     path = sys.argv[1]
     top_own = int(sys.argv[2]) if len(sys.argv) > 2 else 15
@@ -54,6 +60,7 @@ def main() -> None:
     pkg_own: collections.Counter[str] = collections.Counter()
     pkg_tot: collections.Counter[str] = collections.Counter()
     active = idle = 0
+    threads: collections.Counter[str] = collections.Counter()  # other threads' samples, by the function they run
     with open(path) as fh:
         lines = [line.rstrip("\n") for line in fh]
     for line in lines:
@@ -69,6 +76,10 @@ def main() -> None:
         ):
             idle += n
             continue
+        if any("Thread._bootstrap" in f for f in frames):
+            entry = [f for f in frames if not f.startswith(("Thread._bootstrap", "Thread.run ("))]
+            threads[short(entry[0]) if entry else "(unknown)"] += n
+            continue
         active += n
         leaf = frames[-1] if frames else "(no Python frame)"
         own[leaf] += n
@@ -78,13 +89,16 @@ def main() -> None:
         for p in {package(f) for f in frames}:
             pkg_tot[p] += n
 
-    def short(f: str) -> str:
-        return re.sub(r"\((?:[^()]*/)?(site-packages|lib/python3\.\d+)/", "(", f)
-
     def pct(n: int) -> str:
         return f"{100 * n / active:5.1f}%"
 
-    print(f"{active} active samples (idle pool-thread samples dropped: {idle}); % of active samples\n")
+    print(f"{active} active samples of the event loop's thread (idle pool-thread samples dropped: {idle}); % of them\n")
+    if threads:
+        print(
+            f"other threads ({sum(threads.values())} samples, apart): "
+            + ", ".join(f"{name} {n}" for name, n in threads.most_common(5))
+            + "\n"
+        )
     print(f"## top {top_own} functions by own samples (the innermost Python frame; C code it calls counts here)\n")
     for f, n in own.most_common(top_own):
         print(f"{pct(n)}  {short(f)}")
