@@ -77,6 +77,7 @@ _STORED = """stored AS (
         SELECT $1, next.event_seq - $2 + e.ord, e.type, CAST(e.data AS jsonb)
         FROM next, unnest($3::text[], $4::text[]) WITH ORDINALITY AS e(type, data, ord)
     )"""
+_LIVE = "SELECT pg_notify($1, p) FROM unnest($2::text[]) AS p"  # live notifications alone (`notify_first`)
 _NEWS = "CASE WHEN $2 > 0 THEN pg_notify($5, CAST($1 AS text) || ':' || (next.event_seq - $2 + 1) || $6) END"
 
 
@@ -90,11 +91,13 @@ def append_many(
     then: str = "",
     select: str = "",
     guarded: bool = False,
+    live: int = 0,
 ) -> str:
     """APPEND_MANY with the caller's parts (see above). The row's `xmin` (the version it now is) comes back as
     `row_xmin`. `guarded`: a statement sent on its own (`Guard`) that fails, writing nothing, where `where` finds no
     row: one row always comes back, and `1 / 0` in it when the UPDATE wrote none. Its deferred writes (`first`) run
-    after the query that reads `next`, so the thread row is locked first, as in a fenced transaction."""
+    after the query that reads `next`, so the thread row is locked first, as in a fenced transaction. `live`: the
+    number of a parameter holding notification payloads (`notify_first`), notified on `$5` before the events' own."""
     # the parts are SQL of this module and of `queue` (S608), their values parameters
     update = (
         f"UPDATE threads SET {_listed(', ', 'event_seq = event_seq + $2', sets)} "  # noqa: S608
@@ -102,7 +105,8 @@ def append_many(
         f"RETURNING {_listed(', ', 'event_seq', 'xmin AS row_xmin', returning)}"
     )
     ctes = _listed(", ", first, f"next AS ({update})", then, _STORED)
-    items = _listed(", ", _NEWS, "next.row_xmin", select)
+    first_news = f"(SELECT count(pg_notify($5, p)) FROM unnest(${live}::text[]) AS p) AS live" if live else ""  # noqa: S608
+    items = _listed(", ", first_news, _NEWS, "next.row_xmin", select)  # in this order: evaluated left to right
     if not guarded:
         return f"WITH {ctes} SELECT {items} FROM next"  # noqa: S608
     return (
@@ -166,6 +170,7 @@ class _Held:
     thread_id: uuid.UUID
     items: list[tuple[str, str]] = field(default_factory=list)
     rider: Rider | None = None  # `add_rider`
+    live: list[str] = field(default_factory=list)  # `notify_first`
 
 
 def hold(session: AsyncSession, thread_id: uuid.UUID) -> None:
@@ -173,6 +178,17 @@ def hold(session: AsyncSession, thread_id: uuid.UUID) -> None:
     For a transaction that holds the thread's row lock from its start (the engine's fenced ones), so holding them
     changes no lock order; other threads' events are still written at once."""
     session.info[_BATCH] = _Held(thread_id)
+
+
+def notify_first(session: AsyncSession, thread_id: uuid.UUID, payloads: list[str]) -> bool:
+    """Have the statement that writes the thread's held events send `payloads` (live-only notifications: the
+    thread's deltas not sent yet, `Publisher.take`) on the events channel first: delivered at its commit, just before
+    the events they precede, and no round trip of their own. False when `session` holds no events of that thread."""
+    held: _Held | None = session.info.get(_BATCH)
+    if held is None or held.thread_id != thread_id:
+        return False
+    held.live = [*held.live, *payloads]
+    return True
 
 
 async def flush(
@@ -192,12 +208,16 @@ async def flush(
     writes = statements.deferred(session)
     if guard is not None and not held.items:  # the guard rides on the events' UPDATE of the row
         raise statements.Unsent()
-    if not (held.items or writes or rider):
+    if not (held.items or writes or rider or held.live):
         return None
     driver = guard.driver if guard is not None else await statements.driver(session, flush=False, carries=True)
     extra = [a for _, args in writes for a in args]
-    if not held.items and rider is None:  # the deferred writes alone
-        await driver.execute(f"WITH {statements.ctes(writes, 1)} SELECT 1", *extra)
+    live, held.live = held.live, []
+    if not held.items and rider is None:  # the deferred writes alone, the live notifications after them
+        if writes:
+            await driver.execute(f"WITH {statements.ctes(writes, 1)} SELECT 1", *extra)
+        if live:
+            await driver.execute(_LIVE, CHANNEL, live)
         return None
     types, datas = [t for t, _ in held.items], [d for _, d in held.items]
     held.items = []
@@ -216,12 +236,13 @@ async def flush(
         first=statements.ctes(writes, at) if writes else "",
         sets=_listed(", ", rider.sets if rider is not None else "", sets),
         guarded=guard is not None,
+        live=at + len(extra) + len(guarding) if live else 0,
         **(_parts(rider, where) if rider is not None else {"where": where}),
     )
     try:
         found = await driver.fetchrow(
             sql, held.thread_id, len(types), types, datas, CHANNEL, carried(types, datas), *args, *params, *extra,
-            *guarding,
+            *guarding, *([live] if live else []),
         )  # fmt: skip
     except DBAPIError as exc:
         if guard is not None and isinstance(exc.orig, asyncpg.DivisionByZeroError):  # `written`: no row

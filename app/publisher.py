@@ -58,9 +58,9 @@ class Publisher:
     hears one notification for many deltas, and hands a thread's deltas of one notification to its streams as one
     delivery, written to each in one send. A caller never waits behind the others' round trips (with one send per
     delta under a lock, fifty streaming calls queued ~190 ms per delta under load); `sent` waits for what it queued,
-    so a message's deltas go out before the transaction that stores it commits. Deltas are a courtesy (the stored
-    message carries the text), so a batch the database refuses is dropped, and so is a delta that finds `LIMIT`
-    queued."""
+    so a message's deltas go out before the transaction that stores it commits — or that transaction sends a thread's
+    last deltas itself (`take`), a round trip fewer. Deltas are a courtesy (the stored message carries the text), so a
+    batch the database refuses is dropped, and so is a delta that finds `LIMIT` queued."""
 
     LIMIT = 10_000
 
@@ -68,7 +68,10 @@ class Publisher:
         self._dsn = dsn
         self._pooled = pooled  # `dsn` is a pooler in transaction mode: each send is one statement, so it may be
         self._conn: asyncpg.Connection | None = None
-        self._queued: list[str] = []
+        self._queued: list[tuple[str, str]] = []  # (thread id, the encoded delta)
+        self._sending_now: set[str] = set()  # the threads of the batch being sent
+        self._taking: set[str] = set()  # threads whose deltas `take` waits for: left queued for it
+        self._batch_sent = asyncio.Event()  # set as each batch is done
         self._sender: asyncio.Task[None] | None = None
         self._full = False  # warned about a full queue, until it drains
         self._queued_total = 0  # events queued so far
@@ -89,7 +92,7 @@ class Publisher:
         offset = int(data.get("offset", 0))
         tid = str(thread_id)
         for piece in _pieces(chunk, PIECE):
-            self._queued.append(json.dumps([tid, type_, {**data, "chunk": piece, "offset": offset}]))
+            self._queued.append((tid, json.dumps([tid, type_, {**data, "chunk": piece, "offset": offset}])))
             self._queued_total += 1
             offset += len(piece)
         self._sending()
@@ -106,9 +109,36 @@ class Publisher:
             self._sending()  # a sender cut off (cancelled) leaves its queue to the next one
             await done
 
+    async def take(self, thread_id: uuid.UUID) -> list[str]:
+        """The thread's deltas not sent yet, taken out of the queue and packed as notification payloads, for a
+        statement that sends them itself (`events.notify_first`): after what a send under way holds of them (waited
+        for here, the sender leaving the rest of them queued meanwhile), and before anything the thread publishes
+        later. Counted as sent: `sent` does not wait for them."""
+        tid = str(thread_id)
+        self._taking.add(tid)
+        try:
+            while tid in self._sending_now:  # a batch being sent holds some of them: those go first
+                self._batch_sent.clear()
+                await self._batch_sent.wait()
+        finally:
+            self._taking.discard(tid)
+            self._sending()  # cut off while waiting: what it left queued is sent as usual
+        mine = [item for owner, item in self._queued if owner == tid]
+        if not mine:
+            return []
+        self._queued = [(owner, item) for owner, item in self._queued if owner != tid]
+        self._sent_total += len(mine)
+        self._wake()
+        return _packed(mine)
+
     async def _send(self) -> None:
         while self._queued:
-            batch, self._queued = self._queued, []
+            queued = [(owner, item) for owner, item in self._queued if owner not in self._taking]
+            if not queued:  # all of it waits for `take`
+                break
+            self._queued = [(owner, item) for owner, item in self._queued if owner in self._taking]
+            batch = [item for _, item in queued]
+            self._sending_now = {owner for owner, _ in queued}
             self._full = False
             try:
                 if self._conn is None or self._conn.is_closed():
@@ -126,6 +156,8 @@ class Publisher:
                         await conn.close(timeout=1)
             finally:  # sent, dropped, or cut off (a cancelled sender): nobody waits for these any longer
                 self._sent_total += len(batch)
+                self._sending_now = set()
+                self._batch_sent.set()
                 self._wake()
 
     def _wake(self) -> None:

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import typing
 import uuid
 from typing import Any, cast
 
+import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app import catalog, event_types, events, keys, messages, statements, tables, threads
+from app import catalog, db, event_types, events, keys, messages, statements, tables, threads
 from app.spec import define_agent
 from tests.conftest import ROOT, client_for, wait_for
 from tests.test_api import read_events, turn
@@ -185,6 +187,55 @@ async def test_held_events_carry_the_thread_rows_changes_in_one_statement(
         stored = await s.get_one(tables.Thread, tid)
         assert (stored.status, stored.session_result, stored.event_seq) == ("running", {"n": 1}, 2)
         assert [r.type for r in await events.read(s, tid, 0)] == ["step_started", "llm_request"]
+
+
+@pytest.mark.parametrize("guarded", [False, True])
+async def test_live_notifications_ride_in_the_events_statement_before_their_own(
+    sessions: async_sessionmaker[AsyncSession], database_url: str, guarded: bool
+) -> None:
+    """`notify_first` (an answer's last deltas): sent by the statement that writes the held events, in a fenced
+    transaction or alone guarded, and heard before the events' own notification, at the same commit."""
+    agent = define_agent(name="a", side_a={"prompt": "p"})
+    async with sessions() as s, s.begin():
+        tid = (await threads.create(s, agent, keys.OPEN)).id
+        record = await (await statements.driver(s)).fetchrow(
+            "SELECT *, xmin::text AS row_xmin FROM threads WHERE id = $1", tid
+        )
+        assert record is not None
+    heard: list[str] = []
+    listener = await db.connect(database_url)
+    await listener.add_listener(events.CHANNEL, lambda *args: heard.append(args[3]))
+    live = [json.dumps([[str(tid), "message_chunk", {"chunk": chunk}]]) for chunk in "ab"]
+    sent: list[str] = []
+    try:
+        async with sessions() as s:
+            if guarded:  # the engine's answer: one statement outside any transaction, guarded by the row's version
+                statements.writes_only(s)
+                thread = statements.attach(s, tables.Thread, record)
+            else:
+                await s.begin()
+                thread = await threads.get(s, tid, keys.OPEN, lock=True)
+            events.hold(s, tid)
+            await events.append(s, tid, "step_started", {"step": 1, "side": "a"})
+            assert events.notify_first(s, tid, live) and not events.notify_first(s, uuid.uuid4(), live)
+            thread.status = "running"
+            async with db.autocommit(sessions) as auto:
+                driver = await statements.driver(auto if guarded else s, flush=False)
+                driver._conn.add_query_logger(lambda r: sent.append(r.query))
+                guard = events.Guard(driver, "xmin = $1", (int(record["row_xmin"]),)) if guarded else None
+                await events.flush(s, thread, guard=guard)
+            if not guarded:
+                await s.commit()
+        async def all_heard() -> bool:
+            return len(heard) == 3
+
+        await wait_for(all_heard)
+    finally:
+        await listener.close()
+    assert heard[:2] == live and heard[2].startswith(f"{tid}:1:")  # the deltas, then the event they precede
+    assert len([q for q in sent if "pg_notify" in q]) == 1  # one statement carried both
+    async with sessions() as s:
+        assert (await s.get_one(tables.Thread, tid)).status == "running"
 
 
 async def test_deferred_writes_ride_with_the_held_events_or_go_before_any_other_statement(

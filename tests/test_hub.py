@@ -354,6 +354,37 @@ async def test_deltas_queued_meanwhile_go_out_together_in_order(database_url: st
         await listener.close()
 
 
+async def test_a_thread_s_deltas_are_taken_after_what_a_send_under_way_holds_of_them(database_url: str) -> None:
+    """`take` (an answer's statement sends its thread's last deltas itself): it waits for a batch being sent that
+    holds some of them, then takes that thread's still queued, in order and packed, and no other's; `sent` does not
+    wait for what was taken."""
+    listener, heard = await _listening(database_url)
+    publisher = hub.Publisher(database_url)
+    mine, other = uuid.uuid4(), uuid.uuid4()
+    try:
+        publisher.publish(mine, "message_chunk", {"message_id": "m", "chunk": "a", "offset": 0})
+        await asyncio.sleep(0)  # the sender takes it: a batch under way
+        assert publisher._sending_now == {str(mine)}
+        for i, chunk in enumerate("bcd", 1):
+            publisher.publish(mine, "message_chunk", {"message_id": "m", "chunk": chunk, "offset": i})
+            publisher.publish(other, "message_chunk", {"message_id": "o", "chunk": chunk, "offset": i})
+        taken = await publisher.take(mine)
+        assert str(mine) not in publisher._sending_now  # it returned once the batch holding "a" was sent
+        assert [[d[2]["chunk"] for d in json.loads(p)] for p in taken] == [["b", "c", "d"]]
+        assert await publisher.take(mine) == []
+        await asyncio.wait_for(publisher.sent(), 10)  # the other thread's go out as usual
+        await wait_for(lambda: asyncio.sleep(0, len(heard) == 4), interval=0.01)
+        assert [(h["data"]["message_id"], h["data"]["chunk"]) for h in heard] == [
+            ("m", "a"),
+            ("o", "b"),
+            ("o", "c"),
+            ("o", "d"),
+        ]
+    finally:
+        await publisher.close()
+        await listener.close()
+
+
 async def test_publishing_never_waits_for_the_database_nor_fails(caplog: pytest.LogCaptureFixture) -> None:
     publisher = hub.Publisher("postgresql://nobody@127.0.0.1:1/none")  # nothing listens there
     publisher.publish(uuid.uuid4(), "message_chunk", {"message_id": "m", "chunk": "hi", "offset": 0})  # returns

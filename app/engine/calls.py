@@ -125,6 +125,7 @@ class Caller:
         *,
         opened: int | None = None,
         defer: bool = False,
+        live: bool = False,
         partial: types.Partial,
     ) -> Result:
         """Ask the prompt's model through its retries and fallbacks (`retry.FallbackModel`), recording each request.
@@ -133,10 +134,11 @@ class Caller:
         caller's transaction already announced the first request (`announce`) and counted the requests made before
         it. `defer`: the last request's record (its log row and `llm_response`) is left in `Result.record` for the
         caller to write with the message it answers, instead of in a transaction of its own. A record not deferred is
-        written in the next transaction the call makes anyway (the next attempt's, or a fallback's). `partial`
-        stores the streaming message's text so far (`Transactions.partial`: one statement, for a step's answer and a
-        subprompt's alike)."""
-        recorder = _Recorder(self, tx, thread_id, message_id, prompt, env, depth, opened, partial)
+        written in the next transaction the call makes anyway (the next attempt's, or a fallback's). `live`: an answer
+        returns without waiting for its deltas to be sent: the caller's statement that stores it sends what is left
+        of them (`Publisher.take`, `events.notify_first`); a failure still waits. `partial` stores the streaming
+        message's text so far (`Transactions.partial`: one statement, for a step's answer and a subprompt's alike)."""
+        recorder = _Recorder(self, tx, thread_id, message_id, prompt, env, depth, opened, partial, live)
         prefix = f"recovered_{message_id.hex[:12]}"  # recovered tool call ids must be unique within the thread
         chain = [
             (definition, recovery.RecoveringModel(self._model(definition), prefix, text=definition.text_tool_calls))
@@ -195,8 +197,10 @@ class _Recorder:
         depth: int,
         opened: int | None,
         partial: types.Partial,
+        live: bool = False,
     ) -> None:
         self._caller = caller
+        self._live = live  # an answer's last deltas ride in the statement that stores it (`Caller.call`)
         self._tx = tx
         self._partial = partial
         self._thread_id = thread_id
@@ -257,7 +261,8 @@ class _Recorder:
         """The request's outcome, its error masked and logged, and its log row (written by the next transaction)."""
         current = self._current
         assert current is not None
-        await self._caller.publisher.sent()  # the deltas before the answer or the failure that ends them
+        if isinstance(outcome, ProviderError) or not self._live:
+            await self._caller.publisher.sent()  # the deltas before the answer or the failure that ends them
         result = Result(outcome, attempt.model, (time.monotonic() - current.started) * 1000, current.ttft)
         if isinstance(outcome, ProviderError):
             outcome.message = masking.scrub(outcome.message, current.secrets)

@@ -285,14 +285,18 @@ class Engine:
                 step.env,
                 opened=step.requests_before,
                 defer=True,
+                live=True,
                 partial=lambda message_id, text: self._txs.partial(claim, message_id, text),
             )
             record = result.record  # written once, by the transaction that commits (`written` may run `answer` twice)
+            live = await self._caller.publisher.take(claim.thread_id)  # the last deltas ride with the answer
 
             async def answer(
                 session: AsyncSession, thread: tables.Thread
             ) -> tuple[Answered | None, Closed, Prepared | None]:
                 result.record = record
+                held = events.notify_first(session, thread.id, live)
+                assert held or not live, "the answer's transaction holds the thread's events"
                 response = await self._store_response(session, thread, opened, result, side_config)
                 if response is None:  # the model failed: the step ended the session
                     return None, None, None

@@ -151,14 +151,17 @@ class FallbackModel:
 async def guarded(
     stream: AsyncIterator[StreamEvent], policy: Policy, timeout_s: float | None = None
 ) -> AsyncIterator[StreamEvent]:
-    """`stream` with a first-chunk timeout (the model's `timeout_s` if set) and a stall timeout between chunks."""
+    """`stream` with a first-chunk timeout (the model's `timeout_s` if set) and a stall timeout between chunks. Each
+    wait is timed in the caller's own task (`asyncio.timeout`): no task per chunk, as `wait_for` makes on 3.11, and
+    the time the caller spends between chunks is not counted."""
     iterator = aiter(stream)
     timeout = timeout_s or policy.first_chunk_timeout
     first = True
     try:
         while True:
             try:
-                event = await asyncio.wait_for(anext(iterator), timeout)
+                async with asyncio.timeout(timeout):
+                    event = await anext(iterator)
             except StopAsyncIteration:
                 return
             except TimeoutError as exc:
