@@ -1,5 +1,5 @@
 """How a process logs: one handler on stderr (stdout is for what a command prints), the text or JSON format, and
-the libraries' chatter (pgserver and the `initdb` output it relays, alembic) at WARNING unless `--verbose`."""
+the libraries' chatter (pgserver and the `initdb` output it relays, alembic, httpx) at WARNING unless `--verbose`."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ import uvicorn.config
 
 from app import jsonlog
 
-CHATTY = ("pgserver", "alembic")  # INFO lines on every start, every migration check (`GET /ready`), every command
+# INFO lines on every start, every migration check (`GET /ready`), every command, every request to a model (its log
+# row says more: `GET /threads/{id}/logs`)
+CHATTY = ("pgserver", "alembic", "httpx")
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
