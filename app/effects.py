@@ -115,8 +115,9 @@ async def cancel_all(session: AsyncSession, thread_id: uuid.UUID) -> None:
 
 # CLAIM_DUE: due scheduled effects, oldest first, skipping rows (and threads) another transaction holds — so two
 # timers never take the same row, and the timer never waits on a thread row a run has locked (the next poll gets
-# it); each becomes `queued` with an `effect` inbox row, and its thread becomes runnable, in this one statement (the
-# inbox and lease writes outside `app/queue.py`: its docstring lists them).
+# it); each becomes `queued` with an `effect` inbox row, and its thread becomes runnable, and the workers are woken
+# (delivered at commit) when any was, in this one statement: sent alone, it is its own transaction (the inbox and
+# lease writes outside `app/queue.py`: its docstring lists them).
 _CLAIM_DUE = text(
     """
     WITH due AS (
@@ -137,17 +138,16 @@ _CLAIM_DUE = text(
         UPDATE threads SET runnable_since = coalesce(runnable_since, now())
         WHERE id IN (SELECT thread_id FROM inboxed)
     )
-    SELECT count(*) AS n FROM inboxed
+    SELECT count(*) AS n, CASE WHEN count(*) > 0 THEN pg_notify(:channel, '') END AS woke FROM inboxed
     """
 )
 
 
 async def claim_due(session: AsyncSession, limit: int) -> int:
-    """Move up to `limit` due effects into their threads' inboxes; workers are woken at commit. Returns how many."""
-    count = int((await session.execute(_CLAIM_DUE, {"limit": limit, "kind": inputs.Kind.EFFECT})).scalar_one())
-    if count:
-        await session.execute(select(func.pg_notify(queue.WAKEUP_CHANNEL, "")))
-    return count
+    """Move up to `limit` due effects into their threads' inboxes; workers are woken at commit. Returns how many.
+    One statement: the timer sends it on an autocommit session (`db.autocommit`), no BEGIN or COMMIT around it."""
+    params = {"limit": limit, "kind": inputs.Kind.EFFECT, "channel": queue.WAKEUP_CHANNEL}
+    return int((await session.execute(_CLAIM_DUE, params)).scalar_one())
 
 
 async def start(session: AsyncSession, item: tables.Inbox) -> tables.Effect | None:

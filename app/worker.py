@@ -226,7 +226,7 @@ class Worker:
         while not stop.is_set():
             try:
                 while True:
-                    async with self._sessions() as session, session.begin():
+                    async with db.autocommit(self._sessions) as session:
                         if await effects.claim_due(session, EFFECTS_BATCH) < EFFECTS_BATCH:
                             break
             except Exception:

@@ -14,7 +14,7 @@ from fastapi import FastAPI
 from pydantic import BaseModel
 from sqlalchemy import func, select, update
 
-from app import effects, errors, keys, tables
+from app import db, effects, errors, keys, queue, tables
 from app.api.app import create_app
 from app.catalog import Catalog, check, load
 from app.llm.base import LLMRequest
@@ -213,7 +213,7 @@ async def test_each_due_effect_is_queued_by_exactly_one_timer(app_factory: Any) 
     async def timer() -> int:
         total = 0
         while True:
-            async with app.state.runtime.sessions() as session, session.begin():
+            async with db.autocommit(app.state.runtime.sessions) as session:  # as the worker's timer sends it
                 count = await effects.claim_due(session, 3)
             total += count
             if count == 0:
@@ -233,6 +233,35 @@ async def test_each_due_effect_is_queued_by_exactly_one_timer(app_factory: Any) 
         threads = list((await session.execute(select(tables.Thread))).scalars())
     assert len({r.payload["effect_id"] for r in rows}) == len(rows) == 40
     assert all(t.runnable_since is not None for t in threads)
+
+
+async def test_a_poll_that_queues_effects_wakes_the_workers_in_its_one_statement(
+    app_factory: Any, database_url: str
+) -> None:
+    app = await app_factory(catalog())
+    client = client_for(app)
+    tid = uuid.UUID((await client.post("/threads", json={"agent": "agent"})).json()["id"])
+    async with app.state.runtime.sessions() as session, session.begin():
+        await effects.schedule(session, tid, "probe", {}, 0)
+    heard: list[str] = []
+    listener = await db.connect(database_url)
+    await listener.add_listener(queue.WAKEUP_CHANNEL, lambda *args: heard.append(args[3]))
+    try:
+        for expected in (1, 0):  # each poll alone, no transaction around it: it commits itself
+            async with db.autocommit(app.state.runtime.sessions) as session:
+                assert await effects.claim_due(session, 3) == expected
+        await listener.execute(f"NOTIFY {queue.WAKEUP_CHANNEL}, 'marker'")
+
+        async def marked() -> bool:
+            return "marker" in heard
+
+        await wait_for(marked)
+    finally:
+        await listener.close()
+    assert heard == ["", "marker"]  # woken once: by the poll that queued one, not by the one that found none
+    async with app.state.runtime.sessions() as session:
+        [queued] = (await session.execute(select(tables.Effect))).scalars()
+        assert queued.status == "queued"
 
 
 async def test_a_scheduled_effect_survives_a_worker_restart(app_factory: Any, settings: Settings) -> None:
