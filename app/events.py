@@ -105,12 +105,15 @@ def append_many(
         f"RETURNING {_listed(', ', 'event_seq', 'xmin AS row_xmin', returning)}"
     )
     ctes = _listed(", ", first, f"next AS ({update})", then, _STORED)
-    first_news = f"(SELECT count(pg_notify($5, p)) FROM unnest(${live}::text[]) AS p) AS live" if live else ""  # noqa: S608
-    items = _listed(", ", first_news, _NEWS, "next.row_xmin", select)  # in this order: evaluated left to right
+    items = _listed(", ", _NEWS, "next.row_xmin", select)
+    source = "next"
+    if live:  # joined to the row: all sent before the row's items (the events' NOTIFY among them) are computed
+        notes = f"(SELECT count(pg_notify($5, p)) AS n FROM unnest(${live}::text[]) AS p) AS live"  # noqa: S608
+        source = f"next CROSS JOIN {notes}"
     if not guarded:
-        return f"WITH {ctes} SELECT {items} FROM next"  # noqa: S608
+        return f"WITH {ctes} SELECT {items} FROM {source}"  # noqa: S608
     return (
-        f"WITH {ctes}, out AS (SELECT {items} FROM next) "  # noqa: S608
+        f"WITH {ctes}, out AS (SELECT {items} FROM {source}) "  # noqa: S608
         "SELECT out.*, 1 / (SELECT count(*)::int FROM next) AS written FROM (SELECT 1) AS one LEFT JOIN out ON true"
     )
 

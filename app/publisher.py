@@ -68,15 +68,15 @@ class Publisher:
         self._dsn = dsn
         self._pooled = pooled  # `dsn` is a pooler in transaction mode: each send is one statement, so it may be
         self._conn: asyncpg.Connection | None = None
-        self._queued: list[tuple[str, str]] = []  # (thread id, the encoded delta)
+        self._queued: list[tuple[int, str, str]] = []  # (its number, thread id, the encoded delta), in order
         self._sending_now: set[str] = set()  # the threads of the batch being sent
+        self._sending_first: int | None = None  # the number of that batch's first delta
         self._taking: set[str] = set()  # threads whose deltas `take` waits for: left queued for it
         self._batch_sent = asyncio.Event()  # set as each batch is done
         self._sender: asyncio.Task[None] | None = None
         self._full = False  # warned about a full queue, until it drains
-        self._queued_total = 0  # events queued so far
-        self._sent_total = 0  # events sent (or dropped) so far
-        self._waiting: list[tuple[int, asyncio.Future[None]]] = []  # `sent` callers: the count each waits for
+        self._numbered = 0  # deltas numbered so far (queued)
+        self._waiting: list[tuple[int, asyncio.Future[None]]] = []  # `sent` callers: the last number each waits for
         self._closed = False
 
     def publish(self, thread_id: uuid.UUID, type_: str, data: dict[str, Any]) -> None:
@@ -92,20 +92,29 @@ class Publisher:
         offset = int(data.get("offset", 0))
         tid = str(thread_id)
         for piece in _pieces(chunk, PIECE):
-            self._queued.append((tid, json.dumps([tid, type_, {**data, "chunk": piece, "offset": offset}])))
-            self._queued_total += 1
+            self._numbered += 1
+            self._queued.append(
+                (self._numbered, tid, json.dumps([tid, type_, {**data, "chunk": piece, "offset": offset}]))
+            )
             offset += len(piece)
         self._sending()
 
     def _sending(self) -> None:
-        if self._queued and (self._sender is None or self._sender.done()):
+        if self._queued and not self._closed and (self._sender is None or self._sender.done()):
             self._sender = asyncio.get_running_loop().create_task(self._send())
 
+    def _outstanding(self) -> int | None:
+        """The number of the oldest delta neither sent, dropped nor taken (queued, or in the batch being sent)."""
+        firsts = [n for n in (self._queued[0][0] if self._queued else None, self._sending_first) if n is not None]
+        return min(firsts) if firsts else None
+
     async def sent(self) -> None:
-        """Wait until every event queued so far has been sent (or dropped)."""
-        if self._sent_total < self._queued_total:
+        """Wait until every event queued so far has been sent, dropped or taken (`take`): those of a batch under way
+        included, whoever took later ones."""
+        oldest = self._outstanding()
+        if oldest is not None and oldest <= self._numbered and not self._closed:  # closed: the rest is dropped
             done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            self._waiting.append((self._queued_total, done))
+            self._waiting.append((self._numbered, done))
             self._sending()  # a sender cut off (cancelled) leaves its queue to the next one
             await done
 
@@ -113,32 +122,33 @@ class Publisher:
         """The thread's deltas not sent yet, taken out of the queue and packed as notification payloads, for a
         statement that sends them itself (`events.notify_first`): after what a send under way holds of them (waited
         for here, the sender leaving the rest of them queued meanwhile), and before anything the thread publishes
-        later. Counted as sent: `sent` does not wait for them."""
+        later. Taken, they are done for `sent`."""
         tid = str(thread_id)
         self._taking.add(tid)
         try:
             while tid in self._sending_now:  # a batch being sent holds some of them: those go first
                 self._batch_sent.clear()
                 await self._batch_sent.wait()
-        finally:
+        except BaseException:
             self._taking.discard(tid)
             self._sending()  # cut off while waiting: what it left queued is sent as usual
-        mine = [item for owner, item in self._queued if owner == tid]
+            raise
+        self._taking.discard(tid)
+        mine = [item for _, owner, item in self._queued if owner == tid]
         if not mine:
             return []
-        self._queued = [(owner, item) for owner, item in self._queued if owner != tid]
-        self._sent_total += len(mine)
+        self._queued = [queued for queued in self._queued if queued[1] != tid]
         self._wake()
         return _packed(mine)
 
     async def _send(self) -> None:
         while self._queued:
-            queued = [(owner, item) for owner, item in self._queued if owner not in self._taking]
+            queued = [q for q in self._queued if q[1] not in self._taking]
             if not queued:  # all of it waits for `take`
                 break
-            self._queued = [(owner, item) for owner, item in self._queued if owner in self._taking]
-            batch = [item for _, item in queued]
-            self._sending_now = {owner for owner, _ in queued}
+            self._queued = [q for q in self._queued if q[1] in self._taking]
+            batch = [item for _, _, item in queued]
+            self._sending_now, self._sending_first = {owner for _, owner, _ in queued}, queued[0][0]
             self._full = False
             try:
                 if self._conn is None or self._conn.is_closed():
@@ -155,15 +165,15 @@ class Publisher:
                     with contextlib.suppress(Exception):
                         await conn.close(timeout=1)
             finally:  # sent, dropped, or cut off (a cancelled sender): nobody waits for these any longer
-                self._sent_total += len(batch)
-                self._sending_now = set()
+                self._sending_now, self._sending_first = set(), None
                 self._batch_sent.set()
                 self._wake()
 
     def _wake(self) -> None:
+        oldest = self._outstanding()
         still = []
         for target, done in self._waiting:
-            if target > self._sent_total:
+            if oldest is not None and oldest <= target:
                 still.append((target, done))
             elif not done.done():
                 done.set_result(None)

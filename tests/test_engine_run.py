@@ -904,3 +904,29 @@ async def test_an_answer_after_the_lease_was_lost_writes_nothing(
     assert [(r.role, r.status) for r in result.rows] == [("user", "completed"), ("assistant", "pending")]
     assert result.logs == [] and result.of("llm_response") == []
     assert result.thread.lease_token is not None  # not given back by a worker that no longer holds it
+
+
+@pytest.mark.parametrize("first", [{"text": "", "reasoning": "hmm"}, {"text": "thinking", "reasoning": "hmm"}])
+async def test_an_answer_s_deltas_reach_the_hub_before_the_events_after_them(
+    drive: Drive, database_url: str, monkeypatch: pytest.MonkeyPatch, first: dict[str, Any]
+) -> None:
+    """However slowly the publisher sends: an empty answer's deltas (it is asked again) before the next request's
+    events, and an answer's before its own (those it did not send ride in the statement that stores it)."""
+    send = hub.Publisher._send
+
+    async def slow(self: hub.Publisher) -> None:
+        await asyncio.sleep(0.3)
+        await send(self)
+
+    monkeypatch.setattr(hub.Publisher, "_send", slow)
+    heard: list[str] = []
+    listener = await db.connect(database_url)
+    await listener.add_listener(events.CHANNEL, lambda *args: heard.append(args[3]))
+    try:
+        result = await drive(catalog(Model(first, "ok")), "hi")
+    finally:
+        await listener.close()
+    assert result.said()[-1] == ("assistant", "ok" if not first["text"] else "thinking")
+    delta = next(i for i, p in enumerate(heard) if p.startswith("[") and '"reasoning_chunk"' in p)
+    after = next(i for i, p in enumerate(heard) if not p.startswith("[") and '"llm_response"' in p)
+    assert delta < after, heard

@@ -226,6 +226,7 @@ async def test_live_notifications_ride_in_the_events_statement_before_their_own(
                 await events.flush(s, thread, guard=guard)
             if not guarded:
                 await s.commit()
+
         async def all_heard() -> bool:
             return len(heard) == 3
 

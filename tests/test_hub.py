@@ -385,6 +385,46 @@ async def test_a_thread_s_deltas_are_taken_after_what_a_send_under_way_holds_of_
         await listener.close()
 
 
+async def test_a_wait_for_deltas_in_a_batch_under_way_outlasts_another_thread_s_take(database_url: str) -> None:
+    """`sent` waits for what was queued when it was called, a batch under way included, even when another thread
+    then takes deltas of its own (which are done for `sent` at once)."""
+    publisher = hub.Publisher(database_url)
+    gate = asyncio.Event()
+    try:
+        publisher.publish(uuid.uuid4(), "message_chunk", {"message_id": "warm", "chunk": "x", "offset": 0})
+        await publisher.sent()
+        assert publisher._conn is not None
+        conn: Any = publisher._conn
+
+        class Gated:  # the connection, its sends held until the gate opens
+            def is_closed(self) -> bool:
+                return bool(conn.is_closed())
+
+            async def execute(self, *args: Any) -> Any:
+                await gate.wait()
+                return await conn.execute(*args)
+
+            async def close(self) -> None:
+                await conn.close()
+
+        publisher._conn = Gated()  # type: ignore[assignment]
+        mine, other = uuid.uuid4(), uuid.uuid4()
+        publisher.publish(mine, "message_chunk", {"message_id": "m", "chunk": "a", "offset": 0})
+        await asyncio.sleep(0)  # its batch is under way, held at the gate
+        waiting = asyncio.ensure_future(publisher.sent())
+        await asyncio.sleep(0)
+        publisher.publish(other, "message_chunk", {"message_id": "o", "chunk": "b", "offset": 0})
+        assert len(await publisher.take(other)) == 1
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert not waiting.done()  # "a" is still on its way
+        gate.set()
+        await asyncio.wait_for(waiting, 10)
+    finally:
+        gate.set()
+        await publisher.close()
+
+
 async def test_publishing_never_waits_for_the_database_nor_fails(caplog: pytest.LogCaptureFixture) -> None:
     publisher = hub.Publisher("postgresql://nobody@127.0.0.1:1/none")  # nothing listens there
     publisher.publish(uuid.uuid4(), "message_chunk", {"message_id": "m", "chunk": "hi", "offset": 0})  # returns

@@ -136,8 +136,9 @@ class Caller:
         caller to write with the message it answers, instead of in a transaction of its own. A record not deferred is
         written in the next transaction the call makes anyway (the next attempt's, or a fallback's). `live`: an answer
         returns without waiting for its deltas to be sent: the caller's statement that stores it sends what is left
-        of them (`Publisher.take`, `events.notify_first`); a failure still waits. `partial` stores the streaming
-        message's text so far (`Transactions.partial`: one statement, for a step's answer and a subprompt's alike)."""
+        of them (`Publisher.take`, `events.notify_first`); a failure, or an empty answer (asked again), still waits.
+        `partial` stores the streaming message's text so far (`Transactions.partial`: one statement, for a step's
+        answer and a subprompt's alike)."""
         recorder = _Recorder(self, tx, thread_id, message_id, prompt, env, depth, opened, partial, live)
         prefix = f"recovered_{message_id.hex[:12]}"  # recovered tool call ids must be unique within the thread
         chain = [
@@ -261,8 +262,10 @@ class _Recorder:
         """The request's outcome, its error masked and logged, and its log row (written by the next transaction)."""
         current = self._current
         assert current is not None
-        if isinstance(outcome, ProviderError) or not self._live:
-            await self._caller.publisher.sent()  # the deltas before the answer or the failure that ends them
+        # the deltas before the failure that ends them, or before an empty answer's next request (`retry`: asked
+        # again); an answer's ride in the statement that stores it (`live`)
+        if isinstance(outcome, ProviderError) or retry.empty(outcome) or not self._live:
+            await self._caller.publisher.sent()
         result = Result(outcome, attempt.model, (time.monotonic() - current.started) * 1000, current.ttft)
         if isinstance(outcome, ProviderError):
             outcome.message = masking.scrub(outcome.message, current.secrets)
