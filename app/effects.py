@@ -116,8 +116,8 @@ async def cancel_all(session: AsyncSession, thread_id: uuid.UUID) -> None:
 # CLAIM_DUE: due scheduled effects, oldest first, skipping rows (and threads) another transaction holds — so two
 # timers never take the same row, and the timer never waits on a thread row a run has locked (the next poll gets
 # it); each becomes `queued` with an `effect` inbox row, and its thread becomes runnable, and the workers are woken
-# (delivered at commit) when any was, in this one statement: sent alone, it is its own transaction (the inbox and
-# lease writes outside `app/queue.py`: its docstring lists them).
+# (delivered at commit) when any was, in this one statement (the inbox and lease writes outside `app/queue.py`: its
+# docstring lists them).
 _CLAIM_DUE = text(
     """
     WITH due AS (
@@ -145,7 +145,7 @@ _CLAIM_DUE = text(
 
 async def claim_due(session: AsyncSession, limit: int) -> int:
     """Move up to `limit` due effects into their threads' inboxes; workers are woken at commit. Returns how many.
-    One statement: the timer sends it on an autocommit session (`db.autocommit`), no BEGIN or COMMIT around it."""
+    One statement, the wake-up in it."""
     params = {"limit": limit, "kind": inputs.Kind.EFFECT, "channel": queue.WAKEUP_CHANNEL}
     return int((await session.execute(_CLAIM_DUE, params)).scalar_one())
 

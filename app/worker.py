@@ -225,8 +225,9 @@ class Worker:
         exactly one), and the rows are durable, so a restart loses nothing."""
         while not stop.is_set():
             try:
-                while True:
-                    async with db.autocommit(self._sessions) as session:
+                while True:  # a transaction, not autocommit: cut off mid-statement (a stop), it is rolled back and
+                    # its connection closed, where an autocommit one would go back to the pool still busy
+                    async with self._sessions() as session, session.begin():
                         if await effects.claim_due(session, EFFECTS_BATCH) < EFFECTS_BATCH:
                             break
             except Exception:

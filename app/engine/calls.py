@@ -276,10 +276,12 @@ class _Recorder:
             await writing
 
     def abandon(self) -> None:
-        """The call was cut off: a partial text's write still under way is cancelled."""
+        """The call was cut off: a partial text's write under way is let finish (one short UPDATE outside any
+        transaction: cut off mid-statement, its connection would go back to the pool still busy), and what it
+        raises let go, as the call ends anyway."""
         current = self._current
-        if current is not None and current.writing is not None and not current.writing.done():
-            current.writing.cancel()
+        if current is not None and current.writing is not None:
+            current.writing.add_done_callback(_let_go)
 
     async def close(self, attempt: retry.Attempt, outcome: LLMResponse | ProviderError) -> None:
         """The request's outcome, its error masked and logged, and its log row (written by the next transaction)."""
@@ -326,6 +328,12 @@ class _Recorder:
                 "fallback_triggered",
                 {"from": failed.model.name, "to": to.name, "error": last.response.message},
             )
+
+
+def _let_go(done: asyncio.Future[None]) -> None:
+    """A partial text's write of a call cut off, finished: what it raised is retrieved and dropped."""
+    if not done.cancelled():
+        done.exception()
 
 
 def _traced(span: Span, result: Result) -> None:
