@@ -213,7 +213,7 @@ async def test_each_due_effect_is_queued_by_exactly_one_timer(app_factory: Any) 
     async def timer() -> int:
         total = 0
         while True:
-            async with db.autocommit(app.state.runtime.sessions) as session:  # as the worker's timer sends it
+            async with app.state.runtime.sessions() as session, session.begin():  # as the worker's timer sends it
                 count = await effects.claim_due(session, 3)
             total += count
             if count == 0:
@@ -247,7 +247,7 @@ async def test_a_poll_that_queues_effects_wakes_the_workers_in_its_one_statement
     listener = await db.connect(database_url)
     await listener.add_listener(queue.WAKEUP_CHANNEL, lambda *args: heard.append(args[3]))
     try:
-        for expected in (1, 0):  # each poll alone, no transaction around it: it commits itself
+        for expected in (1, 0):  # each poll its own statement (autocommit here), the wake-up in it
             async with db.autocommit(app.state.runtime.sessions) as session:
                 assert await effects.claim_due(session, 3) == expected
         await listener.execute(f"NOTIFY {queue.WAKEUP_CHANNEL}, 'marker'")
