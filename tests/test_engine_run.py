@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
@@ -931,35 +930,3 @@ async def test_an_answer_s_deltas_reach_the_hub_before_the_events_after_them(
     delta = next(i for i, p in enumerate(heard) if p.startswith("[") and '"reasoning_chunk"' in p)
     after = next(i for i, p in enumerate(heard) if not p.startswith("[") and '"llm_response"' in p)
     assert delta < after, heard
-
-
-async def test_a_slow_partial_text_write_holds_up_no_chunk_of_the_stream(
-    drive: Drive, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The partial text is written beside the stream (one write at a time, so the texts only grow): the chunks go
-    on meanwhile, and the last write is done before the answer is stored."""
-    written: list[str] = []
-    partial = Transactions.partial
-
-    async def slow(self: Transactions, claim: claims.Claim, message_id: uuid.UUID, text: str) -> None:
-        await asyncio.sleep(0.4)
-        await partial(self, claim, message_id, text)
-        written.append(text)
-
-    published: list[float] = []
-    publish = hub.Publisher.publish
-
-    def timed(self: hub.Publisher, *args: Any) -> None:
-        published.append(asyncio.get_running_loop().time())
-        publish(self, *args)
-
-    monkeypatch.setattr(Transactions, "partial", slow)
-    monkeypatch.setattr(hub.Publisher, "publish", timed)
-    cat = catalog(Model("abcdefgh"))
-    streaming = cat.models["m"].model_copy(update={"chunk_size": 1, "chunk_delay_ms": 70})
-    cat = Catalog(root=cat.root, models={"m": streaming}, prompts=cat.prompts, agents=cat.agents, tools=cat.tools)
-    result = await drive(cat, "spell it")
-    assert result.said() == [("user", "spell it"), ("assistant", "abcdefgh")]
-    gaps = [later - earlier for earlier, later in itertools.pairwise(published)]
-    assert len(published) == 8 and max(gaps) < 0.3, gaps  # a write of 0.4 s held up no chunk
-    assert written and written == sorted(written)  # at least one write, done before the answer; texts growing

@@ -10,7 +10,6 @@ attempt they belong to (a retry starts again at offset 0). No transaction is hel
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import contextlib
 import dataclasses
@@ -157,14 +156,10 @@ class Caller:
         }
         with tracing.span(f"chat {primary.model or primary.name}", attributes, kind=SpanKind.CLIENT) as span:
             # each request's script position and key are given by the recorder (`_Recorder.open`)
-            try:
-                with contextlib.suppress(ProviderError):  # every model failed: the last error is the last record's
-                    async for event in model.stream(request, CallContext(str(thread_id), 0)):
-                        if isinstance(event, TextDelta | ReasoningDelta):
-                            await recorder.delta(event)
-            except BaseException:
-                recorder.abandon()
-                raise
+            with contextlib.suppress(ProviderError):  # every model failed: the last error is the last record's
+                async for event in model.stream(request, CallContext(str(thread_id), 0)):
+                    if isinstance(event, TextDelta | ReasoningDelta):
+                        await recorder.delta(event)
             assert recorder.last is not None
             if span is not None:
                 _traced(span, recorder.last)
@@ -186,7 +181,6 @@ class _InFlight:
     offsets: dict[str, int] = dataclasses.field(default_factory=lambda: {"message_chunk": 0, "reasoning_chunk": 0})
     text: list[str] = dataclasses.field(default_factory=list)
     flushed: float = dataclasses.field(default_factory=time.monotonic)
-    writing: asyncio.Future[None] | None = None  # the partial text's write under way (`_Recorder.delta`)
 
 
 class _Recorder:
@@ -260,34 +254,14 @@ class _Recorder:
         current.offsets[kind] += len(event.text)
         if kind == "message_chunk":
             current.text.append(event.text)
-            due = time.monotonic() - current.flushed >= FLUSH_SECONDS
-            if due and (current.writing is None or current.writing.done()):  # one write at a time: texts only grow
-                if current.writing is not None:
-                    current.writing.result()  # what the last write raised (the database gone) ends the call
-                # written beside the stream, not in its way: the next chunk is read while the row is written
-                current.writing = asyncio.ensure_future(self._partial(self._message_id, "".join(current.text)))
+            if time.monotonic() - current.flushed >= FLUSH_SECONDS:
+                await self._partial(self._message_id, "".join(current.text))
                 current.flushed = time.monotonic()
-
-    async def settled(self) -> None:
-        """The partial text's last write, done (`close`: before the answer, which it must not follow)."""
-        current = self._current
-        if current is not None and current.writing is not None:
-            writing, current.writing = current.writing, None
-            await writing
-
-    def abandon(self) -> None:
-        """The call was cut off: a partial text's write under way is let finish (one short UPDATE outside any
-        transaction: cut off mid-statement, its connection would go back to the pool still busy), and what it
-        raises let go, as the call ends anyway."""
-        current = self._current
-        if current is not None and current.writing is not None:
-            current.writing.add_done_callback(_let_go)
 
     async def close(self, attempt: retry.Attempt, outcome: LLMResponse | ProviderError) -> None:
         """The request's outcome, its error masked and logged, and its log row (written by the next transaction)."""
         current = self._current
         assert current is not None
-        await self.settled()
         # the deltas before the failure that ends them, or before an empty answer's next request (`retry`: asked
         # again); an answer's ride in the statement that stores it (`live`)
         if isinstance(outcome, ProviderError) or retry.empty(outcome) or not self._live:
@@ -328,12 +302,6 @@ class _Recorder:
                 "fallback_triggered",
                 {"from": failed.model.name, "to": to.name, "error": last.response.message},
             )
-
-
-def _let_go(done: asyncio.Future[None]) -> None:
-    """A partial text's write of a call cut off, finished: what it raised is retrieved and dropped."""
-    if not done.cancelled():
-        done.exception()
 
 
 def _traced(span: Span, result: Result) -> None:
