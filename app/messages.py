@@ -489,6 +489,36 @@ async def changed_and_waiting(
     return read, input_waits, effects_wait
 
 
+async def changed_waiting_and_taking(
+    session: AsyncSession, thread_id: uuid.UUID, since: int
+) -> tuple[list[tuple[tables.Message, int]], bool, bool, list[queue.Input]]:
+    """`changed_and_waiting` and, unless effects wait, the input taken, in one statement (`queue.WAITING_AND_TAKING`):
+    an execution's first look, from a thread that will deliver what it finds; each message taken has its place in
+    the history (`queue.Input.place`). The row's lock rides in it when the transaction's first statement takes it
+    (`Stale` if it did not); deferred writes ride in it as in `changed_and_waiting`."""
+    fence = statements.take_fence(session)
+    writes, ctes, rows = _riding(queue.riders(session))
+    args = [thread_id, since, *[a for _, args in writes for a in args]]
+    head = fenced = locked = ""
+    if fence is not None:
+        head, fenced = f"{fence.cte(len(args) + 1)}, ", ", (SELECT count(*) FROM fence) AS fenced"
+        locked = " AND EXISTS (SELECT 1 FROM fence)"
+        args += fence.args
+    sql = (
+        f"WITH {head}{ctes}{queue.WAITING_AND_TAKING.format(locked=locked)}, changed AS ({rows}) "  # noqa: S608 -- as `_riding`
+        "SELECT waiting.*, places.places, taken.id AS taken_id, taken.kind AS taken_kind, "
+        f"taken.payload AS taken_payload, changed.*{fenced} "
+        "FROM waiting CROSS JOIN places LEFT JOIN (taken FULL JOIN changed ON false) ON true ORDER BY changed.position"
+    )
+    driver = await statements.driver(session, flush=False, carries=bool(writes))
+    found = await driver.fetch(sql, *args)
+    if fence is not None and not found[0]["fenced"]:
+        raise statements.Stale()  # the row changed since the claim, is locked, or the lease is gone
+    input_waits, effects_wait = queue.waited(session, found[0])
+    read = [(statements.attach(session, tables.Message, r), r["rev"]) for r in found if r["id"] is not None]
+    return read, input_waits, effects_wait, queue.taken(found)
+
+
 async def page(
     session: AsyncSession,
     thread_id: uuid.UUID,

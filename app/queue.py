@@ -49,6 +49,7 @@ class Input:
     id: int
     kind: str
     payload: dict[str, Any]
+    place: int | None = None  # a message's position in the history, when the look that took it reserved one
 
 
 # ENQUEUE: the inbox row, the thread marked runnable (the oldest wait wins the claim order, so an existing timestamp
@@ -234,37 +235,31 @@ def _inputs(rows: list[Any]) -> list[Input]:
     return sorted((Input(r["id"], r["kind"], r["payload"]) for r in rows), key=lambda r: r.id)
 
 
-# WAITING AND TAKING: `WAITING` and, unless an effect waits (due effects run first, §10), `TAKE_INBOX`, in one
-# statement: an execution's first look at the inbox, from a thread that will deliver what it finds. When it takes
-# the row lock too (`fence`), it deletes nothing unless it took it: the inbox rows are locked after the thread row,
-# as the API locks them.
-_WAITING_AND_TAKING = f"""
+# WAITING AND TAKING: `WAITING` and, unless an effect waits (due effects run first, §10), `TAKE_INBOX`, as CTEs of
+# one statement (`messages.changed_waiting_and_taking`): an execution's first look at the inbox, from a thread that
+# will deliver what it finds. When it takes the row lock too (`fence`), it deletes nothing unless it took it: the
+# inbox rows are locked after the thread row, as the API locks them. Each message taken gets a place in the history
+# (`PLACES`: a position of the messages' own sequence, taken under the row lock, so before any the thread's later
+# messages take): the message it becomes is written there, and the history holds it without reading it back.
+WAITING_AND_TAKING = f"""
     waiting AS ({_WAITING}),
-    taken AS ({_TAKE} AND NOT (SELECT effect FROM waiting){{locked}} RETURNING id, kind, payload)
+    taken AS ({_TAKE} AND NOT (SELECT effect FROM waiting){{locked}} RETURNING id, kind, payload),
+    places AS (
+        SELECT array_agg(nextval(pg_get_serial_sequence('messages', 'position'))) AS places
+        FROM taken WHERE kind = 'message'
+    )
 """  # noqa: S608 -- fixed fragments of this module
 
 
-async def waiting_and_taking(session: AsyncSession, thread_id: uuid.UUID) -> tuple[bool, bool, list[Input]]:
-    """`waiting` and, unless effects wait, `take_inbox`, in one round trip (deferred writes ride with it, as with
-    `waiting`, and so does the row's lock when the transaction's first statement takes it: `Stale` if it did not):
-    whether input waited, whether effects wait, and the input taken."""
-    fence = statements.take_fence(session)
-    writes = riders(session)
-    args = [thread_id, *[a for _, args in writes for a in args]]
-    prefix = "WITH " + (f"{statements.ctes(writes, 2)}, " if writes else "")
-    fenced = ""
-    if fence is not None:
-        prefix, fenced = f"{prefix}{fence.cte(len(args) + 1)}, ", ", (SELECT count(*) FROM fence) AS fenced"
-        args += fence.args
-    driver = await statements.driver(session, flush=False, carries=bool(writes))
-    locked = " AND EXISTS (SELECT 1 FROM fence)" if fence is not None else ""
-    looked = _WAITING_AND_TAKING.format(locked=locked)
-    taking = f"{prefix}{looked} SELECT waiting.*, taken.id, taken.kind, taken.payload{fenced} "
-    rows = await driver.fetch(taking + "FROM waiting LEFT JOIN taken ON true", *args)
-    if fence is not None and not rows[0]["fenced"]:
-        raise statements.Stale()  # the row changed since the claim, is locked, or the lease is gone
-    input_waits, effects_wait = waited(session, rows[0])
-    return input_waits, effects_wait, _inputs([r for r in rows if r["id"] is not None])
+def taken(rows: list[Any]) -> list[Input]:
+    """The input a first look took (`WAITING_AND_TAKING`; its columns `taken_id`, `taken_kind`, `taken_payload` and
+    `places`), in order; each message with its place."""
+    found = sorted(
+        (Input(r["taken_id"], r["taken_kind"], r["taken_payload"]) for r in rows if r["taken_id"] is not None),
+        key=lambda r: r.id,
+    )
+    places = iter(sorted(rows[0]["places"] or []))
+    return [dataclasses.replace(r, place=next(places)) if r.kind == inputs.Kind.MESSAGE else r for r in found]
 
 
 # TRACED: the trace contexts and queuing times of the oldest messages waiting for the thread (`tracing.carrier`)

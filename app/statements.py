@@ -208,7 +208,10 @@ def unwritten(session: AsyncSession, row: Any) -> bool:
 # changed only once in it, so the thread row (which the events statement updates) is never deferred, and a second
 # write of a row already deferred sends the first one before it. And Postgres runs the data-modifying CTEs nothing
 # refers to last first: two new messages in one statement would take their positions (an identity) and revisions in
-# the reverse of the order they were written, so a second new message sends the first one before it too.
+# the reverse of the order they were written, so a second new message sends the first one before it too — unless
+# the first was given its position (taken from the same sequence before, `queue.WAITING_AND_TAKING`): whatever
+# runs first, it comes before the second. (Their revisions may then be in reverse: those only say what changed since
+# a read, and both are newer than any read before the statement.)
 
 _DEFERRED = "statements.deferred"  # `session.info` key: the writes deferred, in order, with the rows they target
 _TARGET = re.compile(r"^\s*(?:INSERT\s+INTO|UPDATE|DELETE\s+FROM)\s+(\w+)", re.IGNORECASE)
@@ -222,7 +225,7 @@ async def defer(session: AsyncSession, sql: str, args: list[Any], row: Any = Non
     held: list[tuple[str, list[Any], tuple[str, Any] | None]] = session.info.get(_DEFERRED, [])
     target = None if row is None else (table, row)
     follows = (target is not None and target in {t for *_, t in held}) or (
-        table == "messages" and _inserts(sql) and any(writes_table(s) == "messages" and _inserts(s) for s, *_ in held)
+        table == "messages" and _inserts(sql) and any(_takes_position(s) for s, *_ in held)
     )  # it must be written after one already deferred
     if _WRITES_ONLY in session.info:
         if table == "threads" or follows:
@@ -250,6 +253,12 @@ def writes_table(sql: str) -> str:
 
 def _inserts(sql: str) -> bool:
     return sql.lstrip()[:6].upper() == "INSERT"
+
+
+def _takes_position(sql: str) -> bool:
+    """Whether `sql` inserts a message that takes its position from the sequence as it runs: one written at a place
+    taken earlier (`insert_statement` names its `"position"`) holds it whenever it runs."""
+    return writes_table(sql) == "messages" and _inserts(sql) and '"position"' not in sql.split(")", 1)[0]
 
 
 def deferred(session: AsyncSession | Session) -> list[tuple[str, list[Any]]]:

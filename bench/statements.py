@@ -8,7 +8,9 @@ turns one after another, awaited on the stream; `--clients` at a time. The count
 then every statement the server sent is listed with its calls per run. Unlike wall time, these counts do not move
 with the machine's load: run it before and after a change.
 
-    .venv/bin/python -m bench.statements [--runs 200] [--clients 1] [--top 30]
+    .venv/bin/python -m bench.statements [--runs 200] [--clients 1] [--top 30] [--trace]
+
+`--trace` then runs one more turn with `log_statement = all` and lists what it sent, in order, by backend.
 
 Target (issue 34): a step in at most two transactions, a tool run in at most three (the worker's), ≤ 12 statements.
 """
@@ -19,6 +21,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -42,7 +45,8 @@ def _binaries() -> Path:
 
 @contextlib.contextmanager
 def counting_postgres() -> Iterator[str]:
-    """A throw-away Postgres server with `pg_stat_statements` loaded; its URL (TCP on a free loopback port)."""
+    """A throw-away Postgres server with `pg_stat_statements` loaded; its URL (TCP on a free loopback port). Its log
+    is the file `log` beside its data folder (`trace`)."""
     binaries = _binaries()
     folder = Path(tempfile.mkdtemp(prefix="bench-stmts-"))
     run_as: list[str] = []
@@ -116,6 +120,7 @@ async def main() -> None:
     parser.add_argument("--warmup", type=int, default=30)
     parser.add_argument("--clients", type=int, default=1)
     parser.add_argument("--top", type=int, default=30)
+    parser.add_argument("--trace", action="store_true", help="then list one more run's statements in order, by backend")
     parser.add_argument("--steps", type=int, default=1, help="tool calls per turn (1: a tool run)")
     parser.add_argument(
         "--b4",
@@ -149,6 +154,8 @@ async def main() -> None:
                 rows = await admin.fetch(
                     "SELECT query, calls FROM pg_stat_statements WHERE dbid = $1 AND toplevel ORDER BY calls DESC", oid
                 )
+                if args.trace:
+                    traced = await trace(admin, users[0])
                 await asyncio.gather(*(u.close() for u in users))
         await admin.close()
     counted = [(r["query"], r["calls"]) for r in rows if not any(s in r["query"] for s in COUNTING)]
@@ -161,6 +168,32 @@ async def main() -> None:
     print(f"\n{'calls/run':>9}  statement")
     for query, calls in counted[: args.top]:
         print(f"{calls / args.runs:9.2f}  {' '.join(query.split())[:150]}")
+    if args.trace:
+        print("\none more run, statement by statement (backend pid, then the statement):")
+        for line in traced:
+            print(line)
+
+
+async def trace(admin: asyncpg.Connection, user: User) -> list[str]:
+    """One more tool run with every statement logged; the statements it sent, in order, each with its backend."""
+    log_file = Path(await admin.fetchval("SHOW data_directory")).parent / "log"  # as `counting_postgres` starts it
+    start = log_file.stat().st_size
+    await admin.execute("ALTER SYSTEM SET log_statement = 'all'")
+    await admin.execute("SELECT pg_reload_conf()")
+    await asyncio.sleep(0.2)
+    await user.tool_run()
+    await asyncio.sleep(0.5)
+    await admin.execute("ALTER SYSTEM RESET log_statement")
+    await admin.execute("SELECT pg_reload_conf()")
+    with log_file.open(errors="replace") as f:
+        f.seek(start)
+        text = f.read()
+    lines = []
+    for match in re.finditer(r"\[(\d+)\] LOG:  (?:statement|execute [^:]*): (.*?)(?=\n\S|\Z)", text, re.S):
+        statement = " ".join(match.group(2).split())
+        if not any(s in statement for s in (*COUNTING, "log_statement", "pg_reload_conf")):
+            lines.append(f"{match.group(1):>7}  {statement[:160]}")
+    return lines
 
 
 if __name__ == "__main__":

@@ -691,6 +691,30 @@ async def test_the_transaction_a_tool_result_closes_the_step_in_reads_once_and_c
     assert result.said() == [("user", "2+3?"), ("assistant", None), ("tool", "5"), ("assistant", "5.")]
 
 
+async def test_an_execution_s_opening_reads_once_and_writes_the_user_s_message_with_its_events(
+    drive: Drive, sessions: async_sessionmaker[AsyncSession]
+) -> None:
+    """The transaction that opens an execution's first step takes the row lock in its first read, which reads the
+    history and the inbox and takes the input in one statement, giving the message taken its place; the user's
+    message made of it joins the history without being read back, and its INSERT rides with the next statement
+    (here the env's first read; else the events' statement, with the pending message after it)."""
+    with statements_sent(sessions) as seen:
+        result = await drive(catalog(Model("hi there")), "hello")
+        await asyncio.sleep(0.05)  # the loggers are called soon after each statement
+    seen = [q for q in seen if "set_config" not in q.query and "typeinfo_tree" not in q.query]  # a new connection's
+    sent = [" ".join(q.query.split()) for q in seen]
+    [(at, how)] = fences(seen)
+    end = sent.index("COMMIT;", at)
+    assert how == "in the read" and sent[at - 1].startswith("BEGIN")
+    assert "DELETE FROM inbox" in sent[at] and "rev > $2" in sent[at] and "nextval" in sent[at]
+    assert not [q for q in sent[at + 1 : end] if "FROM messages" in q]  # the history is not read again
+    [placed] = [q for q in sent[at + 1 : end] if '"position"' in q]  # the user's message, at its place
+    assert "INSERT INTO messages" in placed
+    assert result.said() == [("user", "hello"), ("assistant", "hi there")]
+    user, answer = result.rows  # in position order
+    assert user.position < answer.position and result.thread.turn_start == user.position
+
+
 async def test_the_results_of_calls_run_at_once_are_each_stored_in_one_statement(
     drive: Drive, sessions: async_sessionmaker[AsyncSession]
 ) -> None:
@@ -794,7 +818,9 @@ async def test_an_answer_whose_thread_changed_meanwhile_is_stored_in_a_transacti
     assert refused == ["DivisionByZeroError"]  # the first answer's: the row was not the version it was read as
     assert result.reruns("one_statement", "stale") == 1
     reads = [q.args[1] for q in seen if "FROM messages WHERE thread_id = $1 AND rev > $2" in q.query]
-    assert reads[0] == 0 and all(rev > 0 for rev in reads[1:])  # the history kept: later steps read what changed
+    # the history kept: later steps read what changed (the first message, held without reading it back, has no
+    # revision to read from yet)
+    assert reads[0] == 0 and reads == sorted(reads) and reads[-1] > 0
     assert result.said() == [
         ("user", "start"), ("assistant", None), ("tool", "2"), ("user", "also this"), ("assistant", "saw it"),
     ]  # fmt: skip

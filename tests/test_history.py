@@ -137,3 +137,37 @@ async def test_the_history_and_the_inbox_are_read_in_one_statement_that_carries_
     async with sessions() as s:  # written as read, and nothing more to read
         assert [r.content for r in await messages.history(s, tid)] == ["m0 edited", "m1", "a2"]
     assert await _read(sessions, held, tid) == ["m0 edited", "m1", "a2"]
+
+
+async def test_the_first_look_takes_the_input_and_a_message_at_its_place_joins_without_being_read(
+    sessions: async_sessionmaker[AsyncSession],
+) -> None:
+    """`take`: the history and the input in one statement; the message the input becomes is `add`ed at the place the
+    look gave it. If its transaction does not commit the history is dropped (`Histories.settle`); if it does, the
+    message stays, and the next read returns it again as written (with the revision it has now)."""
+    tid = await _thread(sessions, 1)
+    histories = Histories()
+    async with sessions() as s, s.begin():
+        await queue.enqueue(s, tid, "message", {"content": "posted"})
+    for commit in (False, True):
+        held = histories.of(tid)
+        async with sessions() as s, s.begin():
+            thread = await s.get_one(tables.Thread, tid, with_for_update={"key_share": True})
+            events.hold(s, tid)
+            input_waits, effects_wait, [taken] = await held.take(s, thread)
+            assert (input_waits, effects_wait) == (True, False) and taken.place is not None
+            row = await messages.add(s, tid, "user", later=True, content="posted", position=taken.place)
+            held.add(row)
+            assert [r.content for r in held.current()] == ["m0", "posted"]
+            await events.flush(s, thread)
+            if not commit:
+                await s.rollback()
+        histories.settle(tid, committed=commit)
+        assert (histories.of(tid) is held) == commit and held.unwritten != commit
+    async with sessions() as s, s.begin():
+        thread = await s.get_one(tables.Thread, tid, with_for_update={"key_share": True})
+        assert [(r.content, r.position) for r in await held.rows(s, thread)] == [
+            ("m0", held.current()[0].position),
+            ("posted", taken.place),
+        ]
+        assert len(held) == 2

@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app import db, events, keys, messages, statements, threads
+from app import db, events, keys, messages, statements, tables, threads
 from app.spec import define_agent
 
 
@@ -68,6 +68,20 @@ async def test_new_messages_deferred_one_after_another_keep_the_order_they_were_
         await messages.add(s, tid, "user", later=True, content="one")
         with pytest.raises(statements.Unsent):
             await messages.add(s, tid, "user", later=True, content="two")
+    async with sessions() as s, s.begin():  # one at a place taken before: it may ride with the next, not after it
+        place = await (await statements.driver(s)).fetchval("SELECT nextval('messages_position_seq')")
+        events.hold(s, tid)
+        await messages.add(s, tid, "user", later=True, content="placed", position=place)
+        await messages.add(s, tid, "user", later=True, content="after it")
+        assert len(s.info["statements.deferred"]) == 2  # both still deferred
+        await messages.add(s, tid, "user", later=True, content="placed too", position=place + 10**9)
+        assert statements.deferred_tables(s) == set()  # all sent: "after it" had to take its position first
+        await events.flush(s, await s.get_one(tables.Thread, tid))
+    async with sessions() as s:
+        rows = await (await statements.driver(s)).fetch(
+            "SELECT content FROM messages WHERE thread_id = $1 ORDER BY position", tid
+        )
+        assert [r["content"] for r in rows][-3:] == ["placed", "after it", "placed too"]
 
 
 async def test_a_fence_sent_later_goes_before_the_first_statement_or_refuses_one_of_sqlalchemys(

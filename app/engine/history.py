@@ -22,7 +22,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import messages, tables
+from app import messages, queue, tables
 from app.engine import transcript
 from app.spec.definitions import Side
 
@@ -83,6 +83,7 @@ class History:
         self._seen: list[Seen] = []  # `Seen.of` each row of `_rows`
         self._index: dict[object, int] = {}  # message id -> its index in `_rows`
         self._rev = 0  # the highest revision read
+        self.unwritten = False  # whether it holds rows `add`ed by a transaction that has not committed yet
 
     async def rows(self, session: AsyncSession, thread: tables.Thread) -> list[tables.Message]:
         """The messages now, in order (the caller holds the thread row lock)."""
@@ -97,6 +98,23 @@ class History:
         found, input_waits, effects_wait = await messages.changed_and_waiting(session, thread.id, self._rev)
         self._read(found)
         return input_waits, effects_wait
+
+    async def take(self, session: AsyncSession, thread: tables.Thread) -> tuple[bool, bool, list[queue.Input]]:
+        """`rows_and_waiting`, and the input taken unless effects wait (`messages.changed_waiting_and_taking`): an
+        execution's first look. The messages are then `current` until the session writes one; a message the input
+        becomes at its place (`queue.Input.place`) is `add`ed, not read."""
+        self._check(thread)
+        found, *waiting, taken = await messages.changed_waiting_and_taking(session, thread.id, self._rev)
+        self._read(found)
+        input_waits, effects_wait = waiting
+        return input_waits, effects_wait, taken
+
+    def add(self, row: tables.Message) -> None:
+        """A new message of the transaction under way, whose position is known (`queue.Input.place`), held before it
+        is read: the next read returns it again, as written. Until that transaction commits it is `unwritten`."""
+        assert row.position is not None, "only a message at a known place is held before it is read"
+        self.unwritten = True
+        self._put(row)
 
     def current(self) -> list[tables.Message]:
         """The messages as of the last read, in order."""
@@ -160,6 +178,17 @@ class Histories:
             held = History()
         self._held[thread_id] = held
         return held
+
+    def settle(self, thread_id: uuid.UUID, *, committed: bool) -> None:
+        """A transaction on the thread ended: the rows its history holds before reading them (`History.add`) are
+        written if it `committed`; else the history is dropped (with those rows, the ones read with them, from the
+        session rolled back)."""
+        held = self._held.get(thread_id)
+        if held is not None and held.unwritten:
+            if committed:
+                held.unwritten = False
+            else:
+                self.drop(thread_id)
 
     def drop(self, thread_id: uuid.UUID) -> None:
         """Forget a thread's history (what it read may hold writes that were rolled back)."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, cast
 
@@ -17,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from app import errors, events, inputs, messages, queue, tables
 from app.catalog import Catalog
 from app.engine import child_tools, context, hooks, results, types
+from app.engine.history import History
 from app.engine.state import prepare_hooks
 from app.metrics import Meter
 from app.spec.definitions import AgentDefinition, Side
@@ -37,6 +39,18 @@ class DeliveryFailed(Exception):
         self.reason = reason
 
 
+@dataclass(frozen=True)
+class Delivered:
+    """What delivering the inbox did: between turns, the side the input makes act (§2); the turn's first message when
+    its position is not known yet (its INSERT rides with the next statement, `messages.add(later=True)`: the caller
+    sets `turn_start` from it once the history is read, `messages.changed` returns it); and whether the history the
+    caller gave (`held`) is still current: all the delivery wrote is the messages it added to it at their places."""
+
+    acting: Side | None = None
+    starts: tables.Message | None = None
+    current: bool = False
+
+
 async def deliver(
     session: AsyncSession,
     thread: tables.Thread,
@@ -48,19 +62,21 @@ async def deliver(
     context_: dict[str, Any],
     meter: Meter,
     taken: list[queue.Input] | None = None,
-) -> tuple[Side | None, tables.Message | None]:
-    """Move the inbox into history (`taken`: what the caller already took from it); between turns, return the side
-    the input makes act (§2), and the turn's first message when its position is not known yet: its INSERT rides
-    with the next statement (`messages.add(later=True)`) and the caller sets `turn_start` from it once the history
-    is read (`messages.changed` returns it)."""
+    held: History | None = None,
+) -> Delivered:
+    """Move the inbox into history (`taken`: what the caller already took from it, `held`: the history it read with
+    it, current until this writes); a message at a place the look reserved (`queue.Input.place`) is written there,
+    with the next statement, and added to `held` as written."""
     acting: Side | None = None
     first: int | tables.Message | None = None
+    current = held is not None
     hook_runner = await prepare_hooks(catalog, fernet, session, thread, thread.side or "a", context=context_)
     for row in taken if taken is not None else await queue.take_inbox(session, thread.id):
         try:
             item = inputs.read(row.kind, row.payload)
             if isinstance(item, inputs.MessageInput):
                 p = await hook_runner.before_delivery(item.fields())  # edits `content`, `metadata`, `silent`
+                placed = {} if row.place is None else {"position": row.place}
                 msg = await messages.add(
                     session,
                     thread.id,
@@ -73,9 +89,14 @@ async def deliver(
                     attachments=item.attachments or [],
                     subagent_id=_uuid((p.get("metadata") or {}).get("subagent_id")),
                     session_number=thread.session_number,
+                    **placed,
                 )
                 await hook_runner.after_create_message(msg)
-                first = (msg if hook_runner.none else msg.position) if first is None else first
+                if held is not None and placed and hook_runner.none:
+                    held.add(msg)
+                else:
+                    current = False
+                first = (msg if hook_runner.none and not placed else msg.position) if first is None else first
                 thread.last_message_at = msg.created_at
                 if item.role == "user":
                     acting = "a"
@@ -84,27 +105,32 @@ async def deliver(
             elif isinstance(item, inputs.ContinueInput):
                 acting = item.side
             elif isinstance(item, inputs.SpawnInput):  # a new thread's immediate subagents of side A (§6.6)
+                current = False
                 side_a = catalog.prompts[agent.side_a.prompt]
                 env = await context.load_env(session, fernet, catalog, thread, side_a)
                 await child_tools.spawn_immediate(session, catalog, fernet, thread, "a", side_a, env)
             elif isinstance(item, inputs.ChildResultInput):  # a blocking subagent call is answered (§6.4)
+                current = False
                 if await _answer(session, thread, item, hook_runner, catalog, fernet):
                     meter.tool_calls.labels(item.name or "", item.status).inc()
             elif isinstance(item, inputs.ToolInput):  # `state.queue_tool` outside a tool call (§7.4)
+                current = False
                 msg = await deliver_tool(session, thread, item.call)
                 first = msg.position if first is None else first
                 acting = msg.side
+            else:
+                current = False
         except Exception as exc:  # poison input: set aside by the engine, never retried forever
             if errors.Contention.of(exc) or errors.Unavailable.of(exc):
                 raise  # the database's trouble, not the input's: the engine hands the execution back
             reason = f"input {row.kind} could not be delivered: {type(exc).__name__}: {exc}"
             raise DeliveryFailed(row.id, reason) from exc
     if mid_turn or acting is None:
-        return None, None
+        return Delivered(current=current)
     if isinstance(first, tables.Message):
-        return acting, first
+        return Delivered(acting, first, current)
     thread.turn_start = first if first is not None else await messages.next_position(session, thread.id)
-    return acting, None
+    return Delivered(acting, None, current)
 
 
 async def set_aside_all(session: AsyncSession, thread: tables.Thread) -> None:

@@ -204,33 +204,38 @@ class Engine:
         return await self._open_step(claim, first=False) if isinstance(closed, OpenOnItsOwn) else closed
 
     async def _begin(
-        self, session: AsyncSession, thread: tables.Thread, agent: AgentDefinition, taken: list[queue.Input] | None
-    ) -> tuple[bool, tables.Message | None]:
+        self,
+        session: AsyncSession,
+        thread: tables.Thread,
+        agent: AgentDefinition,
+        taken: list[queue.Input] | None,
+        held: History | None,
+    ) -> tuple[bool, inbox.Delivered]:
         """The start of an execution: the crash budget, input delivered (`taken`: the input already taken, when the
-        first look took it), the turn it starts or goes on with. Whether it goes on, and the message that starts a
-        new turn when its position is read with the history (`deliver`)."""
+        first look took it; `held`: the history it read with it), the turn it starts or goes on with. Whether it goes
+        on, and what the delivery did."""
         if thread.terminated_at is not None or thread.stopped:
-            return False, None
+            return False, inbox.Delivered()
         if thread.attempt > inbox.MAX_ATTEMPTS + 1:  # it crashed even while failing: its input is what kills it
             await inbox.set_aside_all(session, thread)
             await self._crashed(session, thread)
-            return False, None
+            return False, inbox.Delivered()
         if thread.attempt > inbox.MAX_ATTEMPTS:
             await self._deliver(session, thread, agent, mid_turn=True, taken=taken)  # keep the input, start nothing
             await self._crashed(session, thread)
-            return False, None
+            return False, inbox.Delivered()
         # a turn a previous execution left unfinished (a crash, a deploy) is finished first: new input joins it
         # as mid-turn input instead of starting a turn that would abandon it (`semantics.md` §2)
         in_turn = await turns.in_progress(session, thread)
-        acting, starts = await self._deliver(session, thread, agent, mid_turn=in_turn, taken=taken)
-        if acting is None and thread.status != threads.Status.RUNNING and not in_turn:
+        delivered = await self._deliver(session, thread, agent, mid_turn=in_turn, taken=taken, held=held)
+        if delivered.acting is None and thread.status != threads.Status.RUNNING and not in_turn:
             await threads.set_status(session, thread, threads.Status.IDLE)
-            return False, None
-        if acting is not None:
-            turns.start(thread, acting)
+            return False, delivered
+        if delivered.acting is not None:
+            turns.start(thread, delivered.acting)
             self._caller.tallies.start(thread.id)
         await threads.set_status(session, thread, threads.Status.RUNNING)
-        return True, starts
+        return True, delivered
 
     async def _deliver(
         self,
@@ -240,12 +245,14 @@ class Engine:
         *,
         mid_turn: bool,
         taken: list[queue.Input] | None = None,
-    ) -> tuple[Side | None, tables.Message | None]:
+        held: History | None = None,
+    ) -> inbox.Delivered:
         return await inbox.deliver(
             session,
             thread,
             agent,
             taken=taken,
+            held=held,
             mid_turn=mid_turn,
             catalog=self._catalog,
             fernet=self._fernet,
@@ -383,33 +390,36 @@ class Engine:
         input and effects to a transaction of their own."""
         held = self._history(thread)
         taken: list[queue.Input] | None = None  # the input taken with the first look, by an execution that delivers
+        read = True  # whether the history must be read (again) before the request is built
         with session.no_autoflush:  # reads that do not depend on the thread row: its changes go in one UPDATE later
-            if first and _delivers(thread):  # the input taken with it (unless effects wait); the history after it
-                input_waits, effects_wait, taken = await queue.waiting_and_taking(session, thread.id)
+            if first and _delivers(thread):  # the input taken with the history (unless effects wait)
+                input_waits, effects_wait, taken = await held.take(session, thread)
             elif first:
                 input_waits, effects_wait = await queue.waiting(session, thread.id)
             else:  # the history with it, still current below unless input is delivered
                 input_waits, effects_wait = await held.rows_and_waiting(session, thread)
+                read = input_waits
         if effects_wait or (merged and input_waits):
             return OPEN_ON_ITS_OWN
         agent = self._catalog.agent(thread.agent)  # a handoff may have switched it (§7.3)
-        starts: tables.Message | None = None  # a new turn's first message, its position read with the history
+        delivered = inbox.Delivered()
         if first:
-            going, starts = await self._begin(session, thread, agent, taken)
+            going, delivered = await self._begin(session, thread, agent, taken, held if taken is not None else None)
             if not going:
                 return None
+            read = not delivered.current
         elif input_waits:
-            acting, starts = await self._deliver(session, thread, agent, mid_turn=thread.turn_steps > 0)
-            if acting is not None:  # input between two turns picks who answers it (§2)
-                turns.start(thread, acting)
+            delivered = await self._deliver(session, thread, agent, mid_turn=thread.turn_steps > 0)
+            if delivered.acting is not None:  # input between two turns picks who answers it (§2)
+                turns.start(thread, delivered.acting)
                 self._caller.tallies.start(thread.id)
         side = thread.side or "a"
         side_config, prompt = self._prompt_of(agent, side)
         with session.no_autoflush:  # messages are flushed as written; the thread row's changes can wait
-            rows = await held.rows(session, thread) if first or input_waits else held.current()
+            rows = await held.rows(session, thread) if read else held.current()
             env = await context.load_env(session, self._fernet, self._catalog, thread, prompt)
-        if starts is not None:
-            thread.turn_start = starts.position  # loaded by the history's read, which wrote it
+        if delivered.starts is not None:
+            thread.turn_start = delivered.starts.position  # loaded by the history's read, which wrote it
         turn_start = thread.turn_start or 0
         last, missing = turns.open_work(held.since(turn_start), side, turn_start, thread.step_open)
         if last is not None and last.status == messages.Status.COMPLETED:

@@ -140,6 +140,7 @@ class Transactions:
                     # nothing was written; what it changed in memory (the answer in the pending message) the fenced
                     # run writes again, and the history's next read takes whatever changed meanwhile
                     self._unsay(claim.token)
+                    self._histories.settle(claim.thread_id, committed=False)
                     if self._meter is not None:
                         how, why = "in_read" if reads else "one_statement", type(exc).__name__.lower()
                         self._meter.transactions_rerun.labels(how, why).inc()
@@ -205,6 +206,7 @@ class Transactions:
         """A transaction committed: the lines of the turns it ended; the row as it left it, while the lease holds."""
         if xmin is not None and thread.lease_token == claim.token:
             self._held[claim.token] = Held(statements.record(thread), xmin)
+        self._histories.settle(claim.thread_id, committed=True)
         for said in self._said.pop(claim.token, ()):  # the turns it ended did end
             log.info("%s", said.line)
 
