@@ -42,7 +42,7 @@ from app.engine.step import OPEN_ON_ITS_OWN, RELEASED, Answered, Opened, OpenOnI
 from app.engine.tool_phase import Closed, Prepared, ToolPhase
 from app.engine.transactions import Transactions
 from app.hub import Publisher
-from app.llm import pools, retry
+from app.llm import retry, transport
 from app.llm.base import LLMResponse, ProviderError
 from app.metrics import Meter
 from app.settings import Settings
@@ -52,8 +52,8 @@ log = logging.getLogger(__name__)
 
 
 def llm_http() -> httpx.AsyncClient:
-    """The HTTP client the provider adapters share (`llm.pools.client`)."""
-    return pools.client()
+    """The HTTP client the provider adapters share (`llm.transport.client`)."""
+    return transport.client()
 
 
 class Engine:

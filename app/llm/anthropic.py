@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 
 from app import masking
-from app.llm import pools, sse
+from app.llm import sse, transport
 from app.llm.base import (
     CallContext,
     Done,
@@ -370,7 +370,7 @@ class AnthropicModel:
         reasoning = request.reasoning or {}
         assembly = _Assembly(show_reasoning=not reasoning.get("exclude") and reasoning.get("include") is not False)
         try:
-            async with pools.streamed(
+            async with transport.streamed(
                 self.http, "POST", self.url, json=body(request, self.definition), headers=headers
             ) as r:
                 if r.status_code >= 400:

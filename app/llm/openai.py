@@ -30,7 +30,7 @@ from typing import Any
 import httpx
 
 from app import masking
-from app.llm import pools, sse
+from app.llm import sse, transport
 from app.llm.base import (
     CallContext,
     Done,
@@ -139,7 +139,7 @@ class OpenAIModel:
             headers["Authorization"] = f"Bearer {key}"
         reply = _Reply()
         try:
-            async with pools.streamed(
+            async with transport.streamed(
                 self.http, "POST", self.url, json=self.body(request), headers=headers
             ) as response:
                 if not response.is_success:
