@@ -21,7 +21,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, cast
 
 import httptools
 import httpx
@@ -167,8 +167,7 @@ class _Connection(asyncio.Protocol):
     # -- asyncio's side --
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
+        self._transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass of asyncio's
 
     def data_received(self, data: bytes) -> None:
         try:

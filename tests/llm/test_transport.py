@@ -15,6 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import uvloop
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -391,3 +392,21 @@ async def test_a_streamed_response_is_freed_without_the_cycle_collector(
             assert freed() is None
         finally:
             gc.enable()
+
+
+def test_it_runs_on_uvloop_as_the_server_does() -> None:
+    """The server's event loop is uvloop's (uvicorn picks it), whose transports are not asyncio's classes."""
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n")
+            await writer.drain()
+
+    async def main() -> list[str]:
+        listening = await asyncio.start_server(answer, "127.0.0.1", 0)
+        url = f"http://127.0.0.1:{listening.sockets[0].getsockname()[1]}/"
+        async with listening, httpx.AsyncClient(transport=Transport()) as client:
+            return [(await client.get(url)).text for _ in range(2)]
+
+    assert uvloop.run(main()) == ["ok", "ok"]
