@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 import time
+import weakref
 from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -40,6 +41,7 @@ class Transport(httpx.AsyncBaseTransport):
         self._verify = verify
         self._fallback = fallback
         self._idle: dict[Origin, deque[_Connection]] = {}
+        self._busy: weakref.WeakSet[_Connection] = weakref.WeakSet()  # carrying a request or its response
         self._closed = False
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
@@ -53,10 +55,12 @@ class Transport(httpx.AsyncBaseTransport):
         head = _head(request, body)
         origin = (url.scheme, url.host, url.port or (443 if url.scheme == "https" else 80))
         connection = self._reused(origin) or await self._connect(origin, request, timeouts.get("connect"))
+        self._busy.add(connection)
         try:
             await connection.send(head, request, timeouts.get("write"))
             status, headers = await connection.response(request, timeouts.get("read"))
         except BaseException:
+            self._busy.discard(connection)
             connection.close()
             raise
         return httpx.Response(
@@ -106,6 +110,14 @@ class Transport(httpx.AsyncBaseTransport):
             raise httpx.ConnectError(str(exc) or type(exc).__name__, request=request) from exc
         return connection
 
+    def _release(self, origin: Origin, connection: _Connection) -> None:
+        """A connection whose response was closed: kept if it was read to its end and may carry another, else closed."""
+        self._busy.discard(connection)
+        if connection.reusable:
+            self._keep(origin, connection)
+        else:
+            connection.close()
+
     def _keep(self, origin: Origin, connection: _Connection) -> None:
         """A connection whose response was read to its end, ready for the next request to the origin."""
         if self._closed or not connection.open:
@@ -127,6 +139,9 @@ class Transport(httpx.AsyncBaseTransport):
             for connection in idle:
                 connection.close()
         self._idle.clear()
+        for connection in self._busy:  # a response still open: its next read fails, as httpcore's would
+            connection._fail(httpx.ReadError("the transport was closed"))
+        self._busy.clear()
         if self._fallback is not None:
             await self._fallback.aclose()
 
@@ -157,6 +172,7 @@ class _Connection(asyncio.Protocol):
         self._delimited = True  # the body's end is marked (a length, chunks): not the connection's close
         self._complete = False
         self._keep_alive = False  # the response ended and both sides let the connection carry another
+        self._expecting = False  # a request was sent and its final response has not ended
         self._chunks: deque[bytes] = deque()
         self._buffered = 0
         self._paused = False
@@ -175,7 +191,12 @@ class _Connection(asyncio.Protocol):
         except httptools.HttpParserUpgrade:
             self._fail(httpx.RemoteProtocolError("the server switched protocols unasked"))
         except httptools.HttpParserError as exc:
-            self._fail(httpx.RemoteProtocolError(f"malformed response: {exc}"))
+            unasked = exc.__context__  # `on_message_begin`'s
+            self._fail(
+                unasked
+                if isinstance(unasked, httpx.RemoteProtocolError)
+                else httpx.RemoteProtocolError(f"malformed response: {exc}")
+            )
 
     def eof_received(self) -> bool | None:
         self.open = False
@@ -187,11 +208,16 @@ class _Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.open = False
         if self._error is None and not self._complete:
-            self._error = (
-                httpx.ReadError(str(exc) or type(exc).__name__)
-                if exc is not None
-                else httpx.RemoteProtocolError("the server closed the connection before the response ended")
-            )
+            if exc is None and self._headers_done and not self._delimited:
+                self._complete = True  # a body that ends with the connection (TLS on uvloop: no `eof_received`)
+            else:
+                self._error = (
+                    httpx.ReadError(str(exc) or type(exc).__name__)
+                    if exc is not None
+                    else httpx.RemoteProtocolError("the server closed the connection before the response ended")
+                )
+        del self._parser  # it refers back to the connection: a cycle only the collector's full passes would free
+        self._transport = None  # closed (an `abort()` of a selector transport closed already would fail)
         self._wake()
         if self._drained is not None and not self._drained.done():
             self._drained.set_result(None)
@@ -205,6 +231,10 @@ class _Connection(asyncio.Protocol):
         self._drained = None
 
     # -- the parser's side --
+
+    def on_message_begin(self) -> None:
+        if not self._expecting:  # after the response's end, or while idle: not the answer to anything sent
+            raise httpx.RemoteProtocolError("the server sent a response no request asked for")
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._headers.append((name, value))
@@ -232,6 +262,7 @@ class _Connection(asyncio.Protocol):
             self._headers.clear()
             return
         self._complete = True
+        self._expecting = False
         self._keep_alive = self._parser.should_keep_alive()
         self._wake()
 
@@ -242,7 +273,7 @@ class _Connection(asyncio.Protocol):
         if self._transport is None or not self.open or self._transport.is_closing():
             raise httpx.WriteError("the connection is closed", request=request)
         self._status, self._headers, self._headers_done, self._complete = 0, [], False, False
-        self._delimited, self._keep_alive, self._error = True, False, None
+        self._delimited, self._keep_alive, self._error, self._expecting = True, False, None, True
         self._transport.write(data)
         if self._drained is not None:
             try:
@@ -250,7 +281,7 @@ class _Connection(asyncio.Protocol):
                     await asyncio.shield(self._drained)
             except TimeoutError as exc:
                 raise httpx.WriteTimeout("sending the request timed out", request=request) from exc
-            if not self.open:
+            if not self.open and not self._headers_done:  # else the response came before the body went: it is read
                 raise httpx.WriteError("the connection closed while the request was sent", request=request)
 
     async def response(self, request: httpx.Request, seconds: float | None) -> tuple[int, list[tuple[bytes, bytes]]]:
@@ -303,9 +334,11 @@ class _Connection(asyncio.Protocol):
         self._wake()
 
     def close(self) -> None:
+        """Drop the connection at once: `close()` would first send what the write buffer holds (to a server that may
+        never read it) and, over TLS on uvloop, wait up to 30 s for the server's `close_notify`, reading on."""
         self.open = False
         if self._transport is not None:
-            self._transport.close()
+            self._transport.abort()
 
 
 class _Body(httpx.AsyncByteStream):
@@ -341,10 +374,7 @@ class _Body(httpx.AsyncByteStream):
         connection, self._connection = self._connection, None
         if connection is None:
             return
-        if connection.reusable:
-            self._transport._keep(self._origin, connection)
-        else:
-            connection.close()
+        self._transport._release(self._origin, connection)
 
 
 @asynccontextmanager

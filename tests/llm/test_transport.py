@@ -8,7 +8,11 @@ import asyncio
 import datetime
 import gc
 import ipaddress
+import os
+import socket
 import ssl
+import threading
+import time
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -410,3 +414,210 @@ def test_it_runs_on_uvloop_as_the_server_does() -> None:
             return [(await client.get(url)).text for _ in range(2)]
 
     assert uvloop.run(main()) == ["ok", "ok"]
+
+
+async def test_bytes_the_server_sends_after_a_response_or_while_idle_are_no_response(
+    serve: Callable[..., Awaitable[Server]],
+) -> None:
+    """A response nothing asked for (a server's duplicate, a `408` on its idle timeout) is not read as the body of
+    the response before it, nor as the answer to the next request: the connection is dropped (httpcore reads the
+    response to its end only, and does not reuse a connection with bytes waiting)."""
+
+    def stray(at_once: bool) -> Callable[[Server], Handler]:
+        def handler(server: Server) -> Handler:
+            async def run(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+                await server.request(reader)
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                if not at_once:
+                    await writer.drain()
+                    await asyncio.sleep(0.02)
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nstale")
+                while True:
+                    await server.request(reader)
+                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nfresh")
+                    await writer.drain()
+
+            return run
+
+        return handler
+
+    for at_once in (True, False):
+        server = await started(serve, stray(at_once))
+        async with httpx.AsyncClient(transport=Transport()) as client:
+            assert (await client.get(server.url)).text == "ok"
+            await asyncio.sleep(0.05)  # the stray response arrives
+            assert (await client.get(server.url)).text == "ok"  # a new connection's first answer
+        assert server.connections == 2
+
+
+def _tls_server(context: ssl.SSLContext, answer: Callable[[ssl.SSLSocket], None]) -> tuple[str, threading.Thread]:
+    """A blocking TLS server in a thread, for one connection: `answer` gets it once the request's head is in. Its
+    `close()` sends no `close_notify` (as many servers do not); it reads nothing while it answers."""
+    listening = socket.create_server(("127.0.0.1", 0))
+
+    def run() -> None:
+        with listening, listening.accept()[0] as raw, context.wrap_socket(raw, server_side=True) as tls:
+            head = b""
+            while b"\r\n\r\n" not in head:
+                head += tls.recv(65536)
+            answer(tls)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return f"https://localhost:{listening.getsockname()[1]}/", thread
+
+
+def test_on_uvloop_a_tls_body_that_ends_with_the_connection_is_read_to_its_end(tmp_path: Path) -> None:
+    """No length, not chunked: the body ends with the connection. uvloop's TLS calls no `eof_received` for a TCP close
+    without TLS's `close_notify`, only `connection_lost`; httpcore reads such a body to its end."""
+    server_context, trusting = _certificate(tmp_path)
+    url, thread = _tls_server(server_context, lambda tls: tls.sendall(b"HTTP/1.1 200 OK\r\n\r\nall of it"))
+
+    async def main() -> str:
+        async with httpx.AsyncClient(transport=Transport(verify=trusting)) as client:
+            return (await client.get(url)).text
+
+    assert uvloop.run(main()) == "all of it"
+    thread.join(5)
+
+
+def test_on_uvloop_a_tls_response_closed_before_its_end_drops_its_connection_at_once(tmp_path: Path) -> None:
+    """A stream left before its end (cancelled, or not read after its last event): the server must see the
+    connection go, not stream on into it (a model generating for nobody). A transport's `close()` over uvloop's TLS
+    sends `close_notify` and reads on, up to 30 s, until the server answers with its own; httpcore closes the socket."""
+    server_context, trusting = _certificate(tmp_path)
+    gone, stop = threading.Event(), threading.Event()
+
+    def stream(tls: ssl.SSLSocket) -> None:
+        tls.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        try:
+            while not stop.is_set():
+                tls.sendall(b"7\r\ndata: x\r\n")
+                time.sleep(0.01)
+        except OSError:
+            gone.set()
+
+    url, thread = _tls_server(server_context, stream)
+
+    async def main() -> bool:
+        async with httpx.AsyncClient(transport=Transport(verify=trusting)) as client:
+            async with client.stream("GET", url) as response:
+                await anext(response.aiter_bytes())
+            seen = await asyncio.to_thread(gone.wait, 2.0)
+            stop.set()  # else the server's close ends it
+            await asyncio.sleep(0.1)
+            return seen
+
+    assert uvloop.run(main())
+    thread.join(5)
+
+
+async def test_a_response_the_server_sends_before_reading_the_whole_body_is_the_answer(
+    serve: Callable[..., Awaitable[Server]],
+) -> None:
+    """A request too large for the server: it answers `413` at once, ends its side and reads the rest of the body
+    away (nginx's lingering close). The answer is the `413` (as httpcore returns it), not a `WriteError` (which the
+    adapters would retry as a connection failure)."""
+
+    def refusing(server: Server) -> Handler:
+        async def run(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(b"HTTP/1.1 413 Payload Too Large\r\nConnection: close\r\nContent-Length: 8\r\n\r\ntoo long")
+            writer.write_eof()
+            while await reader.read(1 << 20):
+                pass
+
+        return run
+
+    server = await started(serve, refusing)
+    async with httpx.AsyncClient(transport=Transport()) as client:
+        response = await client.post(server.url, content=b"x" * (32 << 20))
+    assert (response.status_code, response.text) == (413, "too long")
+
+
+async def test_a_request_that_timed_out_while_sent_leaves_no_socket_open(
+    serve: Callable[..., Awaitable[Server]],
+) -> None:
+    """A server that reads no body: `WriteTimeout`, and the connection is gone, not left open with the rest of the
+    request waiting to be sent for as long as the server lives."""
+    stop = asyncio.Event()
+    clients: list[tuple[str, int]] = []
+
+    def stalled(server: Server) -> Handler:
+        async def run(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            clients.append(writer.get_extra_info("peername"))
+            await reader.readuntil(b"\r\n\r\n")
+            await stop.wait()
+
+        return run
+
+    server = await started(serve, stalled)
+    try:
+        async with httpx.AsyncClient(transport=Transport()) as client:
+            with pytest.raises(httpx.WriteTimeout):
+                await client.post(server.url, content=b"x" * (32 << 20), timeout=httpx.Timeout(5.0, write=0.2))
+            await asyncio.sleep(0.05)
+            assert clients and not _sockets_at(clients[0])
+    finally:
+        stop.set()
+
+
+def _sockets_at(address: tuple[str, int]) -> int:
+    """How many of this process's open files are sockets bound to `address`."""
+    found = 0
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            duplicate = socket.socket(fileno=os.dup(int(name)))
+        except OSError:
+            continue  # not a socket, or closed since listed
+        with duplicate:
+            found += duplicate.getsockname() == address
+    return found
+
+
+async def test_closing_the_transport_ends_the_responses_still_open(serve: Callable[..., Awaitable[Server]]) -> None:
+    """httpcore's pool closes its connections, open responses' too: their next read fails. Not waiting on: the
+    adapters' client has no read timeout."""
+    ended = asyncio.Event()
+
+    def streaming(server: Server) -> Handler:
+        async def run(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await server.request(reader)
+            writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n7\r\ndata: 1\r\n")
+            await writer.drain()
+            await reader.read()
+            ended.set()
+
+        return run
+
+    server = await started(serve, streaming)
+    client = httpx.AsyncClient(transport=Transport(), timeout=httpx.Timeout(5.0, read=None))
+    async with client.stream("GET", server.url) as response:
+        reads = response.aiter_bytes()
+        assert await anext(reads) == b"data: 1"
+        await client.aclose()
+        with pytest.raises(httpx.TransportError):
+            async with asyncio.timeout(1):
+                await anext(reads)
+    async with asyncio.timeout(1):
+        await ended.wait()
+
+
+async def test_a_closed_connection_is_freed_without_the_cycle_collector(
+    serve: Callable[..., Awaitable[Server]],
+) -> None:
+    """A connection not kept (the server's `Connection: close`, a stream left before its end, one idle too long) is
+    freed once closed: its parser refers back to it, a cycle that would hold it, its transport and (over TLS) its
+    buffers until one of the collector's full passes."""
+    server = await started(serve, keep_alive(head=b"Connection: close\r\n"))
+    async with httpx.AsyncClient(transport=Transport()) as client:
+        gc.collect()
+        gc.disable()
+        try:
+            for _ in range(3):
+                async with streamed(client, "GET", server.url) as response:
+                    assert await response.aread() == b"ok"
+            await asyncio.sleep(0.05)  # the connections' ends
+            assert not [o for o in gc.get_objects() if isinstance(o, transport._Connection)]
+        finally:
+            gc.enable()
