@@ -85,12 +85,13 @@ class User:
         await asyncio.wait_for(self.stream.connected.wait(), 30)
 
     async def tool_run(self) -> None:
-        """One turn with one tool call, awaited on the thread's stream."""
+        """One turn with one tool call, awaited on the thread's stream: until the thread is idle again (after its
+        `turn_ended`; or after `session_ended` alone, when the turn finds the session's steps all spent: every 125
+        runs of `steps 1` at the server's default of 250 steps a session)."""
         assert self.stream is not None
         start = len(self.stream.events)
         posted = await self.client.post(f"/threads/{self.thread}/messages", json={"content": f"steps {self.steps}"})
         posted.raise_for_status()
-        await self.stream.until("turn_ended", lambda e: True, start)
         await self.stream.until("thread_status", lambda e: e.data.get("status") == "idle", start)
 
     async def close(self) -> None:

@@ -956,3 +956,17 @@ async def test_an_answer_s_deltas_reach_the_hub_before_the_events_after_them(
     delta = next(i for i, p in enumerate(heard) if p.startswith("[") and '"reasoning_chunk"' in p)
     after = next(i for i, p in enumerate(heard) if not p.startswith("[") and '"llm_response"' in p)
     assert delta < after, heard
+
+
+async def test_a_message_after_the_step_limit_failed_the_session_starts_the_next_one(drive: Drive) -> None:
+    """The cap is reached at a turn's opening (the session's steps all spent by earlier turns): that turn ends the
+    session at once; the next message starts a new session and is answered."""
+    model = Model("one", "two", "three")
+    first = await drive(catalog(model), "a", max_session_steps=1)
+    assert first.thread.session_status == "running" and len(model.requests) == 1
+    capped = await drive(catalog(model), "b", thread_id=first.thread.id, max_session_steps=1)
+    assert (capped.thread.session_status, capped.thread.session_reason) == ("failure", "max_total_steps")
+    assert len(model.requests) == 1 and released(capped)
+    again = await drive(catalog(model), "c", thread_id=first.thread.id, max_session_steps=1)
+    assert (again.thread.session_number, again.thread.session_status) == (2, "running")
+    assert len(model.requests) == 2 and again.said()[-1] == ("assistant", "two")
