@@ -99,6 +99,24 @@ def keep_alive(body: bytes = b"ok", *, head: bytes = b"") -> Callable[[Server], 
     return handler
 
 
+def held_back(first: bytes, rest: bytes, release: asyncio.Event) -> Callable[[Server], Handler]:
+    """Answer every request on the connection with `first` at once, then `rest` once `release` is set."""
+
+    def handler(server: Server) -> Handler:
+        async def run(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            while True:
+                await server.request(reader)
+                writer.write(first)
+                await writer.drain()
+                await release.wait()
+                writer.write(rest)
+                await writer.drain()
+
+        return run
+
+    return handler
+
+
 async def started(serve: Callable[..., Awaitable[Server]], make: Callable[[Server], Handler]) -> Server:
     holder: list[Server] = []
 
@@ -125,20 +143,7 @@ async def test_responses_open_at_once_each_have_a_connection_then_are_kept(
     serve: Callable[..., Awaitable[Server]],
 ) -> None:
     release = asyncio.Event()
-
-    def slow(server: Server) -> Handler:
-        async def run(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            while True:
-                await server.request(reader)
-                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n")
-                await writer.drain()
-                await release.wait()
-                writer.write(b"ok")
-                await writer.drain()
-
-        return run
-
-    server = await started(serve, slow)
+    server = await started(serve, held_back(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n", b"ok", release))
     kept = Transport()
     async with httpx.AsyncClient(transport=kept) as client:
         streams = [client.stream("GET", server.url) for _ in range(5)]
@@ -206,20 +211,7 @@ async def test_a_response_closed_before_its_end_or_marked_close_gives_no_connect
     serve: Callable[..., Awaitable[Server]],
 ) -> None:
     rest = asyncio.Event()
-
-    def halves(server: Server) -> Handler:
-        async def run(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            while True:
-                await server.request(reader)
-                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nab")
-                await writer.drain()
-                await rest.wait()
-                writer.write(b"cd")
-                await writer.drain()
-
-        return run
-
-    server = await started(serve, halves)
+    server = await started(serve, held_back(b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nab", b"cd", rest))
     kept = Transport()
     async with httpx.AsyncClient(transport=kept) as client:
         async with client.stream("GET", server.url) as response:
