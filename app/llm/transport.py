@@ -123,11 +123,11 @@ class Transport(httpx.AsyncBaseTransport):
         if self._closed or not connection.open:
             connection.close()
             return
-        connection.idle_since = time.monotonic()
-        idle = self._idle.setdefault(origin, deque())
-        while idle and connection.idle_since - idle[0].idle_since >= KEEPALIVE_SECONDS:
-            idle.popleft().close()  # the oldest: expired
-        idle.append(connection)
+        now = connection.idle_since = time.monotonic()
+        for kept in self._idle.values():  # every origin's (a few: the providers'), used again or not
+            while kept and now - kept[0].idle_since >= KEEPALIVE_SECONDS:
+                kept.popleft().close()  # the oldest: expired
+        self._idle.setdefault(origin, deque()).append(connection)
 
     def idle(self) -> int:
         """Idle connections kept, over all origins."""

@@ -251,10 +251,13 @@ async def test_an_idle_connection_older_than_the_keep_alive_is_not_used_again(
     serve: Callable[..., Awaitable[Server]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(transport, "KEEPALIVE_SECONDS", 0.05)
-    server = await started(serve, keep_alive())
-    async with httpx.AsyncClient(transport=Transport()) as client:
+    server, other = await started(serve, keep_alive()), await started(serve, keep_alive())
+    kept = Transport()
+    async with httpx.AsyncClient(transport=kept) as client:
         assert (await client.get(server.url)).text == "ok"
         await asyncio.sleep(0.1)
+        assert (await client.get(other.url)).text == "ok"  # another origin's release closes the expired one too
+        assert kept.idle() == 1
         assert (await client.get(server.url)).text == "ok"
     assert server.connections == 2
 
