@@ -176,7 +176,7 @@ def waited(session: AsyncSession, row: Any) -> tuple[bool, bool]:
     return bool(row["input"]), bool(row["effect"])
 
 
-WAITING = _WAITING  # for a statement that reads the inbox with something else (`messages.changed_and_waiting`)
+WAITING = _WAITING  # for a statement that reads the inbox with something else (`changes.changed_and_waiting`)
 
 
 # REVOKE: whatever lease the thread has, deleted in the transaction that stops, terminates or deletes it (`control`):
@@ -236,7 +236,7 @@ def _inputs(rows: list[Any]) -> list[Input]:
 
 
 # WAITING AND TAKING: `WAITING` and, unless an effect waits (due effects run first, §10), `TAKE_INBOX`, as CTEs of
-# one statement (`messages.changed_waiting_and_taking`): an execution's first look at the inbox, from a thread that
+# one statement (`changes.changed_waiting_and_taking`): an execution's first look at the inbox, from a thread that
 # will deliver what it finds. When it takes the row lock too (`fence`), it deletes nothing unless it took it: the
 # inbox rows are locked after the thread row, as the API locks them. Each message taken gets a place in the history
 # (`PLACES`: a position of the messages' own sequence, taken under the row lock, so before any the thread's later

@@ -147,7 +147,7 @@ class Message(Base):
     created_at: Mapped[datetime] = _now()
     updated_at: Mapped[datetime] = _now()
     # Set by the database on every insert and update (sequence `message_revs`, trigger `messages_rev`): the engine
-    # reads a thread's messages changed since a revision (`messages.changed`). Read it from a query: an object you
+    # reads a thread's messages changed since a revision (`changes.changed`). Read it from a query: an object you
     # updated still carries the old value.
     rev: Mapped[int] = mapped_column(BigInteger, server_default=text("nextval('message_revs')"))
 

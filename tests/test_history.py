@@ -8,7 +8,7 @@ import uuid
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app import events, keys, messages, queue, statements, tables, threads
+from app import changes, events, keys, messages, queue, statements, tables, threads
 from app.engine.history import Histories, History
 from app.spec import define_agent
 
@@ -40,7 +40,7 @@ async def test_it_reads_only_what_was_written_since_and_sees_every_change(
         await messages.save(s, first, content="m0 edited")  # the trigger stamps a new revision
         await messages.add(s, tid, "assistant", content="a3")
     async with sessions() as s, s.begin():
-        changed = await messages.changed(s, tid, max(rev for _, rev in await messages.changed(s, tid, 0)) - 2)
+        changed = await changes.changed(s, tid, max(rev for _, rev in await changes.changed(s, tid, 0)) - 2)
     assert {r.content for r, _ in changed} == {"m0 edited", "a3"}  # the two rows written last, no others
     assert await _read(sessions, held, tid) == ["m0 edited", "m1", "m2", "a3"]
     assert await _read(sessions, held, tid) == ["m0 edited", "m1", "m2", "a3"]  # nothing new: nothing changes

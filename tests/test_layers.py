@@ -37,6 +37,7 @@ STORAGE_ORDER = (
     "app.threads",
     "app.queue",
     "app.messages",
+    "app.changes",
     "app.files",
     "app.children",
     "app.control",

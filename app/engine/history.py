@@ -2,7 +2,7 @@
 
 A step needs the whole history (to build the request and find unfinished work), but reading and mapping every row
 again would make a step of a 1,000-message thread cost far more than one of a 10-message thread. So the worker
-keeps the rows it read and, at each step, reads only those written since (`messages.changed`: revisions are stamped
+keeps the rows it read and, at each step, reads only those written since (`changes.changed`: revisions are stamped
 by the database under the thread row lock, which the step holds too). That holds whoever wrote in between (another
 worker, the API), so a thread's next execution on this worker picks up where the last one left off. A deletion
 (`messages.remove`, rare) bumps a counter on the thread row and makes the next step read everything again.
@@ -22,7 +22,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import messages, queue, tables
+from app import changes, queue, tables
 from app.engine import transcript
 from app.spec.definitions import Side
 
@@ -88,23 +88,23 @@ class History:
     async def rows(self, session: AsyncSession, thread: tables.Thread) -> list[tables.Message]:
         """The messages now, in order (the caller holds the thread row lock)."""
         self._check(thread)
-        self._read(await messages.changed(session, thread.id, self._rev))
+        self._read(await changes.changed(session, thread.id, self._rev))
         return list(self._rows)
 
     async def rows_and_waiting(self, session: AsyncSession, thread: tables.Thread) -> tuple[bool, bool]:
-        """`rows` and `queue.waiting` in one statement (`messages.changed_and_waiting`): whether input, and whether
+        """`rows` and `queue.waiting` in one statement (`changes.changed_and_waiting`): whether input, and whether
         effects, wait; the messages are then `current` until the session writes one."""
         self._check(thread)
-        found, input_waits, effects_wait = await messages.changed_and_waiting(session, thread.id, self._rev)
+        found, input_waits, effects_wait = await changes.changed_and_waiting(session, thread.id, self._rev)
         self._read(found)
         return input_waits, effects_wait
 
     async def take(self, session: AsyncSession, thread: tables.Thread) -> tuple[bool, bool, list[queue.Input]]:
-        """`rows_and_waiting`, and the input taken unless effects wait (`messages.changed_waiting_and_taking`): an
+        """`rows_and_waiting`, and the input taken unless effects wait (`changes.changed_waiting_and_taking`): an
         execution's first look. The messages are then `current` until the session writes one; a message the input
         becomes at its place (`queue.Input.place`) is `add`ed, not read."""
         self._check(thread)
-        found, *waiting, taken = await messages.changed_waiting_and_taking(session, thread.id, self._rev)
+        found, *waiting, taken = await changes.changed_waiting_and_taking(session, thread.id, self._rev)
         self._read(found)
         input_waits, effects_wait = waiting
         return input_waits, effects_wait, taken

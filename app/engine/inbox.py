@@ -43,7 +43,7 @@ class DeliveryFailed(Exception):
 class Delivered:
     """What delivering the inbox did: between turns, the side the input makes act (§2); the turn's first message when
     its position is not known yet (its INSERT rides with the next statement, `messages.add(later=True)`: the caller
-    sets `turn_start` from it once the history is read, `messages.changed` returns it); and whether the history the
+    sets `turn_start` from it once the history is read, `changes.changed` returns it); and whether the history the
     caller gave (`held`) is still current: all the delivery wrote is the messages it added to it at their places."""
 
     acting: Side | None = None

@@ -5,6 +5,7 @@ as httpx raises it."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import gc
 import ipaddress
@@ -44,9 +45,8 @@ class Server:
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
         try:
-            await self.handler(reader, writer)
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
+            with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):  # the client went away
+                await self.handler(reader, writer)
         finally:
             writer.close()
 
@@ -519,8 +519,8 @@ async def test_a_response_the_server_sends_before_reading_the_whole_body_is_the_
             await reader.readuntil(b"\r\n\r\n")
             writer.write(b"HTTP/1.1 413 Payload Too Large\r\nConnection: close\r\nContent-Length: 8\r\n\r\ntoo long")
             writer.write_eof()
-            while await reader.read(1 << 20):
-                pass
+            while await reader.read(1 << 20):  # the rest of the body, read and dropped
+                continue
 
         return run
 
