@@ -15,7 +15,7 @@ from sqlalchemy import JSON
 from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app import errors, events, statements, tables
+from app import db, errors, events, statements, tables
 
 
 @dataclass
@@ -81,7 +81,7 @@ def _claimed(record: Any) -> dict[str, Any]:
 
 
 async def claim_many(
-    conn: statements.Fetcher, owner: str, lease_seconds: float, running: Sequence[uuid.UUID], limit: int
+    conn: db.Fetcher, owner: str, lease_seconds: float, running: Sequence[uuid.UUID], limit: int
 ) -> list[Claim]:
     """Take the leases of up to `limit` runnable threads other than those in `running`, oldest first, each with a
     token of its own. One atomic statement: run it outside a transaction (the worker's own connection, or a `Driver`
@@ -94,9 +94,7 @@ async def claim_many(
     ]
 
 
-async def claim(
-    conn: statements.Fetcher, owner: str, lease_seconds: float, running: Sequence[uuid.UUID] = ()
-) -> Claim | None:
+async def claim(conn: db.Fetcher, owner: str, lease_seconds: float, running: Sequence[uuid.UUID] = ()) -> Claim | None:
     """`claim_many` of one thread: its claim, or None when nothing is runnable."""
     found = await claim_many(conn, owner, lease_seconds, running, 1)
     return found[0] if found else None
@@ -157,6 +155,6 @@ _GUARD = (
 )
 
 
-def guard(driver: statements.Driver, claim: Claim, xmin: int) -> events.Guard:
+def guard(driver: db.Driver, claim: Claim, xmin: int) -> events.Guard:
     """The guard of a writes-only transaction of `claim` on `driver` (autocommit), from the row's version `xmin`."""
     return events.Guard(driver, _GUARD, (xmin, claim.token))

@@ -10,11 +10,12 @@ import ssl
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, Protocol
 
 import asyncpg
 from sqlalchemy import event, exc
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
+from sqlalchemy.util import greenlet_spawn
 
 from app import dsn
 
@@ -29,6 +30,61 @@ PROBE_SECONDS = 5.0  # how long `hears` waits for its own notification (a direct
 CONNECT_TIMEOUT = 60.0  # seconds a connection may take to open when neither the URL nor the caller says (asyncpg's)
 
 NUL_REFUSED = "text must not contain NUL (\\u0000) characters"
+
+
+class Fetcher(Protocol):
+    """What runs one statement and returns its rows: an asyncpg connection, or a `Driver`."""
+
+    async def fetch(self, sql: str, /, *args: Any) -> Any: ...
+
+
+class Driver:
+    """The asyncpg connection under a session's transaction, for the hot path's statements in plain SQL.
+
+    asyncpg prepares each statement once per connection and hands rows back as records; SQLAlchemy's compilation,
+    cache keys and result processing cost several times the round trip itself, on every statement of every step.
+    Errors come out as SQLAlchemy's `DBAPIError` (`orig` the driver's error), like any other statement's.
+    """
+
+    __slots__ = ("_conn",)
+
+    def __init__(self, conn: asyncpg.Connection) -> None:
+        self._conn = conn
+
+    async def fetch(self, sql: str, *args: Any) -> list[asyncpg.Record]:
+        try:
+            return await self._conn.fetch(sql, *args)
+        except DRIVER_ERRORS as error:
+            raise translated(sql, error) from error
+
+    async def fetchrow(self, sql: str, *args: Any) -> asyncpg.Record | None:
+        try:
+            return await self._conn.fetchrow(sql, *args)
+        except DRIVER_ERRORS as error:
+            raise translated(sql, error) from error
+
+    async def fetchval(self, sql: str, *args: Any) -> Any:
+        try:
+            return await self._conn.fetchval(sql, *args)
+        except DRIVER_ERRORS as error:
+            raise translated(sql, error) from error
+
+    async def execute(self, sql: str, *args: Any) -> None:
+        try:
+            await self._conn.execute(sql, *args)
+        except DRIVER_ERRORS as error:
+            raise translated(sql, error) from error
+
+
+# What a statement on a connection can raise: a database error, or a connection that is closed or in a state no
+# statement can be sent on (asyncpg's `InternalClientError`: seen on a pooled connection the database was shutting
+# down, "another operation is in progress"); those are the connection's end, not the statement's.
+DRIVER_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.exceptions.InternalClientError, OSError)
+
+
+def translated(sql: str, error: BaseException) -> exc.DBAPIError:
+    closed = not isinstance(error, asyncpg.PostgresError)
+    return exc.DBAPIError(sql, None, error, connection_invalidated=closed)
 
 
 def has_nul(value: Any) -> bool:
@@ -198,6 +254,30 @@ def _closed_when_left_open(dbapi_connection: Any, record: Any) -> None:
 def sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
     """Sessions that keep loaded values after commit (the edge commits, then reads)."""
     return async_sessionmaker(engine, expire_on_commit=False)
+
+
+@asynccontextmanager
+async def alone(sessions: async_sessionmaker[AsyncSession]) -> AsyncIterator[Driver]:
+    """A pooled connection for statements that are each their own transaction, as a `Driver`: what `autocommit`
+    gives, without a session and its connection objects around it (a third of their CPU). A connection that may
+    still be running a statement (its caller cut off by a cancellation or a timeout) or is gone is closed and never
+    lent again; after anything else (a database error, or the caller's own) it goes back to the pool."""
+    engine: AsyncEngine = sessions.kw["bind"]
+    proxied = await engine.raw_connection()
+    raw = proxied.driver_connection
+    assert raw is not None  # just checked out: not invalidated
+    try:
+        yield Driver(raw)
+    except BaseException as error:
+        if isinstance(error, asyncio.CancelledError | TimeoutError) or (
+            isinstance(error, exc.DBAPIError) and error.connection_invalidated
+        ):
+            raw.terminate()
+            await greenlet_spawn(proxied.invalidate)
+        else:
+            await greenlet_spawn(proxied.close)
+        raise
+    await greenlet_spawn(proxied.close)
 
 
 @asynccontextmanager

@@ -22,7 +22,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm.attributes import set_committed_value
 
-from app import errors, statements, tables
+from app import db, errors, statements, tables
 from app.event_types import (
     AgentHandoff,
     Custom,
@@ -163,7 +163,7 @@ class Guard:
     thread row written only where `where` holds as well (its parameters `args`, numbered `$1`… in `where`), and
     nothing written at all where it does not (`statements.Stale`)."""
 
-    driver: statements.Driver
+    driver: db.Driver
     where: str
     args: tuple[Any, ...]
 

@@ -36,7 +36,7 @@ from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm.attributes import set_committed_value
 
-from app import claims, errors, event_types, events, inputs, statements, tables
+from app import claims, db, errors, event_types, events, inputs, statements, tables
 
 WAKEUP_CHANNEL = "agents_wakeup"
 
@@ -123,7 +123,7 @@ _POST = """
 _QUEUED = json.dumps(event_types.ThreadStatus(status="queued"))  # the `thread_status` event of a thread that was idle
 
 
-async def post(driver: statements.Driver, thread_id: uuid.UUID, user_id: str | None, payload: dict[str, Any]) -> bool:
+async def post(driver: db.Driver, thread_id: uuid.UUID, user_id: str | None, payload: dict[str, Any]) -> bool:
     """Queue a message for a thread its caller may post to (`user_id`; None for an admin), in one atomic statement
     (`driver` in autocommit); False, with nothing written, when the thread is not found, not the caller's,
     terminated or stopped (the caller's general path says which, or resumes the stop)."""
@@ -436,7 +436,7 @@ _STATE = """
 """
 
 
-async def state(conn: statements.Driver) -> dict[str, float]:
+async def state(conn: db.Driver) -> dict[str, float]:
     """Runnable threads, the oldest one's wait in seconds, executions in flight, inbox rows waiting and set aside."""
     found = await conn.fetchrow(_STATE)
     assert found is not None

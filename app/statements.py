@@ -1,5 +1,5 @@
-"""The hot path's statements in plain SQL on a session's own asyncpg connection: the `Driver`, writes deferred to ride
-in the next statement, and ORM rows inserted, updated or attached without the ORM's own round trips."""
+"""The hot path's statements in plain SQL on a session's own asyncpg connection (a `db.Driver`), writes deferred to
+ride in the next statement, and ORM rows inserted, updated or attached without the ORM's own round trips."""
 
 from __future__ import annotations
 
@@ -7,73 +7,19 @@ import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
-import asyncpg
-from sqlalchemy import JSON, event, exc
+from sqlalchemy import JSON, event
 from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session, make_transient_to_detached
 from sqlalchemy.orm.attributes import instance_state, set_committed_value
 from sqlalchemy.util import await_only
 
-
-class Fetcher(Protocol):
-    """What runs one statement and returns its rows: an asyncpg connection, or a `Driver`."""
-
-    async def fetch(self, sql: str, /, *args: Any) -> Any: ...
+from app import db
 
 
-class Driver:
-    """The asyncpg connection under a session's transaction, for the hot path's statements in plain SQL.
-
-    asyncpg prepares each statement once per connection and hands rows back as records; SQLAlchemy's compilation,
-    cache keys and result processing cost several times the round trip itself, on every statement of every step.
-    Errors come out as SQLAlchemy's `DBAPIError` (`orig` the driver's error), like any other statement's.
-    """
-
-    __slots__ = ("_conn",)
-
-    def __init__(self, conn: asyncpg.Connection) -> None:
-        self._conn = conn
-
-    async def fetch(self, sql: str, *args: Any) -> list[asyncpg.Record]:
-        try:
-            return await self._conn.fetch(sql, *args)
-        except _DRIVER_ERRORS as error:
-            raise _translated(sql, error) from error
-
-    async def fetchrow(self, sql: str, *args: Any) -> asyncpg.Record | None:
-        try:
-            return await self._conn.fetchrow(sql, *args)
-        except _DRIVER_ERRORS as error:
-            raise _translated(sql, error) from error
-
-    async def fetchval(self, sql: str, *args: Any) -> Any:
-        try:
-            return await self._conn.fetchval(sql, *args)
-        except _DRIVER_ERRORS as error:
-            raise _translated(sql, error) from error
-
-    async def execute(self, sql: str, *args: Any) -> None:
-        try:
-            await self._conn.execute(sql, *args)
-        except _DRIVER_ERRORS as error:
-            raise _translated(sql, error) from error
-
-
-# What a statement on a connection can raise: a database error, or a connection that is closed or in a state no
-# statement can be sent on (asyncpg's `InternalClientError`: seen on a pooled connection the database was shutting
-# down, "another operation is in progress"); those are the connection's end, not the statement's.
-_DRIVER_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.exceptions.InternalClientError, OSError)
-
-
-def _translated(sql: str, error: BaseException) -> exc.DBAPIError:
-    closed = not isinstance(error, asyncpg.PostgresError)
-    return exc.DBAPIError(sql, None, error, connection_invalidated=closed)
-
-
-async def driver(session: AsyncSession, *, flush: bool = True, carries: bool = False) -> Driver:
+async def driver(session: AsyncSession, *, flush: bool = True, carries: bool = False) -> db.Driver:
     """The session's connection as a `Driver`, inside its transaction (begun here if no statement began it yet).
     Pending ORM changes are flushed first, as SQLAlchemy's own statements would (unless in `no_autoflush`);
     `flush=False` for a statement that neither reads nor writes what the ORM may hold back (an event, a new row).
@@ -95,7 +41,7 @@ async def driver(session: AsyncSession, *, flush: bool = True, carries: bool = F
     if held is not None and held[0] is sync.get_transaction():  # the same transaction: the same connection
         if sync.in_nested_transaction():
             await session.connection()  # SQLAlchemy emits a savepoint lazily: before this statement, not after
-        found: Driver = held[1]
+        found: db.Driver = held[1]
         return found
     connection = await session.connection()
     pooled = connection.sync_connection.connection  # type: ignore[union-attr]
@@ -107,15 +53,15 @@ async def driver(session: AsyncSession, *, flush: bool = True, carries: bool = F
             await adapted._start_transaction()
         except Exception as error:  # SQLAlchemy's translation, not wrapped as its statements' errors are
             cause = error.__cause__
-            if not isinstance(cause, _DRIVER_ERRORS):
+            if not isinstance(cause, db.DRIVER_ERRORS):
                 raise
-            translated = _translated("BEGIN", cause)
+            translated = db.translated("BEGIN", cause)
             if translated.connection_invalidated:
                 await connection.invalidate()  # not back into the pool: the next checkout would fail the same way
             raise translated from error
     raw = pooled.driver_connection
     assert raw is not None  # checked out: not invalidated
-    found = Driver(raw)
+    found = db.Driver(raw)
     session.info[_DRIVER] = (sync.get_transaction(), found)
     return found
 
@@ -311,8 +257,8 @@ def _send_deferred(session: Session, *_: Any) -> None:
     sql = f"WITH {ctes(writes, 1)} SELECT 1"
     try:
         await_only(conn.execute(sql, *[a for _, args in writes for a in args]))
-    except _DRIVER_ERRORS as error:
-        raise _translated(sql, error) from error
+    except db.DRIVER_ERRORS as error:
+        raise db.translated(sql, error) from error
 
 
 def _on_execute(state: Any) -> None:

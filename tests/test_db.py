@@ -240,7 +240,7 @@ async def test_a_connection_busy_with_another_operation_is_unavailable_not_an_in
         assert begin.value.connection_invalidated and errors.Unavailable.of(begin.value)
         assert connection.invalidated
         with pytest.raises(DBAPIError) as statement:
-            await statements.Driver(raw).fetchval("SELECT 1")
+            await db.Driver(raw).fetchval("SELECT 1")
         assert statement.value.connection_invalidated and errors.Unavailable.of(statement.value)
         busy.cancel()
         with contextlib.suppress(BaseException):
@@ -286,4 +286,95 @@ async def test_a_connection_whose_begin_was_cancelled_is_never_lent_again(
         finally:
             await other.close()
     finally:
+        await engine.dispose()
+
+
+async def test_alone_runs_each_statement_as_its_own_transaction_and_lends_the_connection_again(
+    database_url: str,
+) -> None:
+    """`db.alone`: a pooled connection with no transaction around its statements; after a statement, or a database
+    error, the same connection goes back to the pool and is lent again."""
+    engine = db.create_engine(database_url, pool_size=1, max_overflow=0)
+    sessions = db.sessionmaker(engine)
+    try:
+        thread_id = await _thread(sessions)
+        async with db.alone(sessions) as driver:
+            pid = await driver.fetchval("SELECT pg_backend_pid()")
+            await driver.execute("UPDATE threads SET name = 'renamed' WHERE id = $1", thread_id)
+            assert await driver.fetchval("SELECT txid_current_if_assigned()") is None  # no transaction held open
+        async with sessions() as s:  # committed: another connection's session sees it
+            assert (await s.get(tables.Thread, thread_id)).name == "renamed"  # type: ignore[union-attr]
+        with pytest.raises(DBAPIError) as refused:
+            async with db.alone(sessions) as driver:
+                await driver.fetchval("SELECT 1 / 0")
+        assert not refused.value.connection_invalidated
+        async with db.alone(sessions) as driver:
+            assert await driver.fetchval("SELECT pg_backend_pid()") == pid
+        assert engine.sync_engine.pool.checkedout() == 0  # type: ignore[attr-defined]
+    finally:
+        await engine.dispose()
+
+
+async def test_alone_never_lends_again_a_connection_cut_off_mid_statement(database_url: str) -> None:
+    """A caller cancelled while its statement runs (a lost lease, a stop, a drain) leaves the connection busy with
+    it: lent again, the next borrower's statement would fail with "another operation is in progress" (or wait for
+    the rest of the first). It is closed instead, and the next borrower gets a fresh one at once."""
+    engine = db.create_engine(database_url, pool_size=1, max_overflow=0)
+    sessions = db.sessionmaker(engine)
+    try:
+        started = asyncio.Event()
+        pids: list[int] = []
+
+        async def sleeps() -> None:
+            async with db.alone(sessions) as driver:
+                pids.append(await driver.fetchval("SELECT pg_backend_pid()"))
+                started.set()
+                await driver.execute("SELECT pg_sleep(30)")
+
+        task = asyncio.create_task(sleeps())
+        await started.wait()
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        async with asyncio.timeout(5), db.alone(sessions) as driver:
+            assert await driver.fetchval("SELECT pg_backend_pid()") != pids[0]
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.1), db.alone(sessions) as driver:
+                await driver.execute("SELECT pg_sleep(30)")
+        async with asyncio.timeout(5), db.alone(sessions) as driver:
+            assert await driver.fetchval("SELECT 1") == 1
+        assert engine.sync_engine.pool.checkedout() == 0  # type: ignore[attr-defined]
+    finally:
+        await engine.dispose()
+
+
+async def test_alone_hands_out_a_new_connection_after_the_server_closed_one(database_url: str) -> None:
+    """A connection the server ended (a restart, `pg_terminate_backend`) is not lent again: found closed in the
+    pool, or failing its statement while lent (the database unavailable, to the caller)."""
+    engine = db.create_engine(database_url, pool_size=1, max_overflow=0)
+    sessions = db.sessionmaker(engine)
+    other = await db.connect(database_url, connect_timeout=10)
+    try:
+        async with db.alone(sessions) as driver:
+            pid_before = await driver.fetchval("SELECT pg_backend_pid()")
+        await other.execute("SELECT pg_terminate_backend($1)", pid_before)
+        await asyncio.sleep(0.1)
+        async with db.alone(sessions) as driver:  # the event loop saw the socket close: the checkout replaced it
+            pid = await driver.fetchval("SELECT pg_backend_pid()")
+            assert pid != pid_before
+
+        async def ended_while_lent() -> None:
+            async with db.alone(sessions) as driver:
+                assert await driver.fetchval("SELECT pg_backend_pid()") == pid
+                await other.execute("SELECT pg_terminate_backend($1)", pid)
+                await driver.fetchval("SELECT 1")
+
+        with pytest.raises(DBAPIError) as gone:
+            await ended_while_lent()
+        assert errors.Unavailable.of(gone.value)
+        async with db.alone(sessions) as driver:
+            assert await driver.fetchval("SELECT pg_backend_pid()") not in (pid, pid_before)
+    finally:
+        await other.close()
         await engine.dispose()

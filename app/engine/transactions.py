@@ -177,9 +177,8 @@ class Transactions:
                 done = await work(session, thread)
                 if statements.unwritten(session, thread):
                     raise statements.Unsent()
-                async with db.autocommit(self._sessions) as auto:
-                    guard = claims.guard(await statements.driver(auto, flush=False), claim, held.xmin)
-                    xmin = await events.flush(session, thread, guard=guard)
+                async with db.alone(self._sessions) as driver:
+                    xmin = await events.flush(session, thread, guard=claims.guard(driver, claim, held.xmin))
         except (statements.Unsent, statements.Stale):
             raise
         except BaseException as exc:
@@ -193,10 +192,8 @@ class Transactions:
         row alone, writes no event and leaves the thread row (and the version `written` checks) as it was; a stop
         that failed the message meanwhile, or a lease gone, makes it write nothing."""
         try:
-            async with db.autocommit(self._sessions) as auto:
-                await (await statements.driver(auto, flush=False)).execute(
-                    messages.PARTIAL, claim.thread_id, message_id, text, claim.token
-                )
+            async with db.alone(self._sessions) as driver:
+                await driver.execute(messages.PARTIAL, claim.thread_id, message_id, text, claim.token)
         except (DBAPIError, OSError) as exc:
             if errors.Unavailable.of(exc):
                 raise errors.Unavailable() from exc

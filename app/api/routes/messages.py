@@ -87,8 +87,8 @@ async def _posted(
             return False
         await session.commit()
         return True
-    async with db.autocommit(sessions) as auto:
-        return await queue.post(await statements.driver(auto), thread_id, user_id, payload)
+    async with db.alone(sessions) as driver:
+        return await queue.post(driver, thread_id, user_id, payload)
 
 
 async def _chunks(upload: UploadFile) -> AsyncIterator[bytes]:
