@@ -93,6 +93,7 @@ class Engine:
             runner=self._subprompts,
             meter=meter,
             transactions=self._txs,
+            publisher=self._caller.publisher,
             context=self._context,
         )
 
@@ -293,7 +294,7 @@ class Engine:
                 opened=step.requests_before,
                 defer=True,
                 live=True,
-                partial=lambda message_id, text: self._txs.partial(claim, message_id, text),
+                partial=self._caller.publisher.storing(claim.thread_id, claim.token),
             )
             record = result.record  # written once, by the transaction that commits (`written` may run `answer` twice)
             live = await self._caller.publisher.take(claim.thread_id)  # the last deltas ride with the answer

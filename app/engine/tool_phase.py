@@ -27,6 +27,7 @@ from app.engine import calls, child_tools, hooks, results, stops, subprompts, to
 from app.engine.state import RunState, Shared, prepare_hooks
 from app.engine.step import Answered, Opened, OpenOnItsOwn, Released
 from app.engine.transactions import Transactions
+from app.hub import Publisher
 from app.metrics import Meter
 from app.settings import Settings
 from app.spec.messages import ToolCall
@@ -76,6 +77,7 @@ class ToolPhase:
         runner: subprompts.Runner,
         meter: Meter,
         transactions: Transactions,
+        publisher: Publisher,
         context: Callable[[tables.Thread], dict[str, Any]],
     ) -> None:
         self._settings = settings
@@ -86,7 +88,7 @@ class ToolPhase:
         self._meter = meter
         self._tx = transactions.fenced
         self._written = transactions.written
-        self._partial = transactions.partial
+        self._publisher = publisher
         self._context = context
 
     # -- which calls run together --------------------------------------------------------------------------
@@ -256,7 +258,7 @@ class ToolPhase:
             sessions=self._sessions,
             children=registry,
             subprompts=self._subprompts,
-            partial=lambda message_id, text: self._partial(claim, message_id, text),
+            partial=self._publisher.storing(claim.thread_id, claim.token),
             tool_timeout=self._settings.tool_timeout,
         ).state(execution)
         hook_runner = await prepare_hooks(  # its hooks run between this step's transactions, not inside one
