@@ -15,6 +15,7 @@ from app import catalog, db, event_types, events, hub, keys, publisher
 from app.hub import Batch, Live, Overflow, Stored, Subscription
 from tests.conftest import ROOT, client_for, wait_for
 from tests.test_api import read_events
+from tests.test_publisher import Gated
 
 
 async def _thread(app: Any) -> uuid.UUID:
@@ -394,20 +395,7 @@ async def test_a_wait_for_deltas_in_a_batch_under_way_outlasts_another_thread_s_
         publisher.publish(uuid.uuid4(), "message_chunk", {"message_id": "warm", "chunk": "x", "offset": 0})
         await publisher.sent()
         assert publisher._conn is not None
-        conn: Any = publisher._conn
-
-        class Gated:  # the connection, its sends held until the gate opens
-            def is_closed(self) -> bool:
-                return bool(conn.is_closed())
-
-            async def execute(self, *args: Any) -> Any:
-                await gate.wait()
-                return await conn.execute(*args)
-
-            async def close(self) -> None:
-                await conn.close()
-
-        publisher._conn = Gated()  # type: ignore[assignment]
+        publisher._conn = Gated(publisher._conn, gate)  # type: ignore[assignment]
         mine, other = uuid.uuid4(), uuid.uuid4()
         publisher.publish(mine, "message_chunk", {"message_id": "m", "chunk": "a", "offset": 0})
         await asyncio.sleep(0)  # its batch is under way, held at the gate

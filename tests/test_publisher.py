@@ -16,6 +16,23 @@ from app.spec import define_agent
 AGENT = define_agent(name="a", side_a={"prompt": "p"})
 
 
+class Gated:
+    """A publisher's connection whose sends wait until `gate` opens (asyncpg's own attributes are read-only)."""
+
+    def __init__(self, conn: Any, gate: asyncio.Event) -> None:
+        self._conn, self._gate = conn, gate
+
+    def is_closed(self) -> bool:
+        return bool(self._conn.is_closed())
+
+    async def execute(self, *args: Any) -> Any:
+        await self._gate.wait()
+        return await self._conn.execute(*args)
+
+    async def close(self) -> None:
+        await self._conn.close()
+
+
 async def _streaming(sessions: async_sessionmaker[AsyncSession]) -> tuple[claims.Claim, uuid.UUID]:
     """A thread claimed by an execution, with a `pending` message (its answer, streaming)."""
     async with sessions() as s, s.begin():
@@ -105,20 +122,7 @@ async def test_a_thread_s_texts_queued_are_dropped_when_its_deltas_are_taken(
     try:
         sender.publish(uuid.uuid4(), "message_chunk", {"message_id": "warm", "chunk": "x", "offset": 0})
         await sender.sent()
-        conn: Any = sender._conn
-
-        class Gated:  # the connection, its sends held until the gate opens
-            def is_closed(self) -> bool:
-                return bool(conn.is_closed())
-
-            async def execute(self, *args: Any) -> Any:
-                await gate.wait()
-                return await conn.execute(*args)
-
-            async def close(self) -> None:
-                await conn.close()
-
-        sender._conn = Gated()  # type: ignore[assignment]
+        sender._conn = Gated(sender._conn, gate)  # type: ignore[assignment]
         sender.publish(uuid.uuid4(), "message_chunk", {"message_id": "held", "chunk": "x", "offset": 0})
         await asyncio.sleep(0)  # a batch under way, held at the gate: the rest stays queued
         sender.publish(claim.thread_id, "message_chunk", {"message_id": str(message_id), "chunk": "a", "offset": 0})
