@@ -231,6 +231,39 @@ async def test_create_thread_with_env_masks_secrets(client: httpx.AsyncClient) -
     assert thread["status"] == "idle" and thread["tags"] == ["a"] and thread["name"] == "n"
 
 
+async def test_a_threads_lifecycle_event_is_the_last_statement_before_its_commit(
+    app: FastAPI, client: httpx.AsyncClient
+) -> None:
+    """Creating, changing, stopping a thread: its lifecycle event locks the lifecycle log's one counter row until the
+    commit (every such request takes that lock in turn), so it is the transaction's last statement."""
+    sent: list[str] = []
+    engine = app.state.runtime.db.sync_engine
+
+    def logged(record: Any) -> None:  # plain SQL (`statements.driver`)
+        sent.append(record.query)
+
+    def checkout(dbapi_connection: Any, *_: Any) -> None:
+        dbapi_connection.driver_connection.add_query_logger(logged)  # a set: added once per connection
+
+    def executed(conn: Any, cursor: Any, sql: str, *_: Any) -> None:  # SQLAlchemy's (prepared: asyncpg logs none)
+        sent.append(sql)
+
+    event.listen(engine, "checkout", checkout)
+    event.listen(engine, "before_cursor_execute", executed)
+    try:
+        created = await client.post("/threads", json={"agent": "assistant", "env": {"A": "1"}})
+        tid = created.json()["id"]
+        assert (await client.patch(f"/threads/{tid}", json={"name": "n", "env": {"B": "2"}})).status_code == 200
+        assert (await client.post(f"/threads/{tid}/stop")).status_code == 200
+        assert (await client.post(f"/threads/{tid}/continue")).status_code == 202
+    finally:
+        event.remove(engine, "checkout", checkout)
+        event.remove(engine, "before_cursor_execute", executed)
+    counted = [i for i, sql in enumerate(sent) if "UPDATE counters" in sql]
+    assert len(counted) == 4
+    assert all(sent[i + 1].strip().upper().startswith("COMMIT") for i in counted), [sent[i + 1][:40] for i in counted]
+
+
 async def test_secrets_are_encrypted_at_rest(client: httpx.AsyncClient, app: FastAPI) -> None:
     body = {"agent": "assistant", "env": {"TOKEN": "plain-secret-value"}, "secrets": ["TOKEN"]}
     assert (await client.post("/threads", json=body)).status_code == 201

@@ -12,6 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from app import attachments, control, environment, errors, events, inputs, messages, queue, tables, threads
 from app.api import bodies, schemas
 from app.api.deps import CatalogDep, CurrentUser, EnvLimits, FernetDep, SessionDep, SettingsDep
+from app.event_types import LifecycleEvent
 
 router = APIRouter(tags=["threads"], route_class=bodies.Route)
 
@@ -25,6 +26,17 @@ async def view(session: AsyncSession, row: tables.Thread, children: int | None =
     if children is None:
         children = (await threads.children_counts(session, [row.id])).get(row.id, 0)
     return _thread(row, children, values, types)
+
+
+async def _announced(
+    session: AsyncSession, row: tables.Thread, type_: LifecycleEvent, children: int | None = None
+) -> schemas.Thread:
+    """The thread's view, its lifecycle event, and the commit: the event last, since it locks the lifecycle log's one
+    counter row until the commit (every thread created, changed or deleted takes that lock in turn)."""
+    result = await view(session, row, children)
+    await events.append_lifecycle(session, row, type_)
+    await session.commit()
+    return result
 
 
 def _thread(
@@ -103,10 +115,7 @@ async def create_thread(
             attachments=refs,
             posted=True,
         )
-    await events.append_lifecycle(session, row, "thread_created")
-    result = await view(session, row, 0)
-    await session.commit()
-    return result
+    return await _announced(session, row, "thread_created", 0)
 
 
 @router.get("/threads", operation_id="listThreads", responses={401: {"model": schemas.Error}})
@@ -148,10 +157,7 @@ async def stop_thread(thread_id: uuid.UUID, session: SessionDep, who: CurrentUse
     """Abort the running step, answer its open tool calls, and park the thread (§11)."""
     thread = await threads.get(session, thread_id, who, lock=True)
     await control.stop(session, thread)
-    await events.append_lifecycle(session, thread, "thread_updated")
-    result = await view(session, thread)
-    await session.commit()
-    return result
+    return await _announced(session, thread, "thread_updated")
 
 
 @router.post(
@@ -173,10 +179,7 @@ async def continue_thread(
     if catalog.agent(thread.agent).side(side) is None:
         raise errors.NoSuchSide(f"Agent `{thread.agent}` has no side `{side}` that could act; use side `a`.")
     await control.resume(session, thread, side)
-    await events.append_lifecycle(session, thread, "thread_updated")
-    result = await view(session, thread)
-    await session.commit()
-    return result
+    return await _announced(session, thread, "thread_updated")
 
 
 @router.post("/threads/{thread_id}/terminate", operation_id="terminateThread", responses=ERRORS)
@@ -184,10 +187,7 @@ async def terminate_thread(thread_id: uuid.UUID, session: SessionDep, who: Curre
     """End the thread and its descendants for good; later input gets 409."""
     thread = await threads.get(session, thread_id, who, lock=True)
     await control.terminate(session, thread)
-    await events.append_lifecycle(session, thread, "thread_updated")
-    result = await view(session, thread)
-    await session.commit()
-    return result
+    return await _announced(session, thread, "thread_updated")
 
 
 @router.patch(
@@ -223,10 +223,7 @@ async def update_thread(
         secret = set(body.secrets) | stored_secret | catalog.secret_names(thread.agent)
         await environment.set_thread(session, fernet, thread.id, body.env, secret, most=limits.variables)
     thread.updated_at = datetime.now(UTC)
-    await events.append_lifecycle(session, thread, "thread_updated")
-    result = await view(session, thread)
-    await session.commit()
-    return result
+    return await _announced(session, thread, "thread_updated")
 
 
 @router.delete("/threads/{thread_id}", operation_id="deleteThread", responses=ERRORS)
