@@ -169,6 +169,16 @@ async def save(session: AsyncSession, row: tables.Message, *, later: bool = Fals
     return row
 
 
+# PARTIAL: a streaming answer's text so far, while it is still `pending` (a stop may have failed it meanwhile) and
+# while the execution that streams it holds the thread's lease (`$4`, its token; `queue.FENCE` checks the same). A
+# statement of its own (`Transactions.partial`): it locks the message row and nothing else.
+PARTIAL = """
+    UPDATE messages SET content = $3
+    WHERE id = $2 AND thread_id = $1 AND status = 'pending'
+      AND EXISTS (SELECT 1 FROM leases l WHERE l.thread_id = $1 AND l.token = $4 AND l.expires_at > now())
+"""
+
+
 # ONE: a message by id, only if it is the thread's (ids come from clients and tools).
 def _one(thread_id: uuid.UUID, message_id: uuid.UUID) -> Select[tables.Message]:
     return select(tables.Message).where(tables.Message.thread_id == thread_id, tables.Message.id == message_id)

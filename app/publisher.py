@@ -1,5 +1,5 @@
 """Live-only events (streamed deltas) sent as NOTIFYs on the events channel, outside any transaction; the hub
-(`hub.py`) of every API process hears them. Streaming messages' partial texts ride in the same statements."""
+(`hub.py`) of every API process hears them."""
 
 from __future__ import annotations
 
@@ -8,8 +8,6 @@ import contextlib
 import json
 import logging
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
@@ -21,29 +19,6 @@ log = logging.getLogger(__name__)
 CHANNEL = events.CHANNEL
 PIECE = 1000  # characters per NOTIFY: even fully escaped, a piece stays under the 8000-byte limit
 NOTIFY_BYTES = 8000 - 1  # a NOTIFY payload's limit (less one: the terminating zero)
-
-NOTIFY = "SELECT pg_notify($1, p) FROM unnest($2::text[]) AS p"
-
-# NOTIFY_AND_STORE: the notifications, and streaming messages' text so far (`Publisher.store`) in the same statement:
-# each only while it is still `pending` (a stop may have failed it meanwhile) and while the execution that streams it
-# holds the thread's lease (the claim's token; `queue.FENCE` checks the same). A message whose row another
-# transaction holds (the answer being stored, a stop) is skipped, never waited for: that writes it anyway, and the
-# other threads' deltas in the batch are not held up behind it.
-NOTIFY_AND_STORE = """
-    WITH texts AS (
-        SELECT * FROM unnest($3::uuid[], $4::uuid[], $5::uuid[], $6::text[]) AS u(thread_id, id, token, content)
-    ), free AS (
-        SELECT m.id FROM messages m JOIN texts u ON m.id = u.id AND m.thread_id = u.thread_id
-        WHERE m.status = 'pending'
-          AND EXISTS (
-              SELECT 1 FROM leases l WHERE l.thread_id = u.thread_id AND l.token = u.token AND l.expires_at > now()
-          )
-        FOR NO KEY UPDATE OF m SKIP LOCKED
-    ), stored AS (
-        UPDATE messages m SET content = u.content FROM texts u WHERE m.id = u.id AND m.id IN (SELECT id FROM free)
-    )
-    SELECT pg_notify($1, p) FROM unnest($2::text[]) AS p
-"""
 
 
 def _pieces(text: str, size: int) -> list[str]:
@@ -75,19 +50,8 @@ def _packed(items: list[str]) -> list[str]:
     return payloads
 
 
-@dataclass(frozen=True)
-class Text:
-    """A streaming message's text so far, to be stored (`Publisher.store`)."""
-
-    thread_id: uuid.UUID
-    message_id: uuid.UUID
-    token: uuid.UUID  # the lease the execution that streams it holds
-    content: str
-
-
 class Publisher:
-    """Sends live-only events (streamed deltas) on its own connection, outside any transaction, and with them the
-    partial texts of streaming messages (`store`).
+    """Sends live-only events (streamed deltas) on its own connection, outside any transaction.
 
     `publish` queues and returns: a sender task sends what is queued in order, everything queued while a send was
     under way in one statement, packed into as few notifications as fit (`[[thread_id, type, data], ...]`): the hub
@@ -96,8 +60,7 @@ class Publisher:
     delta under a lock, fifty streaming calls queued ~190 ms per delta under load); `sent` waits for what it queued,
     so a message's deltas go out before the transaction that stores it commits — or that transaction sends a thread's
     last deltas itself (`take`), a round trip fewer. Deltas are a courtesy (the stored message carries the text), so a
-    batch the database refuses is dropped, and so is a delta that finds `LIMIT` queued. So is a partial text: a
-    courtesy too, for a client that reconnects mid-stream (the answer's statement stores the whole text)."""
+    batch the database refuses is dropped, and so is a delta that finds `LIMIT` queued."""
 
     LIMIT = 10_000
 
@@ -105,7 +68,7 @@ class Publisher:
         self._dsn = dsn
         self._pooled = pooled  # `dsn` is a pooler in transaction mode: each send is one statement, so it may be
         self._conn: asyncpg.Connection | None = None
-        self._queued: list[tuple[int, str, str | Text]] = []  # (its number, thread id, an encoded delta or a text)
+        self._queued: list[tuple[int, str, str]] = []  # (its number, thread id, the encoded delta), in order
         self._sending_now: set[str] = set()  # the threads of the batch being sent
         self._sending_first: int | None = None  # the number of that batch's first delta
         self._taking: set[str] = set()  # threads whose deltas `take` waits for: left queued for it
@@ -136,19 +99,6 @@ class Publisher:
             offset += len(piece)
         self._sending()
 
-    def store(self, text: Text) -> None:
-        """Store a streaming message's text so far with the next batch (one statement for every thread's deltas and
-        texts), without waiting for it: only the last text of a message queued together is written."""
-        if self._closed or len(self._queued) >= self.LIMIT:
-            return
-        self._numbered += 1
-        self._queued.append((self._numbered, str(text.thread_id), text))
-        self._sending()
-
-    def storing(self, thread_id: uuid.UUID, token: uuid.UUID) -> Callable[[uuid.UUID, str], None]:
-        """`store` for the messages an execution (its lease `token`) streams in a thread: a message's id and text."""
-        return lambda message_id, content: self.store(Text(thread_id, message_id, token, content))
-
     def _sending(self) -> None:
         if self._queued and not self._closed and (self._sender is None or self._sender.done()):
             self._sender = asyncio.get_running_loop().create_task(self._send())
@@ -172,8 +122,7 @@ class Publisher:
         """The thread's deltas not sent yet, taken out of the queue and packed as notification payloads, for a
         statement that sends them itself (`events.notify_first`): after what a send under way holds of them (waited
         for here, the sender leaving the rest of them queued meanwhile), and before anything the thread publishes
-        later. Taken, they are done for `sent`; its partial texts queued are dropped (that statement stores the
-        answer, and no other message of the thread streams meanwhile)."""
+        later. Taken, they are done for `sent`."""
         tid = str(thread_id)
         self._taking.add(tid)
         try:
@@ -190,8 +139,7 @@ class Publisher:
             return []
         self._queued = [queued for queued in self._queued if queued[1] != tid]
         self._wake()
-        deltas = [item for item in mine if isinstance(item, str)]
-        return _packed(deltas) if deltas else []
+        return _packed(mine)
 
     async def _send(self) -> None:
         while self._queued:
@@ -199,30 +147,18 @@ class Publisher:
             if not queued:  # all of it waits for `take`
                 break
             self._queued = [q for q in self._queued if q[1] in self._taking]
-            deltas = [item for _, _, item in queued if isinstance(item, str)]
-            texts = {item.message_id: item for _, _, item in queued if isinstance(item, Text)}  # the last of each
+            batch = [item for _, _, item in queued]
             self._sending_now, self._sending_first = {owner for _, owner, _ in queued}, queued[0][0]
             self._full = False
             try:
                 if self._conn is None or self._conn.is_closed():
                     self._conn = await db.connect(self._dsn, connect_timeout=5, pooled=self._pooled)
-                # NOTIFY: in order, one round trip for the batch, the texts with it
-                if texts:
-                    stored = list(texts.values())
-                    await self._conn.execute(
-                        NOTIFY_AND_STORE,
-                        CHANNEL,
-                        _packed(deltas),
-                        [t.thread_id for t in stored],
-                        [t.message_id for t in stored],
-                        [t.token for t in stored],
-                        [t.content.replace("\x00", "") for t in stored],  # Postgres stores no NUL; a courtesy copy
-                    )
-                else:
-                    await self._conn.execute(NOTIFY, CHANNEL, _packed(deltas))
+                # NOTIFY: in order, one round trip for the batch
+                sql = "SELECT pg_notify($1, p) FROM unnest($2::text[]) AS p"
+                await self._conn.execute(sql, CHANNEL, _packed(batch))
             except Exception as exc:  # unreachable, refused, or anything else: never the streaming call's failure
                 log.warning(
-                    "%d live events not sent (%s); the stored messages carry the text", len(queued), type(exc).__name__
+                    "%d live events not sent (%s); the stored messages carry the text", len(batch), type(exc).__name__
                 )
                 if not isinstance(exc, asyncpg.PostgresError) and self._conn is not None:  # the connection's end
                     conn, self._conn = self._conn, None

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
@@ -201,6 +202,31 @@ async def test_an_absolute_icon_path_is_a_full_url_in_responses(app_factory: Any
         assert detail["icon"] == "https://agents.example.com/api/icons/boss.svg"
 
 
+@contextlib.contextmanager
+def statements_sent(app: FastAPI) -> Iterator[list[str]]:
+    """Every statement the app's pool sends meanwhile: plain SQL (asyncpg's query loggers) and SQLAlchemy's own
+    (prepared: asyncpg logs none)."""
+    sent: list[str] = []
+    engine = app.state.runtime.db.sync_engine
+
+    def logged(record: Any) -> None:
+        sent.append(record.query)
+
+    def checkout(dbapi_connection: Any, *_: Any) -> None:
+        dbapi_connection.driver_connection.add_query_logger(logged)  # a set: added once per connection
+
+    def executed(conn: Any, cursor: Any, sql: str, *_: Any) -> None:
+        sent.append(sql)
+
+    event.listen(engine, "checkout", checkout)
+    event.listen(engine, "before_cursor_execute", executed)
+    try:
+        yield sent
+    finally:
+        event.remove(engine, "checkout", checkout)
+        event.remove(engine, "before_cursor_execute", executed)
+
+
 async def test_create_thread_errors(client: httpx.AsyncClient) -> None:
     assert_error(await client.post("/threads", json={"agent": "nope"}), 404, "agent_not_found")
     missing = assert_error(await client.post("/threads", json={"agent": "needs_var"}), 422, "missing_variables")
@@ -236,29 +262,12 @@ async def test_a_threads_lifecycle_event_is_the_last_statement_before_its_commit
 ) -> None:
     """Creating, changing, stopping a thread: its lifecycle event locks the lifecycle log's one counter row until the
     commit (every such request takes that lock in turn), so it is the transaction's last statement."""
-    sent: list[str] = []
-    engine = app.state.runtime.db.sync_engine
-
-    def logged(record: Any) -> None:  # plain SQL (`statements.driver`)
-        sent.append(record.query)
-
-    def checkout(dbapi_connection: Any, *_: Any) -> None:
-        dbapi_connection.driver_connection.add_query_logger(logged)  # a set: added once per connection
-
-    def executed(conn: Any, cursor: Any, sql: str, *_: Any) -> None:  # SQLAlchemy's (prepared: asyncpg logs none)
-        sent.append(sql)
-
-    event.listen(engine, "checkout", checkout)
-    event.listen(engine, "before_cursor_execute", executed)
-    try:
+    with statements_sent(app) as sent:
         created = await client.post("/threads", json={"agent": "assistant", "env": {"A": "1"}})
         tid = created.json()["id"]
         assert (await client.patch(f"/threads/{tid}", json={"name": "n", "env": {"B": "2"}})).status_code == 200
         assert (await client.post(f"/threads/{tid}/stop")).status_code == 200
         assert (await client.post(f"/threads/{tid}/continue")).status_code == 202
-    finally:
-        event.remove(engine, "checkout", checkout)
-        event.remove(engine, "before_cursor_execute", executed)
     counted = [i for i, sql in enumerate(sent) if "UPDATE counters" in sql]
     assert len(counted) == 4
     assert all(sent[i + 1].strip().upper().startswith("COMMIT") for i in counted), [sent[i + 1][:40] for i in counted]
@@ -304,27 +313,10 @@ async def test_list_threads_paginates_newest_first(client: httpx.AsyncClient) ->
 async def test_a_listing_reads_every_listed_threads_extras_at_once(app: FastAPI, client: httpx.AsyncClient) -> None:
     """`GET /threads` reads each thread's extras (children counts, env types) for the whole page in one query each:
     a longer page costs no more sent."""
-    sent: list[str] = []
-    engine = app.state.runtime.db.sync_engine
-
-    def logged(record: Any) -> None:  # plain SQL (`statements.driver`)
-        sent.append(record.query)
-
-    def checkout(dbapi_connection: Any, *_: Any) -> None:
-        dbapi_connection.driver_connection.add_query_logger(logged)  # a set: added once per connection
-
-    def executed(conn: Any, cursor: Any, sql: str, *_: Any) -> None:  # SQLAlchemy's (prepared: asyncpg logs none)
-        sent.append(sql)
 
     async def listing() -> int:
-        sent.clear()
-        event.listen(engine, "checkout", checkout)
-        event.listen(engine, "before_cursor_execute", executed)
-        try:
+        with statements_sent(app) as sent:
             assert (await client.get("/threads")).status_code == 200
-        finally:
-            event.remove(engine, "checkout", checkout)
-            event.remove(engine, "before_cursor_execute", executed)
         return len(sent)
 
     first = (await client.post("/threads", json={"agent": "assistant", "env": {"A": "1"}})).json()["id"]

@@ -29,7 +29,6 @@ from app import (
     keys,
     messages,
     metrics,
-    publisher,
     queue,
     statements,
     tables,
@@ -37,6 +36,9 @@ from app import (
 )
 from app.catalog import Catalog
 from app.engine import inbox, run
+from app.engine.history import Histories
+from app.engine.tally import Tallies
+from app.engine.transactions import Transactions
 from app.llm.base import LLMRequest
 from app.settings import Settings
 from app.spec import ThreadState, define_agent, define_model, define_prompt, define_tool, definitions
@@ -176,8 +178,8 @@ async def drive(
         return result
 
     yield start
-    for sender, http in opened:
-        await sender.close()
+    for publisher, http in opened:
+        await publisher.close()
         await http.aclose()
 
 
@@ -745,42 +747,49 @@ async def test_the_results_of_calls_run_at_once_are_each_stored_in_one_statement
     assert result.thread.status == "idle" and released(result)
 
 
-@contextlib.contextmanager
-def texts_stored(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Any]]:
-    """The statements that store streaming messages' partial texts (`publisher.NOTIFY_AND_STORE`), sent meanwhile on
-    connections opened meanwhile (the publisher opens its own at its first send)."""
-    seen: list[Any] = []
-    real = db.connect
-
-    async def logged(*args: Any, **kwargs: Any) -> Any:
-        conn = await real(*args, **kwargs)
-        conn.add_query_logger(lambda q: seen.append(q) if q.query == publisher.NOTIFY_AND_STORE else None)
-        return conn
-
-    with monkeypatch.context() as patched:
-        patched.setattr(db, "connect", logged)
-        yield seen
-
-
-async def test_a_streaming_answer_keeps_its_partial_text_with_its_deltas_and_its_answer_in_one_statement(
-    drive: Drive, sessions: async_sessionmaker[AsyncSession], monkeypatch: pytest.MonkeyPatch
+async def test_a_streaming_answer_keeps_its_partial_text_in_single_statements_and_its_answer_in_one(
+    drive: Drive, sessions: async_sessionmaker[AsyncSession]
 ) -> None:
-    """A reply streamed over several `FLUSH_SECONDS`: each partial text rides in the statement that sends the deltas
-    queued with it (outside any transaction, no statement of its own), conditioned on the execution's lease; the
-    thread row is left as it was, so the answer is still stored in one guarded statement."""
+    """A reply streamed over several `FLUSH_SECONDS`: each partial text is one UPDATE of the message outside any
+    transaction (no BEGIN, no fence, no COMMIT), and the thread row is left as it was, so the answer is still stored
+    in one guarded statement."""
     cat = catalog(Model("abcdefgh"))
     streaming = cat.models["m"].model_copy(update={"chunk_size": 1, "chunk_delay_ms": 70})
     cat = Catalog(root=cat.root, models={"m": streaming}, prompts=cat.prompts, agents=cat.agents, tools=cat.tools)
-    with statements_sent(sessions) as seen, texts_stored(monkeypatch) as stored:
+    with statements_sent(sessions) as seen:
         result = await drive(cat, "spell it")
         await asyncio.sleep(0.05)  # the loggers are called soon after each statement
-    assert len(stored) >= 2 and all(q.exception is None for q in stored)
-    texts = [q.args[5][0] for q in stored]
-    assert texts == sorted(texts) and all("abcdefgh".startswith(t) for t in texts)  # the text so far, growing
-    assert all(q.args[1] for q in stored)  # each with deltas
+    partials = [q for q in seen if q.query == messages.PARTIAL]
+    assert len(partials) >= 2 and all(q.exception is None for q in partials)
+    assert [q.args[2] for q in partials] == sorted(q.args[2] for q in partials)  # the text so far, growing
     assert [how for _, how in fences(seen)] == ["in the read"]  # the step's opening only
     assert [q.exception for q in guarded(seen)] == [None]  # the answer
     assert result.said() == [("user", "spell it"), ("assistant", "abcdefgh")]
+
+
+async def test_a_partial_text_after_the_lease_was_lost_writes_nothing(
+    sessions: async_sessionmaker[AsyncSession],
+) -> None:
+    """`Transactions.partial` writes only while the claim's lease holds and the message is still `pending`."""
+    async with sessions() as s, s.begin():
+        thread = await threads.create(s, catalog(["-"]).agents["agent"], keys.OPEN)
+        await messages.enqueue(s, thread, "user", "hi")
+        pending = await messages.add(s, thread.id, "assistant", status="pending")
+    async with db.autocommit(sessions) as s:
+        claim = await claims.claim(await statements.driver(s), "test", 30)
+    assert claim is not None and claim.thread_id == thread.id
+    txs = Transactions(sessions, Histories(), Tallies())
+
+    async def content() -> str | None:
+        async with sessions() as s:
+            return (await s.get_one(tables.Message, pending.id)).content
+
+    await txs.partial(claim, pending.id, "so far")
+    assert await content() == "so far"
+    async with sessions() as s, s.begin():
+        await s.execute(delete(tables.Lease).where(tables.Lease.thread_id == thread.id))
+    await txs.partial(claim, pending.id, "so far, and more")
+    assert await content() == "so far"
 
 
 async def test_an_answer_whose_thread_changed_meanwhile_is_stored_in_a_transaction_once(

@@ -15,7 +15,6 @@ from app import catalog, db, event_types, events, hub, keys, publisher
 from app.hub import Batch, Live, Overflow, Stored, Subscription
 from tests.conftest import ROOT, client_for, wait_for
 from tests.test_api import read_events
-from tests.test_publisher import Gated
 
 
 async def _thread(app: Any) -> uuid.UUID:
@@ -310,6 +309,23 @@ async def _listening(dsn: str, payloads: list[int] | None = None) -> tuple[Any, 
 
     await conn.add_listener(hub.CHANNEL, unpack)
     return conn, heard
+
+
+class Gated:
+    """A publisher's connection whose sends wait until `gate` opens (asyncpg's own attributes are read-only)."""
+
+    def __init__(self, conn: Any, gate: asyncio.Event) -> None:
+        self._conn, self._gate = conn, gate
+
+    def is_closed(self) -> bool:
+        return bool(self._conn.is_closed())
+
+    async def execute(self, *args: Any) -> Any:
+        await self._gate.wait()
+        return await self._conn.execute(*args)
+
+    async def close(self) -> None:
+        await self._conn.close()
 
 
 async def test_deltas_queued_meanwhile_go_out_together_in_order(database_url: str) -> None:

@@ -15,7 +15,7 @@ from fastapi import FastAPI
 from pydantic import BaseModel
 from sqlalchemy import func, select
 
-from app import errors, events, queue, tables
+from app import errors, events, messages, queue, tables
 from app.catalog import Catalog
 from app.engine import subprompts, types
 from app.llm.base import LLMRequest
@@ -805,12 +805,12 @@ async def test_a_subprompt_step_runs_the_history_hooks_of_its_prompt(app_factory
     assert main.seen(0) == [("system", "You coordinate."), ("user", "polish this")]  # the caller's prompt has none
 
 
-async def test_a_subprompts_streaming_text_is_kept_as_a_steps_is_with_its_deltas(
-    app_factory: Any, drive: Any, monkeypatch: pytest.MonkeyPatch
+async def test_a_subprompts_streaming_text_is_kept_as_a_steps_is_in_single_statements(
+    app_factory: Any, drive: Any
 ) -> None:
-    """A subprompt's answer streamed over several `FLUSH_SECONDS` keeps its text so far as a step's answer does: in
-    the statement that sends the deltas queued with it (`publisher.NOTIFY_AND_STORE`), conditioned on the execution's
-    lease, the text growing; the stored answer is the whole text."""
+    """A subprompt's answer streamed over several `FLUSH_SECONDS` keeps its text so far as a step's answer does:
+    one UPDATE of its message outside any transaction each (`messages.PARTIAL`, conditioned on the lease), the text
+    growing; the stored answer is the whole text."""
     main = Recorder(call("helper", message="spell"), "Sent.")
     cat = catalog(main, Recorder("abcdefgh"))
     slow = cat.models["s"].model_copy(update={"chunk_size": 1, "chunk_delay_ms": 70})
@@ -818,17 +818,15 @@ async def test_a_subprompts_streaming_text_is_kept_as_a_steps_is_with_its_deltas
         root=cat.root, models={**cat.models, "s": slow}, prompts=cat.prompts, agents=cat.agents, tools=cat.tools
     )
     app, client, tid = await start(app_factory, cat)
-    with (
-        test_engine_run.statements_sent(app.state.runtime.sessions) as seen,
-        test_engine_run.texts_stored(monkeypatch) as stored,
-    ):
+    with test_engine_run.statements_sent(app.state.runtime.sessions) as seen:
         await say(drive, client, tid, "go")
     deeper = [m for m in await listed(client, tid, depth=1) if m["depth"] == 1 and m["role"] == "assistant"]
     assert [(m["content"], m["status"]) for m in deeper] == [("abcdefgh", "completed")]
-    assert len(stored) >= 2 and all(q.exception is None for q in stored)
-    assert {(str(q.args[2][0]), str(q.args[3][0])) for q in stored} == {(tid, deeper[0]["id"])}
+    partials = [q for q in seen if q.query == messages.PARTIAL]
+    assert len(partials) >= 2 and all(q.exception is None for q in partials)
+    assert {(str(q.args[0]), str(q.args[1])) for q in partials} == {(tid, deeper[0]["id"])}
     fence = "FROM threads t WHERE t.id = $1 AND t.lease_token = $2"
     fenced = {q.args[1] for q in seen if fence in " ".join(q.query.split())}
-    assert len(fenced) == 1 and {q.args[4][0] for q in stored} == fenced  # conditioned on the execution's own lease
-    texts = [q.args[5][0] for q in stored]
+    assert len(fenced) == 1 and {q.args[3] for q in partials} == fenced  # conditioned on the execution's own lease
+    texts = [q.args[2] for q in partials]
     assert texts == sorted(texts) and all("abcdefgh".startswith(t) for t in texts)

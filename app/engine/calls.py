@@ -137,7 +137,7 @@ class Caller:
         written in the next transaction the call makes anyway (the next attempt's, or a fallback's). `live`: an answer
         returns without waiting for its deltas to be sent: the caller's statement that stores it sends what is left
         of them (`Publisher.take`, `events.notify_first`); a failure, or an empty answer (asked again), still waits.
-        `partial` stores the streaming message's text so far (`Publisher.store`: with the next deltas, for a step's
+        `partial` stores the streaming message's text so far (`Transactions.partial`: one statement, for a step's
         answer and a subprompt's alike)."""
         recorder = _Recorder(self, tx, thread_id, message_id, prompt, env, depth, opened, partial, live)
         prefix = f"recovered_{message_id.hex[:12]}"  # recovered tool call ids must be unique within the thread
@@ -255,7 +255,7 @@ class _Recorder:
         if kind == "message_chunk":
             current.text.append(event.text)
             if time.monotonic() - current.flushed >= FLUSH_SECONDS:
-                self._partial(self._message_id, "".join(current.text))
+                await self._partial(self._message_id, "".join(current.text))
                 current.flushed = time.monotonic()
 
     async def close(self, attempt: retry.Attempt, outcome: LLMResponse | ProviderError) -> None:

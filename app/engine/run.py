@@ -93,7 +93,6 @@ class Engine:
             runner=self._subprompts,
             meter=meter,
             transactions=self._txs,
-            publisher=self._caller.publisher,
             context=self._context,
         )
 
@@ -294,7 +293,7 @@ class Engine:
                 opened=step.requests_before,
                 defer=True,
                 live=True,
-                partial=self._caller.publisher.storing(claim.thread_id, claim.token),
+                partial=lambda message_id, text: self._txs.partial(claim, message_id, text),
             )
             record = result.record  # written once, by the transaction that commits (`written` may run `answer` twice)
             live = await self._caller.publisher.take(claim.thread_id)  # the last deltas ride with the answer

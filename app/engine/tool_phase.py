@@ -27,7 +27,6 @@ from app.engine import calls, child_tools, hooks, results, stops, subprompts, to
 from app.engine.state import RunState, Shared, prepare_hooks
 from app.engine.step import Answered, Opened, OpenOnItsOwn, Released
 from app.engine.transactions import Transactions
-from app.hub import Publisher
 from app.metrics import Meter
 from app.settings import Settings
 from app.spec.messages import ToolCall
@@ -77,7 +76,6 @@ class ToolPhase:
         runner: subprompts.Runner,
         meter: Meter,
         transactions: Transactions,
-        publisher: Publisher,
         context: Callable[[tables.Thread], dict[str, Any]],
     ) -> None:
         self._settings = settings
@@ -88,7 +86,7 @@ class ToolPhase:
         self._meter = meter
         self._tx = transactions.fenced
         self._written = transactions.written
-        self._publisher = publisher
+        self._partial = transactions.partial
         self._context = context
 
     # -- which calls run together --------------------------------------------------------------------------
@@ -258,7 +256,7 @@ class ToolPhase:
             sessions=self._sessions,
             children=registry,
             subprompts=self._subprompts,
-            partial=self._publisher.storing(claim.thread_id, claim.token),
+            partial=lambda message_id, text: self._partial(claim, message_id, text),
             tool_timeout=self._settings.tool_timeout,
         ).state(execution)
         hook_runner = await prepare_hooks(  # its hooks run between this step's transactions, not inside one

@@ -32,7 +32,7 @@ from typing import Any, NoReturn, TypeVar
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app import claims, db, errors, events, statements, tables
+from app import claims, db, errors, events, messages, statements, tables
 from app.engine.history import Histories
 from app.engine.tally import Tallies, Tally
 from app.metrics import Meter
@@ -185,6 +185,19 @@ class Transactions:
             self._not_committed(claim, exc)
         self._committed(claim, thread, xmin)
         return done
+
+    async def partial(self, claim: claims.Claim, message_id: uuid.UUID, text: str) -> None:
+        """A streaming message's text so far into its row (clients that reconnect read it there): one statement
+        outside any transaction, conditioned on the lease and on the message still `pending`. It locks the message
+        row alone, writes no event and leaves the thread row (and the version `written` checks) as it was; a stop
+        that failed the message meanwhile, or a lease gone, makes it write nothing."""
+        try:
+            async with db.alone(self._sessions) as driver:
+                await driver.execute(messages.PARTIAL, claim.thread_id, message_id, text, claim.token)
+        except (DBAPIError, OSError) as exc:
+            if errors.Unavailable.of(exc):
+                raise errors.Unavailable() from exc
+            raise
 
     def _committed(self, claim: claims.Claim, thread: tables.Thread, xmin: int | None) -> None:
         """A transaction committed: the lines of the turns it ended; the row as it left it, while the lease holds."""

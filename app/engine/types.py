@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
@@ -17,7 +17,7 @@ from app.spec.results import ToolResult
 from app.spec.state import ThreadState
 
 Transaction = Callable[[], AbstractAsyncContextManager[tuple[AsyncSession, tables.Thread]]]
-Partial = Callable[[uuid.UUID, str], None]  # stores a streaming message's text so far, with the next deltas
+Partial = Callable[[uuid.UUID, str], Awaitable[None]]  # stores a streaming message's text so far (one statement)
 
 
 class MissingVariable(LookupError):
