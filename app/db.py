@@ -1,4 +1,5 @@
-"""Database engine and sessions (the hot path's plain SQL on a session's own connection is `app/statements.py`)."""
+"""Database engine, sessions and raw connections: a `Driver` for plain SQL on a session's connection
+(`app/statements.py`) or on one lent `alone`, outside any transaction."""
 
 from __future__ import annotations
 
@@ -39,7 +40,8 @@ class Fetcher(Protocol):
 
 
 class Driver:
-    """The asyncpg connection under a session's transaction, for the hot path's statements in plain SQL.
+    """An asyncpg connection for the hot path's statements in plain SQL: a session's, under its transaction
+    (`statements.driver`), or one lent `alone`.
 
     asyncpg prepares each statement once per connection and hands rows back as records; SQLAlchemy's compilation,
     cache keys and result processing cost several times the round trip itself, on every statement of every step.
@@ -83,6 +85,7 @@ DRIVER_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.exceptio
 
 
 def translated(sql: str, error: BaseException) -> exc.DBAPIError:
+    """A driver's error as SQLAlchemy's, as its own statements raise them: the connection's end marked invalidated."""
     closed = not isinstance(error, asyncpg.PostgresError)
     return exc.DBAPIError(sql, None, error, connection_invalidated=closed)
 
